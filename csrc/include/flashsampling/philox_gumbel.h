@@ -1,0 +1,199 @@
+// Philox4x32-10 counter-based RNG and the Gumbel noise of FlashSampling.
+//
+// One header for host and device: the CPU path and every GPU kernel call the
+// same functions, so they draw bit-identical noise. Every floating-point step is
+// written with explicit fma / round-to-nearest operations so that neither nvcc's
+// default contraction nor a host compiler can change a single bit.
+//
+// Noise contract (documented in README.md, "Noise and exactness contract"):
+//
+//   key     = (lo32(seed), hi32(seed))
+//   counter = (vocab_index, stream >> 2, lo32(offset + sample), hi32(offset + sample))
+//   bits    = Philox4x32_10(key, counter)[stream & 3]
+//   u       = (floor(bits / 2^9) + 1/2) / 2^23          -- strictly inside (0, 1)
+//   g       = -log(-log(u))                               -- fp32, fs_logf below
+//
+// `stream` is the batch row for a batch-wide seed and 0 for a per-row seed, so a
+// request with its own seed draws noise that does not depend on its row.
+// Four consecutive batch rows share one Philox call (the kernels keep a batch
+// column pair / quad per thread), which amortises the 10 rounds.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <cmath>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define FS_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FS_HOST_DEVICE inline
+#endif
+
+namespace flashsampling {
+
+struct Philox4 {
+  uint32_t x, y, z, w;
+};
+
+FS_HOST_DEVICE uint32_t fs_float_as_uint(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+#endif
+}
+
+FS_HOST_DEVICE float fs_uint_as_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+#endif
+}
+
+// Correctly rounded single operations, never contracted into an fma.
+FS_HOST_DEVICE float fs_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;  // host TUs build with -ffp-contract=off (setup.py, CMakeLists.txt)
+#endif
+}
+
+FS_HOST_DEVICE float fs_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+FS_HOST_DEVICE float fs_fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+FS_HOST_DEVICE float fs_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+FS_HOST_DEVICE void fs_mulhilo32(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+#if defined(__CUDA_ARCH__)
+  lo = a * b;
+  hi = __umulhi(a, b);
+#else
+  const uint64_t p = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
+  lo = static_cast<uint32_t>(p);
+  hi = static_cast<uint32_t>(p >> 32);
+#endif
+}
+
+// Philox4x32 with 10 rounds (Salmon et al., SC'11), the generator of curand and
+// torch's CUDA RNG; known-answer tests in tests/test_noise.py.
+FS_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
+  constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
+  constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    fs_mulhilo32(kMul0, ctr.x, hi0, lo0);
+    fs_mulhilo32(kMul1, ctr.z, hi1, lo1);
+    ctr = Philox4{hi1 ^ ctr.y ^ k0, lo1, hi0 ^ ctr.w ^ k1, lo0};
+    k0 += kWeyl0;
+    k1 += kWeyl1;
+  }
+  return ctr;
+}
+
+// 23 random bits onto the grid (k + 1/2) / 2^23, k in [0, 2^23): every value is
+// exact in fp32 and lies in [2^-24, 1 - 2^-24], so the noise is always finite.
+FS_HOST_DEVICE float fs_uniform_open01(uint32_t bits) {
+  return fs_mul(fs_add(static_cast<float>(bits >> 9), 0.5f), 1.1920928955078125e-07f);
+}
+
+// Natural log for positive normal floats, |error| < 2 ulp (tests/test_noise.py checks
+// it against float64 over the whole range the noise uses). Range reduction to
+// m in [sqrt(1/2), sqrt(2)), then log(1+f) = 2 atanh(s), s = f / (2 + f), with a
+// degree-8 odd polynomial (the fdlibm/musl logf scheme).
+FS_HOST_DEVICE float fs_logf(float x) {
+  constexpr float kLg1 = 0.66666662693f, kLg2 = 0.40000972152f;
+  constexpr float kLg3 = 0.28498786688f, kLg4 = 0.24279078841f;
+  constexpr float kLn2Hi = 6.9313812256e-01f, kLn2Lo = 9.0580006145e-06f;
+  uint32_t ix = fs_float_as_uint(x);
+  ix += 0x3f800000u - 0x3f3504f3u;
+  const int k = static_cast<int>(ix >> 23) - 0x7f;
+  ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+  const float f = fs_add(fs_uint_as_float(ix), -1.0f);  // exact (Sterbenz)
+  const float s = fs_div(f, fs_add(2.0f, f));
+  const float z = fs_mul(s, s);
+  const float w = fs_mul(z, z);
+  const float t1 = fs_mul(w, fs_fma(w, kLg4, kLg2));
+  const float t2 = fs_mul(z, fs_fma(w, kLg3, kLg1));
+  const float r = fs_add(t2, t1);
+  const float hfsq = fs_mul(fs_mul(0.5f, f), f);
+  const float dk = static_cast<float>(k);
+  float acc = fs_fma(s, fs_add(hfsq, r), fs_mul(dk, kLn2Lo));
+  acc = fs_add(acc, -hfsq);
+  acc = fs_add(acc, f);
+  return fs_fma(dk, kLn2Hi, acc);
+}
+
+// Standard Gumbel noise from 32 random bits: g = -log(-log(u)).
+FS_HOST_DEVICE float fs_gumbel_from_bits(uint32_t bits) {
+  const float u = fs_uniform_open01(bits);
+  return -fs_logf(-fs_logf(u));
+}
+
+FS_HOST_DEVICE uint32_t fs_philox_lane(const Philox4& r, uint32_t lane) {
+  return lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
+}
+
+// The Philox block holding the noise of streams 4q .. 4q+3 at one vocab index.
+FS_HOST_DEVICE Philox4 fs_noise_block(uint64_t seed, uint64_t offset_plus_sample,
+                                      uint32_t vocab_index, uint32_t stream_quad) {
+  return philox4x32_10(
+      Philox4{vocab_index, stream_quad, static_cast<uint32_t>(offset_plus_sample),
+              static_cast<uint32_t>(offset_plus_sample >> 32)},
+      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// The Gumbel noise of one element: a pure function of its coordinates.
+FS_HOST_DEVICE float fs_gumbel_noise(uint64_t seed, uint64_t offset, uint32_t stream,
+                                     uint32_t sample, uint32_t vocab_index) {
+  const Philox4 r = fs_noise_block(seed, offset + sample, vocab_index, stream >> 2);
+  return fs_gumbel_from_bits(fs_philox_lane(r, stream & 3u));
+}
+
+// The perturbed score Gumbel-Max takes the argmax of: logit / T + g, computed as
+// one fma with inv_temperature = 1 / T rounded to fp32 (fs_div). T = 0 (greedy)
+// is expressed by the caller as "no noise": score = logit.
+FS_HOST_DEVICE float fs_perturbed_score(float logit, float inv_temperature, float gumbel) {
+  return fs_fma(logit, inv_temperature, gumbel);
+}
+
+// Total order of candidates: larger score first, exact ties to the smaller index.
+// NaN scores never win. With this order every partition of the vocabulary
+// (tiles, CTAs, shards) yields the same winner.
+FS_HOST_DEVICE bool fs_candidate_better(float score_a, int32_t index_a, float score_b,
+                                        int32_t index_b) {
+  return score_a > score_b || (score_a == score_b && index_a < index_b);
+}
+
+// Index that marks "no candidate yet"; loses every tie. A row whose scores are all
+// NaN ends with it and is reported as token -1.
+constexpr int32_t kNoCandidate = 0x7fffffff;
+
+}  // namespace flashsampling

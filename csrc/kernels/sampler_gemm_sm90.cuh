@@ -1,0 +1,66 @@
+// The fused sampling GEMM for Hopper (sm90a) -- wgmma, cooperative schedule: CUTLASS collective builder, TMA,
+// warp-specialised persistent schedule, and the Gumbel-argmax EVT node as the
+// whole epilogue (ElementD = void: no logits are stored).
+//
+// Included only by the small per-config instantiation files
+// sampler_<dtype>_n<N>_sm90.cu, so each config compiles in its own process.
+#pragma once
+
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+
+#include "flashsampling/epilogue/sm90_visitor_gumbel_argmax.hpp"
+#include "sampler_gemm_common.cuh"
+
+namespace flashsampling {
+
+template <class Element, int TileN>
+struct SamplerGemmSm90 {
+  using Config = SamplerTileConfig<TileN>;
+  // Two consumer warpgroups of 64 vocabulary rows each.
+  using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static constexpr int kAlignment = 16 / sizeof(Element);
+
+  // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
+  using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
+      epilogue::Sm90GumbelArgmaxRowReduction<TileShape>, cutlass::epilogue::fusion::Sm90AccFetch>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, cutlass::layout::RowMajor, kAlignment,  // no C
+      void, cutlass::layout::RowMajor, kAlignment,  // no D: logits stay on chip
+      cutlass::epilogue::TmaWarpSpecializedCooperative, FusionCallbacks>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
+      SamplerLayoutB, kAlignment, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using Launcher = SamplerGemmLauncher<Gemm, Element, /*kScratchD=*/false>;
+};
+
+template <class Element, int TileN>
+cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, PackedCandidate* candidates, void* gemm_workspace,
+                                  cudaStream_t stream) {
+  return SamplerGemmSm90<Element, TileN>::Launcher::run(p, candidates, gemm_workspace, stream);
+}
+
+template <class Element, int TileN>
+size_t sampler_gemm_workspace_sm90(SamplerParams const& p) {
+  return SamplerGemmSm90<Element, TileN>::Launcher::gemm_workspace_bytes(p);
+}
+
+#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN)                                        \
+  template cudaError_t run_sampler_gemm_sm90<Element, TileN>(SamplerParams const&, PackedCandidate*, \
+                                                             void*, cudaStream_t);                   \
+  template size_t sampler_gemm_workspace_sm90<Element, TileN>(SamplerParams const&);
+
+}  // namespace flashsampling
