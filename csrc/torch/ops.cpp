@@ -1,0 +1,31 @@
+// The operator schemas of the flashsampling library: defined here once; backends
+// register implementations with TORCH_LIBRARY_IMPL (sample_cpu.cpp, noise_cpu.cpp,
+// sample_cuda.cpp) and flashsampling_cuda/sampling.py registers the fake kernels.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(flashsampling, m) {
+  // Exact Gumbel-Max sampling fused with the LM-head GEMM:
+  //   token[b, s] = argmax_v(logit[b, v] / T_b + g(seed, offset, stream_b, s, v)),
+  //   logit = hidden[b, :] . weight[v, :] in fp32. Returns int64 [B, num_samples].
+  m.def(
+      "sample(Tensor hidden, Tensor weight, *, float temperature=1.0, "
+      "Tensor? temperatures=None, int num_samples=1, Tensor? seed=None, Tensor? offset=None, "
+      "Generator? generator=None) -> Tensor",
+      {at::Tag::nondeterministic_seeded});
+  // The Gumbel noise g(seed, offset, stream, sample, vocab_index) of philox_gumbel.h;
+  // `stream` and `vocab_index` are int64 tensors broadcast together. Returns float32.
+  m.def("gumbel_noise(int seed, int offset, Tensor stream, int sample, Tensor vocab_index) -> Tensor");
+  // Test hooks into philox_gumbel.h (tests/test_noise.py).
+  m.def("_philox4x32_10(Tensor counter, Tensor key) -> Tensor");
+  m.def("_logf(Tensor x) -> Tensor");
+  m.def("_gumbel_from_bits(Tensor bits) -> Tensor");
+}
+
+// `import flashsampling_cuda._C` loads this library (and so runs the registrations
+// above); the module itself is empty. Only the stable Python C API is used, so one
+// build serves every CPython >= 3.9 (setup.py builds with py_limited_api).
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what flashsampling needs and is missing, then builds it in place
+# (pip install -e). Downloads nothing when everything is present, so it also runs on
+# the offline GPU machine, whose CUDA torch it keeps.
+#   PYTHON   interpreter to use (default python3)
+#   MAX_JOBS parallel compile jobs (default: all cores)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+has_module() { "$PY" -c "import $1" 2>/dev/null; }
+
+if ! has_module torch; then
+  "$PY" -m pip install torch==2.13.0  # the CPU build where no torch is installed
+fi
+missing=()
+for module in ninja pybind11 pytest numpy scipy; do
+  has_module "$module" || missing+=("$module")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  "$PY" -m pip install "${missing[@]}"
+fi
+if ! has_module cutlass_library; then
+  "$PY" -m pip install --no-deps nvidia-cutlass==4.2.0.0  # CUTLASS headers only
+fi
+MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PY" -m pip install --no-build-isolation --no-deps -e .

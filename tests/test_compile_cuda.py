@@ -1,0 +1,63 @@
+"""Compile check (no GPU needed): every CUDA kernel source compiles with the local nvcc
+against the nvidia-cutlass headers, for sm_90a and/or sm_100a as its name says
+(tools/build_config.py: the same command setup.py builds with)."""
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import build_config as cfg  # noqa: E402
+
+NVCC = cfg.find_nvcc()
+ALL_ARCHS = list(cfg.CUDA_ARCHS.values())
+SOURCES = cfg.kernel_sources()
+PARALLEL_COMPILES = 2
+
+pytestmark = [
+    pytest.mark.compile_check,
+    pytest.mark.skipif(NVCC is None, reason="nvcc not found: the CUDA compile check needs the CUDA toolkit"),
+]
+
+# The noise header must compile as device code too (kernels include it).
+NOISE_HEADER_PROBE = r"""
+#include "flashsampling/philox_gumbel.h"
+__global__ void probe(unsigned long long seed, float* out) {
+  out[threadIdx.x] = flashsampling::fs_perturbed_score(
+      1.0f, 0.5f, flashsampling::fs_gumbel_noise(seed, 0, threadIdx.x, 0, blockIdx.x));
+}
+"""
+
+
+def nvcc_compile(source: Path, obj: Path) -> tuple[int, str]:
+    command = cfg.nvcc_command(NVCC, source, obj, ALL_ARCHS)
+    proc = subprocess.run(command, capture_output=True, text=True)
+    return proc.returncode, " ".join(command) + "\n" + proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def compile_results(request, tmp_path_factory):
+    """The selected kernel sources compiled once, PARALLEL_COMPILES at a time: {source: (rc, log)}."""
+    params = [item.callspec.params for item in request.session.items
+              if item.module is request.module and hasattr(item, "callspec")]
+    selected = [p["source"] for p in params if "source" in p]
+    out_dir = tmp_path_factory.mktemp("kernel_objects")
+    objects = [out_dir / (str(s.relative_to(cfg.KERNEL_DIR)).replace("/", "__") + ".o") for s in selected]
+    with ThreadPoolExecutor(max_workers=PARALLEL_COMPILES) as pool:
+        return dict(zip(selected, pool.map(nvcc_compile, selected, objects)))
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[str(s.relative_to(cfg.KERNEL_DIR)) for s in SOURCES])
+def test_kernel_source_compiles(source, compile_results):
+    returncode, log = compile_results[source]
+    assert returncode == 0, log
+
+
+def test_noise_header_compiles_as_device_code(tmp_path):
+    probe = tmp_path / "noise_probe.cu"
+    probe.write_text(NOISE_HEADER_PROBE)
+    returncode, log = nvcc_compile(probe, tmp_path / "noise_probe.o")
+    assert returncode == 0, log

@@ -1,0 +1,144 @@
+"""The noise of philox_gumbel.h: known answers, accuracy, range, and bit-identity of the
+C++ header (torch.ops.flashsampling.*) with the pure-PyTorch port (noise.py)."""
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+import flashsampling_cuda  # noqa: F401  (registers the ops)
+from flashsampling_cuda import noise
+
+ops = torch.ops.flashsampling
+
+# Philox4x32-10 known-answer vectors (Random123 kat_vectors).
+PHILOX_KAT = [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    (
+        (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+        (0xA4093822, 0x299F31D0),
+        (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+    ),
+]
+
+
+def as_bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int32)
+
+
+@pytest.mark.parametrize("philox", [ops._philox4x32_10, noise.philox4x32_10], ids=["cpp", "python"])
+def test_philox_known_answers(philox):
+    counter = torch.tensor([c for c, _, _ in PHILOX_KAT])
+    key = torch.tensor([k for _, k, _ in PHILOX_KAT])
+    expected = torch.tensor([r for _, _, r in PHILOX_KAT])
+    assert torch.equal(philox(counter, key), expected)
+
+
+def test_philox_cpp_equals_python_on_random_inputs():
+    g = torch.Generator().manual_seed(0)
+    counter = torch.randint(0, 2**32, (10000, 4), generator=g)
+    key = torch.randint(0, 2**32, (10000, 2), generator=g)
+    assert torch.equal(ops._philox4x32_10(counter, key), noise.philox4x32_10(counter, key))
+
+
+def float_range(lo: float, hi: float, stride: int) -> torch.Tensor:
+    """Every `stride`-th fp32 value in [lo, hi] (positive floats order like their bits)."""
+    first = torch.tensor(lo, dtype=torch.float32).view(torch.int32).item()
+    last = torch.tensor(hi, dtype=torch.float32).view(torch.int32).item()
+    bits = torch.cat([torch.arange(first, last, stride, dtype=torch.int32), torch.tensor([last], dtype=torch.int32)])
+    return bits.view(torch.float32)
+
+
+def test_logf_within_2_ulp_over_noise_range():
+    # [2^-24, 20] holds every input fs_logf sees: u in [2^-24, 1 - 2^-24] and -log(u) <= 16.7.
+    x = float_range(2.0**-24, 20.0, stride=13)  # 1.8e7 of the 2.4e8 floats
+    got = ops._logf(x).double()
+    exact = torch.log(x.double())
+    mag = exact.abs().float()
+    ulp = (torch.nextafter(mag, torch.tensor(math.inf)) - mag).double()
+    err_ulp = ((got - exact).abs() / ulp).max().item()
+    assert err_ulp < 2.0, f"fs_logf error {err_ulp:.3f} ulp"
+
+
+def test_logf_cpp_equals_python():
+    x = float_range(2.0**-24, 20.0, stride=97)
+    assert torch.equal(as_bits(ops._logf(x)), as_bits(noise.logf(x)))
+
+
+def _fma_exact(a: float, b: float, c: float) -> float:
+    """Correctly rounded fp32 fma, through exact rationals."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    lo = torch.tensor(float(exact), dtype=torch.float32)  # within an ulp; fix below
+    candidates = [torch.nextafter(lo, torch.tensor(-math.inf)), lo, torch.nextafter(lo, torch.tensor(math.inf))]
+    best = min(candidates, key=lambda v: (abs(Fraction(v.item()) - exact), v.view(torch.int32).item() & 1))
+    return best.item()
+
+
+def test_fma32_emulation_is_correctly_rounded():
+    g = torch.Generator().manual_seed(1)
+    a, b, c = (torch.randn(2000, generator=g) * 4 for _ in range(3))
+    # Midpoint cases where rounding a*b + c to float64 first would round the wrong way.
+    e = 2.0**-12
+    a = torch.cat([a, torch.tensor([e * (1 + 2.0**-20), e * (1 + 2.0**-20)])])
+    b = torch.cat([b, torch.tensor([e * (1 - 2.0**-20), -e * (1 - 2.0**-20)])])
+    c = torch.cat([c, torch.tensor([1 + 2.0**-23, -(1 + 2.0**-23)])])
+    got = noise.fma32(a, b, c)
+    expected = torch.tensor([_fma_exact(*v) for v in zip(a.tolist(), b.tolist(), c.tolist())])
+    assert torch.equal(as_bits(got), as_bits(expected))
+    assert got[-2].item() == 1 + 2.0**-23 and got[-1].item() == -(1 + 2.0**-23)
+
+
+def test_uniforms_strictly_inside_unit_interval():
+    grid = torch.arange(0, 2**23, dtype=torch.int64) << 9  # every value bits >> 9 can take
+    u = noise.uniform_open01(grid | 0x1FF)  # the low 9 bits are dropped
+    assert u.min().item() == 2.0**-24 and u.max().item() == 1 - 2.0**-24
+    assert torch.equal(u, noise.uniform_open01(grid))
+    g_cpp = ops._gumbel_from_bits(grid)
+    assert torch.isfinite(g_cpp).all()
+    some = slice(None, None, 7)
+    assert torch.equal(as_bits(g_cpp[some]), as_bits(noise.gumbel_from_bits(grid[some])))
+
+
+def test_gumbel_noise_cpp_equals_python():
+    g = torch.Generator().manual_seed(2)
+    stream = torch.randint(0, 2**32, (64, 1), generator=g)
+    vocab = torch.randint(0, 2**32, (1, 512), generator=g)
+    for seed, offset, sample in [(0, 0, 0), (1234, 7, 3), (2**64 - 1, 2**63 + 5, 2**31), (-5, -1, 9)]:
+        cpp = ops.gumbel_noise(
+            noise.as_int64_tensor(seed).item(), noise.as_int64_tensor(offset).item(), stream, sample, vocab
+        )
+        py = noise.gumbel_noise(seed, offset, stream, sample, vocab)
+        assert cpp.shape == (64, 512)
+        assert torch.equal(as_bits(cpp), as_bits(py)), (seed, offset, sample)
+
+
+def test_gumbel_noise_is_standard_gumbel():
+    g = ops.gumbel_noise(42, 0, torch.arange(8)[:, None], 0, torch.arange(50000)[None, :]).double()
+    assert abs(g.mean().item() - 0.5772156649) < 0.01  # Euler-Mascheroni constant
+    assert abs(g.var().item() - math.pi**2 / 6) < 0.02
+
+
+def test_noise_is_a_pure_function_of_coordinates():
+    streams = torch.arange(9)[:, None]
+    vocab = torch.arange(300)[None, :]
+    batch = ops.gumbel_noise(5, 11, streams, 2, vocab)
+    # Any sub-batch, any order, any vocab slice: the same value at the same coordinates.
+    perm = torch.tensor([7, 2, 8, 0])
+    assert torch.equal(ops.gumbel_noise(5, 11, streams[perm], 2, vocab[:, 100:]), batch[perm, 100:])
+    for row in range(9):
+        assert torch.equal(ops.gumbel_noise(5, 11, torch.tensor(row), 2, vocab[0]), batch[row])
+    # Each coordinate changes the value.
+    assert not torch.equal(ops.gumbel_noise(6, 11, streams, 2, vocab), batch)
+    assert not torch.equal(ops.gumbel_noise(5, 12, streams, 2, vocab), batch)
+    assert not torch.equal(ops.gumbel_noise(5, 11, streams, 3, vocab), batch)
+    # offset + sample is what counts: (offset 11, sample 2) == (offset 12, sample 1).
+    assert torch.equal(ops.gumbel_noise(5, 12, streams, 1, vocab), batch)
+
+
+def test_gumbel_noise_rejects_out_of_range_coordinates():
+    with pytest.raises(RuntimeError, match="stream"):
+        ops.gumbel_noise(0, 0, torch.tensor([-1]), 0, torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="vocab_index"):
+        ops.gumbel_noise(0, 0, torch.tensor([0]), 0, torch.tensor([2**32]))

@@ -1,0 +1,139 @@
+"""Build configuration shared by setup.py and tests/test_compile_cuda.py.
+
+Torch-free on purpose: it describes how the CUDA kernels (csrc/kernels/**/*.cu, which
+never include torch) are compiled, one object per source with its own -gencode list.
+CMakeLists.txt mirrors the same rules.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+INCLUDE_DIR = ROOT / "csrc" / "include"
+TORCH_SRC_DIR = ROOT / "csrc" / "torch"
+KERNEL_DIR = ROOT / "csrc" / "kernels"
+
+# philox_gumbel.h relies on the host compiler not contracting a * b + c into an fma.
+HOST_FLAGS = ["-O3", "-ffp-contract=off"]
+NVCC_FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "--expt-extended-lambda",
+    "-DNDEBUG",
+    "-Xcompiler=-fPIC,-ffp-contract=off",
+]
+
+
+@dataclass(frozen=True)
+class CudaArch:
+    name: str  # as in FLASHSAMPLING_CUDA_ARCHS, e.g. "90a"
+    define: str  # defined for every translation unit when this arch is built
+    file_suffix: str  # kernel files named *<suffix>.cu are built for this arch only
+
+    @property
+    def gencode(self) -> str:
+        return f"-gencode=arch=compute_{self.name},code=sm_{self.name}"
+
+
+CUDA_ARCHS = {
+    arch.name: arch
+    for arch in (
+        CudaArch("90a", "FLASHSAMPLING_ENABLE_SM90", "_sm90"),
+        CudaArch("100a", "FLASHSAMPLING_ENABLE_SM100", "_sm100"),
+    )
+}
+
+
+def find_nvcc() -> str | None:
+    """nvcc of CUDA_HOME / CUDA_PATH, else the one on PATH, else None."""
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def nvcc_supported_archs(nvcc: str) -> set[str]:
+    """Numeric compute capabilities nvcc can target, e.g. {"90", "100"}."""
+    listing = subprocess.run(
+        [nvcc, "--list-gpu-arch"], check=True, capture_output=True, text=True
+    ).stdout
+    return set(re.findall(r"compute_(\d+)", listing))
+
+
+def enabled_cuda_archs(nvcc: str) -> list[CudaArch]:
+    """Archs from FLASHSAMPLING_CUDA_ARCHS ("90a;100a"), or by default every known arch
+    nvcc supports. An explicitly requested arch nvcc cannot build is an error."""
+    supported = nvcc_supported_archs(nvcc)
+    requested = os.environ.get("FLASHSAMPLING_CUDA_ARCHS")
+    if requested is None:
+        return [a for a in CUDA_ARCHS.values() if a.name.rstrip("a") in supported]
+    archs = []
+    for name in filter(None, (n.strip() for n in re.split(r"[;, ]", requested))):
+        if name not in CUDA_ARCHS:
+            raise ValueError(
+                f"FLASHSAMPLING_CUDA_ARCHS: unknown arch {name!r}; known: {', '.join(CUDA_ARCHS)}"
+            )
+        if name.rstrip("a") not in supported:
+            raise ValueError(f"FLASHSAMPLING_CUDA_ARCHS: {nvcc} cannot build sm_{name}")
+        archs.append(CUDA_ARCHS[name])
+    return archs
+
+
+def kernel_sources() -> list[Path]:
+    return sorted(KERNEL_DIR.rglob("*.cu"))
+
+
+def archs_for_source(source: Path, enabled: list[CudaArch]) -> list[CudaArch]:
+    """*_sm90.cu / *_sm100.cu build for their own arch only; other sources for all."""
+    for arch in CUDA_ARCHS.values():
+        if source.stem.endswith(arch.file_suffix):
+            return [arch] if arch in enabled else []
+    return list(enabled)
+
+
+def cutlass_include_dirs() -> list[str]:
+    """CUTLASS headers of the installed nvidia-cutlass package (cutlass_library/source)."""
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "CUTLASS headers not found: pip install --no-deps nvidia-cutlass==4.2.0.0"
+        )
+    source = Path(spec.origin).parent / "source"
+    dirs = [source / "include", source / "tools" / "util" / "include"]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise RuntimeError(f"nvidia-cutlass is installed without its headers: {missing}")
+    return [str(d) for d in dirs]
+
+
+def arch_defines(enabled: list[CudaArch]) -> list[str]:
+    return [f"-D{arch.define}" for arch in enabled]
+
+
+def nvcc_command(
+    nvcc: str, source: Path, output: Path, enabled: list[CudaArch]
+) -> list[str] | None:
+    """The nvcc -c command line of one kernel source; None when none of its archs is enabled."""
+    archs = archs_for_source(source, enabled)
+    if not archs:
+        return None
+    includes = [f"-I{d}" for d in [str(INCLUDE_DIR), *cutlass_include_dirs()]]
+    return [
+        nvcc,
+        *NVCC_FLAGS,
+        *arch_defines(enabled),
+        *includes,
+        *(arch.gencode for arch in archs),
+        "-c",
+        str(source),
+        "-o",
+        str(output),
+    ]
