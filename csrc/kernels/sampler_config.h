@@ -10,38 +10,36 @@
 
 namespace flashsampling {
 
-// Every config tiles the vocabulary by 128 rows (two consumer warpgroups of 64),
-// so the candidate workspace has the same shape whichever config runs.
-inline constexpr int kVocabTile = 128;
-
-template <int TileN>
+// kPingpong: each consumer warpgroup owns a 64-row vocabulary tile and its epilogue
+// (noise + argmax) overlaps the other warpgroup's mainloop; otherwise both
+// warpgroups share a 128-row tile (cooperative) and the epilogue is not overlapped.
+template <int TileN, bool kPingpong>
 struct SamplerTileConfig {
-  static constexpr int kTileM = kVocabTile;
+  static constexpr int kTileM = kPingpong ? 64 : 128;
   // Narrow N tiles are memory-bound: deeper K per stage keeps more bytes in flight.
   static constexpr int kTileK = TileN >= 128 ? 64 : 128;
 };
 
-// Batch buckets: the narrowest N tile that covers B; B > 64 runs several 64-wide N
-// tiles (measured on H200, benchmarks/NOTES.md: the 128- and 256-wide tiles were 2-3x
-// slower than 64-wide tiles at B = 128 / 256 with this epilogue).
+// Batch buckets: the narrowest N tile that covers B; B > 256 runs several N tiles.
 inline int sampler_tile_n_for_batch(int64_t batch_size) {
-  return batch_size <= 16 ? 16 : batch_size <= 32 ? 32 : 64;
+  return batch_size <= 16 ? 16 : batch_size <= 32 ? 32 : batch_size <= 64 ? 64 : batch_size <= 128 ? 128 : 256;
 }
 
-inline int64_t num_vocab_tiles(SamplerParams const& p) {
-  return (p.vocab_size + kVocabTile - 1) / kVocabTile;
+inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
+  return (p.vocab_size + vocab_tile - 1) / vocab_tile;
 }
 
 // Candidates of all samples: [num_samples][num_vocab_tiles][B].
-inline size_t candidate_bytes(SamplerParams const& p) {
-  return static_cast<size_t>(p.num_samples) * num_vocab_tiles(p) * p.batch_size * sizeof(PackedCandidate);
+inline size_t candidate_bytes(SamplerParams const& p, int vocab_tile) {
+  return static_cast<size_t>(p.num_samples) * num_vocab_tiles(p, vocab_tile) * p.batch_size *
+         sizeof(PackedCandidate);
 }
 
 // Per-config entry points (defined in sampler_gemm_<arch>.cuh, instantiated per file).
-template <class Element, int TileN>
+template <class Element, int TileN, bool kPingpong>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, PackedCandidate* candidates, void* gemm_workspace,
                                   cudaStream_t stream);
-template <class Element, int TileN>
+template <class Element, int TileN, bool kPingpong>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p);
 
 template <class Element, int TileN>

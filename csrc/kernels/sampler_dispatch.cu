@@ -11,37 +11,62 @@ namespace {
 struct ConfigEntry {
   cudaError_t (*run)(SamplerParams const&, PackedCandidate*, void*, cudaStream_t);
   size_t (*gemm_workspace)(SamplerParams const&);
+  int vocab_tile;  // M extent of one candidate row
 };
+
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+template <class Element, int TileN, bool kPingpong>
+ConfigEntry sm90_entry() {
+  return {run_sampler_gemm_sm90<Element, TileN, kPingpong>, sampler_gemm_workspace_sm90<Element, TileN, kPingpong>,
+          SamplerTileConfig<TileN, kPingpong>::kTileM};
+}
+
+// Measured on H200 (benchmarks/NOTES.md): narrow tiles are memory-bound and gain from
+// pingpong, whose epilogue overlaps the other warpgroup's mainloop; the 128- and
+// 256-wide tiles measured 13-30% faster cooperative (not yet profiled why).
+template <class Element>
+ConfigEntry select_sm90_config(int tile_n) {
+  switch (tile_n) {
+    case 16: return sm90_entry<Element, 16, /*kPingpong=*/true>();
+    case 32: return sm90_entry<Element, 32, /*kPingpong=*/true>();
+    case 64: return sm90_entry<Element, 64, /*kPingpong=*/true>();
+    case 128: return sm90_entry<Element, 128, /*kPingpong=*/false>();
+    default: return sm90_entry<Element, 256, /*kPingpong=*/false>();
+  }
+}
+#endif
 
 template <class Element>
 ConfigEntry select_sm90(int tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
-  switch (tile_n) {
-    case 16: return {run_sampler_gemm_sm90<Element, 16>, sampler_gemm_workspace_sm90<Element, 16>};
-    case 32: return {run_sampler_gemm_sm90<Element, 32>, sampler_gemm_workspace_sm90<Element, 32>};
-    case 64: return {run_sampler_gemm_sm90<Element, 64>, sampler_gemm_workspace_sm90<Element, 64>};
-    case 128: return {run_sampler_gemm_sm90<Element, 128>, sampler_gemm_workspace_sm90<Element, 128>};
-    default: return {run_sampler_gemm_sm90<Element, 256>, sampler_gemm_workspace_sm90<Element, 256>};
-  }
+  return select_sm90_config<Element>(tile_n);
 #else
   (void)tile_n;
-  return {nullptr, nullptr};
+  return {nullptr, nullptr, 0};
 #endif
 }
+
+#if defined(FLASHSAMPLING_ENABLE_SM100)
+template <class Element, int TileN>
+ConfigEntry sm100_entry() {
+  return {run_sampler_gemm_sm100<Element, TileN>, sampler_gemm_workspace_sm100<Element, TileN>,
+          SamplerTileConfig<TileN, false>::kTileM};
+}
+#endif
 
 template <class Element>
 ConfigEntry select_sm100(int tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM100)
   switch (tile_n) {
-    case 16: return {run_sampler_gemm_sm100<Element, 16>, sampler_gemm_workspace_sm100<Element, 16>};
-    case 32: return {run_sampler_gemm_sm100<Element, 32>, sampler_gemm_workspace_sm100<Element, 32>};
-    case 64: return {run_sampler_gemm_sm100<Element, 64>, sampler_gemm_workspace_sm100<Element, 64>};
-    case 128: return {run_sampler_gemm_sm100<Element, 128>, sampler_gemm_workspace_sm100<Element, 128>};
-    default: return {run_sampler_gemm_sm100<Element, 256>, sampler_gemm_workspace_sm100<Element, 256>};
+    case 16: return sm100_entry<Element, 16>();
+    case 32: return sm100_entry<Element, 32>();
+    case 64: return sm100_entry<Element, 64>();
+    case 128: return sm100_entry<Element, 128>();
+    default: return sm100_entry<Element, 256>();
   }
 #else
   (void)tile_n;
-  return {nullptr, nullptr};
+  return {nullptr, nullptr, 0};
 #endif
 }
 
@@ -49,7 +74,7 @@ template <class Element>
 ConfigEntry select_for_arch(int device_arch, int tile_n) {
   if (device_arch == 90) return select_sm90<Element>(tile_n);
   if (device_arch == 100) return select_sm100<Element>(tile_n);
-  return {nullptr, nullptr};
+  return {nullptr, nullptr, 0};
 }
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
@@ -77,7 +102,7 @@ const char* sampler_compiled_archs() {
 size_t sampler_workspace_bytes(SamplerParams const& p, int device_arch) {
   ConfigEntry const entry = select_config(p, device_arch);
   if (entry.run == nullptr) return 0;
-  return round_up_256(candidate_bytes(p)) + entry.gemm_workspace(p);
+  return round_up_256(candidate_bytes(p, entry.vocab_tile)) + entry.gemm_workspace(p);
 }
 
 cudaError_t launch_sampler(SamplerParams const& p, void* workspace, size_t workspace_bytes, int device_arch,
@@ -85,13 +110,14 @@ cudaError_t launch_sampler(SamplerParams const& p, void* workspace, size_t works
   ConfigEntry const entry = select_config(p, device_arch);
   if (entry.run == nullptr) return cudaErrorNotSupported;
   if (p.batch_size == 0) return cudaSuccess;
-  size_t const candidates_size = round_up_256(candidate_bytes(p));
+  size_t const candidates_size = round_up_256(candidate_bytes(p, entry.vocab_tile));
   if (workspace_bytes < candidates_size + entry.gemm_workspace(p)) return cudaErrorInvalidValue;
   auto* candidates = static_cast<PackedCandidate*>(workspace);
   void* gemm_workspace = static_cast<char*>(workspace) + candidates_size;
   cudaError_t err = entry.run(p, candidates, gemm_workspace, stream);
   if (err != cudaSuccess) return err;
-  return launch_reduce_candidates(candidates, num_vocab_tiles(p), p.batch_size, p.num_samples, p.tokens, stream);
+  return launch_reduce_candidates(candidates, num_vocab_tiles(p, entry.vocab_tile), p.batch_size, p.num_samples,
+                                  p.tokens, stream);
 }
 
 }  // namespace flashsampling

@@ -24,7 +24,7 @@ using SamplerScratchD = uint8_t;
 
 inline int64_t scratch_d_leading_dim(SamplerParams const& p) { return (p.vocab_size + 15) / 16 * 16; }
 
-template <class Gemm, class Element, bool kScratchD>
+template <class Gemm, class Element, int kVocabTile, bool kScratchD>
 struct SamplerGemmLauncher {
   static size_t scratch_d_bytes(SamplerParams const& p) {
     return kScratchD ? static_cast<size_t>(scratch_d_leading_dim(p) * p.batch_size + 256) : 0;
@@ -69,7 +69,8 @@ struct SamplerGemmLauncher {
     void* cutlass_workspace = static_cast<char*>(gemm_workspace) + scratch_d_bytes(p);
     Gemm gemm;
     for (int sample = 0; sample < p.num_samples; ++sample) {
-      PackedCandidate* out = candidates + static_cast<int64_t>(sample) * num_vocab_tiles(p) * p.batch_size;
+      PackedCandidate* out =
+          candidates + static_cast<int64_t>(sample) * num_vocab_tiles(p, kVocabTile) * p.batch_size;
       auto args = make_arguments(p, out, static_cast<uint32_t>(sample), scratch_d);
       if (gemm.can_implement(args) != cutlass::Status::kSuccess) {
         return cudaErrorInvalidValue;

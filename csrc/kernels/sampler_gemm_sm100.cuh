@@ -17,7 +17,7 @@ namespace flashsampling {
 
 template <class Element, int TileN>
 struct SamplerGemmSm100 {
-  using Config = SamplerTileConfig<TileN>;
+  using Config = SamplerTileConfig<TileN, /*kPingpong=*/false>;
   // One 128-row tcgen05 MMA per CTA (1-SM); the vocabulary tile matches sm90.
   using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
@@ -47,7 +47,7 @@ struct SamplerGemmSm100 {
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, void>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  using Launcher = SamplerGemmLauncher<Gemm, Element, /*kScratchD=*/true>;
+  using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/true>;
 };
 
 template <class Element, int TileN>

@@ -1,4 +1,5 @@
-// The fused sampling GEMM for Hopper (sm90a) -- wgmma, cooperative schedule: CUTLASS collective builder, TMA,
+// The fused sampling GEMM for Hopper (sm90a) -- wgmma, pingpong or cooperative
+// schedule: CUTLASS collective builder, TMA,
 // warp-specialised persistent schedule, and the Gumbel-argmax EVT node as the
 // whole epilogue (ElementD = void: no logits are stored).
 //
@@ -15,10 +16,9 @@
 
 namespace flashsampling {
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool kPingpong>
 struct SamplerGemmSm90 {
-  using Config = SamplerTileConfig<TileN>;
-  // Two consumer warpgroups of 64 vocabulary rows each.
+  using Config = SamplerTileConfig<TileN, kPingpong>;
   using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
@@ -32,35 +32,39 @@ struct SamplerGemmSm90 {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
       void, cutlass::layout::RowMajor, kAlignment,  // no C
       void, cutlass::layout::RowMajor, kAlignment,  // no D: logits stay on chip
-      cutlass::epilogue::TmaWarpSpecializedCooperative, FusionCallbacks>::CollectiveOp;
+      cute::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
+                          cutlass::epilogue::TmaWarpSpecializedCooperative>,
+      FusionCallbacks>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
       SamplerLayoutB, kAlignment, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
 
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  using Launcher = SamplerGemmLauncher<Gemm, Element, /*kScratchD=*/false>;
+  using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool kPingpong>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, PackedCandidate* candidates, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm90<Element, TileN>::Launcher::run(p, candidates, gemm_workspace, stream);
+  return SamplerGemmSm90<Element, TileN, kPingpong>::Launcher::run(p, candidates, gemm_workspace, stream);
 }
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool kPingpong>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p) {
-  return SamplerGemmSm90<Element, TileN>::Launcher::gemm_workspace_bytes(p);
+  return SamplerGemmSm90<Element, TileN, kPingpong>::Launcher::gemm_workspace_bytes(p);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN)                                        \
-  template cudaError_t run_sampler_gemm_sm90<Element, TileN>(SamplerParams const&, PackedCandidate*, \
-                                                             void*, cudaStream_t);                   \
-  template size_t sampler_gemm_workspace_sm90<Element, TileN>(SamplerParams const&);
+#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong)                                      \
+  template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong>(SamplerParams const&,          \
+                                                                        PackedCandidate*, void*,       \
+                                                                        cudaStream_t);                 \
+  template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong>(SamplerParams const&);
 
 }  // namespace flashsampling

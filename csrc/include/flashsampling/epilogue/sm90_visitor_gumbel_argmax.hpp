@@ -53,6 +53,17 @@ CUTLASS_DEVICE PackedCandidate max_candidate(PackedCandidate a, PackedCandidate 
   return a > b ? a : b;
 }
 
+// Out-of-line noise for wide tiles: the collective unrolls every epilogue subtile of
+// the CTA tile, so an inlined Philox + two logs per element grows the kernel with the
+// tile's N extent; from N = 64 on the code outgrows the instruction cache (measured: the
+// N=128 kernel issued on 13% of cycles, benchmarks/NOTES.md).
+static __device__ __noinline__ Philox4 noise_block_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
+                                                        uint32_t vocab_index, uint32_t stream_quad) {
+  return fs_noise_block(seed, offset_plus_sample, vocab_index, stream_quad);
+}
+
+static __device__ __noinline__ float gumbel_from_bits_out_of_line(uint32_t bits) { return fs_gumbel_from_bits(bits); }
+
 // Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
 // replay sees fresh values), else uses the values.
 CUTLASS_DEVICE void resolve_noise_source(NoiseSource const& src, uint64_t& seed, uint64_t& offset) {
@@ -69,6 +80,7 @@ CUTLASS_DEVICE void resolve_noise_source(NoiseSource const& src, uint64_t& seed,
 template <class CtaTileShapeMNK, class ElementOutput = float>
 struct Sm90GumbelArgmaxRowReduction {
   using ElementAux = ElementOutput;
+  static constexpr bool kNoiseOutOfLine = decltype(size<1>(CtaTileShapeMNK{}))::value >= 64;
 
   struct SharedStorage {};
 
@@ -152,6 +164,11 @@ struct Sm90GumbelArgmaxRowReduction {
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
 
+      // One Philox block holds the noise of 4 consecutive batch rows at one vocab
+      // index; accumulator layouts keep neighbouring columns in neighbouring
+      // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
+      uint32_t block_vocab = ~0u, block_quad = ~0u;
+      Philox4 block{};
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         int const frg_idx = epi_v * FragmentSize + i;
@@ -162,8 +179,14 @@ struct Sm90GumbelArgmaxRowReduction {
           float const logit = static_cast<float>(frg_logits[i]);
           float score = logit;
           if (!params.greedy) {
-            Philox4 const block = fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
-            float const gumbel = fs_gumbel_from_bits(fs_philox_lane(block, batch_row & 3u));
+            if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
+              block = kNoiseOutOfLine ? noise_block_out_of_line(seed, offset_plus_sample, vocab_index, batch_row >> 2)
+                                      : fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
+              block_vocab = vocab_index;
+              block_quad = batch_row >> 2;
+            }
+            uint32_t const bits = fs_philox_lane(block, batch_row & 3u);
+            float const gumbel = kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
             score = fs_perturbed_score(logit, params.inv_temperature, gumbel);
           }
           // Registers alias over M (stride-0 modes): rows of one column share a slot.
