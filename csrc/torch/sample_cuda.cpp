@@ -1,0 +1,167 @@
+// CUDA implementation of flashsampling::sample: argument checks, device guard,
+// stream, workspace, seed/offset resolution (graph-safe), architecture dispatch.
+// The kernels themselves (csrc/kernels/) never see torch.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cmath>
+#include <mutex>
+#include <optional>
+
+#include "checks.h"
+#include "flashsampling/philox_gumbel.h"
+#include "flashsampling/sampler_params.h"
+
+namespace flashsampling {
+namespace {
+
+struct DeviceInfo {
+  int arch = 0;  // major * 10 + minor
+  int sm_count = 0;
+};
+
+// Read once per device: the attributes cannot change while the process runs.
+DeviceInfo device_info(int device) {
+  static std::array<DeviceInfo, 64> cache{};
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  DeviceInfo& info = cache.at(static_cast<size_t>(device));
+  if (info.arch == 0) {
+    int major = 0, minor = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
+    info.arch = major * 10 + minor;
+  }
+  return info;
+}
+
+// A 0-d int64 tensor becomes a value (CPU) or a device pointer the kernel reads at
+// run time (CUDA: no sync, and a captured graph sees the value at replay).
+void take_scalar_tensor(const at::Tensor& t, const at::Tensor& hidden, const char* name, uint64_t& value,
+                        const int64_t*& device_ptr) {
+  if (t.is_cuda()) {
+    TORCH_CHECK(t.get_device() == hidden.get_device(), "flashsampling.sample: ", name,
+                " must be on the CPU or on the device of hidden (", hidden.device(), "), got ", t.device());
+    device_ptr = t.data_ptr<int64_t>();
+  } else {
+    value = static_cast<uint64_t>(t.item<int64_t>());
+  }
+}
+
+NoiseSource resolve_noise(const at::Tensor& hidden, int64_t num_samples, const std::optional<at::Tensor>& seed,
+                          const std::optional<at::Tensor>& offset, const std::optional<at::Generator>& generator) {
+  NoiseSource src;
+  if (seed.has_value()) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!has_per_row_seed(seed),
+                                "flashsampling.sample: per-row seeds (seed of shape [B]) are not supported by the "
+                                "CUDA kernel in this version; pass a 0-d seed, or run on the CPU");
+    take_scalar_tensor(*seed, hidden, "seed", src.seed, src.seed_device);
+    if (offset.has_value()) {
+      TORCH_CHECK_NOT_IMPLEMENTED(offset->dim() == 0,
+                                  "flashsampling.sample: per-row offsets are not supported by the CUDA kernel in "
+                                  "this version; pass a 0-d offset");
+      take_scalar_tensor(*offset, hidden, "offset", src.offset, src.offset_device);
+    }
+    return src;
+  }
+  // Torch's own Philox convention: under graph capture the generator hands out
+  // device pointers plus an intra-graph offset, so every replay draws fresh noise.
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      generator, at::cuda::detail::getDefaultCUDAGenerator(hidden.get_device()));
+  // Sample s uses offset + s: reserve num_samples offsets (torch wants multiples of 4).
+  const uint64_t increment = static_cast<uint64_t>((num_samples + 3) / 4 * 4);
+  at::PhiloxCudaState state;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    state = gen->philox_cuda_state(increment);
+  }
+  if (state.captured_) {
+    src.seed_device = state.seed_.ptr;
+    src.offset_device = state.offset_.ptr;
+    src.offset_device_add = state.offset_intragraph_;
+  } else {
+    src.seed = state.seed_.val;
+    src.offset = state.offset_.val;
+  }
+  return src;
+}
+
+void check_tma_operand(const at::Tensor& t, const char* name) {
+  const int64_t elem = t.element_size();
+  TORCH_CHECK(t.stride(1) == 1, "flashsampling.sample: ", name,
+              " must have unit stride along D on CUDA (got strides ", t.strides(), "); call .contiguous()");
+  TORCH_CHECK((t.stride(0) * elem) % 16 == 0 || t.size(0) == 1, "flashsampling.sample: ", name,
+              " row stride must be a multiple of 16 bytes on CUDA (got ", t.stride(0), " elements)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "flashsampling.sample: ", name,
+              " must be 16-byte aligned on CUDA (TMA); got a view at a misaligned offset, call .clone()");
+}
+
+at::Tensor sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
+                       const std::optional<at::Tensor>& temperatures, int64_t num_samples,
+                       const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                       std::optional<at::Generator> generator) {  // by value, as sample_cpu.cpp: one C++ signature
+  check_sample_args(hidden, weight, temperature, temperatures, num_samples, seed, offset, generator);
+  c10::cuda::CUDAGuard guard(hidden.device());
+  const int64_t batch = hidden.size(0);
+  const int64_t dim = hidden.size(1);
+  const int64_t vocab = weight.size(0);
+
+  TORCH_CHECK(hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf,
+              "flashsampling.sample: the CUDA kernel takes bfloat16 or float16 hidden/weight, got ",
+              hidden.scalar_type(), "; cast with .to(torch.bfloat16)");
+  TORCH_CHECK_NOT_IMPLEMENTED(!temperatures.has_value(),
+                              "flashsampling.sample: per-row `temperatures` are not supported by the CUDA kernel "
+                              "in this version; pass a float `temperature`");
+  TORCH_CHECK(dim % 8 == 0, "flashsampling.sample: the CUDA kernel needs the hidden size D to be a multiple of 8 "
+              "(16-byte TMA rows), got D=", dim, "; zero-pad hidden and weight along D (exact: padded products are 0)");
+  TORCH_CHECK(batch <= INT32_MAX, "flashsampling.sample: batch size ", batch, " exceeds 2^31-1");
+
+  at::Tensor tokens = at::empty({batch, num_samples}, hidden.options().dtype(at::kLong));
+  if (batch == 0) {
+    return tokens;
+  }
+  check_tma_operand(weight, "weight");
+  check_tma_operand(hidden, "hidden");
+
+  const DeviceInfo device = device_info(hidden.get_device());
+  const int arch = device.arch;
+  TORCH_CHECK_NOT_IMPLEMENTED(arch == 90 || arch == 100, "flashsampling.sample: no fused kernel for sm_", arch,
+                              " (this build has ", sampler_compiled_archs(),
+                              "); supported GPUs: Hopper sm_90 (H100/H200) and Blackwell sm_100 (B200/GB200)");
+
+  SamplerParams p;
+  p.weight = weight.data_ptr();
+  p.hidden = hidden.data_ptr();
+  p.vocab_size = vocab;
+  p.hidden_dim = dim;
+  p.batch_size = batch;
+  p.weight_row_stride = weight.stride(0);
+  p.hidden_row_stride = hidden.stride(0);
+  p.element_type = hidden.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
+  p.greedy = temperature == 0.0;
+  p.inv_temperature = p.greedy ? 1.0f : fs_div(1.0f, static_cast<float>(temperature));
+  p.noise = resolve_noise(hidden, num_samples, seed, offset, generator);
+  p.num_samples = static_cast<int>(num_samples);
+  p.tokens = tokens.data_ptr<int64_t>();
+  p.device_sm_count = device.sm_count;
+
+  const size_t workspace_bytes = sampler_workspace_bytes(p, arch);
+  TORCH_CHECK_NOT_IMPLEMENTED(workspace_bytes > 0, "flashsampling.sample: this build has no kernel for sm_", arch,
+                              " (compiled: ", sampler_compiled_archs(), "); rebuild with FLASHSAMPLING_CUDA_ARCHS");
+  at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, hidden.options().dtype(at::kByte));
+  const cudaError_t err =
+      launch_sampler(p, workspace.data_ptr(), workspace_bytes, arch, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "flashsampling.sample: CUDA kernel launch failed: ", cudaGetErrorString(err));
+  return tokens;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) { m.impl("sample", &sample_cuda); }
+
+}  // namespace flashsampling
