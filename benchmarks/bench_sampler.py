@@ -1,0 +1,227 @@
+"""Kernel benchmark: the fused sampler against cuBLAS-based baselines and the floor.
+
+One run on one GPU, every contender side by side, for each (D, V) shape and batch:
+
+  ours            flashsampling_cuda.sample (fused GEMM + Gumbel-argmax + reduction)
+  mm              cuBLAS matmul alone, hidden @ W.T (bf16 logits)
+  mm+multinomial  torch.compile(matmul -> fp32 softmax -> torch.multinomial)
+  mm+gumbel       torch.compile(matmul -> fp32 logits / T + Gumbel -> argmax)
+  mm+FI           cuBLAS matmul -> flashinfer.sampling.sampling_from_logits (if importable)
+  mm+FI top-k/p   cuBLAS matmul -> flashinfer top_k_top_p_sampling_from_logits(50, 0.9)
+
+Floors (measured on the device in the same run): reading W once at the measured
+device-to-device copy bandwidth (bytes read + written / time), and 2*B*V*D FLOPs at
+the measured bf16 matmul rate (8192^3). Times are medians of CUDA-event timings of
+warm calls; W (>= 1 GB) is far larger than L2, so every call streams it from HBM.
+
+Usage:
+  python benchmarks/bench_sampler.py [--shapes 4096x151936,8192x128256]
+      [--batches 1,2,4,8,16,32,64,128,256] [--dtype bf16] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+import flashsampling_cuda
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def median_us(fn, warmup: int = 5, reps: int = 30) -> float:
+    """Median time of fn() in microseconds, each call timed with its own CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def measure_copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written)."""
+    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    us = median_us(lambda: dst.copy_(src), warmup=3, reps=10)
+    del src, dst
+    return 2 * 2 * 1024**3 / (us * 1e-6)
+
+
+def measure_matmul_rate(dtype: torch.dtype) -> float:
+    """Dense matmul rate in FLOP/s on random data (8192^3)."""
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    us = median_us(lambda: a @ b, warmup=3, reps=10)
+    return 2 * n**3 / (us * 1e-6)
+
+
+def make_baselines(temperature: float, fi_topk: bool):
+    def mm_only(h, w):
+        return h @ w.T
+
+    def mm_multinomial(h, w):
+        logits = (h @ w.T).float()
+        probs = torch.softmax(logits / temperature, dim=-1)
+        return torch.multinomial(probs, 1)
+
+    def mm_gumbel(h, w):
+        logits = (h @ w.T).float()
+        u = torch.rand_like(logits).clamp_(1e-20, 1.0)
+        return torch.argmax(logits / temperature - torch.log(-torch.log(u)), dim=-1)
+
+    baselines = {
+        "mm": mm_only,
+        "mm+multinomial": torch.compile(mm_multinomial, dynamic=False),
+        "mm+gumbel": torch.compile(mm_gumbel, dynamic=False),
+    }
+    try:
+        import flashinfer.sampling as fi
+
+        baselines["mm+FI"] = lambda h, w: fi.sampling_from_logits(h @ w.T, deterministic=True)
+        if fi_topk:  # needs FlashInfer's topk module (JIT-compiles for minutes if not prebuilt)
+            baselines["mm+FI top-k/p"] = lambda h, w: fi.top_k_top_p_sampling_from_logits(
+                h @ w.T, top_k=50, top_p=0.9, deterministic=True
+            )
+    except Exception as exc:  # noqa: BLE001 - FlashInfer is optional
+        print(f"[bench] FlashInfer not importable, skipping its baselines: {exc}", file=sys.stderr)
+    return baselines
+
+
+def run(args) -> dict:
+    dtype = DTYPES[args.dtype]
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    copy_bw = measure_copy_bandwidth()
+    mm_rate = measure_matmul_rate(dtype)
+    print(f"[bench] {props.name}: copy {copy_bw / 1e12:.2f} TB/s, {args.dtype} matmul {mm_rate / 1e12:.0f} TFLOP/s")
+    baselines = make_baselines(args.temperature, args.fi_topk)
+    results = {
+        "device": props.name,
+        "date": dt.date.today().isoformat(),
+        "command": " ".join(["python"] + sys.argv),
+        "torch": torch.__version__,
+        "dtype": args.dtype,
+        "temperature": args.temperature,
+        "copy_bandwidth_Bps": copy_bw,
+        "matmul_flops": mm_rate,
+        "rows": [],
+    }
+    for shape in args.shapes.split(","):
+        dim, vocab = (int(x) for x in shape.lower().split("x"))
+        weight = torch.randn(vocab, dim, device="cuda", dtype=dtype) * dim**-0.5
+        for batch in (int(b) for b in args.batches.split(",")):
+            hidden = torch.randn(batch, dim, device="cuda", dtype=dtype)
+            w_bytes = weight.numel() * weight.element_size()
+            floor_mem = w_bytes / copy_bw * 1e6  # W read once at the measured copy bandwidth
+            floor_flops = 2 * batch * vocab * dim / mm_rate * 1e6
+            row = {
+                "D": dim,
+                "V": vocab,
+                "B": batch,
+                "floor_us": max(floor_mem, floor_flops),
+                "floor_mem_us": floor_mem,
+                "floor_flops_us": floor_flops,
+            }
+            row["ours"] = median_us(
+                lambda: flashsampling_cuda.sample(hidden, weight, temperature=args.temperature)
+            )
+            for name, fn in baselines.items():
+                try:
+                    row[name] = median_us(lambda fn=fn: fn(hidden, weight))
+                except Exception as exc:  # noqa: BLE001 - report and keep going
+                    print(f"[bench] {name} failed at D={dim} V={vocab} B={batch}: {exc}", file=sys.stderr)
+            results["rows"].append(row)
+            print("[bench] " + json.dumps(row), flush=True)
+        del weight
+        torch.cuda.empty_cache()
+    return results
+
+
+def markdown_table(results: dict) -> str:
+    names = [k for k in ("mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p") if any(k in r for r in results["rows"])]
+    lines = []
+    for (dim, vocab) in dict.fromkeys((r["D"], r["V"]) for r in results["rows"]):
+        lines.append(f"\n**D={dim}, V={vocab}** ({results['dtype']}, {results['device']}, {results['date']}), µs (median)\n")
+        head = ["B", "floor", "ours"] + names + ["ours/floor", "ours/mm", "multinomial/ours"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        for r in results["rows"]:
+            if (r["D"], r["V"]) != (dim, vocab):
+                continue
+            cells = [str(r["B"]), f"{r['floor_us']:.0f}", f"{r['ours']:.0f}"]
+            cells += [f"{r[n]:.0f}" if n in r else "—" for n in names]
+            cells.append(f"{r['ours'] / r['floor_us']:.3f}")
+            cells.append(f"{r['ours'] / r['mm']:.3f}" if "mm" in r else "—")
+            cells.append(f"{r['mm+multinomial'] / r['ours']:.2f}×" if "mm+multinomial" in r else "—")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        print(f"[bench] matplotlib unavailable, no plot: {exc}", file=sys.stderr)
+        return
+    shapes = list(dict.fromkeys((r["D"], r["V"]) for r in results["rows"]))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
+    for ax, (dim, vocab) in zip(axes[0], shapes):
+        rows = [r for r in results["rows"] if (r["D"], r["V"]) == (dim, vocab)]
+        batches = [r["B"] for r in rows]
+        for name in ["floor_us", "ours", "mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p"]:
+            if all(name in r for r in rows):
+                ax.plot(batches, [r[name] for r in rows], marker="o", label=name.replace("_us", ""),
+                        linestyle="--" if name == "floor_us" else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("µs (median)")
+        ax.set_title(f"D={dim}, V={vocab}, {results['dtype']}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{results['device']} — {results['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="4096x151936,8192x128256", help="comma list of DxV")
+    parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--fi-topk", action="store_true", help="also time FlashInfer top-k/top-p sampling")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_sampler.py needs a CUDA GPU")
+    results = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"kernel_{results['device'].replace(' ', '_')}_{results['date']}"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    table = markdown_table(results)
+    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n{table}\n")
+    plot(results, out / f"{stem}.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (see benchmarks/NOTES.md): install the carried wheels,
+# build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
+# the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
+#   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
+#   STEPS: any of "build tests sanitizer bench" (default: all)
+set -uo pipefail
+OUT=${OUT:-/tmp/flashsampling_out}
+STEPS=${STEPS:-"build tests sanitizer bench"}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# The image's default g++ (/opt/gcc) links part of libstdc++ statically, which breaks
+# torch's number formatting inside our error messages: build with the system compiler.
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ NVCC_CCBIN=/usr/bin/g++; fi
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site
+if [ -d .fi ]; then bash .fi/setup.sh > /tmp/fi_exports.sh 2> "$OUT/fi_setup.log" && . /tmp/fi_exports.sh; fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+summary=()
+if [[ $STEPS == *build* ]]; then
+  t0=$(date +%s)
+  if ! MAX_JOBS=${MAX_JOBS:-16} FLASHSAMPLING_CUDA_ARCHS=${FLASHSAMPLING_CUDA_ARCHS:-90a} FLASHSAMPLING_WITH_CUDA=1 \
+      python3 -m pip install --no-build-isolation --no-deps -v -e . > "$OUT/build.log" 2>&1; then
+    grep -E "error|Error" "$OUT/build.log" | head -40; tail -20 "$OUT/build.log"; exit 1
+  fi
+  summary+=("build: ok in $(( $(date +%s) - t0 )) s")
+fi
+if [[ $STEPS == *tests* ]]; then
+  python3 -m pytest tests -m requires_cuda -q -rs -p no:cacheprovider -s ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests_gpu.log" | tail -40
+  summary+=("gpu tests: $(tail -1 "$OUT/tests_gpu.log")")
+fi
+if [[ $STEPS == *sanitizer* ]]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 benchmarks/sanitizer_shapes.py > "$OUT/sanitizer_$tool.log" 2>&1
+    summary+=("compute-sanitizer $tool: rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))")
+  done
+fi
+if [[ $STEPS == *bench* ]]; then
+  python3 benchmarks/bench_sampler.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\] {"
+fi
+printf '%s\n' "${summary[@]}"
