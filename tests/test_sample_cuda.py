@@ -154,6 +154,20 @@ def test_empty_batch_and_strided_hidden():
     )
 
 
+def test_single_row_with_any_row_stride():
+    hidden, weight = lm_head(1, 1000, 64, torch.bfloat16, seed=12)
+    wide = torch.zeros(3, 67, device="cuda", dtype=torch.bfloat16)
+    view = wide.as_strided((1, 64), (67, 1))  # one row with a row stride TMA could not take
+    view.copy_(hidden)
+    assert torch.equal(flashsampling_cuda.sample(view, weight, seed=2), flashsampling_cuda.sample(hidden, weight, seed=2))
+
+
+def test_num_samples_beyond_grid_limit_is_an_error():
+    hidden, weight = lm_head(1, 16, 64, torch.bfloat16, seed=13)
+    with pytest.raises(RuntimeError, match="num_samples"):
+        flashsampling_cuda.sample(hidden, weight, seed=1, num_samples=65536)
+
+
 @pytest.mark.parametrize(
     "make,match",
     [

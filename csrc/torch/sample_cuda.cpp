@@ -120,6 +120,9 @@ at::Tensor sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, doubl
   TORCH_CHECK(dim % 8 == 0, "flashsampling.sample: the CUDA kernel needs the hidden size D to be a multiple of 8 "
               "(16-byte TMA rows), got D=", dim, "; zero-pad hidden and weight along D (exact: padded products are 0)");
   TORCH_CHECK(batch <= INT32_MAX, "flashsampling.sample: batch size ", batch, " exceeds 2^31-1");
+  // The reduction kernel puts samples on gridDim.y.
+  TORCH_CHECK(num_samples <= 65535, "flashsampling.sample: num_samples must be <= 65535 on CUDA, got ",
+              num_samples);
 
   at::Tensor tokens = at::empty({batch, num_samples}, hidden.options().dtype(at::kLong));
   if (batch == 0) {
@@ -140,8 +143,9 @@ at::Tensor sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, doubl
   p.vocab_size = vocab;
   p.hidden_dim = dim;
   p.batch_size = batch;
-  p.weight_row_stride = weight.stride(0);
-  p.hidden_row_stride = hidden.stride(0);
+  // A single row's stride is meaningless (and may be anything); TMA wants a valid one.
+  p.weight_row_stride = vocab == 1 ? dim : weight.stride(0);
+  p.hidden_row_stride = batch == 1 ? dim : hidden.stride(0);
   p.element_type = hidden.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
   p.greedy = temperature == 0.0;
   p.inv_temperature = p.greedy ? 1.0f : fs_div(1.0f, static_cast<float>(temperature));
