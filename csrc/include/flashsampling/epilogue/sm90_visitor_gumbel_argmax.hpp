@@ -55,8 +55,9 @@ CUTLASS_DEVICE PackedCandidate max_candidate(PackedCandidate a, PackedCandidate 
 
 // Out-of-line noise for wide tiles: the collective unrolls every epilogue subtile of
 // the CTA tile, so an inlined Philox + two logs per element grows the kernel with the
-// tile's N extent; from N = 64 on the code outgrows the instruction cache (measured: the
-// N=128 kernel issued on 13% of cycles, benchmarks/NOTES.md).
+// tile's N extent. Calling it out of line halved B = 128 / 256 times on H200 (the inlined
+// N = 128 kernel issued on 13% of cycles); N = 64 measured the same either way.
+// benchmarks/NOTES.md has the numbers.
 static __device__ __noinline__ Philox4 noise_block_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                         uint32_t vocab_index, uint32_t stream_quad) {
   return fs_noise_block(seed, offset_plus_sample, vocab_index, stream_quad);
