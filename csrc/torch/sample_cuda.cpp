@@ -42,11 +42,9 @@ DeviceInfo device_info(int device) {
 
 // A 0-d int64 tensor becomes a value (CPU) or a device pointer the kernel reads at
 // run time (CUDA: no sync, and a captured graph sees the value at replay).
-void take_scalar_tensor(const at::Tensor& t, const at::Tensor& hidden, const char* name, uint64_t& value,
-                        const int64_t*& device_ptr) {
+// check_sample_args has already required it to be on the CPU or on hidden's device.
+void take_scalar_tensor(const at::Tensor& t, uint64_t& value, const int64_t*& device_ptr) {
   if (t.is_cuda()) {
-    TORCH_CHECK(t.get_device() == hidden.get_device(), "flashsampling.sample: ", name,
-                " must be on the CPU or on the device of hidden (", hidden.device(), "), got ", t.device());
     device_ptr = t.data_ptr<int64_t>();
   } else {
     value = static_cast<uint64_t>(t.item<int64_t>());
@@ -60,12 +58,12 @@ NoiseSource resolve_noise(const at::Tensor& hidden, int64_t num_samples, const s
     TORCH_CHECK_NOT_IMPLEMENTED(!has_per_row_seed(seed),
                                 "flashsampling.sample: per-row seeds (seed of shape [B]) are not supported by the "
                                 "CUDA kernel in this version; pass a 0-d seed, or run on the CPU");
-    take_scalar_tensor(*seed, hidden, "seed", src.seed, src.seed_device);
+    take_scalar_tensor(*seed, src.seed, src.seed_device);
     if (offset.has_value()) {
       TORCH_CHECK_NOT_IMPLEMENTED(offset->dim() == 0,
                                   "flashsampling.sample: per-row offsets are not supported by the CUDA kernel in "
                                   "this version; pass a 0-d offset");
-      take_scalar_tensor(*offset, hidden, "offset", src.offset, src.offset_device);
+      take_scalar_tensor(*offset, src.offset, src.offset_device);
     }
     return src;
   }
