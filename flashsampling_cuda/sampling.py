@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Union
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .noise import as_int64_tensor
 
-__all__ = ["sample"]
+__all__ = ["sample", "sample_with_scores", "pack_allowed_mask", "SampleOutput", "ScoredSample"]
+
+SparseLogitBias = Union[tuple[Tensor, Tensor], Sequence[Mapping[int, float]]]
+
+
+class SampleOutput(NamedTuple):
+    """What :func:`sample` returns with ``return_logprobs=True``."""
+
+    tokens: Tensor  # int64 [B, num_samples]
+    logprobs: Tensor  # float32 [B, num_samples]: log-probability of each token
+    logsumexp: Tensor  # float32 [B]: logsumexp of the transformed logits y over the allowed tokens
+
+
+class ScoredSample(NamedTuple):
+    """What :func:`sample_with_scores` returns (the four outputs of the op)."""
+
+    tokens: Tensor  # int64 [B, num_samples], global token ids
+    scores: Tensor  # float32 [B, num_samples]: the winning perturbed score (-inf: no candidate)
+    token_logprobs: Tensor  # float32 [B, num_samples] with return_logprobs, else shape [0]
+    logsumexp: Tensor  # float32 [B] with return_logprobs, else shape [0]
 
 
 def _temperature_args(temperature: float | Tensor, hidden: Tensor) -> tuple[float, Tensor | None]:
@@ -21,6 +44,108 @@ def _temperature_args(temperature: float | Tensor, hidden: Tensor) -> tuple[floa
     return 1.0, temperature
 
 
+def _float32(name: str, t: Tensor | None) -> Tensor | None:
+    """A floating tensor as float32 (other dtypes go to the op, which names them)."""
+    if t is None:
+        return None
+    if not isinstance(t, Tensor):
+        raise TypeError(f"flashsampling.sample: {name} must be a tensor, got {type(t).__name__}")
+    return t.to(torch.float32) if t.is_floating_point() else t
+
+
+def _sparse_bias_args(sparse_logit_bias: SparseLogitBias | None, hidden: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """(sparse_bias_ids, sparse_bias_values) of the op for a pair of [B, K] tensors or a list
+    of B dicts {token_id: bias} (padded to the longest with id -1, which matches no token)."""
+    if sparse_logit_bias is None:
+        return None, None
+    name = "flashsampling.sample: sparse_logit_bias"
+    if isinstance(sparse_logit_bias, (tuple, list)) and len(sparse_logit_bias) == 2 and all(
+        isinstance(t, Tensor) for t in sparse_logit_bias
+    ):
+        ids, values = sparse_logit_bias
+        return ids, _float32("sparse_logit_bias values", values)
+    if not isinstance(sparse_logit_bias, Sequence) or not all(isinstance(d, Mapping) for d in sparse_logit_bias):
+        raise TypeError(
+            f"{name} must be a pair (ids [B, K] int tensor, values [B, K] float tensor) or a list of B "
+            f"dicts {{token_id: bias}}, got {type(sparse_logit_bias).__name__}"
+        )
+    batch = hidden.shape[0]
+    if len(sparse_logit_bias) != batch:
+        raise ValueError(f"{name} must hold one dict per row: B = {batch}, got {len(sparse_logit_bias)}")
+    width = max([0] + [len(d) for d in sparse_logit_bias])  # (no `default=`: torch.compile traces this)
+    if width == 0:
+        return None, None
+    ids = [[int(k) for k in d] + [-1] * (width - len(d)) for d in sparse_logit_bias]
+    values = [[float(v) for v in d.values()] + [0.0] * (width - len(d)) for d in sparse_logit_bias]
+    return (
+        torch.tensor(ids, dtype=torch.int64, device=hidden.device),
+        torch.tensor(values, dtype=torch.float32, device=hidden.device),
+    )
+
+
+def pack_allowed_mask(mask: Tensor) -> Tensor:
+    """Packs a bool ``[B, V]`` allowed-token mask (True = allowed) into the int32
+    ``[B, ceil(V / 32)]`` bitmask the op takes (xgrammar's layout: token ``v`` is bit
+    ``v & 31`` of word ``v >> 5``), on the mask's device."""
+    if mask.dtype != torch.bool or mask.dim() != 2:
+        raise ValueError(
+            f"flashsampling.sample: allowed_mask to pack must be a bool [B, V] tensor, got {mask.dtype} "
+            f"of shape {list(mask.shape)}"
+        )
+    batch, vocab = mask.shape
+    words = (vocab + 31) // 32
+    bits = F.pad(mask.to(torch.uint8), (0, words * 32 - vocab)).view(batch, words * 4, 8)
+    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
+    packed_bytes = (bits << shifts).sum(dim=-1, dtype=torch.uint8)  # little-endian bytes of each word
+    return packed_bytes.view(torch.int32)
+
+
+def _allowed_mask_arg(allowed_mask: Tensor | None, hidden: Tensor, weight: Tensor) -> Tensor | None:
+    if allowed_mask is None or not isinstance(allowed_mask, Tensor) or allowed_mask.dtype != torch.bool:
+        return allowed_mask
+    expected = (hidden.shape[0], weight.shape[0])
+    if allowed_mask.dim() != 2 or tuple(allowed_mask.shape) != expected:
+        raise ValueError(
+            f"flashsampling.sample: a bool allowed_mask must have shape [B, V] = {list(expected)}, "
+            f"got shape {list(allowed_mask.shape)}"
+        )
+    return pack_allowed_mask(allowed_mask)
+
+
+def _seed_arg(name: str, x: int | Tensor | None) -> Tensor | None:
+    """seed / offset as an int64 tensor: ints become 0-d tensors (values in [2^63, 2^64)
+    wrap, as uint64); tensors go to the op as they are, which checks dtype, shape and device."""
+    if x is None or isinstance(x, Tensor):
+        return x
+    try:
+        return as_int64_tensor(x)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"flashsampling.sample: {name}: {e}") from None
+
+
+def _op_kwargs(
+    hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
+    allowed_mask, empty_mask_token, vocab_start,
+) -> dict:
+    """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments."""
+    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
+    sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
+    return dict(
+        temperature=scalar_temperature,
+        temperatures=temperatures,
+        num_samples=num_samples,
+        seed=_seed_arg("seed", seed),
+        offset=_seed_arg("offset", offset),
+        generator=generator,
+        logit_bias=_float32("logit_bias", logit_bias),
+        sparse_bias_ids=sparse_ids,
+        sparse_bias_values=sparse_values,
+        allowed_mask=_allowed_mask_arg(allowed_mask, hidden, weight),
+        empty_mask_token=empty_mask_token,
+        vocab_start=vocab_start,
+    )
+
+
 def sample(
     hidden: Tensor,
     weight: Tensor,
@@ -30,29 +155,38 @@ def sample(
     seed: int | Tensor | None = None,
     offset: int | Tensor | None = None,
     num_samples: int = 1,
-) -> Tensor:
+    logit_bias: Tensor | None = None,
+    sparse_logit_bias: SparseLogitBias | None = None,
+    allowed_mask: Tensor | None = None,
+    empty_mask_token: int | None = None,
+    return_logprobs: bool = False,
+    vocab_start: int = 0,
+) -> Tensor | SampleOutput:
     r"""Sample next tokens from ``softmax(hidden @ weight.T / T)`` without materialising logits.
 
     FlashSampling fuses the Gumbel-Max trick into the LM-head matrix multiply:
 
     .. math::
 
-        \text{token}[b, s] = \operatorname{argmax}_v \big(\text{logit}[b, v] / T_b + g(b, s, v)\big),
+        \text{token}[b, s] = \operatorname{argmax}_{v \text{ allowed}} \big(x[b, v] / T_b + g(b, s, v)\big),
         \qquad \text{logit}[b, v] = \sum_d \text{hidden}[b, d]\,\text{weight}[v, d],
 
-    with the logits accumulated in fp32 and :math:`g` i.i.d. standard Gumbel noise. Since
+    with the logits accumulated in fp32, :math:`x` the logits plus the optional biases, and
+    :math:`g` i.i.d. standard Gumbel noise. Since
     :math:`P(\operatorname{argmax}_v(x_v + g_v) = i) = \operatorname{softmax}(x)_i`, every
-    token is an exact sample from the categorical distribution of the logits; no top-k
-    truncation, no approximation.
+    token is an exact sample from the categorical distribution of the (biased, masked)
+    logits; no top-k truncation, no approximation.
 
     Args:
         hidden: ``[B, D]`` hidden states, ``torch.bfloat16``, ``torch.float16`` or
             ``torch.float32`` (CPU: all three; CUDA: see the README).
         weight: ``[V, D]`` LM-head weight, same dtype and device as ``hidden``;
-            ``1 <= V < 2**31``.
+            ``1 <= V < 2**31``. May be a vocabulary shard: see ``vocab_start``.
         temperature: a float, a 0-d tensor or a ``[B]`` float tensor (per row). Must be
-            finite and ``>= 0``; ``0`` means greedy (exact argmax of the logits, no noise).
-            Rounded to fp32; the scale applied is ``fl32(1 / T)``.
+            finite and ``>= 0``; ``0`` means greedy (exact argmax of the transformed logits,
+            no noise). Rounded to fp32; the scale applied is ``fl32(1 / T)``. Values inside a
+            CUDA tensor are not checked on the host (no sync): a row with an invalid one
+            gets token ``-1``.
         generator: draws ``(seed, offset)`` when ``seed`` is None; default: the default
             generator of ``hidden``'s device, so ``torch.manual_seed`` makes runs
             reproducible. Mutually exclusive with ``seed``.
@@ -62,19 +196,47 @@ def sample(
         offset: int, 0-d or ``[B]`` int64 tensor, default 0; only with ``seed``. Advance it
             (by at least ``num_samples``) to draw fresh samples with the same seed.
         num_samples: independent draws per row (with replacement), ``>= 1``.
+        logit_bias: optional ``[V]`` float tensor (any float dtype, used as float32) on
+            ``hidden``'s device, added to every row's logits before the temperature:
+            ``x = fl32(logit + logit_bias[v])``. ``-inf`` makes a token impossible (unless
+            every allowed token is ``-inf``).
+        sparse_logit_bias: optional per-row sparse bias (OpenAI-style ``logit_bias`` maps),
+            added after ``logit_bias``: either a pair ``(ids, values)`` of ``[B, K]``
+            tensors (ids int32/int64 global token ids, values float; pad with id ``-1``) on
+            ``hidden``'s device, or a list of ``B`` dicts ``{token_id: bias}`` (converted to
+            such a pair on ``hidden``'s device, a host-to-device copy per call). Ids outside
+            ``[vocab_start, vocab_start + V)`` are ignored; the values of a repeated id are
+            summed in fp32 in list order and that sum is added once.
+        allowed_mask: optional allowed-token mask: an int32 ``[B, ceil(V / 32)]`` bitmask
+            (xgrammar's layout: token ``v`` is allowed when bit ``v & 31`` of word ``v >> 5``
+            is set; bits past ``V`` are ignored), or a bool ``[B, V]`` tensor (True =
+            allowed), packed with :func:`pack_allowed_mask`. Indices are local (row ``v`` of
+            ``weight``). Excluded tokens are never sampled and do not count in the
+            log-probabilities.
+        empty_mask_token: what a row whose ``allowed_mask`` allows no token returns (its
+            logprob is NaN, its logsumexp ``-inf``). Without it such a row is an error
+            naming ``allowed_mask`` (which reads the mask: a sync on CUDA, and an error
+            under CUDA graph capture, where ``empty_mask_token`` is required).
+        return_logprobs: also return the log-probability of each token and the logsumexp
+            of the transformed logits ``y = fl32(x * fl32(1 / T))`` (``y = x`` for greedy
+            rows) over the allowed tokens: ``logprob = y[token] - logsumexp(y)``.
+        vocab_start: global id of ``weight``'s row 0 (tensor-parallel vocabulary shards):
+            the noise is keyed by and the tokens are the global ids ``vocab_start + v``.
 
     Returns:
         ``[B, num_samples]`` int64 token ids on ``hidden``'s device (``-1`` only for a row
-        whose scores are all NaN).
+        whose scores are all NaN, ``empty_mask_token`` for a row whose mask allows nothing);
+        with ``return_logprobs`` a :class:`SampleOutput` ``(tokens, logprobs [B, num_samples]
+        float32, logsumexp [B] float32)``.
 
     Noise and exactness contract:
         The noise of element ``(b, s, v)`` is a pure function of
-        ``(seed, offset, stream, s, v)``:
+        ``(seed, offset, stream, s, vocab_start + v)``:
         ``key = (lo32(seed), hi32(seed))``,
-        ``counter = (v, stream >> 2, lo32(offset + s), hi32(offset + s))``,
+        ``counter = (vocab_start + v, stream >> 2, lo32(offset + s), hi32(offset + s))``,
         ``bits = Philox4x32_10(key, counter)[stream & 3]``,
         ``u = (floor(bits / 2^9) + 1/2) / 2^23`` (strictly inside (0, 1)),
-        ``g = -log(-log(u))`` in fp32; the score is ``fma(logit, fl32(1 / T), g)`` in fp32 and
+        ``g = -log(-log(u))`` in fp32; the score is ``fma(x, fl32(1 / T), g)`` in fp32 and
         exact ties go to the smaller index. It does not depend on tiling, kernel
         configuration, thread count or device, so samples are reproducible from
         ``(seed, offset)`` alone (:func:`flashsampling_cuda.noise.gumbel_noise`
@@ -83,27 +245,65 @@ def sample(
     Example::
 
         >>> tokens = flashsampling_cuda.sample(hidden, lm_head.weight, temperature=0.7, seed=1234)
+        >>> out = flashsampling_cuda.sample(hidden, lm_head.weight, seed=1234, return_logprobs=True,
+        ...                                 sparse_logit_bias=[{50256: -100.0}] * hidden.shape[0])
+        >>> out.tokens, out.logprobs, out.logsumexp
     """
-    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
-    return torch.ops.flashsampling.sample(
-        hidden,
-        weight,
-        temperature=scalar_temperature,
-        temperatures=temperatures,
-        num_samples=num_samples,
-        seed=None if seed is None else as_int64_tensor(seed),
-        offset=None if offset is None else as_int64_tensor(offset),
-        generator=generator,
+    kwargs = _op_kwargs(
+        hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
+        allowed_mask, empty_mask_token, vocab_start,
+    )
+    if not return_logprobs:
+        return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
+    tokens, _, logprobs, logsumexp = torch.ops.flashsampling.sample_with_scores(
+        hidden, weight, **kwargs, return_logprobs=True
+    )
+    return SampleOutput(tokens, logprobs, logsumexp)
+
+
+def sample_with_scores(
+    hidden: Tensor,
+    weight: Tensor,
+    *,
+    temperature: float | Tensor = 1.0,
+    generator: torch.Generator | None = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
+    num_samples: int = 1,
+    logit_bias: Tensor | None = None,
+    sparse_logit_bias: SparseLogitBias | None = None,
+    allowed_mask: Tensor | None = None,
+    empty_mask_token: int | None = None,
+    return_logprobs: bool = False,
+    vocab_start: int = 0,
+) -> ScoredSample:
+    """:func:`sample` (same arguments) returning every output of the op, for callers that
+    combine partial samples, e.g. tensor-parallel vocabulary shards: the winning score of
+    each token, comparable across shards that share ``(seed, offset)`` (the global
+    winner is the best score, exact ties to the smaller token id), and with
+    ``return_logprobs`` each shard's token log-probability and logsumexp, which combine
+    as ``lse = logsumexp over shards`` and ``logprob = logprob_shard + lse_shard - lse``.
+
+    Returns:
+        :class:`ScoredSample` ``(tokens int64 [B, S], scores float32 [B, S],
+        token_logprobs float32 [B, S] or [0], logsumexp float32 [B] or [0])``.
+    """
+    kwargs = _op_kwargs(
+        hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
+        allowed_mask, empty_mask_token, vocab_start,
+    )
+    return ScoredSample(
+        *torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
     )
 
 
-@torch.library.register_fake("flashsampling::sample")
-def _sample_fake(
-    hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
-    generator=None,
+def _check_fake_args(
+    hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
+    allowed_mask,
 ):
-    # What the output's shape and device depend on; the real kernels check the rest
-    # (csrc/torch/checks.cpp) with the same messages.
+    """The checks of csrc/torch/checks.cpp that need no tensor values, with the same
+    messages: the fake kernel also serves the Meta dispatch key, which a meta tensor among
+    CPU ones selects, so it must reject what the real kernels reject."""
     prefix = "flashsampling.sample:"
     torch._check(hidden.dim() == 2, lambda: f"{prefix} hidden must be 2-D [B, D], got shape {list(hidden.shape)}")
     torch._check(weight.dim() == 2, lambda: f"{prefix} weight must be 2-D [V, D], got shape {list(weight.shape)}")
@@ -112,4 +312,67 @@ def _sample_fake(
         lambda: f"{prefix} weight must be on hidden's device ({hidden.device}), got {weight.device}",
     )
     torch._check(num_samples >= 1, lambda: f"{prefix} num_samples must be >= 1, got {num_samples}")
+    batch, vocab = hidden.shape[0], weight.shape[0]
+
+    def check(name, t, dtypes, dtype_text, shapes, shape_text, cpu_ok=False):
+        if t is None:
+            return
+        torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be {dtype_text}, got {t.dtype}")
+        torch._check(
+            tuple(t.shape) in shapes,
+            lambda: f"{prefix} {name} must have shape {shape_text}, got shape {list(t.shape)}",
+        )
+        where = "on the CPU or on hidden's device" if cpu_ok else "on hidden's device"
+        torch._check(
+            t.device == hidden.device or (cpu_ok and t.device.type == "cpu"),
+            lambda: f"{prefix} {name} must be {where} ({hidden.device}), got {t.device}",
+        )
+
+    check("temperatures", temperatures, (torch.float32,), "a float32 tensor", [(batch,)], f"[B] = [{batch}]")
+    for name, t in (("seed", seed), ("offset", offset)):
+        check(name, t, (torch.int64,), "an int64 tensor", [(), (batch,)],
+              f"[] (batch-wide) or [B] = [{batch}] (one per row)", cpu_ok=True)
+    check("logit_bias", logit_bias, (torch.float32,), "float32", [(vocab,)], f"[V] = [{vocab}]")
+    torch._check(
+        (sparse_bias_ids is None) == (sparse_bias_values is None),
+        lambda: f"{prefix} sparse_bias_ids and sparse_bias_values go together; got only "
+        f"{'sparse_bias_ids' if sparse_bias_ids is not None else 'sparse_bias_values'}",
+    )
+    if sparse_bias_ids is not None:
+        width = sparse_bias_ids.shape[-1] if sparse_bias_ids.dim() == 2 else -1
+        check("sparse_bias_ids", sparse_bias_ids, (torch.int32, torch.int64), "int32 or int64", [(batch, width)],
+              f"[B, K] = [{batch}, K]")
+        check("sparse_bias_values", sparse_bias_values, (torch.float32,), "float32", [(batch, width)],
+              f"[B, K] (the shape of sparse_bias_ids) = [{batch}, {width}]")
+    words = (vocab + 31) // 32
+    check("allowed_mask", allowed_mask, (torch.int32,), "int32", [(batch, words)],
+          f"[B, ceil(V / 32)] = [{batch}, {words}]")
+
+
+@torch.library.register_fake("flashsampling::sample")
+def _sample_fake(
+    hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
+    generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
+    empty_mask_token=None, vocab_start=0,
+):
+    _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
+                     sparse_bias_values, allowed_mask)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
+
+
+@torch.library.register_fake("flashsampling::sample_with_scores")
+def _sample_with_scores_fake(
+    hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
+    generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
+    empty_mask_token=None, vocab_start=0, return_logprobs=False,
+):
+    _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
+                     sparse_bias_values, allowed_mask)
+    batch = hidden.shape[0]
+    shape = (batch, num_samples)
+    return (
+        hidden.new_empty(shape, dtype=torch.int64),
+        hidden.new_empty(shape, dtype=torch.float32),
+        hidden.new_empty(shape if return_logprobs else (0,), dtype=torch.float32),
+        hidden.new_empty((batch,) if return_logprobs else (0,), dtype=torch.float32),
+    )

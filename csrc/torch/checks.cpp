@@ -2,7 +2,12 @@
 
 #include <c10/util/Exception.h>
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <string>
 
 namespace flashsampling {
 namespace {
@@ -44,13 +49,22 @@ void check_temperatures(const at::Tensor& temperatures, const at::Tensor& hidden
   }
 }
 
+// An optional extra tensor of the op: dtype(s) (dtype_text names them as torch does),
+// exact shape, on hidden's device.
+void check_extra(const char* name, const at::Tensor& t, std::initializer_list<at::ScalarType> dtypes,
+                 const char* dtype_text, at::IntArrayRef shape, const char* shape_text, const at::Tensor& hidden) {
+  bool dtype_ok = false;
+  for (const auto d : dtypes) dtype_ok = dtype_ok || t.scalar_type() == d;
+  TORCH_CHECK(dtype_ok, "flashsampling.sample: ", name, " must be ", dtype_text, ", got ", t.scalar_type());
+  TORCH_CHECK(t.sizes() == shape, "flashsampling.sample: ", name, " must have shape ", shape_text, " = ", shape,
+              ", got shape ", t.sizes());
+  TORCH_CHECK(t.device() == hidden.device(), "flashsampling.sample: ", name, " must be on hidden's device (",
+              hidden.device(), "), got ", t.device());
+}
+
 }  // namespace
 
-void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
-                       const std::optional<at::Tensor>& temperatures, int64_t num_samples,
-                       const std::optional<at::Tensor>& seed,
-                       const std::optional<at::Tensor>& offset,
-                       const std::optional<at::Generator>& generator) {
+void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
   TORCH_CHECK(hidden.dim() == 2, "flashsampling.sample: hidden must be 2-D [B, D], got shape ",
               hidden.sizes());
   TORCH_CHECK(weight.dim() == 2, "flashsampling.sample: weight must be 2-D [V, D], got shape ",
@@ -67,28 +81,79 @@ void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, doubl
               "flashsampling.sample: hidden [B, D] and weight [V, D] must have the same D, got "
               "hidden shape ",
               hidden.sizes(), " and weight shape ", weight.sizes());
-  TORCH_CHECK(weight.size(0) >= 1 && weight.size(0) <= kMaxInt32Extent,
+  const int64_t batch = hidden.size(0), vocab = weight.size(0);
+  TORCH_CHECK(vocab >= 1 && vocab <= kMaxInt32Extent,
               "flashsampling.sample: weight must have 1 <= V < 2^31 rows, got shape ",
               weight.sizes());
-  TORCH_CHECK(hidden.size(0) <= kMaxInt32Extent,
+  TORCH_CHECK(batch <= kMaxInt32Extent,
               "flashsampling.sample: hidden must have B < 2^31 rows, got shape ", hidden.sizes());
-  TORCH_CHECK(num_samples >= 1 && num_samples <= kMaxInt32Extent,
-              "flashsampling.sample: num_samples must be >= 1, got ", num_samples);
-  TORCH_CHECK(std::isfinite(temperature) && temperature >= 0.0,
+  TORCH_CHECK(args.vocab_start >= 0 && args.vocab_start <= kMaxInt32Extent - vocab,
+              "flashsampling.sample: vocab_start must be >= 0 with vocab_start + V < 2^31, got vocab_start=",
+              args.vocab_start, " and V=", vocab);
+  TORCH_CHECK(args.num_samples >= 1 && args.num_samples <= kMaxInt32Extent,
+              "flashsampling.sample: num_samples must be >= 1, got ", args.num_samples);
+  TORCH_CHECK(std::isfinite(args.temperature) && args.temperature >= 0.0,
               "flashsampling.sample: temperature must be finite and >= 0 (0 = greedy), got ",
-              temperature);
-  if (temperatures.has_value()) check_temperatures(*temperatures, hidden);
-  if (seed.has_value()) {
-    check_seed_like("seed", *seed, hidden);
-    TORCH_CHECK(!(generator.has_value() && generator->defined()),
+              args.temperature);
+  if (args.temperatures.has_value()) check_temperatures(*args.temperatures, hidden);
+  if (args.seed.has_value()) {
+    check_seed_like("seed", *args.seed, hidden);
+    TORCH_CHECK(!(args.generator.has_value() && args.generator->defined()),
                 "flashsampling.sample: pass either seed or generator, not both");
   }
-  if (offset.has_value()) {
-    TORCH_CHECK(seed.has_value(),
+  if (args.offset.has_value()) {
+    TORCH_CHECK(args.seed.has_value(),
                 "flashsampling.sample: offset was given without seed; with no seed the offset "
                 "comes from the generator");
-    check_seed_like("offset", *offset, hidden);
+    check_seed_like("offset", *args.offset, hidden);
   }
+  if (args.logit_bias.has_value()) {
+    check_extra("logit_bias", *args.logit_bias, {at::kFloat}, "float32", {vocab}, "[V]", hidden);
+  }
+  TORCH_CHECK(args.sparse_bias_ids.has_value() == args.sparse_bias_values.has_value(),
+              "flashsampling.sample: sparse_bias_ids and sparse_bias_values go together; got only ",
+              args.sparse_bias_ids.has_value() ? "sparse_bias_ids" : "sparse_bias_values");
+  if (args.sparse_bias_ids.has_value()) {
+    const at::Tensor& ids = *args.sparse_bias_ids;
+    TORCH_CHECK(ids.dim() == 2 && ids.size(0) == batch,
+                "flashsampling.sample: sparse_bias_ids must have shape [B, K] = [", batch, ", K], got shape ",
+                ids.sizes());
+    check_extra("sparse_bias_ids", ids, {at::kInt, at::kLong}, "int32 or int64", ids.sizes(), "[B, K]", hidden);
+    check_extra("sparse_bias_values", *args.sparse_bias_values, {at::kFloat}, "float32", ids.sizes(),
+                "[B, K] (the shape of sparse_bias_ids)", hidden);
+  }
+  if (args.allowed_mask.has_value()) {
+    check_extra("allowed_mask", *args.allowed_mask, {at::kInt}, "int32", {batch, (vocab + 31) / 32},
+                "[B, ceil(V / 32)]", hidden);
+  }
+}
+
+void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, bool capturing) {
+  if (!args.allowed_mask.has_value() || args.empty_mask_token.has_value()) return;
+  const at::Tensor& mask = *args.allowed_mask;
+  if (mask.numel() == 0) return;
+  TORCH_CHECK(!capturing,
+              "flashsampling.sample: checking that every row of allowed_mask allows a token reads the mask "
+              "(a host sync), which CUDA graph capture forbids; pass empty_mask_token (e.g. -1) to return "
+              "that token for such rows instead");
+  const int64_t vocab = weight.size(0);
+  // Bits past V in the last word do not count.
+  const int64_t tail_bits = vocab % 32;
+  at::Tensor words = mask;
+  if (tail_bits != 0) {
+    const int32_t tail_mask = static_cast<int32_t>((uint32_t{1} << tail_bits) - 1u);
+    words = mask.clone();
+    words.select(1, -1).bitwise_and_(tail_mask);
+  }
+  const at::Tensor empty_rows = (words != 0).any(1).logical_not().nonzero();
+  if (empty_rows.numel() == 0) return;
+  const at::Tensor rows = empty_rows.to(at::kCPU).flatten();
+  std::string first;
+  for (int64_t i = 0; i < std::min<int64_t>(8, rows.size(0)); ++i) {
+    first += (i ? ", " : "") + std::to_string(rows[i].item<int64_t>());
+  }
+  TORCH_CHECK(false, "flashsampling.sample: allowed_mask allows no token in ", rows.size(0), " row(s) (first: ",
+              first, "); fix the mask, or pass empty_mask_token to get that token for such rows");
 }
 
 }  // namespace flashsampling

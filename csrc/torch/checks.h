@@ -1,20 +1,59 @@
-// Argument checks of flashsampling::sample shared by every backend (CPU, CUDA).
+// Arguments of flashsampling::sample / sample_with_scores shared by every backend
+// (CPU, CUDA): one struct, one set of checks, one registration helper.
 #pragma once
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 
 namespace flashsampling {
 
-// Validates everything the schema of flashsampling::sample (csrc/torch/ops.cpp) does
-// not: shapes, dtypes, devices and values. Every failure is a c10::Error whose
-// message starts with "flashsampling.sample:" and names the argument.
+// Everything of the op's schema (csrc/torch/ops.cpp) after hidden and weight.
 //
-// Values of `temperatures` are read only when it lives on the CPU: reading a device
-// tensor would synchronise the stream, so a device backend handles those values itself.
+// Transformed logit of row b, vocabulary index v (global index vocab_start + v):
+//   x = fl32(fl32(logit + logit_bias[v]) + sum of sparse_bias_values[b, k] over the k
+//       with sparse_bias_ids[b, k] == vocab_start + v)    (each term only when given)
+//   excluded when allowed_mask[b] has bit v clear;
+//   score = fma(x, fl32(1 / T_b), g) (T_b > 0) or x (T_b == 0, greedy, no noise);
+//   y = fl32(x * fl32(1 / T_b)) (T_b > 0) or x (greedy): the logits of the log-probabilities.
+struct SampleArgs {
+  double temperature = 1.0;
+  std::optional<at::Tensor> temperatures;  // float32 [B] on hidden's device; wins over temperature
+  int64_t num_samples = 1;
+  std::optional<at::Tensor> seed;    // int64 [] or [B]
+  std::optional<at::Tensor> offset;  // int64 [] or [B]
+  std::optional<at::Generator> generator;
+  std::optional<at::Tensor> logit_bias;          // float32 [V]
+  std::optional<at::Tensor> sparse_bias_ids;     // int32 or int64 [B, K] global ids; others ignored
+  std::optional<at::Tensor> sparse_bias_values;  // float32 [B, K]
+  std::optional<at::Tensor> allowed_mask;        // int32 [B, ceil(V / 32)], bit v & 31 of word v >> 5
+  // A row whose allowed_mask allows nothing gets this token; absent: such a row is an error.
+  std::optional<int64_t> empty_mask_token;
+  int64_t vocab_start = 0;  // global index of weight row 0 (tensor-parallel shards)
+  bool return_logprobs = false;
+};
+
+// tokens int64 [B, S]: global vocabulary ids; -1 for a row with no finite candidate
+//   (every score NaN, or an invalid temperature in a device tensor), empty_mask_token
+//   for a row whose mask allows nothing.
+// scores float32 [B, S]: the winning score (perturbed; the transformed logit x for greedy
+//   rows); -inf where the row has no candidate.
+// token_logprobs float32 [B, S] and logsumexp float32 [B]: y[token] - logsumexp(y over the
+//   allowed tokens), when return_logprobs; else empty tensors of shape [0].
+struct SampleResult {
+  at::Tensor tokens, scores, token_logprobs, logsumexp;
+};
+
+// Validates everything the schema does not: shapes, dtypes, devices and (host-resident)
+// values. Every failure is a c10::Error whose message starts with "flashsampling.sample:"
+// and names the argument.
+//
+// Values in device tensors (temperatures, seeds, masks) are not read here: reading them
+// would synchronise the stream. Rules for those are in the README.
 //
 // Noise coordinates the arguments select (README, "Noise and exactness contract"):
 //   seed 0-d  -> batch-wide seed, noise stream = batch row;
@@ -22,15 +61,69 @@ namespace flashsampling {
 //   offset    -> 0-d or [B]; defaults to 0 when a seed is given; given alone it is an error;
 //   no seed   -> the backend draws (seed, offset) from `generator` or the device's default
 //                generator and uses it as a batch-wide seed.
-void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
-                       const std::optional<at::Tensor>& temperatures, int64_t num_samples,
-                       const std::optional<at::Tensor>& seed,
-                       const std::optional<at::Tensor>& offset,
-                       const std::optional<at::Generator>& generator);
+void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args);
+
+// With allowed_mask given and no empty_mask_token: errors when some row allows no token
+// of [0, V). Reads the mask (a stream sync for a device mask); `capturing` (the caller's
+// stream is being captured into a CUDA graph) makes it an error pointing at empty_mask_token.
+void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, bool capturing = false);
 
 // True when `seed` holds one seed per batch row (noise stream 0 for every row).
 inline bool has_per_row_seed(const std::optional<at::Tensor>& seed) {
   return seed.has_value() && seed->dim() == 1;
 }
+
+using SampleImpl = SampleResult (*)(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args);
+
+// The two ops' entry points for one backend implementation.
+template <SampleImpl Impl>
+struct SampleOps {
+  static SampleArgs make_args(double temperature, const std::optional<at::Tensor>& temperatures,
+                              int64_t num_samples, const std::optional<at::Tensor>& seed,
+                              const std::optional<at::Tensor>& offset, std::optional<at::Generator> generator,
+                              const std::optional<at::Tensor>& logit_bias,
+                              const std::optional<at::Tensor>& sparse_bias_ids,
+                              const std::optional<at::Tensor>& sparse_bias_values,
+                              const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
+                              int64_t vocab_start, bool return_logprobs) {
+    return SampleArgs{temperature,  temperatures,       num_samples,  seed,
+                      offset,       std::move(generator), logit_bias, sparse_bias_ids,
+                      sparse_bias_values, allowed_mask, empty_mask_token, vocab_start,
+                      return_logprobs};
+  }
+
+  static at::Tensor sample(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
+                           const std::optional<at::Tensor>& temperatures, int64_t num_samples,
+                           const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                           std::optional<at::Generator> generator, const std::optional<at::Tensor>& logit_bias,
+                           const std::optional<at::Tensor>& sparse_bias_ids,
+                           const std::optional<at::Tensor>& sparse_bias_values,
+                           const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
+                           int64_t vocab_start) {
+    return Impl(hidden, weight,
+                make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias,
+                          sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, false))
+        .tokens;
+  }
+
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_with_scores(
+      const at::Tensor& hidden, const at::Tensor& weight, double temperature,
+      const std::optional<at::Tensor>& temperatures, int64_t num_samples, const std::optional<at::Tensor>& seed,
+      const std::optional<at::Tensor>& offset, std::optional<at::Generator> generator,
+      const std::optional<at::Tensor>& logit_bias, const std::optional<at::Tensor>& sparse_bias_ids,
+      const std::optional<at::Tensor>& sparse_bias_values, const std::optional<at::Tensor>& allowed_mask,
+      std::optional<int64_t> empty_mask_token, int64_t vocab_start, bool return_logprobs) {
+    SampleResult r = Impl(hidden, weight,
+                          make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator),
+                                    logit_bias, sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token,
+                                    vocab_start, return_logprobs));
+    return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
+  }
+
+  static void register_impls(torch::Library& m) {
+    m.impl("sample", &sample);
+    m.impl("sample_with_scores", &sample_with_scores);
+  }
+};
 
 }  // namespace flashsampling

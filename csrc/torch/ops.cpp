@@ -6,13 +6,22 @@
 
 TORCH_LIBRARY(flashsampling, m) {
   // Exact Gumbel-Max sampling fused with the LM-head GEMM:
-  //   token[b, s] = argmax_v(logit[b, v] / T_b + g(seed, offset, stream_b, s, v)),
-  //   logit = hidden[b, :] . weight[v, :] in fp32. Returns int64 [B, num_samples].
-  m.def(
-      "sample(Tensor hidden, Tensor weight, *, float temperature=1.0, "
-      "Tensor? temperatures=None, int num_samples=1, Tensor? seed=None, Tensor? offset=None, "
-      "Generator? generator=None) -> Tensor",
-      {at::Tag::nondeterministic_seeded});
+  //   token[b, s] = argmax_v(score(b, s, v)), score = fma(x[b, v], fl32(1 / T_b), g(seed, offset, stream_b, s, v)),
+  //   x = hidden[b, :] . weight[v, :] in fp32, plus biases, over the allowed tokens
+  //   (checks.h, SampleArgs, has the whole rule). Returns int64 [B, num_samples].
+#define FS_SAMPLE_ARGS                                                                                  \
+  "Tensor hidden, Tensor weight, *, float temperature=1.0, Tensor? temperatures=None, "                \
+  "int num_samples=1, Tensor? seed=None, Tensor? offset=None, Generator? generator=None, "              \
+  "Tensor? logit_bias=None, Tensor? sparse_bias_ids=None, Tensor? sparse_bias_values=None, "           \
+  "Tensor? allowed_mask=None, int? empty_mask_token=None, int vocab_start=0"
+  m.def("sample(" FS_SAMPLE_ARGS ") -> Tensor", {at::Tag::nondeterministic_seeded});
+  // The same sample plus the winning scores [B, S] (what tensor-parallel ranks compare)
+  // and, with return_logprobs, the log-probability of each token [B, S] and the
+  // logsumexp [B] of the transformed logits (empty [0] tensors otherwise).
+  m.def("sample_with_scores(" FS_SAMPLE_ARGS
+        ", bool return_logprobs=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
+        {at::Tag::nondeterministic_seeded});
+#undef FS_SAMPLE_ARGS
   // The Gumbel noise g(seed, offset, stream, sample, vocab_index) of philox_gumbel.h;
   // `stream` and `vocab_index` are int64 tensors broadcast together. Returns float32.
   m.def("gumbel_noise(int seed, int offset, Tensor stream, int sample, Tensor vocab_index) -> Tensor");

@@ -1,15 +1,23 @@
-// CPU implementation of flashsampling::sample.
+// CPU implementation of flashsampling::sample and flashsampling::sample_with_scores.
 //
 // Streams over the vocabulary in chunks: one fp32 at::mm gives the logits of a chunk
 // for every row ([B, chunk] in memory, never [B, V]); the noise, the perturbed score
 // and the running argmax are those of philox_gumbel.h, so the CPU picks the tokens
 // the GPU kernels pick (up to the accumulation order of the fp32 logits).
+//
+// With logit biases, an allowed-token mask or log-probabilities, a transform pass over
+// each chunk (before the scan) turns the logits into the transformed logits x of
+// checks.h in place, accumulates the online logsumexp of y = x / T (fp32 exp terms
+// below 1, summed in float64) and writes NaN over the excluded tokens (a NaN score never
+// wins), so the scan itself, and with it the plain path, is unchanged. The transform is
+// compiled per instruction set like the scan, written so that it vectorises.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -37,10 +45,12 @@ struct Candidate {
 };
 constexpr Candidate kNone{-std::numeric_limits<float>::infinity(), kNoCandidate};
 
-inline void keep_better(Candidate& best, const Candidate& candidate) {
+inline bool keep_better(Candidate& best, const Candidate& candidate) {
   if (fs_candidate_better(candidate.score, candidate.index, best.score, best.index)) {
     best = candidate;
+    return true;
   }
+  return false;
 }
 
 // Noise coordinates and temperature of one batch row.
@@ -66,6 +76,7 @@ struct UnitArgs {
   const float* logits;  // logit of (first row, vocabulary index chunk_begin); rows ld apart
   int64_t ld;
   int64_t chunk_begin;
+  int64_t vocab_start;  // global index of local vocabulary index 0 (noise and tokens)
   const RowParams* rows;
   RowGroup group;
   uint32_t sample;
@@ -100,7 +111,7 @@ FS_ALWAYS_INLINE void scan_unit_body(const UnitArgs& a) {
   alignas(64) float score[kTile];
   for (int64_t tile_begin = a.begin; tile_begin < a.end; tile_begin += kTile) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, a.end - tile_begin));
-    const auto vocab_index = static_cast<uint32_t>(tile_begin);
+    const auto vocab_index = static_cast<uint32_t>(a.vocab_start + tile_begin);  // global
     if (a.group.shared_block) {
       const RowParams& p = a.rows[0];
       const uint64_t offset_plus_sample = p.offset + a.sample;
@@ -125,20 +136,236 @@ FS_ALWAYS_INLINE void scan_unit_body(const UnitArgs& a) {
       const RowParams& p = a.rows[r];
       const float* logit = a.logits + r * a.ld + (tile_begin - a.chunk_begin);
       if (p.greedy) {
-        keep_tile_best(a.best[r], logit, n, static_cast<int32_t>(tile_begin));
+        keep_tile_best(a.best[r], logit, n, static_cast<int32_t>(vocab_index));
         continue;
       }
       for (int i = 0; i < n; ++i) {
         score[i] = fs_perturbed_score(logit[i], p.inv_temperature, noise[r][i]);
       }
-      keep_tile_best(a.best[r], score, n, static_cast<int32_t>(tile_begin));
+      keep_tile_best(a.best[r], score, n, static_cast<int32_t>(vocab_index));
     }
   }
 }
 
+// ---------------------------------------------------------------- transform pass
+
+// One sparse bias of a row: local vocabulary index and the sum of its values.
+struct SparseEntry {
+  int64_t index;
+  float value;
+};
+
+// The sparse biases of every row, by local index (CSR). Ids outside
+// [vocab_start, vocab_start + V) are dropped; the values of a repeated id are summed
+// in fp32 in list order, and that sum is added to the logit once (checks.h).
+struct SparseBias {
+  std::vector<int64_t> row_begin;  // [B + 1]
+  std::vector<SparseEntry> entries;
+};
+
+SparseBias gather_sparse_bias(const at::Tensor& ids_in, const at::Tensor& values_in, int64_t vocab_start,
+                              int64_t vocab) {
+  const at::Tensor ids = ids_in.to(at::kLong).contiguous();
+  const at::Tensor values = values_in.contiguous();
+  const int64_t batch = ids.size(0), width = ids.size(1);
+  const int64_t* id = ids.const_data_ptr<int64_t>();
+  const float* value = values.const_data_ptr<float>();
+  SparseBias out;
+  out.row_begin.assign(1, 0);
+  std::vector<SparseEntry> row;
+  for (int64_t b = 0; b < batch; ++b) {
+    row.clear();
+    for (int64_t k = 0; k < width; ++k) {
+      const int64_t local = id[b * width + k] - vocab_start;
+      if (local >= 0 && local < vocab) row.push_back(SparseEntry{local, value[b * width + k]});
+    }
+    std::stable_sort(row.begin(), row.end(),
+                     [](const SparseEntry& a, const SparseEntry& c) { return a.index < c.index; });
+    for (const SparseEntry& e : row) {  // stable sort: equal ids stay in list order
+      const bool repeat = static_cast<int64_t>(out.entries.size()) > out.row_begin.back() &&
+                          out.entries.back().index == e.index;
+      if (!repeat) out.entries.push_back(SparseEntry{e.index, 0.0f});
+      out.entries.back().value = fs_add(out.entries.back().value, e.value);  // sum = 0 + v1 + v2 ...
+    }
+    out.row_begin.push_back(static_cast<int64_t>(out.entries.size()));
+  }
+  return out;
+}
+
+// Online logsumexp: lse = max + log(sum), sum of exp(y - max) over the non-NaN values;
+// any NaN makes it NaN. Empty: max = -inf, sum = 0 (lse = -inf).
+struct LogSumExp {
+  double max = -std::numeric_limits<double>::infinity();
+  double sum = 0.0;
+  bool nan = false;
+
+  void merge(const LogSumExp& o) {
+    nan = nan || o.nan;
+    if (o.max == -std::numeric_limits<double>::infinity()) return;
+    if (max == -std::numeric_limits<double>::infinity()) {
+      max = o.max;
+      sum = o.sum;
+    } else if (std::isinf(max) || std::isinf(o.max)) {  // +inf dominates
+      max = std::numeric_limits<double>::infinity();
+      sum = 1.0;
+    } else if (o.max > max) {
+      sum = sum * std::exp(max - o.max) + o.sum;
+      max = o.max;
+    } else {
+      sum += o.sum * std::exp(o.max - max);
+    }
+  }
+  double value() const {
+    if (nan) return std::numeric_limits<double>::quiet_NaN();
+    if (max == -std::numeric_limits<double>::infinity() || std::isinf(max)) return max;
+    return max + std::log(sum);
+  }
+};
+
+// What the transform pass applies; null / false members are skipped.
+struct Transform {
+  const float* bias = nullptr;    // logit_bias [V]
+  const int32_t* mask = nullptr;  // allowed_mask [B, mask_words]
+  int64_t mask_words = 0;
+  const SparseBias* sparse = nullptr;
+  bool logsumexp = false;
+};
+
+// One transform work unit: row `row`, local vocabulary [begin, end) (begin % 32 == 0).
+struct TransformArgs {
+  const Transform* t;
+  const RowParams* p;
+  int64_t row;
+  float* x;  // the row's logit of local index begin, transformed in place
+  int64_t begin, end;
+  LogSumExp* lse;  // updated when t->logsumexp
+};
+
+// a where c, else b, without control flow: a float compare may trap, so GCC does not
+// if-convert `c ? a : b` into a blend and the loop would not vectorise.
+FS_ALWAYS_INLINE float select_float(bool c, float a, float b) {
+  const uint32_t keep = 0u - static_cast<uint32_t>(c);
+  return fs_uint_as_float((fs_float_as_uint(a) & keep) | (fs_float_as_uint(b) & ~keep));
+}
+
+// exp(x) for x <= 0 (below -87, -inf and NaN give 0), relative error < 1e-6,
+// branch-free so that it vectorises: Cody-Waite reduction x = k ln2 + r, |r| <= ln2 / 2,
+// degree-7 Taylor polynomial of exp(r), times 2^k. Only for the logsumexp, which needs
+// no bit-exactness.
+FS_ALWAYS_INLINE float exp_nonpositive(float x) {
+  constexpr float kLog2e = 1.44269504088896341f, kRound = 12582912.0f;  // 1.5 * 2^23
+  constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723e-06f;
+  const bool tiny = !(x >= -87.0f);
+  const float xc = select_float(tiny, -87.0f, x);
+  const float k = (xc * kLog2e + kRound) - kRound;  // round to nearest (host TUs do not contract)
+  const float r = (xc - k * kLn2Hi) - k * kLn2Lo;
+  float q = 1.0f / 5040.0f;
+  q = q * r + 1.0f / 720.0f;
+  q = q * r + 1.0f / 120.0f;
+  q = q * r + 1.0f / 24.0f;
+  q = q * r + 1.0f / 6.0f;
+  q = q * r + 0.5f;
+  q = q * r + 1.0f;
+  q = q * r + 1.0f;
+  const float scale = fs_uint_as_float(static_cast<uint32_t>(static_cast<int32_t>(k) + 127) << 23);
+  return select_float(tiny, 0.0f, q * scale);
+}
+
+// Signed-integer key with the order of the non-NaN floats (integer max vectorises, a
+// float max does not without -ffinite-math-only), and back.
+FS_ALWAYS_INLINE int32_t order_key(float f) {
+  const auto b = static_cast<int32_t>(fs_float_as_uint(f));
+  return b ^ ((b >> 31) & 0x7fffffff);
+}
+FS_ALWAYS_INLINE float from_order_key(int32_t key) {
+  return fs_uint_as_float(static_cast<uint32_t>(key ^ ((key >> 31) & 0x7fffffff)));
+}
+
+// v[j] = fill where bit j of bits is clear, j < count (<= 32); branch-free bit blends
+// so that it vectorises.
+FS_ALWAYS_INLINE void fill_excluded(float* v, uint32_t bits, int count, float fill) {
+  const uint32_t fill_bits = fs_float_as_uint(fill);
+  for (int j = 0; j < count; ++j) {
+    const uint32_t keep = 0u - ((bits >> j) & 1u);
+    v[j] = fs_uint_as_float((fs_float_as_uint(v[j]) & keep) | (fill_bits & ~keep));
+  }
+}
+
+FS_ALWAYS_INLINE void fill_excluded_range(float* v, const uint32_t* words, int64_t n, float fill) {
+  for (int64_t w = 0; w * 32 < n; ++w) {
+    const int count = static_cast<int>(std::min<int64_t>(32, n - w * 32));
+    if (words[w] != ~0u) fill_excluded(v + w * 32, words[w], count, fill);
+  }
+}
+
+// Adds the biases, accumulates the logsumexp of y = x / T over the allowed tokens and
+// writes NaN over the excluded ones (so the scan never picks them).
+FS_ALWAYS_INLINE void transform_unit_body(const TransformArgs& a) {
+  constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
+  const Transform& t = *a.t;
+  float* xs = a.x;
+  const int64_t n = a.end - a.begin;
+  if (t.bias != nullptr) {
+    const float* bias = t.bias + a.begin;
+    for (int64_t i = 0; i < n; ++i) xs[i] = fs_add(xs[i], bias[i]);
+  }
+  if (t.sparse != nullptr) {
+    const SparseEntry* first = t.sparse->entries.data() + t.sparse->row_begin[a.row];
+    const SparseEntry* last = t.sparse->entries.data() + t.sparse->row_begin[a.row + 1];
+    const SparseEntry* e = std::lower_bound(first, last, a.begin,
+                                            [](const SparseEntry& s, int64_t v) { return s.index < v; });
+    for (; e != last && e->index < a.end; ++e) {
+      xs[e->index - a.begin] = fs_add(xs[e->index - a.begin], e->value);
+    }
+  }
+  const uint32_t* words = t.mask == nullptr ? nullptr
+                         : reinterpret_cast<const uint32_t*>(t.mask + a.row * t.mask_words) + (a.begin >> 5);
+  if (t.logsumexp) {
+    // y = x / T with the excluded tokens at -inf; NaN makes the logsumexp NaN.
+    alignas(64) float y[kUnitVocab];
+    const float scale = a.p->greedy ? 1.0f : a.p->inv_temperature;
+    for (int64_t i = 0; i < n; ++i) y[i] = fs_mul(xs[i], scale);  // x * 1 == x (greedy)
+    if (words != nullptr) fill_excluded_range(y, words, n, kMinusInf);
+    // Max over the non-NaN values and whether there is a NaN, with integer ops.
+    int32_t max_key = order_key(kMinusInf);
+    uint32_t any_nan = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t is_nan = (fs_float_as_uint(y[i]) & 0x7fffffffu) > 0x7f800000u;
+      const int32_t key = order_key(y[i]);
+      any_nan |= is_nan;
+      max_key = std::max(max_key, is_nan ? max_key : key);
+    }
+    const float max = from_order_key(max_key);
+    LogSumExp part;
+    part.nan = any_nan != 0;
+    if (max == std::numeric_limits<float>::infinity()) {
+      part.max = max;
+      part.sum = 1.0;
+    } else if (max != kMinusInf) {
+      // exp(y - max) in [0, 1] (NaN terms, already flagged, count 0), summed in float64.
+      for (int64_t i = 0; i < n; ++i) y[i] = exp_nonpositive(y[i] - max);
+      constexpr int kLanes = 8;
+      alignas(64) double lane_sum[kLanes] = {};
+      const int64_t whole = n / kLanes * kLanes;
+      for (int64_t i = 0; i < whole; i += kLanes) {
+        for (int j = 0; j < kLanes; ++j) lane_sum[j] += static_cast<double>(y[i + j]);
+      }
+      double sum = 0.0;
+      for (int64_t i = whole; i < n; ++i) sum += static_cast<double>(y[i]);
+      for (int j = 0; j < kLanes; ++j) sum += lane_sum[j];
+      part.max = max;
+      part.sum = sum;
+    }
+    a.lse->merge(part);
+  }
+  if (words != nullptr) fill_excluded_range(xs, words, n, std::numeric_limits<float>::quiet_NaN());
+}
+
 using ScanUnitFn = void (*)(const UnitArgs&);
+using TransformUnitFn = void (*)(const TransformArgs&);
 
 void scan_unit_default(const UnitArgs& a) { scan_unit_body(a); }
+void transform_unit_default(const TransformArgs& a) { transform_unit_body(a); }
 
 // Without FMA in the target, std::fma is a library call that also blocks
 // vectorisation (about 7x slower), so x86 gets AVX2 and AVX-512 variants.
@@ -151,29 +378,43 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void scan
     const UnitArgs& a) {
   scan_unit_body(a);
 }
+__attribute__((target("avx2,fma"))) void transform_unit_avx2(const TransformArgs& a) {
+  transform_unit_body(a);
+}
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void transform_unit_avx512(
+    const TransformArgs& a) {
+  transform_unit_body(a);
+}
 #endif
+
+struct CpuKernels {
+  ScanUnitFn scan;
+  TransformUnitFn transform;
+};
 
 // The widest variant this CPU runs; FLASHSAMPLING_CPU_ISA=default|avx2|avx512 pins one
 // (tests compare them).
-ScanUnitFn select_scan_unit() {
+CpuKernels select_kernels() {
   const char* env = std::getenv("FLASHSAMPLING_CPU_ISA");
   const std::string wanted = env != nullptr ? env : "";
-  ScanUnitFn widest = scan_unit_default, pinned = wanted == "default" ? scan_unit_default : nullptr;
+  const CpuKernels fallback{scan_unit_default, transform_unit_default};
+  CpuKernels widest = fallback;
+  bool found = wanted.empty() || wanted == "default";
+  CpuKernels pinned = fallback;
 #ifdef FS_HAVE_X86_VARIANTS
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    widest = scan_unit_avx2;
-    if (wanted == "avx2") pinned = scan_unit_avx2;
+    widest = CpuKernels{scan_unit_avx2, transform_unit_avx2};
+    if (wanted == "avx2") pinned = widest, found = true;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
-      widest = scan_unit_avx512;
-      if (wanted == "avx512") pinned = scan_unit_avx512;
+      widest = CpuKernels{scan_unit_avx512, transform_unit_avx512};
+      if (wanted == "avx512") pinned = widest, found = true;
     }
   }
 #endif
-  if (wanted.empty()) return widest;
-  TORCH_CHECK(pinned != nullptr, "flashsampling.sample: FLASHSAMPLING_CPU_ISA=", wanted,
+  TORCH_CHECK(found, "flashsampling.sample: FLASHSAMPLING_CPU_ISA=", wanted,
               " is not default, avx2 or avx512, or this CPU cannot run it");
-  return pinned;
+  return wanted.empty() ? widest : pinned;
 }
 
 // Value of a seed-like tensor ([] or [B]) for every row; `fallback` when absent.
@@ -191,28 +432,24 @@ std::vector<uint64_t> per_row_values(const std::optional<at::Tensor>& t, int64_t
 
 // Resolves seed/offset/generator and temperatures into per-row noise coordinates
 // (rules in checks.h). Temperatures are rounded to fp32; inv_temperature = fl(1 / T).
-std::vector<RowParams> resolve_rows(int64_t batch, double temperature,
-                                    const std::optional<at::Tensor>& temperatures,
-                                    const std::optional<at::Tensor>& seed,
-                                    const std::optional<at::Tensor>& offset,
-                                    const std::optional<at::Generator>& generator) {
+std::vector<RowParams> resolve_rows(int64_t batch, const SampleArgs& args) {
   uint64_t generator_seed = 0;
-  if (!seed.has_value()) {
+  if (!args.seed.has_value()) {
     auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(
-        generator, at::detail::getDefaultCPUGenerator());
+        args.generator, at::detail::getDefaultCPUGenerator());
     std::lock_guard<std::mutex> lock(gen->mutex_);
     generator_seed = gen->random64();
   }
-  const std::vector<uint64_t> seeds = per_row_values(seed, batch, generator_seed);
-  const std::vector<uint64_t> offsets = per_row_values(offset, batch, 0);
-  const bool per_row_seed = has_per_row_seed(seed);
+  const std::vector<uint64_t> seeds = per_row_values(args.seed, batch, generator_seed);
+  const std::vector<uint64_t> offsets = per_row_values(args.offset, batch, 0);
+  const bool per_row_seed = has_per_row_seed(args.seed);
   at::Tensor temps;
-  if (temperatures.has_value()) temps = temperatures->contiguous();
+  if (args.temperatures.has_value()) temps = args.temperatures->contiguous();
 
   std::vector<RowParams> rows(batch);
   for (int64_t row = 0; row < batch; ++row) {
     const float t = temps.defined() ? temps.const_data_ptr<float>()[row]
-                                    : static_cast<float>(temperature);
+                                    : static_cast<float>(args.temperature);
     rows[row] = RowParams{seeds[row], offsets[row],
                           per_row_seed ? 0u : static_cast<uint32_t>(row),
                           t == 0.0f ? 0.0f : fs_div(1.0f, t), t == 0.0f};
@@ -237,46 +474,111 @@ std::vector<RowGroup> make_groups(const std::vector<RowParams>& rows, bool per_r
   return groups;
 }
 
-at::Tensor sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
-                      const std::optional<at::Tensor>& temperatures, int64_t num_samples,
-                      const std::optional<at::Tensor>& seed,
-                      const std::optional<at::Tensor>& offset,
-                      std::optional<at::Generator> generator) {
-  check_sample_args(hidden, weight, temperature, temperatures, num_samples, seed, offset,
-                    generator);
+// Rows of allowed_mask with no bit set in [0, V).
+std::vector<char> empty_mask_rows(const at::Tensor& mask, int64_t vocab) {
+  const int64_t batch = mask.size(0), words = mask.size(1);
+  const int32_t* m = mask.const_data_ptr<int32_t>();
+  const uint32_t tail = vocab % 32 == 0 ? ~0u : (uint32_t{1} << (vocab % 32)) - 1u;
+  std::vector<char> empty(batch, 1);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t w = 0; w < words && empty[b]; ++w) {
+      const uint32_t bits = static_cast<uint32_t>(m[b * words + w]) & (w == words - 1 ? tail : ~0u);
+      if (bits != 0) empty[b] = 0;
+    }
+  }
+  return empty;
+}
+
+// ---------------------------------------------------------------- the op
+
+SampleResult sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
+  check_sample_args(hidden, weight, args);
+  check_mask_rows_nonempty(weight, args);
   const int64_t batch = hidden.size(0);
   const int64_t vocab = weight.size(0);
-  at::Tensor tokens = at::empty({batch, num_samples}, hidden.options().dtype(at::kLong));
-  if (batch == 0) return tokens;
+  const int64_t num_samples = args.num_samples;
+  const auto float_options = hidden.options().dtype(at::kFloat);
+  SampleResult result;
+  result.tokens = at::empty({batch, num_samples}, hidden.options().dtype(at::kLong));
+  result.scores = at::empty({batch, num_samples}, float_options);
+  result.token_logprobs = args.return_logprobs ? at::empty({batch, num_samples}, float_options)
+                                               : at::empty({0}, float_options);
+  result.logsumexp = at::empty({args.return_logprobs ? batch : 0}, float_options);
+  if (batch == 0) return result;
 
-  const std::vector<RowParams> rows =
-      resolve_rows(batch, temperature, temperatures, seed, offset, generator);
-  const std::vector<RowGroup> groups = make_groups(rows, has_per_row_seed(seed));
-  const ScanUnitFn scan_unit = select_scan_unit();
+  const std::vector<RowParams> rows = resolve_rows(batch, args);
+  const std::vector<RowGroup> groups = make_groups(rows, has_per_row_seed(args.seed));
+  const CpuKernels kernels = select_kernels();
   const auto num_groups = static_cast<int64_t>(groups.size());
   const at::Tensor hidden_f = hidden.to(at::kFloat).contiguous();
 
+  // The transform pass (only when something asks for it).
+  Transform transform;
+  at::Tensor bias, mask;
+  SparseBias sparse;
+  std::vector<char> empty_row(batch, 0);
+  if (args.logit_bias.has_value()) {
+    bias = args.logit_bias->contiguous();
+    transform.bias = bias.const_data_ptr<float>();
+  }
+  if (args.sparse_bias_ids.has_value() && args.sparse_bias_ids->numel() > 0) {
+    sparse = gather_sparse_bias(*args.sparse_bias_ids, *args.sparse_bias_values, args.vocab_start, vocab);
+    if (!sparse.entries.empty()) transform.sparse = &sparse;
+  }
+  if (args.allowed_mask.has_value()) {
+    mask = args.allowed_mask->contiguous();
+    transform.mask = mask.const_data_ptr<int32_t>();
+    transform.mask_words = mask.size(1);
+    empty_row = empty_mask_rows(mask, vocab);  // only with empty_mask_token (else checked above)
+  }
+  transform.logsumexp = args.return_logprobs;
+  const bool run_transform = transform.bias != nullptr || transform.sparse != nullptr ||
+                             transform.mask != nullptr || transform.logsumexp;
+
+  // A multiple of kTile: every unit starts on a word of allowed_mask.
   const int64_t vocab_chunk = std::clamp(
       kChunkBytes / (static_cast<int64_t>(sizeof(float)) * std::max<int64_t>(hidden.size(1), 1)),
-      kMinVocabChunk, kMaxVocabChunk);
+      kMinVocabChunk, kMaxVocabChunk) / kTile * kTile;
   std::vector<Candidate> best(batch * num_samples, kNone);  // [B, num_samples]
+  std::vector<float> best_x(args.return_logprobs ? batch * num_samples : 0);  // x of the winner
+  std::vector<LogSumExp> row_lse(args.return_logprobs ? batch : 0);
   std::vector<Candidate> partial;                           // [units, kGroupRows]
+  std::vector<LogSumExp> partial_lse;                       // [B * units_per_sample]
   for (int64_t chunk_begin = 0; chunk_begin < vocab; chunk_begin += vocab_chunk) {
     const int64_t chunk = std::min(vocab_chunk, vocab - chunk_begin);
-    const at::Tensor logits =
+    at::Tensor logits =
         at::mm(hidden_f, weight.narrow(0, chunk_begin, chunk).to(at::kFloat).t()).contiguous();
-    const float* logits_data = logits.const_data_ptr<float>();
+    float* logits_data = logits.mutable_data_ptr<float>();
     const int64_t units_per_sample = (chunk + kUnitVocab - 1) / kUnitVocab;
+
+    if (run_transform) {
+      const int64_t num_transform_units = batch * units_per_sample;
+      partial_lse.assign(transform.logsumexp ? num_transform_units : 0, LogSumExp{});
+      at::parallel_for(0, num_transform_units, 1, [&](int64_t unit_begin, int64_t unit_end) {
+        for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
+          const int64_t row = unit / units_per_sample, part = unit % units_per_sample;
+          const int64_t begin = chunk_begin + part * kUnitVocab;
+          float* x = logits_data + row * chunk + part * kUnitVocab;
+          kernels.transform(TransformArgs{&transform, &rows[row], row, x, begin,
+                                          std::min(begin + kUnitVocab, chunk_begin + chunk),
+                                          transform.logsumexp ? &partial_lse[unit] : nullptr});
+        }
+      });
+      // In unit order: the logsumexp does not depend on the thread count.
+      for (int64_t unit = 0; unit < static_cast<int64_t>(partial_lse.size()); ++unit) {
+        row_lse[unit / units_per_sample].merge(partial_lse[unit]);
+      }
+    }
+
     const int64_t num_units = num_groups * num_samples * units_per_sample;
     partial.assign(num_units * kGroupRows, kNone);
-
     at::parallel_for(0, num_units, 1, [&](int64_t unit_begin, int64_t unit_end) {
       for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
         const int64_t part = unit % units_per_sample;
         const int64_t sample = (unit / units_per_sample) % num_samples;
         const RowGroup& group = groups[unit / (units_per_sample * num_samples)];
         const int64_t begin = chunk_begin + part * kUnitVocab;
-        scan_unit(UnitArgs{logits_data + group.first_row * chunk, chunk, chunk_begin,
+        kernels.scan(UnitArgs{logits_data + group.first_row * chunk, chunk, chunk_begin, args.vocab_start,
                            &rows[group.first_row], group, static_cast<uint32_t>(sample), begin,
                            std::min(begin + kUnitVocab, chunk_begin + chunk),
                            &partial[unit * kGroupRows]});
@@ -287,21 +589,45 @@ at::Tensor sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, double
       const int64_t sample = (unit / units_per_sample) % num_samples;
       const RowGroup& group = groups[unit / (units_per_sample * num_samples)];
       for (int r = 0; r < group.num_rows; ++r) {
-        keep_better(best[(group.first_row + r) * num_samples + sample],
-                    partial[unit * kGroupRows + r]);
+        const int64_t row = group.first_row + r;
+        const int64_t i = row * num_samples + sample;
+        if (keep_better(best[i], partial[unit * kGroupRows + r]) && args.return_logprobs) {
+          best_x[i] = logits_data[row * chunk + (best[i].index - args.vocab_start - chunk_begin)];
+        }
       }
     }
   }
 
-  int64_t* out = tokens.mutable_data_ptr<int64_t>();
-  for (int64_t i = 0; i < batch * num_samples; ++i) {
-    out[i] = best[i].index == kNoCandidate ? -1 : best[i].index;  // -1: every score was NaN
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  int64_t* tokens = result.tokens.mutable_data_ptr<int64_t>();
+  float* scores = result.scores.mutable_data_ptr<float>();
+  float* token_logprobs = args.return_logprobs ? result.token_logprobs.mutable_data_ptr<float>() : nullptr;
+  float* logsumexp = args.return_logprobs ? result.logsumexp.mutable_data_ptr<float>() : nullptr;
+  for (int64_t row = 0; row < batch; ++row) {
+    const double lse = args.return_logprobs ? row_lse[row].value() : 0.0;
+    if (logsumexp != nullptr) logsumexp[row] = empty_row[row] ? -kInf : static_cast<float>(lse);
+    for (int64_t s = 0; s < num_samples; ++s) {
+      const int64_t i = row * num_samples + s;
+      const bool none = best[i].index == kNoCandidate;  // every score NaN
+      if (empty_row[row]) {
+        tokens[i] = *args.empty_mask_token;
+        scores[i] = -kInf;
+      } else {
+        tokens[i] = none ? -1 : best[i].index;
+        scores[i] = best[i].score;  // -inf when none
+      }
+      if (token_logprobs != nullptr) {
+        const float y = rows[row].greedy ? best_x[i] : fs_mul(best_x[i], rows[row].inv_temperature);
+        token_logprobs[i] = empty_row[row] || none ? kNaN : static_cast<float>(static_cast<double>(y) - lse);
+      }
+    }
   }
-  return tokens;
+  return result;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(flashsampling, CPU, m) { m.impl("sample", &sample_cpu); }
+TORCH_LIBRARY_IMPL(flashsampling, CPU, m) { SampleOps<&sample_cpu>::register_impls(m); }
 
 }  // namespace flashsampling
