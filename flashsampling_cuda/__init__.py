@@ -1,12 +1,14 @@
 """FlashSampling: exact LLM token sampling fused into the LM-head GEMM.
 
-``sample(hidden, weight, ...)`` is the API; ``torch.ops.flashsampling.sample`` the op.
+``sample(hidden, weight, ...)`` is the API; ``torch.ops.flashsampling.sample`` (and
+``sample_with_scores``, which also returns scores and log-probabilities) the op.
 """
 
 import torch  # noqa: F401  (loads libtorch/libc10, which _C links against)
 
 from . import _C  # noqa: F401  (registers torch.ops.flashsampling)
-from .sampling import sample
+from .sampling import SampleOutput, ScoredSample, pack_allowed_mask, sample, sample_with_scores
+from . import distributed, grouped  # noqa: E402  (tensor-parallel and grouped sampling)
 
-__all__ = ["sample"]
+__all__ = ["sample", "sample_with_scores", "pack_allowed_mask", "SampleOutput", "ScoredSample"]
 __version__ = "0.1.0"

@@ -1,0 +1,353 @@
+"""Tensor-parallel benchmark: the distributed fused sampler against all-gather-logits baselines.
+
+For each tensor-parallel size TP (a process group of TP ranks, spawned by this script:
+NCCL on TP GPUs, or gloo on the CPU) and batch B, every rank holds a vocabulary shard
+``W_r [V / TP, D]`` of the LM head and the same ``hidden [B, D]``; the contenders:
+
+  ours                  flashsampling_cuda.distributed.sample: the fused sampler on each
+                        shard, one all-gather of a B-element summary per rank
+  mm+AG+multinomial     hidden @ W_r.T on each shard -> all_gather logits -> fp32 softmax
+                        -> torch.multinomial (eager)
+  mm+AG+gumbel          ... -> all_gather logits -> fp32 Gumbel-argmax (eager)
+  compiled multinomial  torch.compile(fullgraph) of the multinomial baseline, the
+                        all-gather as a functional collective (in-graph)
+  compiled gumbel       the same for the Gumbel-argmax baseline
+
+Time per call: CUDA events (GPU) or perf_counter (CPU) around `--iters` back-to-back
+calls after a barrier, the maximum over ranks, the minimum over `--runs` runs (as the
+paper's Table 6). TP=1 runs on one device without collectives. Writes
+``tp_<device>_<date>.{json,md,png}`` (``tp_tiny_...`` with --tiny) under --out and
+prints the table last. NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1, set here for every rank).
+
+Usage:
+  python benchmarks/bench_tp.py                              # TP 1,2,4; D=8192, V=128256; B 16,64,256
+  python benchmarks/bench_tp.py --world-sizes 1,2,4,8        # on an 8-GPU machine
+  python benchmarks/bench_tp.py --tiny --out /tmp/tp         # CPU/gloo smoke test in seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import flashsampling_cuda  # noqa: E402, F401  (registers the op)
+from flashsampling_cuda import distributed as tp  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CONTENDERS = ["ours", "mm+AG+multinomial", "mm+AG+gumbel", "compiled multinomial", "compiled gumbel"]
+BASELINES = CONTENDERS[1:]
+
+
+# ---------------------------------------------------------------- contenders (per rank)
+
+
+def _gather_logits(logits, world, group, shard_width, vocab):
+    """[B, V] logits of every shard (eager all_gather into a fresh tensor)."""
+    if world == 1:
+        return logits
+    out = logits.new_empty((world * logits.shape[0], shard_width))
+    all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    all_gather_single(out, logits.contiguous(), group=group)
+    full = out.view(world, logits.shape[0], shard_width).permute(1, 0, 2).reshape(logits.shape[0], -1)
+    return full[:, :vocab]
+
+
+def _pad_to(logits, width):
+    if logits.shape[1] == width:
+        return logits
+    return torch.nn.functional.pad(logits, (0, width - logits.shape[1]), value=-float("inf"))
+
+
+def make_contenders(world, group, start, shard_width, vocab, temperature, compile_baselines):
+    """{name: fn(hidden, shard) -> tokens [B, 1] (global ids)} for this rank."""
+    inv_t = 1.0 / temperature
+    calls = {"n": 0}
+
+    def ours(h, w):
+        calls["n"] += 1
+        return tp.sample(h, w, vocab_start=start, group=group if world > 1 else None, temperature=temperature,
+                         seed=1234, offset=calls["n"])
+
+    def full_logits_eager(h, w):
+        logits = _pad_to((h @ w.T).float(), shard_width)
+        return _gather_logits(logits, world, group, shard_width, vocab)
+
+    def multinomial(h, w):
+        probs = torch.softmax(full_logits_eager(h, w) * inv_t, dim=-1)
+        return torch.multinomial(probs, 1)
+
+    def gumbel(h, w):
+        logits = full_logits_eager(h, w)
+        u = torch.rand_like(logits).clamp_(1e-20, 1.0)
+        return torch.argmax(logits * inv_t - torch.log(-torch.log(u)), dim=-1, keepdim=True)
+
+    contenders = {"ours": ours, "mm+AG+multinomial": multinomial, "mm+AG+gumbel": gumbel}
+    if compile_baselines:
+        import torch.distributed._functional_collectives as fc
+
+        def full_logits_functional(h, w):
+            logits = _pad_to((h @ w.T).float(), shard_width)
+            if world > 1:
+                gathered = fc.all_gather_tensor(logits, gather_dim=0, group=group)  # [world * B, width]
+                logits = gathered.view(world, h.shape[0], shard_width).permute(1, 0, 2).reshape(h.shape[0], -1)
+            return logits[:, :vocab]
+
+        def c_multinomial(h, w):
+            probs = torch.softmax(full_logits_functional(h, w) * inv_t, dim=-1)
+            return torch.multinomial(probs, 1)
+
+        def c_gumbel(h, w):
+            logits = full_logits_functional(h, w)
+            u = torch.rand_like(logits).clamp_(1e-20, 1.0)
+            return torch.argmax(logits * inv_t - torch.log(-torch.log(u)), dim=-1, keepdim=True)
+
+        contenders["compiled multinomial"] = torch.compile(c_multinomial, fullgraph=True, dynamic=False)
+        contenders["compiled gumbel"] = torch.compile(c_gumbel, fullgraph=True, dynamic=False)
+    return contenders
+
+
+# ---------------------------------------------------------------- timing
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_per_call_us(fn, args, device, world, group, runs, iters, warmup):
+    """min over runs of (max over ranks of the mean time of `iters` back-to-back calls)."""
+    for _ in range(warmup):
+        fn(*args)
+    _sync(device)
+    best = float("inf")
+    for _ in range(runs):
+        if world > 1:
+            dist.barrier(group=group)
+        _sync(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn(*args)
+            end.record()
+            end.synchronize()
+            us = start.elapsed_time(end) * 1e3 / iters
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn(*args)
+            us = (time.perf_counter() - t0) * 1e6 / iters
+        t = torch.tensor([us], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+        if world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        best = min(best, float(t.item()))
+    return best
+
+
+# ---------------------------------------------------------------- one process group
+
+
+def _worker(rank, world, cfg, store, out_path):
+    use_cuda = cfg["backend"] == "nccl"
+    if use_cuda:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, cfg["cpu_threads"] // world))
+    group = None
+    if world > 1:
+        dist.init_process_group(cfg["backend"], init_method=f"file://{store}", rank=rank, world_size=world,
+                                timeout=dt.timedelta(seconds=600))
+        group = dist.group.WORLD
+    dtype = DTYPES[cfg["dtype"]]
+    dim, vocab = cfg["dim"], cfg["vocab"]
+    shards = tp.vocab_shards(vocab, world)
+    start, size = shards[rank]
+    shard_width = max(n for _, n in shards)
+    g = torch.Generator(device=device).manual_seed(1000 + start)
+    weight = (torch.randn(size, dim, generator=g, device=device) * (3.0 / dim**0.5)).to(dtype)
+    rows = []
+    compile_ok = cfg["compile"]
+    contenders = make_contenders(world, group, start, shard_width, vocab, cfg["temperature"], compile_ok)
+    for batch in cfg["batches"]:
+        gh = torch.Generator(device=device).manual_seed(batch)
+        hidden = torch.randn(batch, dim, generator=gh, device=device).to(dtype)
+        row = {"TP": world, "B": batch}
+        for name, fn in contenders.items():
+            try:
+                row[name] = time_per_call_us(fn, (hidden, weight), device, world, group, cfg["runs"], cfg["iters"],
+                                             cfg["warmup"])
+            except Exception as exc:  # noqa: BLE001 - a failing baseline is reported, not fatal
+                row[name] = None
+                row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                if rank == 0:
+                    traceback.print_exc()
+                if world > 1:
+                    dist.barrier(group=group)  # every rank ran the same calls: realign
+        if rank == 0:
+            shown = ", ".join(f"{k} {v:.0f}" for k, v in row.items() if k in CONTENDERS and v is not None)
+            print(f"[bench_tp] TP={world} B={batch}: {shown} µs", flush=True)
+        rows.append(row)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(rows))
+    if world > 1:
+        dist.barrier(group=group)
+        dist.destroy_process_group()
+
+
+def run_world(world, cfg):
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "rows.json")
+        mp.spawn(_worker, args=(world, cfg, os.path.join(tmp, "store"), out_path), nprocs=world, join=True)
+        return json.loads(Path(out_path).read_text())
+
+
+# ---------------------------------------------------------------- report
+
+
+def markdown_table(results: dict) -> str:
+    names = [n for n in CONTENDERS if any(r.get(n) is not None for r in results["rows"])]
+    base = {r["B"]: r["ours"] for r in results["rows"] if r["TP"] == 1 and r.get("ours")}
+    lines = [f"\n**D={results['D']}, V={results['V']}** ({results['dtype']}, {results['device']}, "
+             f"{results['date']}, {results['backend']}), µs per call (min of {results['runs']} runs of "
+             f"{results['iters']} calls, max over ranks)\n"]
+    head = ["B", "TP"] + names + ["best baseline / ours", "ours: TP=1 / (TP · TP=k)"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in sorted(results["rows"], key=lambda r: (r["B"], r["TP"])):
+        cells = [str(r["B"]), str(r["TP"])]
+        cells += [f"{r[n]:.0f}" if r.get(n) is not None else "—" for n in names]
+        baselines = [r[n] for n in BASELINES if r.get(n) is not None]
+        cells.append(f"{min(baselines) / r['ours']:.2f}×" if baselines and r.get("ours") else "—")
+        cells.append(f"{base[r['B']] / (r['TP'] * r['ours']):.2f}" if r["B"] in base and r.get("ours") else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("\nLast column: scaling efficiency of ours (1.00 = perfect; the issue's target at B=256, "
+                 "TP=4 is ≥ 1/1.2 = 0.83).")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        print(f"[bench_tp] matplotlib unavailable, no plot: {exc}", file=sys.stderr)
+        return
+    batches = sorted({r["B"] for r in results["rows"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4.2), squeeze=False)
+    for ax, batch in zip(axes[0], batches):
+        rows = sorted((r for r in results["rows"] if r["B"] == batch), key=lambda r: r["TP"])
+        tps = [r["TP"] for r in rows]
+        for name in CONTENDERS:
+            pts = [(r["TP"], r[name]) for r in rows if r.get(name) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=name, linewidth=2.5 if name == "ours" else 1.2)
+        ours1 = next((r["ours"] for r in rows if r["TP"] == 1 and r.get("ours")), None)
+        if ours1:
+            ax.plot(tps, [ours1 / t for t in tps], linestyle="--", color="gray", label="ours TP=1 / TP")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(tps, [str(t) for t in tps])
+        ax.set_xlabel("tensor-parallel size")
+        ax.set_ylabel("µs per call")
+        ax.set_title(f"B={batch}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"TP sampling, D={results['D']}, V={results['V']}, {results['dtype']} — {results['device']} — "
+                 f"{results['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-sizes", default="1,2,4", help="comma list of TP sizes")
+    parser.add_argument("--batches", default="16,64,256")
+    parser.add_argument("--dim", type=int, default=8192)
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default bf16 (fp32 with --tiny)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--runs", type=int, default=None, help="default 5 (3 with --tiny)")
+    parser.add_argument("--iters", type=int, default=None, help="calls per run; default 20 (3 with --tiny)")
+    parser.add_argument("--warmup", type=int, default=None, help="default 5 (1 with --tiny)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"],
+                        help="auto: NCCL on GPUs when there are enough for the largest TP, else gloo on the CPU")
+    parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                        help="torch.compile baselines (auto: on for NCCL, off for gloo/CPU)")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test: D=256, V=4099, B 4,16")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+
+    world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    if args.tiny:
+        args.dim, args.vocab, args.batches = 256, 4099, "4,16" if args.batches == "16,64,256" else args.batches
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= max(world_sizes) else "gloo"
+    if backend == "nccl" and torch.cuda.device_count() < max(world_sizes):
+        sys.exit(f"--world-sizes {args.world_sizes} needs {max(world_sizes)} GPUs, have {torch.cuda.device_count()}")
+    cfg = {
+        "backend": backend,
+        "dtype": args.dtype or ("fp32" if args.tiny or backend == "gloo" else "bf16"),
+        "dim": args.dim,
+        "vocab": args.vocab,
+        "batches": [int(b) for b in args.batches.split(",")],
+        "temperature": args.temperature,
+        "runs": args.runs or (3 if args.tiny else 5),
+        "iters": args.iters or (3 if args.tiny else 20),
+        "warmup": args.warmup if args.warmup is not None else (1 if args.tiny else 5),
+        "compile": args.compile == "on" or (args.compile == "auto" and backend == "nccl"),
+        "cpu_threads": 1 if args.tiny else (os.cpu_count() or 1),
+    }
+    device = torch.cuda.get_device_name(0) if backend == "nccl" else f"CPU ({platform.machine()}, gloo)"
+    results = {
+        "device": device,
+        "date": dt.date.today().isoformat(),
+        "command": " ".join(["python"] + sys.argv),
+        "torch": torch.__version__,
+        "backend": backend,
+        "D": cfg["dim"],
+        "V": cfg["vocab"],
+        "dtype": cfg["dtype"],
+        "temperature": cfg["temperature"],
+        "runs": cfg["runs"],
+        "iters": cfg["iters"],
+        "compiled_baselines": cfg["compile"],
+        "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+        "rows": [],
+    }
+    for world in world_sizes:
+        results["rows"] += run_world(world, cfg)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = "tp_tiny" if args.tiny else "tp"
+    stem = f"{tag}_{device.split(' (')[0].replace(' ', '_')}_{results['date']}"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    table = markdown_table(results)
+    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n{table}\n")
+    plot(results, out / f"{stem}.png")
+    print(f"[bench_tp] wrote {out / stem}.{{json,md,png}}")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,285 @@
+"""Tensor-parallel FlashSampling: the LM-head weight is split by vocabulary over the
+ranks of a torch.distributed process group and every rank returns the same tokens.
+
+Each rank runs the fused sampler (``torch.ops.flashsampling.sample_with_scores``) on its
+shard ``weight_shard [V_r, D]``, whose row 0 is global vocabulary index ``vocab_start``.
+The noise of element ``(b, s, v)`` is keyed by the *global* index ``vocab_start + v``,
+so a shard's perturbed scores are exactly the single-process scores of those tokens, and
+the global winner is the best shard winner under the order of philox_gumbel.h (larger
+score, exact ties to the smaller index). The ranks exchange one packed summary per row
+and sample with one all-gather of ``B * (S [+ ceil((S + 1) / 2)])`` int64 per rank:
+
+    key[b, s]  = order-preserving int64 of (score, -token): the max over ranks is the winner
+    (with log-probabilities) token_logprob[b, s] and logsumexp[b] of the shard, as fp32
+
+so the tokens equal ``torch.ops.flashsampling.sample`` on the whole weight for the same
+``(seed, offset)`` bit for bit (up to the fp32 accumulation order of the logits, as
+between any two implementations), whatever the number and sizes of the shards.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .sampling import SampleOutput, sample_with_scores
+
+__all__ = ["sample", "shard_allowed_mask", "vocab_shards"]
+
+# Token the op reports, per shard, for a row whose shard mask allows nothing (we pass it
+# as the shard's empty_mask_token); -1 is the op's "every score NaN" token.
+_SHARD_EMPTY = -2
+_INT64_MIN = -(2**63)
+# Keys below every candidate's key: a shard whose row has no candidate (all scores NaN)
+# beats a shard whose mask row is empty; both lose to any real candidate.
+_KEY_SHARD_EMPTY = _INT64_MIN
+_KEY_NO_CANDIDATE = _INT64_MIN + 1  # (both are token + INT64_MIN + 2, see _encode_keys)
+
+
+def vocab_shards(vocab: int, world_size: int) -> list[tuple[int, int]]:
+    """``[(vocab_start, V_r)]`` of an even split of ``vocab`` rows over ``world_size``
+    ranks (the first ``vocab % world_size`` shards one row longer), as Megatron/vLLM split
+    a vocabulary-parallel LM head. Any other split works with :func:`sample` too."""
+    if world_size < 1 or vocab < world_size:
+        raise ValueError(f"cannot split V={vocab} over {world_size} ranks (each needs >= 1 row)")
+    base, extra = divmod(vocab, world_size)
+    shards, start = [], 0
+    for r in range(world_size):
+        size = base + (r < extra)
+        shards.append((start, size))
+        start += size
+    return shards
+
+
+def shard_allowed_mask(allowed_mask: Tensor, vocab_start: int, shard_vocab: int) -> Tensor:
+    """The ``[B, ceil(V_r / 32)]`` int32 bitmask of the shard ``[vocab_start, vocab_start
+    + V_r)`` cut from a global ``[B, ceil(V / 32)]`` int32 bitmask (bit ``v & 31`` of word
+    ``v >> 5`` allows token ``v``), for any ``vocab_start`` (not only multiples of 32).
+    Runs on the mask's device without a host sync; bits past the shard are cleared."""
+    if allowed_mask.dtype != torch.int32 or allowed_mask.dim() != 2:
+        raise ValueError(f"allowed_mask must be an int32 [B, words] tensor, got {allowed_mask.dtype} "
+                         f"{list(allowed_mask.shape)}")
+    if vocab_start < 0 or shard_vocab < 1 or vocab_start + shard_vocab > 32 * allowed_mask.shape[1]:
+        raise ValueError(f"shard [{vocab_start}, {vocab_start + shard_vocab}) is outside the mask's "
+                         f"{32 * allowed_mask.shape[1]} bits")
+    words = (shard_vocab + 31) // 32
+    first, shift = divmod(vocab_start, 32)
+    g = allowed_mask.to(torch.int64) & 0xFFFFFFFF
+    g = torch.cat([g, g.new_zeros(g.shape[0], words + 1)], dim=1)  # room for word first + words
+    lo = g[:, first : first + words] >> shift
+    hi = (g[:, first + 1 : first + 1 + words] << (32 - shift)) & 0xFFFFFFFF
+    out = (lo | hi) & 0xFFFFFFFF
+    tail = shard_vocab % 32
+    if tail:
+        out[:, -1] &= (1 << tail) - 1
+    return ((out + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def _group_info(group) -> tuple[int, int, str | None]:
+    """(rank, world size, backend name) of `group`; (0, 1, None) without an initialised
+    default group (then :func:`sample` is the single-process op)."""
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return 0, 1, None
+    return dist.get_rank(group), dist.get_world_size(group), str(dist.get_backend(group)).lower()
+
+
+def _comm_device(device: torch.device, backend: str | None) -> torch.device:
+    """Where the collectives' tensors live: gloo (and other CPU backends) only take CPU
+    tensors for all_gather; NCCL takes the CUDA tensors themselves."""
+    if device.type == "cuda" and backend is not None and "nccl" not in backend:
+        return torch.device("cpu")
+    return device
+
+
+def _draw_seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """A batch-wide 64-bit seed (0-d int64 on `device`) drawn from `generator` (default:
+    the default generator of `device`), without a host sync on CUDA."""
+    if generator is not None:
+        device = generator.device
+    return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, device=device, generator=generator)
+
+
+def _shared_seed(generator, device: torch.device, rank: int, world: int, group, backend) -> Tensor:
+    """Rank 0 of the group draws the seed and broadcasts it (one extra collective)."""
+    comm = _comm_device(device, backend)
+    seed = _draw_seed(generator, device) if rank == 0 else torch.empty((), dtype=torch.int64, device=comm)
+    seed = seed.to(comm).reshape(1)
+    if world > 1:
+        dist.broadcast(seed, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return seed.reshape(()).to(device)
+
+
+def _encode_keys(tokens: Tensor, scores: Tensor) -> Tensor:
+    """int64 keys whose max is the better candidate: (order-preserving score bits) * 2^32
+    + (2^31 - 1 - token), the order of philox_gumbel.h's fs_candidate_better (the op
+    never reports a NaN score: a row without candidates has -inf and token -1);
+    _KEY_NO_CANDIDATE for token -1, _KEY_SHARD_EMPTY for _SHARD_EMPTY (-2)."""
+    bits = (scores + 0.0).view(torch.int32).to(torch.int64)  # + 0.0 folds -0 into +0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
+    keys = ordered * 2**32 + (0x7FFFFFFF - tokens)
+    return torch.where(tokens < 0, tokens + (_INT64_MIN + 2), keys)  # -2 -> INT64_MIN, -1 -> INT64_MIN + 1
+
+
+def _decode_tokens(keys: Tensor) -> Tensor:
+    return 0x7FFFFFFF - (keys & 0xFFFFFFFF)
+
+
+def _gather(summary: Tensor, world: int, group) -> Tensor:
+    """[world, *summary.shape] of every rank's summary: one all-gather of the flattened
+    summary into a fresh tensor (a new output per call: no buffer is reused while a
+    peer may still read or write it)."""
+    if world == 1:
+        return summary[None]
+    flat = summary.contiguous().view(-1)
+    out = flat.new_empty(world * flat.numel())
+    all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    all_gather_single(out, flat, group=group)
+    return out.view((world,) + tuple(summary.shape))
+
+
+def sample(
+    hidden: Tensor,
+    weight_shard: Tensor,
+    *,
+    vocab_start: int,
+    group: dist.ProcessGroup | None = None,
+    temperature: float | Tensor = 1.0,
+    generator: torch.Generator | None = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
+    num_samples: int = 1,
+    logit_bias: Tensor | None = None,
+    sparse_logit_bias=None,
+    allowed_mask: Tensor | None = None,
+    empty_mask_token: int | None = None,
+    return_logprobs: bool = False,
+) -> Tensor | SampleOutput:
+    r"""Tensor-parallel exact sampling: every rank of ``group`` holds a vocabulary shard.
+
+    Call it on every rank of the group with the same ``hidden``, ``temperature``,
+    ``seed``/``offset``, ``num_samples``, ``sparse_logit_bias`` and ``return_logprobs``;
+    each rank passes its own ``weight_shard`` and ``vocab_start`` (shards may have
+    different sizes and come in any order, but must tile ``[0, V)`` without overlap) and
+    its own slices of ``logit_bias`` and ``allowed_mask``. Every rank returns the same
+    tensors.
+
+    The result equals :func:`flashsampling_cuda.sample` on the whole weight with the same
+    arguments and the same ``(seed, offset)``: the noise of each token is keyed by its
+    global id, and the winner across ranks is the best shard winner under the op's
+    order (larger score, exact ties to the smaller id). The tokens are identical
+    wherever the fp32 logits are (an implementation that sums the logits in another fp32
+    order can change a token only at a near tie, as between the CPU and the GPU op);
+    merged log-probabilities agree with the single-process ones to fp32 rounding.
+
+    Communication: one all-gather of ``B * S`` int64 per rank (``B * (S + ceil((S + 1) /
+    2))`` with ``return_logprobs``: each shard's token log-probability and logsumexp ride
+    along as fp32) into a tensor allocated per call, so back-to-back calls never reuse a
+    buffer that a peer may still read. NCCL for CUDA tensors, gloo for CPU tensors (CUDA
+    tensors on a gloo group: the summary goes through the CPU). Without an initialised
+    default process group and ``group=None``, it is the single-process op.
+
+    Args:
+        hidden: ``[B, D]`` hidden states, the same on every rank (dtypes and devices as
+            for :func:`flashsampling_cuda.sample`).
+        weight_shard: ``[V_r, D]``, ``V_r >= 1``: rows ``[vocab_start, vocab_start + V_r)``
+            of the LM-head weight.
+        vocab_start: global id of ``weight_shard[0]``; the returned tokens are global ids.
+        group: the tensor-parallel process group (default: the default group).
+        temperature: float, 0-d or ``[B]`` tensor, finite and ``>= 0`` (0 = greedy).
+        generator, seed, offset: as for :func:`flashsampling_cuda.sample`; ``seed`` and
+            ``offset`` (int, 0-d or ``[B]`` int64) must be the same on every rank. **With
+            no seed**, rank 0 of the group draws a batch-wide 64-bit seed from
+            ``generator`` (default: the default generator of ``hidden``'s device; the other
+            ranks' generators are neither used nor advanced), ``offset`` 0, and broadcasts
+            it: one more collective per call. Pass a seed (advancing ``offset`` by
+            ``num_samples`` per step) to sample with a single all-gather.
+        num_samples: independent draws per row.
+        logit_bias: ``[V_r]`` float, this shard's slice of the ``[V]`` bias.
+        sparse_logit_bias: as for :func:`flashsampling_cuda.sample` (``(ids, values)``
+            ``[B, K]`` tensors or ``B`` dicts), with global ids, the same on every rank:
+            each shard applies the ids it holds.
+        allowed_mask: this shard's mask: an int32 ``[B, ceil(V_r / 32)]`` bitmask of the
+            shard's local rows (:func:`shard_allowed_mask` cuts it from a global one) or a
+            bool ``[B, V_r]`` tensor. A shard may allow nothing in a row; a row that no
+            shard allows gets ``empty_mask_token``, or raises a ``RuntimeError`` on every
+            rank (after the all-gather; a host sync) when that is None.
+        empty_mask_token: token for rows that no shard allows (default: an error).
+        return_logprobs: also return each token's log-probability under ``softmax(y)`` over
+            the whole allowed vocabulary and the per-row logsumexp (see
+            :func:`flashsampling_cuda.sample`).
+
+    Returns:
+        ``[B, num_samples]`` int64 global token ids (``-1`` for a row whose scores are all
+        NaN), or with ``return_logprobs`` a :class:`flashsampling_cuda.SampleOutput`
+        ``(tokens, logprobs [B, S] float32, logsumexp [B] float32)`` (NaN log-probabilities
+        where the token is -1 or ``empty_mask_token``, ``logsumexp = -inf`` for a row that
+        nothing allows).
+    """
+    rank, world, backend = _group_info(group)
+    device = hidden.device
+    if seed is None:
+        if offset is not None:
+            raise ValueError("flashsampling.distributed.sample: offset was given without seed")
+        seed = _shared_seed(generator, device, rank, world, group, backend)
+    elif generator is not None:
+        raise ValueError("flashsampling.distributed.sample: pass either seed or generator, not both")
+    tokens, scores, token_logprobs, logsumexp = sample_with_scores(
+        hidden,
+        weight_shard,
+        temperature=temperature,
+        seed=seed,
+        offset=offset,
+        num_samples=num_samples,
+        logit_bias=logit_bias,
+        sparse_logit_bias=sparse_logit_bias,
+        allowed_mask=allowed_mask,
+        empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY,
+        vocab_start=vocab_start,
+        return_logprobs=return_logprobs,
+    )
+    batch, samples = tokens.shape
+    if batch == 0:  # the same on every rank: nothing to exchange
+        return SampleOutput(tokens, token_logprobs, logsumexp) if return_logprobs else tokens
+    keys = _encode_keys(tokens, scores)
+    if return_logprobs:
+        # The fp32 [B, S] token log-probabilities and [B] logsumexp ride in the same
+        # int64 buffer (viewed as fp32), so one collective carries everything.
+        float_words = (samples + 2) // 2
+        summary = keys.new_empty((batch, samples + float_words))
+        summary[:, :samples] = keys
+        floats = summary[:, samples:].view(torch.float32)
+        floats[:, :samples] = token_logprobs
+        floats[:, samples] = logsumexp
+        floats[:, samples + 1 :] = 0.0
+    else:
+        summary = keys
+    gathered = _gather(summary.to(_comm_device(device, backend)), world, group).to(device)  # [W, B, C]
+
+    best, winner = gathered[:, :, :samples].max(dim=0)  # [B, S]: winning key and its rank
+    out_tokens = torch.where(best == _KEY_NO_CANDIDATE, -1, _decode_tokens(best))
+    nothing_allowed = best == _KEY_SHARD_EMPTY  # no shard's mask allows anything in the row
+    if allowed_mask is not None:
+        if empty_mask_token is None:
+            empty_rows = nothing_allowed[:, 0].nonzero().flatten().cpu()
+            if empty_rows.numel() > 0:  # every rank sees the same gathered keys: all raise
+                first = ", ".join(str(int(r)) for r in empty_rows[:8])
+                raise RuntimeError(
+                    f"flashsampling.sample: allowed_mask allows no token in {empty_rows.numel()} row(s) "
+                    f"(first: {first}) on any of the {world} shards; fix the mask, or pass "
+                    "empty_mask_token to get that token for such rows"
+                )
+        else:
+            out_tokens = torch.where(nothing_allowed, int(empty_mask_token), out_tokens)
+    if not return_logprobs:
+        return out_tokens
+
+    floats = gathered[:, :, samples:].view(torch.float32)
+    shard_lp = floats[:, :, :samples].double()  # [W, B, S]
+    shard_lse = floats[:, :, samples].double()  # [W, B]
+    lse = torch.logsumexp(shard_lse, dim=0)  # [B]
+    rows = torch.arange(batch, device=device)[:, None]
+    # logprob = y[token] - lse, with y[token] = logprob_r + lse_r of the winning rank r.
+    logprobs = shard_lp.gather(0, winner[None]).squeeze(0) + shard_lse[winner, rows] - lse[:, None]
+    logprobs = torch.where((best == _KEY_NO_CANDIDATE) | nothing_allowed, torch.nan, logprobs)
+    return SampleOutput(out_tokens, logprobs.float(), lse.float())

@@ -1,0 +1,208 @@
+"""Tensor-parallel sampling (flashsampling_cuda.distributed) in real process groups.
+
+For each (backend, world size) one torch.multiprocessing job runs every scenario of
+tests/tp_scenarios.py on every rank (a process group costs seconds to start on a 2-core
+CI box, so one is shared) and saves what each rank returned; the tests then compare:
+
+* tokens on every rank == the single-process op on the whole weight (same seed), over
+  unequal shards handed to the ranks out of vocabulary order, batch-wide and per-row
+  seeds, per-row temperatures with a greedy row, float32 and bfloat16;
+* masks where a shard allows nothing in some rows, a row no shard allows (sentinel and
+  error), logit biases, and log-probabilities against the single-process op;
+* chi-square of the merged tokens against softmax; back-to-back calls; the no-seed path
+  (rank 0 draws and broadcasts).
+
+gloo on the CPU with 2, 4 and 8 processes everywhere; NCCL with the same test functions
+where at least `world_size` GPUs are (`pytest tests/test_distributed.py -m requires_cuda`
+on the 2-, 4- or 8-GPU machine).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import flashsampling_cuda as fs
+from flashsampling_cuda import distributed as tp
+from sampling_stats import chi_square_pvalue
+from tp_scenarios import VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
+
+WORLD_SIZES = [2, 4, 8]
+
+
+def _params():
+    out = [pytest.param("gloo", w, id=f"gloo-{w}") for w in WORLD_SIZES]
+    for w in WORLD_SIZES:
+        marks = [
+            pytest.mark.requires_cuda,
+            pytest.mark.skipif(torch.cuda.device_count() < w, reason=f"needs {w} GPUs for NCCL"),
+        ]
+        out.append(pytest.param("nccl", w, id=f"nccl-{w}", marks=marks))
+    return out
+
+
+PARAMS = _params()
+
+
+def results(backend, world, scenario):
+    ranks = run_job(backend, world)[scenario]
+    for r, res in enumerate(ranks):
+        assert "exception" not in res, f"rank {r} raised in {scenario}:\n{res['exception']}"
+    return ranks
+
+
+def assert_same_on_every_rank(ranks, key):
+    first = ranks[0][key]
+    for r, res in enumerate(ranks[1:], start=1):
+        torch.testing.assert_close(res[key], first, rtol=0, atol=0, equal_nan=True, msg=f"rank {r} differs")
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_tokens_equal_single_process_op(backend, world):
+    ranks = results(backend, world, "scenario_tokens")
+    checked = 0
+    for name, entry in ranks[0].items():
+        if "unsupported" in entry:
+            assert all(r[name] == entry for r in ranks), f"{name}: ranks disagree on {entry}"
+            continue
+        tokens = [r[name]["tokens"] for r in ranks]
+        for r, t in enumerate(tokens):
+            assert torch.equal(t, entry["expected"]), f"{name}: rank {r} {t.tolist()} != {entry['expected'].tolist()}"
+        checked += 1
+    # The CPU op takes every configuration; a GPU may decline CPU-only ones (reported).
+    assert checked == len(ranks[0]) if backend == "gloo" else checked >= 1, f"configurations that ran: {ranks[0]}"
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_unequal_shards_all_win_sometimes(backend, world):
+    """The shards are unequal (one of size 1) and winners come from several shards, so
+    the merge really chose between ranks."""
+    shards = unequal_shards(VOCAB, world)
+    sizes = [n for _, n in shards]
+    assert len(set(sizes)) > 1 and min(sizes) == 1 and sum(sizes) == VOCAB
+    tokens = results(backend, world, "scenario_chi_square")[0]["tokens"]
+    starts = torch.tensor([s for s, _ in shards])
+    shard_of_token = torch.bucketize(tokens.flatten(), starts, right=True) - 1
+    assert shard_of_token.unique().numel() >= min(world, 2)
+    logprob_ranks = results(backend, world, "scenario_logprobs")
+    first_shard_wins = (logprob_ranks[0]["got"]["tokens"] == shards[0][0]).sum()
+    assert first_shard_wins > 0, "the size-1 shard (boosted by a sparse bias) never won"
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_shard_whose_mask_allows_nothing(backend, world):
+    ranks = results(backend, world, "scenario_masks")
+    zero = ranks[0]
+    # the rank holding the first (size-1) shard allows nothing in row 1
+    assert any(r["shard_row_empty"] for r in ranks)
+    for key in ("sentinel", "sentinel_bool", "no_sentinel"):
+        assert_same_on_every_rank([{"x": _tokens(r[key])} for r in ranks], "x")
+    assert torch.equal(_tokens(zero["sentinel"]), zero["expected_sentinel"]["tokens"])
+    assert torch.equal(zero["sentinel_bool"], zero["expected_sentinel"]["tokens"])
+    assert torch.equal(zero["no_sentinel"], zero["expected_no_sentinel"])
+    assert (zero["sentinel_bool"][2] == -7).all() and (zero["sentinel_bool"][[0, 1, 3, 4, 5]] >= 0).all()
+    got, expected = zero["sentinel"], zero["expected_sentinel"]
+    torch.testing.assert_close(got["logprobs"], expected["logprobs"], rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(got["logsumexp"], expected["logsumexp"], rtol=1e-5, atol=1e-5)
+    assert torch.isnan(got["logprobs"][2]).all() and got["logsumexp"][2] == -math.inf
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_row_no_shard_allows_raises_on_every_rank(backend, world):
+    ranks = results(backend, world, "scenario_masks")
+    assert ranks[0]["expected_error"] is not None and "allows no token" in ranks[0]["expected_error"]
+    for r, res in enumerate(ranks):
+        assert res["error"] is not None, f"rank {r} did not raise"
+        assert "allowed_mask allows no token in 1 row(s) (first: 2)" in res["error"], res["error"]
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_logprobs_match_single_process_op(backend, world):
+    ranks = results(backend, world, "scenario_logprobs")
+    expected = ranks[0]["expected"]
+    for r, res in enumerate(ranks):
+        got = res["got"]
+        assert torch.equal(got["tokens"], expected["tokens"]), f"rank {r}"
+        torch.testing.assert_close(got["logprobs"], expected["logprobs"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got["logsumexp"], expected["logsumexp"], rtol=1e-5, atol=1e-5)
+    assert_same_on_every_rank([r["got"] for r in ranks], "logprobs")
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_chi_square_against_softmax(backend, world):
+    ranks = results(backend, world, "scenario_chi_square")
+    assert_same_on_every_rank(ranks, "tokens")
+    hidden, weight = chi_problem()
+    probs = torch.softmax(hidden.double() @ weight.double().T, dim=1)
+    p = chi_square_pvalue(ranks[0]["tokens"], probs)
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_back_to_back_calls(backend, world):
+    ranks = results(backend, world, "scenario_back_to_back")
+    expected = ranks[0]["expected"]
+    for r, res in enumerate(ranks):
+        for i, (got, exp) in enumerate(zip(res["got"], expected)):
+            assert torch.equal(got, exp), f"rank {r}, call {i}"
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_no_seed_rank0_draws_and_broadcasts(backend, world):
+    ranks = results(backend, world, "scenario_no_seed")
+    for r, res in enumerate(ranks):
+        for i, (got, exp) in enumerate(zip(res["got"], ranks[0]["expected"])):
+            assert torch.equal(got, exp), f"rank {r}, call {i}"
+    assert not torch.equal(ranks[0]["got"][0], ranks[0]["got"][1])
+
+
+def _tokens(x):
+    return x["tokens"] if isinstance(x, dict) else x
+
+
+# ---------------------------------------------------------------- single process (no group)
+
+
+def test_keys_order_like_the_op():
+    """Max of the int64 keys == best (score, then smaller index); sentinels lose."""
+    scores = torch.tensor([1.0, 1.0, -0.0, 0.0, -math.inf, 3e38, -3e38, -math.inf, -math.inf, 2.5])
+    tokens = torch.tensor([7, 3, 5, 9, 1, 2, 4, -1, -2, 0])
+    keys = tp._encode_keys(tokens, scores)
+    order = sorted(range(len(tokens)), key=lambda i: (
+        -2 if tokens[i] == -2 else -1 if tokens[i] == -1 else 0, float(scores[i]) + 0.0, -int(tokens[i])))
+    assert torch.argsort(keys).tolist() == order
+    valid = tokens >= 0
+    assert torch.equal(tp._decode_tokens(keys[valid]), tokens[valid])
+
+
+@pytest.mark.parametrize("start,size", [(0, 1), (0, 32), (5, 27), (31, 1), (32, 64), (37, 100), (200, 3), (45, 158)])
+def test_shard_allowed_mask_matches_bool_slice(start, size):
+    mask = random_mask(5, VOCAB, 0.5, seed=start + size)
+    packed = fs.pack_allowed_mask(mask)
+    assert torch.equal(tp.shard_allowed_mask(packed, start, size), fs.pack_allowed_mask(mask[:, start:start + size]))
+
+
+def test_vocab_shards_tile_the_vocabulary():
+    for vocab, world in [(10, 1), (10, 3), (128256, 8), (203, 8)]:
+        shards = tp.vocab_shards(vocab, world)
+        assert [s for s, _ in shards] == [sum(n for _, n in shards[:i]) for i in range(world)]
+        assert sum(n for _, n in shards) == vocab and max(n for _, n in shards) - min(n for _, n in shards) <= 1
+    with pytest.raises(ValueError):
+        tp.vocab_shards(3, 4)
+
+
+def test_without_process_group_is_the_single_process_op():
+    assert not dist.is_initialized()
+    hidden, weight = integer_problem()
+    got = tp.sample(hidden, weight, vocab_start=0, seed=3, num_samples=4, return_logprobs=True)
+    expected = fs.sample(hidden, weight, seed=3, num_samples=4, return_logprobs=True)
+    assert torch.equal(got.tokens, expected.tokens)
+    torch.testing.assert_close(got.logprobs, expected.logprobs, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="offset was given without seed"):
+        tp.sample(hidden, weight, vocab_start=0, offset=1)

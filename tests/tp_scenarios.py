@@ -1,0 +1,278 @@
+"""Scenarios of tests/test_distributed.py, run on every rank of a spawned process group.
+
+Kept apart from the test module (no pytest, no scipy) so that each spawned process only
+imports torch and flashsampling_cuda: with 8 processes on a 2-core box every import counts.
+`run_job(backend, world)` spawns the group once and returns what every rank returned.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import math
+import os
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flashsampling_cuda as fs
+from flashsampling_cuda import distributed as tp
+
+# Shape of the scenarios' problems: V is not a multiple of 32 nor of any world size.
+BATCH, VOCAB, DIM = 6, 203, 64
+
+
+# ---------------------------------------------------------------- problem and shards
+
+
+def integer_problem(batch=BATCH, vocab=VOCAB, dim=DIM, seed=0):
+    """Small integers times 2^-4 (exact in bfloat16): every fp32 logit is exact whatever
+    the summation order, so shard and whole-vocabulary logits agree bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randint(-3, 4, (batch, dim), generator=g).float()
+    weight = torch.randint(-2, 3, (vocab, dim), generator=g).float() / 16
+    return hidden, weight
+
+
+def unequal_shards(vocab, world):
+    """[(vocab_start, V_r)] in vocabulary order, unequal sizes, one shard of size 1."""
+    g = torch.Generator().manual_seed(world)
+    cuts = set(torch.randperm(vocab - 2, generator=g)[: world - 2].add(2).tolist()) | {1}
+    while len(cuts) < world - 1:
+        cuts.add(int(torch.randint(2, vocab, (1,), generator=g)))
+    bounds = [0] + sorted(cuts)[: world - 1] + [vocab]
+    return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(world)]
+
+
+def shard_of_rank(rank, world):
+    """Ranks hold shards out of vocabulary order: rank r holds shard world - 1 - r."""
+    return world - 1 - rank
+
+
+def random_mask(batch, vocab, density, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(batch, vocab, generator=g) < density
+
+
+# ---------------------------------------------------------------- scenarios (run on every rank)
+
+
+class Ctx:
+    def __init__(self, rank, world, device):
+        self.rank, self.world, self.device = rank, world, device
+        self.shards = unequal_shards(VOCAB, world)
+        self.start, self.size = self.shards[shard_of_rank(rank, world)]
+
+    def shard(self, full: torch.Tensor, dim=0):
+        return full.narrow(dim, self.start, self.size).contiguous().to(self.device)
+
+    def to(self, t):
+        return t.to(self.device) if isinstance(t, torch.Tensor) else t
+
+
+def _cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return {k: _cpu(v) for k, v in zip(x._fields, x)}
+    if isinstance(x, (list, tuple)):
+        return [_cpu(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _cpu(v) for k, v in x.items()}
+    return x
+
+
+def scenario_tokens(ctx: Ctx):
+    """Tokens == single-process op for several argument forms."""
+    hidden, weight = integer_problem()
+    out = {}
+    configs = {
+        "bf16_batch_seed": dict(dtype=torch.bfloat16, temperature=0.8, seed=1234, offset=7, num_samples=4),
+        "fp32_per_row_seed": dict(dtype=torch.float32, temperature=1.0, seed=torch.arange(BATCH) * 7919 + 3,
+                                  offset=torch.arange(BATCH) * 10, num_samples=3),
+        "per_row_temperature_with_greedy": dict(dtype=torch.bfloat16, temperature=torch.tensor(
+            [0.0, 0.5, 1.0, 1.5, 2.0, 0.25]), seed=99, num_samples=2),
+        "greedy": dict(dtype=torch.bfloat16, temperature=0.0, seed=5, num_samples=1),
+    }
+    for name, cfg in configs.items():
+        cfg = dict(cfg)
+        dtype = cfg.pop("dtype")
+        h = hidden.to(dtype).to(ctx.device)
+        kwargs = {k: ctx.to(v) for k, v in cfg.items()}
+        try:
+            got = tp.sample(h, ctx.shard(weight.to(dtype)), vocab_start=ctx.start, **kwargs)
+        except (RuntimeError, NotImplementedError) as exc:
+            # An argument the device's op does not take (e.g. a CPU-only control on CUDA):
+            # raised by the op on every rank, before any collective.
+            if not (isinstance(exc, NotImplementedError) or str(exc).startswith("flashsampling.sample:")):
+                raise
+            out[name] = {"unsupported": str(exc).splitlines()[0]}
+            continue
+        entry = {"tokens": got}
+        if ctx.rank == 0:
+            entry["expected"] = fs.sample(h, weight.to(dtype).to(ctx.device), **kwargs)
+        out[name] = entry
+    return out
+
+
+def scenario_masks(ctx: Ctx):
+    """Masks where shards allow nothing; a row no shard allows; logprobs with masks."""
+    hidden, weight = integer_problem(seed=1)
+    h, w = hidden.bfloat16().to(ctx.device), weight.bfloat16()
+    mask = random_mask(BATCH, VOCAB, 0.3, seed=2)
+    first_start, first_size = ctx.shards[0]
+    last_start, last_size = ctx.shards[-1]
+    mask[0] = False
+    mask[0, last_start + last_size // 2] = True  # only the last shard allows anything
+    mask[1, first_start : first_start + first_size] = False  # the first shard (size 1) allows nothing
+    mask[2] = False  # no shard allows anything
+    mask[3, last_start:] = False  # the last shard allows nothing in row 3
+    mask[3, 0] = True
+    packed = fs.pack_allowed_mask(mask)
+    out = {}
+    kwargs = dict(seed=77, offset=3, num_samples=5, temperature=0.9)
+    # An int32 shard bitmask cut from the global one, and a bool slice: the same tokens.
+    shard_bits = tp.shard_allowed_mask(packed, ctx.start, ctx.size).to(ctx.device)
+    out["sentinel"] = tp.sample(h, ctx.shard(w), vocab_start=ctx.start, allowed_mask=shard_bits,
+                                empty_mask_token=-7, return_logprobs=True, **kwargs)
+    out["sentinel_bool"] = tp.sample(h, ctx.shard(w), vocab_start=ctx.start,
+                                     allowed_mask=ctx.shard(mask, dim=1), empty_mask_token=-7, **kwargs)
+    try:
+        tp.sample(h, ctx.shard(w), vocab_start=ctx.start, allowed_mask=shard_bits, **kwargs)
+        out["error"] = None
+    except RuntimeError as exc:
+        out["error"] = str(exc)
+    # Without the all-empty row no sentinel is needed, and a shard allowing nothing is fine.
+    ok = packed.clone()
+    ok[2] = fs.pack_allowed_mask(random_mask(1, VOCAB, 0.5, seed=3))[0]
+    out["no_sentinel"] = tp.sample(h, ctx.shard(w), vocab_start=ctx.start,
+                                   allowed_mask=tp.shard_allowed_mask(ok, ctx.start, ctx.size).to(ctx.device),
+                                   **kwargs)
+    out["shard_row_empty"] = bool(not ctx.shard(mask, dim=1)[1].any())
+    if ctx.rank == 0:
+        wd = w.to(ctx.device)
+        out["expected_sentinel"] = fs.sample(h, wd, allowed_mask=packed.to(ctx.device), empty_mask_token=-7,
+                                             return_logprobs=True, **kwargs)
+        out["expected_no_sentinel"] = fs.sample(h, wd, allowed_mask=ok.to(ctx.device), **kwargs)
+        try:
+            fs.sample(h, wd, allowed_mask=packed.to(ctx.device), **kwargs)
+            out["expected_error"] = None
+        except RuntimeError as exc:
+            out["expected_error"] = str(exc)
+    return out
+
+
+def scenario_logprobs(ctx: Ctx):
+    """Merged log-probabilities == single-process op, with dense and sparse biases."""
+    hidden, weight = integer_problem(seed=4)
+    h, w = hidden.bfloat16().to(ctx.device), weight.bfloat16()
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randn(VOCAB, generator=g)
+    bias[5::17] = -torch.inf  # some impossible tokens (not token 0, the size-1 shard)
+    ids = torch.randint(0, VOCAB, (BATCH, 4), generator=g)
+    ids[:, 0] = ctx.shards[0][0]  # the size-1 shard gets a big boost: it wins often
+    values = torch.randn(BATCH, 4, generator=g) + torch.tensor([6.0, 0, 0, 0])
+    kwargs = dict(temperature=0.7, seed=2024, num_samples=6,
+                  sparse_logit_bias=(ids.to(ctx.device), values.to(ctx.device)))
+    out = {"got": tp.sample(h, ctx.shard(w), vocab_start=ctx.start, logit_bias=ctx.shard(bias),
+                            return_logprobs=True, **kwargs)}
+    if ctx.rank == 0:
+        out["expected"] = fs.sample(h, w.to(ctx.device), logit_bias=bias.to(ctx.device), return_logprobs=True,
+                                    **kwargs)
+    return out
+
+
+CHI_ROWS, CHI_SAMPLES = 2, 3000
+
+
+def chi_problem():
+    g = torch.Generator().manual_seed(6)
+    hidden = torch.randn(CHI_ROWS, DIM, generator=g)
+    weight = torch.randn(VOCAB, DIM, generator=g) * (1.5 / math.sqrt(DIM))
+    return hidden, weight
+
+
+def scenario_chi_square(ctx: Ctx):
+    hidden, weight = chi_problem()
+    tokens = tp.sample(hidden.to(ctx.device), ctx.shard(weight), vocab_start=ctx.start, seed=31337,
+                       num_samples=CHI_SAMPLES)
+    return {"tokens": tokens}
+
+
+BACK_TO_BACK_CALLS = 12
+
+
+def scenario_back_to_back(ctx: Ctx):
+    """Calls with no synchronisation in between, alternating summary sizes."""
+    hidden, weight = integer_problem(seed=7)
+    h, ws = hidden.bfloat16().to(ctx.device), ctx.shard(weight.bfloat16())
+    results = []
+    for i in range(BACK_TO_BACK_CALLS):
+        results.append(tp.sample(h, ws, vocab_start=ctx.start, seed=11, offset=3 * i, num_samples=3,
+                                 return_logprobs=bool(i % 2)))
+    out = {"got": [r if isinstance(r, torch.Tensor) else r.tokens for r in results]}
+    if ctx.rank == 0:
+        w = weight.bfloat16().to(ctx.device)
+        out["expected"] = [fs.sample(h, w, seed=11, offset=3 * i, num_samples=3) for i in range(BACK_TO_BACK_CALLS)]
+    return out
+
+
+def scenario_no_seed(ctx: Ctx):
+    """seed=None: rank 0 draws from its generator and broadcasts; other ranks' generators
+    (seeded differently here) do not matter."""
+    hidden, weight = integer_problem(seed=8)
+    h, w = hidden.bfloat16().to(ctx.device), weight.bfloat16()
+    torch.manual_seed(1000 + ctx.rank)
+    got = [tp.sample(h, ctx.shard(w), vocab_start=ctx.start, num_samples=2) for _ in range(2)]
+    out = {"got": got}
+    if ctx.rank == 0:
+        torch.manual_seed(1000)
+        expected = []
+        for _ in range(2):
+            seed = tp._draw_seed(None, h.device)
+            expected.append(fs.sample(h, w.to(ctx.device), seed=seed, num_samples=2))
+        out["expected"] = expected
+    return out
+
+
+SCENARIOS = [scenario_tokens, scenario_masks, scenario_logprobs, scenario_chi_square, scenario_back_to_back,
+             scenario_no_seed]
+
+
+def _worker(rank, world, backend, store, out_dir):
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    results = {}
+    try:
+        ctx = Ctx(rank, world, device)
+        for scenario in SCENARIOS:
+            try:
+                results[scenario.__name__] = _cpu(scenario(ctx))
+            except Exception:  # noqa: BLE001 - reported by the test that reads it
+                results[scenario.__name__] = {"exception": traceback.format_exc()}
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        dist.destroy_process_group()
+
+
+@functools.lru_cache(maxsize=None)
+def run_job(backend, world):
+    """Every rank's results of every scenario: {scenario: [rank 0 dict, rank 1 dict, ...]}."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(world, backend, os.path.join(tmp, "store"), tmp), nprocs=world, join=True)
+        per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    return {name: [ranks[name] for ranks in per_rank] for name in per_rank[0]}
