@@ -153,7 +153,7 @@ def make_extension():
 
 
 setup(
-    packages=["flashsampling_cuda"],
+    packages=["flashsampling_cuda", "flashsampling_cuda.integrations"],
     ext_modules=[make_extension()],
     cmdclass={"build_ext": BuildExtensionWithKernels},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},

@@ -20,6 +20,12 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
   "$PY" -m pip install "${missing[@]}"
 fi
+# Optional: the transformers integration and its tests (which skip without it). Offline
+# and missing, the install fails with a warning only.
+if ! "$PY" -c "import transformers, sys; sys.exit(int(transformers.__version__.split('.')[0]) < 5)" 2>/dev/null; then
+  "$PY" -m pip install "transformers>=5.0" \
+    || echo "setup_env.sh: could not install transformers>=5.0; the integration tests will skip" >&2
+fi
 if ! has_module cutlass_library; then
   "$PY" -m pip install --no-deps nvidia-cutlass==4.2.0.0  # CUTLASS headers only
 fi

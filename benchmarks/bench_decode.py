@@ -1,0 +1,229 @@
+"""End-to-end decode benchmark: time per output token (TPOT) of a Hugging Face model.
+
+Two decode loops over the same model body, static KV cache and CUDA graphs, differing
+only in how the next token is chosen from the final-norm hidden state:
+
+  standard  torch.compile(lm_head -> logits.float() -> / T -> softmax -> torch.multinomial),
+            what transformers' generate() does per step (logits [B, V] written and read back)
+  ours      flashsampling_cuda.sample(hidden, lm_head.weight, ...) (fused GEMM + Gumbel-Max)
+
+Both run StaticCacheDecoder (flashsampling_cuda.integrations.transformers): the prompt is
+prefilled eagerly, two decode steps run eagerly as warm-up (compiling the standard head),
+then one decode step (body + sampling + bookkeeping) is captured as a CUDA graph and
+replayed for the remaining tokens. TPOT = GPU time of the replayed steps / their number
+(CUDA events; prefill excluded), median over --reps generations, the two paths
+alternating. Models are Qwen3-shaped with random bf16 weights (normal, std 0.02), built
+on the GPU from the configs below; nothing is downloaded.
+
+Usage (GPU):
+  python benchmarks/bench_decode.py [--models qwen3-1.7b,qwen3-8b] [--batches 1,4,16,32,64]
+      [--prompt-len 256] [--new-tokens 128] [--reps 5] [--out benchmarks/results]
+Smoke run (CPU or GPU, tiny Qwen3 config, no compile on the CPU):
+  python benchmarks/bench_decode.py --tiny --out /tmp/bench_decode
+Writes decode_<device>_<date>.{json,md,png} under --out and prints the table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+MODELS = {
+    # Qwen/Qwen3-1.7B: tied embeddings.
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                       rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960),
+    # Qwen/Qwen3-8B: untied.
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                     rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960),
+    # Smoke test only.
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=1000, tie_word_embeddings=True),
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def build_model(name: str, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    config = Qwen3Config(**MODELS[name], initializer_range=0.02)
+    torch.manual_seed(0)
+    with torch.device(device):  # weights are created and initialised on the device
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def standard_head(model, temperature: float, compile_head: bool):
+    """transformers' sampling step: lm_head -> fp32 logits -> / T -> softmax -> multinomial."""
+    lm_head = model.get_output_embeddings()
+    weight, bias = lm_head.weight, lm_head.bias
+
+    def head(hidden):
+        logits = torch.nn.functional.linear(hidden, weight, bias).float()
+        probs = torch.softmax(logits / temperature, dim=-1)
+        return torch.multinomial(probs, num_samples=1)
+
+    head = torch.compile(head) if compile_head else head
+    return lambda hidden, seed, offset: head(hidden)
+
+
+def run(args) -> dict:
+    import transformers
+
+    from flashsampling_cuda.integrations.transformers import FlashSamplingDecoder, StaticCacheDecoder
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
+    on_gpu = device.type == "cuda"
+    dtype = DTYPES[args.dtype or ("bf16" if on_gpu else "fp32")]
+    compile_head = on_gpu and not args.no_compile
+    graphs = on_gpu and not args.no_cuda_graphs
+    device_name = torch.cuda.get_device_name(device) if on_gpu else "CPU"
+    results = {
+        "device": device_name,
+        "date": dt.date.today().isoformat(),
+        "command": " ".join(["python"] + sys.argv),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dtype": str(dtype).replace("torch.", ""),
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "temperature": args.temperature,
+        "reps": args.reps,
+        "cuda_graphs": graphs,
+        "standard_head_compiled": compile_head,
+        "rows": [],
+    }
+    for name in args.models.split(","):
+        model = build_model(name, device, dtype)
+        vocab = model.config.vocab_size
+        standard = standard_head(model, args.temperature, compile_head)
+        for batch in (int(b) for b in args.batches.split(",")):
+            gen = torch.Generator().manual_seed(batch)
+            prompt = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).to(device)
+            ours_dec = FlashSamplingDecoder(model, cuda_graph=graphs)
+            std_dec = StaticCacheDecoder(model, cuda_graph=graphs)
+
+            def run_ours():
+                return ours_dec.generate(prompt, max_new_tokens=args.new_tokens, temperature=args.temperature,
+                                         seed=1234, return_timings=True)
+
+            def run_standard():
+                return std_dec.generate_with_sampler(prompt, sampler=standard, sampler_key="standard",
+                                                     max_new_tokens=args.new_tokens, return_timings=True)
+
+            tpot = {"ours": [], "standard": []}
+            for rep in range(args.reps + 1):  # the first generation of each captures its graph
+                for key, fn in (("standard", run_standard), ("ours", run_ours)):
+                    out = fn()
+                    assert out.new_tokens.shape == (batch, args.new_tokens)
+                    assert int(out.new_tokens.min()) >= 0 and int(out.new_tokens.max()) < vocab
+                    if rep > 0:
+                        tpot[key].append(out.decode_seconds / out.timed_steps * 1e3)
+            row = {
+                "model": name,
+                "B": batch,
+                "tpot_standard_ms": statistics.median(tpot["standard"]),
+                "tpot_ours_ms": statistics.median(tpot["ours"]),
+                "standard_ms_reps": tpot["standard"],
+                "ours_ms_reps": tpot["ours"],
+                "timed_steps": out.timed_steps,
+            }
+            row["reduction_pct"] = 100.0 * (1.0 - row["tpot_ours_ms"] / row["tpot_standard_ms"])
+            results["rows"].append(row)
+            print("[bench] " + json.dumps(row), flush=True)
+            del ours_dec, std_dec, out
+            if on_gpu:
+                torch.cuda.empty_cache()
+        del model, standard
+        if on_gpu:
+            torch.cuda.empty_cache()
+    return results
+
+
+def markdown_table(results: dict) -> str:
+    lines = [
+        f"Decode TPOT, {results['device']}, {results['date']}, {results['dtype']}, prompt {results['prompt_len']} "
+        f"tokens, {results['new_tokens']} new tokens, T = {results['temperature']}, CUDA graphs "
+        f"{'on' if results['cuda_graphs'] else 'off'} for both, median of {results['reps']} generations",
+        "",
+        "| model | B | standard TPOT (ms) | ours TPOT (ms) | reduction |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results["rows"]:
+        lines.append(f"| {r['model']} | {r['B']} | {r['tpot_standard_ms']:.3f} | {r['tpot_ours_ms']:.3f} | "
+                     f"{r['reduction_pct']:.1f}% |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        print(f"[bench] matplotlib unavailable, no plot: {exc}", file=sys.stderr)
+        return
+    models = list(dict.fromkeys(r["model"] for r in results["rows"]))
+    fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 7), squeeze=False, sharex="col")
+    for col, name in enumerate(models):
+        rows = [r for r in results["rows"] if r["model"] == name]
+        batches = [r["B"] for r in rows]
+        ax = axes[0][col]
+        ax.plot(batches, [r["tpot_standard_ms"] for r in rows], marker="o", label="standard (compiled multinomial)")
+        ax.plot(batches, [r["tpot_ours_ms"] for r in rows], marker="o", label="ours (flashsampling)")
+        ax.set_ylabel("TPOT (ms)")
+        ax.set_title(f"{name}, {results['dtype']}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        ax = axes[1][col]
+        ax.bar([str(b) for b in batches], [r["reduction_pct"] for r in rows])
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("TPOT reduction (%)")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"Decode time per output token — {results['device']} — {results['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="qwen3-1.7b,qwen3-8b", help=f"comma list of {', '.join(MODELS)}")
+    parser.add_argument("--batches", default="1,4,16,32,64")
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=5, help="timed generations per path and batch")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on GPU, fp32 on CPU")
+    parser.add_argument("--no-compile", action="store_true", help="run the standard head eagerly")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps (diagnosis only)")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
+    parser.add_argument("--tiny", action="store_true",
+                        help="smoke run: --models tiny --batches 1,4 --prompt-len 16 --new-tokens 8 --reps 2")
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    if args.tiny:
+        args.models, args.batches, args.prompt_len, args.new_tokens, args.reps = "tiny", "1,4", 16, 8, 2
+    if args.new_tokens < 4:
+        parser.error("--new-tokens must be >= 4 (prefill token + 2 warm-up steps + timed steps)")
+    results = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"decode_{results['device'].replace(' ', '_')}_{results['date']}" + ("_tiny" if args.tiny else "")
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    table = markdown_table(results)
+    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n\n{table}\n")
+    plot(results, out / f"{stem}.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

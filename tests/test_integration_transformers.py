@@ -1,0 +1,375 @@
+"""flashsampling_cuda.integrations.transformers: decoding Hugging Face causal LMs with the op.
+
+CPU: tiny random-weight Llama-, Qwen3-, Mistral-, Qwen2-, Gemma- and Gemma3-style models;
+the decoder's tokens must equal the reference path's (the model's standard forward, its
+logits in float64 + the op's Gumbel noise, reference_generate) for the same seeds, with
+prompts of different lengths, stop tokens, tied and untied embeddings, per-request seeds,
+greedy decoding, and the refusals. GPU (requires_cuda): the same on a Qwen3-1.7B-shaped
+bf16 model, with CUDA graphs.
+
+Skipped with a reason where transformers (the `transformers` extra) is not installed.
+"""
+
+import importlib
+import inspect
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import flashsampling_cuda as fs
+from flashsampling_cuda.reference import reference_sample
+from sampling_stats import pathwise_mismatches
+
+
+COMMON = dict(vocab_size=384, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, initializer_range=0.2)  # logits with ~2 units of spread
+# family -> (config class, extra config); tie: tied input/output embeddings.
+FAMILIES = {
+    "llama": ("LlamaConfig", dict(tie_word_embeddings=False)),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=True)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False)),
+    "mistral": ("MistralConfig", dict(sliding_window=128)),  # sliding window longer than the cache
+    "gemma": ("GemmaConfig", dict()),
+    "gemma3_text": ("Gemma3TextConfig", dict(sliding_window=128)),
+}
+PROMPTS = [[5, 17, 3, 99, 250, 7, 8], [11, 2], [300, 301, 302, 42]]  # different lengths: left padding
+
+
+def import_or_skip(name):
+    """The module, or a skip naming why not (transformers missing or older than 5.0)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        pytest.skip(f"needs transformers >= 5.0 (the `transformers` extra), not importable here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def fst():
+    return import_or_skip("flashsampling_cuda.integrations.transformers")
+
+
+def tiny_model(family, attn="sdpa", **overrides):
+    transformers = import_or_skip("transformers")
+    config_name, extra = FAMILIES[family]
+    config = getattr(transformers, config_name)(**{**COMMON, **extra, **overrides})
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+
+
+def assert_same_path(out, ref):
+    """Token sequences equal; a row may part only at a near tie of the reference (and is
+    not compared after it). Returns the number of tokens compared."""
+    assert out.new_tokens.shape == ref.new_tokens.shape
+    compared = 0
+    for b in range(out.new_tokens.shape[0]):
+        differ = (out.new_tokens[b] != ref.new_tokens[b]).nonzero()
+        if differ.numel() == 0:
+            compared += out.new_tokens.shape[1]
+            continue
+        t = int(differ[0])
+        assert ref.gap[b, t] < ref.tolerance[b, t], (
+            f"row {b} step {t}: token {int(out.new_tokens[b, t])} != reference {int(ref.new_tokens[b, t])} "
+            f"with score gap {float(ref.gap[b, t]):.3g} >= tolerance {float(ref.tolerance[b, t]):.3g}"
+        )
+        compared += t
+    return compared
+
+
+def test_import_flashsampling_does_not_import_transformers():
+    code = ("import sys, flashsampling_cuda, flashsampling_cuda.integrations; "
+            "assert 'transformers' not in sys.modules, 'transformers imported eagerly'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------- tokens == reference path
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 0.0])
+def test_tokens_equal_reference_path(fst, family, temperature):
+    model = tiny_model(family)
+    if family == "qwen3":  # tied embeddings: the op reads the embedding matrix itself
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+    decoder = fst.FlashSamplingDecoder(model)
+    if family == "qwen3":
+        assert decoder.head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    kwargs = dict(max_new_tokens=12, temperature=temperature, seed=2024, offset=7)
+    out = decoder.generate(PROMPTS, **kwargs)
+    ref = fst.reference_generate(model, PROMPTS, **kwargs)
+    assert out.new_tokens.shape == (3, 12)
+    assert torch.equal(out.prompt_attention_mask.sum(1), torch.tensor([len(p) for p in PROMPTS]))
+    assert assert_same_path(out, ref) == out.new_tokens.numel()  # fp32: no near tie expected
+    assert torch.equal(out.sequences[:, :7], ref.sequences[:, :7])
+    if temperature > 0:  # the logits matter: not the argmax of the noise alone
+        noise_only = torch.stack([
+            fst.reference_sample_from_logits(torch.zeros(3, COMMON["vocab_size"]), temperature, 2024, 7 + t)[0]
+            for t in range(12)], dim=1)
+        assert not torch.equal(noise_only, out.new_tokens)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma", "gemma3_text"])
+def test_other_families_equal_reference_path(fst, family):
+    model = tiny_model(family)
+    kwargs = dict(max_new_tokens=6, temperature=0.8, seed=3)
+    out = fst.generate(model, PROMPTS, **kwargs)
+    assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+
+def test_eager_attention_and_tensor_prompts(fst):
+    model = tiny_model("llama", attn="eager")
+    ids = torch.tensor([[0, 0, 4, 5, 6], [1, 2, 3, 4, 5]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    kwargs = dict(max_new_tokens=8, temperature=0.7, seed=11)
+    out = fst.FlashSamplingDecoder(model).generate(ids, mask, **kwargs)
+    assert torch.equal(out.sequences[:, :5], ids)
+    assert assert_same_path(out, fst.reference_generate(model, ids, mask, **kwargs)) == out.new_tokens.numel()
+
+
+def test_per_row_temperatures(fst):
+    model = tiny_model("qwen3")
+    kwargs = dict(max_new_tokens=8, temperature=torch.tensor([0.5, 1.0, 0.0]), seed=21)
+    out = fst.FlashSamplingDecoder(model).generate(PROMPTS, **kwargs)
+    assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+
+def test_per_request_seeds_are_batch_invariant(fst):
+    model = tiny_model("qwen3")
+    decoder = fst.FlashSamplingDecoder(model)
+    seeds = torch.tensor([101, 202, 303])
+    batch = decoder.generate(PROMPTS, max_new_tokens=10, temperature=1.0, seed=seeds)
+    ref = fst.reference_generate(model, PROMPTS, max_new_tokens=10, temperature=1.0, seed=seeds)
+    assert assert_same_path(batch, ref) == batch.new_tokens.numel()
+    for b in (1, 2):
+        alone = decoder.generate([PROMPTS[b]], max_new_tokens=10, temperature=1.0, seed=seeds[b:b + 1])
+        assert torch.equal(alone.new_tokens[0], batch.new_tokens[b])
+
+
+def test_stop_tokens(fst):
+    model = tiny_model("llama")
+    decoder = fst.FlashSamplingDecoder(model, check_every=2)
+    free = decoder.generate(PROMPTS, max_new_tokens=16, temperature=1.0, seed=9)
+    stop = int(free.new_tokens[0, 3])  # row 0 stops at step 3 (or earlier, if the token came before)
+    kwargs = dict(max_new_tokens=16, temperature=1.0, seed=9, stop_token_ids=[stop], pad_token_id=0)
+    out = decoder.generate(PROMPTS, **kwargs)
+    ref = fst.reference_generate(model, PROMPTS, **kwargs)
+    assert_same_path(out, ref)
+    assert torch.equal(out.num_new_tokens, ref.num_new_tokens)
+    for b in range(3):
+        n = int(out.num_new_tokens[b])
+        hits = (free.new_tokens[b] == stop).nonzero()
+        assert n == (int(hits[0]) + 1 if hits.numel() else 16)
+        assert torch.equal(out.new_tokens[b, :n], free.new_tokens[b, :n])  # stopping changes nothing before
+        assert bool((out.new_tokens[b, n:] == 0).all())  # padding after the stop token
+    assert out.new_tokens.shape[1] == int(out.num_new_tokens.max())
+    # Every row stopping early ends decoding early.
+    first = [int(t) for t in free.new_tokens[:, 0]]
+    early = decoder.generate(PROMPTS, max_new_tokens=16, temperature=1.0, seed=9, stop_token_ids=first)
+    assert early.new_tokens.shape == (3, 1) and torch.equal(early.num_new_tokens, torch.ones(3, dtype=torch.int64))
+
+
+def test_decoder_reuse_and_offsets(fst):
+    model = tiny_model("qwen3")
+    decoder = fst.FlashSamplingDecoder(model)
+    a = decoder.generate(PROMPTS, max_new_tokens=8, seed=5)
+    b = decoder.generate(PROMPTS, max_new_tokens=8, seed=5)  # reuses the cache (reset)
+    c = decoder.generate(PROMPTS, max_new_tokens=8, seed=5, offset=1)
+    assert torch.equal(a.new_tokens, b.new_tokens)
+    assert not torch.equal(a.new_tokens, c.new_tokens)
+    other = decoder.generate([[1, 2, 3]], max_new_tokens=4, seed=5)  # another shape, then back
+    assert other.new_tokens.shape == (1, 4)
+    assert torch.equal(decoder.generate(PROMPTS, max_new_tokens=8, seed=5).new_tokens, a.new_tokens)
+
+
+def test_graph_bookkeeping_with_a_stand_in_graph(fst):
+    """The CUDA-graph control flow (warm-up steps, capture once, replay, reuse across calls,
+    recapture for another sampler) on the CPU, with a stand-in whose replay runs the step."""
+
+    class StandInGraph:
+        def __init__(self, replay):
+            self.replay = replay
+
+    class Decoder(fst.FlashSamplingDecoder):
+        captures = 0
+
+        def _graphs_enabled(self):
+            return True
+
+        def _capture(self, s, sampler):
+            Decoder.captures += 1
+            for _ in range(self.warmup_steps):
+                self._step(s, sampler)
+            return StandInGraph(lambda: self._step(s, sampler))
+
+    model = tiny_model("qwen3")
+    kwargs = dict(max_new_tokens=9, temperature=0.9, seed=4)
+    eager = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
+    decoder = Decoder(model)
+    first = decoder.generate(PROMPTS, **kwargs, return_timings=True)
+    assert Decoder.captures == 1 and first.timed_steps == 9 - 1 - decoder.warmup_steps
+    second = decoder.generate(PROMPTS, **kwargs, return_timings=True)  # same shapes: replays only
+    assert Decoder.captures == 1 and second.timed_steps == 8
+    assert torch.equal(first.new_tokens, eager.new_tokens) and torch.equal(second.new_tokens, eager.new_tokens)
+    colder = decoder.generate(PROMPTS, **{**kwargs, "temperature": 0.5})  # another sampler: recapture
+    assert Decoder.captures == 2
+    assert torch.equal(colder.new_tokens, fst.FlashSamplingDecoder(model, cuda_graph=False).generate(
+        PROMPTS, **{**kwargs, "temperature": 0.5}).new_tokens)
+    short = decoder.generate(PROMPTS, max_new_tokens=3, temperature=0.5, seed=4)  # too short to capture
+    assert Decoder.captures == 2 and torch.equal(short.new_tokens, colder.new_tokens[:, :3])
+
+
+def test_lm_head_bias(fst):
+    model = tiny_model("llama")
+    vocab = COMMON["vocab_size"]
+    model.lm_head.bias = torch.nn.Parameter(torch.linspace(-3.0, 3.0, vocab))
+    if "logit_bias" not in inspect.signature(fs.sample).parameters:
+        with pytest.raises(fst.UnsupportedModelError, match="bias"):
+            fst.FlashSamplingDecoder(model)
+        return
+    kwargs = dict(max_new_tokens=8, temperature=1.0, seed=1)
+    out = fst.FlashSamplingDecoder(model).generate(PROMPTS, **kwargs)
+    assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+
+# ---------------------------------------------------------------- refusals and errors
+
+
+def test_refuses_what_it_cannot_do_exactly(fst):
+    transformers = import_or_skip("transformers")
+    gemma2 = transformers.Gemma2Config(**COMMON)  # final_logit_softcapping=30 by default
+    model = transformers.AutoModelForCausalLM.from_config(gemma2, attn_implementation="eager").eval()
+    with pytest.raises(fst.UnsupportedModelError, match="final_logit_softcapping"):
+        fst.FlashSamplingDecoder(model)
+    gpt2 = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=100)
+    with pytest.raises(fst.UnsupportedModelError, match="model_type 'gpt2'"):
+        fst.FlashSamplingHead(transformers.AutoModelForCausalLM.from_config(gpt2))
+    sliding = tiny_model("mistral", sliding_window=16)
+    with pytest.raises(fst.UnsupportedModelError, match="sliding-window"):
+        fst.generate(sliding, PROMPTS, max_new_tokens=20)
+
+
+def test_argument_errors(fst):
+    model = tiny_model("qwen3")
+    decoder = fst.FlashSamplingDecoder(model)
+    with pytest.raises(NotImplementedError, match="top-k"):
+        decoder.generate(PROMPTS, max_new_tokens=2, top_k=20)
+    with pytest.raises(NotImplementedError, match="top-p"):
+        decoder.head(torch.zeros(1, 64), top_p=0.9)
+    with pytest.raises(ValueError, match="left-padded"):
+        decoder.generate(torch.tensor([[1, 2, 0]]), torch.tensor([[1, 1, 0]]), max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decoder.generate(PROMPTS, max_new_tokens=0)
+
+
+def test_head_samples_like_the_op(fst):
+    model = tiny_model("llama")
+    head = fst.FlashSamplingHead(model)
+    hidden = torch.randn(4, 64)
+    tokens = head(hidden, temperature=0.9, seed=3, offset=2, num_samples=5)
+    expected = fs.sample(hidden, model.lm_head.weight, temperature=0.9, seed=3, offset=2, num_samples=5)
+    assert torch.equal(tokens, expected)
+
+
+# ---------------------------------------------------------------- GPU: Qwen3-1.7B shape, bf16
+
+QWEN3_1_7B = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True,
+                  rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960)
+
+
+@pytest.fixture(scope="module")
+def qwen3_1_7b(fst):
+    transformers = import_or_skip("transformers")
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.Qwen3Config(**QWEN3_1_7B), dtype=torch.bfloat16, attn_implementation="sdpa")
+    yield model.eval()
+    del model
+    torch.cuda.empty_cache()
+
+
+GPU_PROMPT_LENGTHS = [17, 5, 64, 33]
+
+
+def gpu_prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, QWEN3_1_7B["vocab_size"], (n,), generator=g).tolist() for n in GPU_PROMPT_LENGTHS]
+
+
+@pytest.mark.requires_cuda
+@torch.no_grad()
+def test_gpu_qwen3_1_7b_tokens_equal_reference_on_own_logits(fst, qwen3_1_7b):
+    model, prompts = qwen3_1_7b, gpu_prompts()
+    temperature, seed, offset, steps = 0.7, 77, 1000, 24
+    decoder = fst.FlashSamplingDecoder(model, cuda_graph=False)
+    recorded = []
+
+    def recording_sampler(hidden, seed_t, offset_t):
+        tokens = decoder.head(hidden, temperature=temperature, seed=seed_t, offset=offset_t)
+        recorded.append((hidden.clone(), int(offset_t), tokens.clone()))
+        return tokens
+
+    out = decoder.generate_with_sampler(prompts, sampler=recording_sampler, max_new_tokens=steps, seed=seed,
+                                        offset=offset)
+    assert len(recorded) == steps
+    weight = model.lm_head.weight
+    w64 = weight.double()
+    totals = [0, 0]
+    hf_mismatch = 0
+    for t, (hidden, off, tokens) in enumerate(recorded):
+        assert off == offset + t
+        # Same state, float64 reference of the fused logits: exact up to fp32 near ties.
+        ref = reference_sample(hidden, weight, temperature, seed=seed, offset=off)
+        totals[0] += pathwise_mismatches(tokens, ref)[1]
+        # The model's own (bf16) lm_head logits of the same hidden state.
+        logits = model.lm_head(hidden)
+        tok, gap, tol = fst.reference_sample_from_logits(logits, temperature, seed, off,
+                                                         rtol=fst.logits_rtol(logits.dtype))
+        differ = tok.cpu() != tokens[:, 0].cpu()
+        totals[1] += int((differ & (gap.cpu() >= tol.cpu())).sum())
+        hf_mismatch += int(differ.sum())
+    assert totals[0] == 0 and totals[1] == 0, totals
+    print(f"\n[qwen3-1.7b bf16] {steps} steps x {len(prompts)} rows: {hf_mismatch} near-tie mismatches vs bf16 logits")
+
+    # The model's standard forward (no cache, its own masks) over the generated sequences:
+    # its logits must agree with ours to bf16 accuracy, and its tokens with ours but for
+    # gaps that this difference explains.
+    prompt_len = out.prompt_attention_mask.shape[1]
+    mask = torch.cat([out.prompt_attention_mask, torch.ones_like(out.new_tokens)], dim=1)
+    positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
+    hf_logits = model(input_ids=out.sequences, attention_mask=mask, position_ids=positions).logits
+    unexplained, worst = 0, 0.0
+    for t, (hidden, off, tokens) in enumerate(recorded):
+        ours = hidden.double() @ w64.T
+        theirs = hf_logits[:, prompt_len - 1 + t].double()
+        delta = (ours - theirs).abs().amax(dim=1)
+        worst = max(worst, float((delta / (ours.abs().amax(dim=1) + 1)).max()))
+        tok, gap, tol = fst.reference_sample_from_logits(theirs, temperature, seed, off)
+        unexplained += int(((tok != tokens[:, 0]) & (gap >= 2 * delta / temperature + tol)).sum())
+    print(f"[qwen3-1.7b bf16] standard forward vs decoder logits: max relative difference {worst:.2e}")
+    assert worst < 0.05, "the decoder's hidden states differ from the model's standard forward"
+    assert unexplained == 0
+
+
+@pytest.mark.requires_cuda
+@torch.no_grad()
+def test_gpu_qwen3_1_7b_cuda_graph_equals_eager_and_stops(fst, qwen3_1_7b):
+    model, prompts = qwen3_1_7b, gpu_prompts()
+    kwargs = dict(max_new_tokens=20, temperature=1.0, seed=5, offset=3)
+    eager = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(prompts, **kwargs)
+    decoder = fst.FlashSamplingDecoder(model, cuda_graph=True)
+    graphed = decoder.generate(prompts, **kwargs, return_timings=True)
+    assert graphed.timed_steps == 20 - 1 - decoder.warmup_steps  # the rest were graph replays
+    assert torch.equal(graphed.new_tokens, eager.new_tokens)
+    again = decoder.generate(prompts, **kwargs, return_timings=True)  # replays the captured graph
+    assert again.timed_steps == 19
+    assert torch.equal(again.new_tokens, eager.new_tokens)
+    stop = int(eager.new_tokens[2, 4])
+    stopped = decoder.generate(prompts, **kwargs, stop_token_ids=[stop], pad_token_id=0)
+    n = int(stopped.num_new_tokens[2])
+    assert n <= 5 and int(stopped.new_tokens[2, n - 1]) == stop
+    for b, m in enumerate(stopped.num_new_tokens.tolist()):  # identical up to each row's stop
+        assert torch.equal(stopped.new_tokens[b, :m], eager.new_tokens[b, :m])
+        assert bool((stopped.new_tokens[b, m:] == 0).all())
