@@ -3,7 +3,7 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench" (default: all)
+#   STEPS: any of "build tests sanitizer bench controls decode" (default: build tests sanitizer bench)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
 STEPS=${STEPS:-"build tests sanitizer bench"}
@@ -37,5 +37,11 @@ if [[ $STEPS == *sanitizer* ]]; then
 fi
 if [[ $STEPS == *bench* ]]; then
   python3 benchmarks/bench_sampler.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\] {"
+fi
+if [[ $STEPS == *controls* ]]; then
+  python3 benchmarks/bench_controls.py --out "$OUT" ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls.log" | grep -v "^\[bench\] {"
+fi
+if [[ $STEPS == *decode* ]]; then
+  python3 benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30
 fi
 printf '%s\n' "${summary[@]}"

@@ -1,6 +1,9 @@
-// Stage 2 of the fused sampler: per (batch row, sample), the best packed candidate
-// over all vocabulary tiles, decoded to a token id. Candidates are tiny
-// ([samples][tiles][B] x 8 bytes, ~2.4 MB at B=256, V=152k) and still in L2.
+// Small kernels around the fused GEMM:
+//  - before it, the sparse-bias bitmap (which (row, token) pairs have a sparse entry);
+//  - after it, stage 2: per (batch row, sample) the best packed candidate over all
+//    vocabulary tiles, decoded to a token id and score, plus (logprobs) the merged
+//    log-sum-exp and the token's log-probability. Candidates are tiny
+//    ([samples][tiles][B] x 8 bytes, ~2.4 MB at B=256, V=152k) and still in L2.
 #include <cstdint>
 
 #include "flashsampling/philox_gumbel.h"
@@ -10,50 +13,143 @@ namespace flashsampling {
 namespace {
 
 constexpr int kReduceThreads = 128;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__global__ void build_sparse_bitmap_kernel(int32_t const* __restrict__ ids, int64_t batch_size, int sparse_k,
+                                           int64_t vocab_start, int64_t vocab_size, int64_t mask_words,
+                                           uint32_t* __restrict__ bitmap) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= batch_size * sparse_k) return;
+  int64_t const row = i / sparse_k;
+  int64_t const local = static_cast<int64_t>(ids[i]) - vocab_start;
+  if (local >= 0 && local < vocab_size) {  // ids of other shards (and -1 padding) are ignored
+    atomicOr(bitmap + row * mask_words + (local >> 5), 1u << (local & 31));
+  }
+}
+
+// Inverse of pack_candidate's score bits.
+__device__ float unpack_score(PackedCandidate c) {
+  uint32_t const bits = static_cast<uint32_t>(c >> 32);
+  if (bits == 0u) return __uint_as_float(0x7fc00000u);
+  return __uint_as_float((bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits);
+}
+
+__device__ void merge_lse(float& max2, float& sum, float other_max2, float other_sum) {
+  float const m = fmaxf(max2, other_max2);
+  if (m == -INFINITY) {
+    sum = sum + other_sum;
+    return;
+  }
+  sum = sum * exp2f(max2 - m) + other_sum * exp2f(other_max2 - m);
+  max2 = m;
+}
+
+// Whether row `row` of the allowed mask allows no token of [0, V) (block-wide).
+__device__ bool mask_row_empty(SamplerParams const& p, int64_t row) {
+  SamplingControls const& c = p.controls;
+  int any = 0;
+  for (int64_t w = threadIdx.x; w < c.mask_words; w += kReduceThreads) {
+    uint32_t word = c.allowed_mask[row * c.mask_words + w];
+    int64_t const valid = p.vocab_size - w * 32;
+    if (valid < 32) word &= (1u << valid) - 1u;
+    any |= word != 0u;
+  }
+  return __syncthreads_or(any) == 0;
+}
 
 __global__ void __launch_bounds__(kReduceThreads)
-reduce_candidates_kernel(PackedCandidate const* __restrict__ candidates, int64_t num_tiles, int64_t batch_size,
-                         int num_samples, int64_t* __restrict__ tokens) {
+reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, int64_t num_tiles) {
   int64_t const row = blockIdx.x;
   int const sample = blockIdx.y;
-  PackedCandidate const* column = candidates + static_cast<int64_t>(sample) * num_tiles * batch_size + row;
+  int64_t const batch_size = p.batch_size;
+  int64_t const slab = static_cast<int64_t>(sample) * num_tiles * batch_size + row;
+  PackedCandidate const* column = buffers.candidates + slab;
 
+  // Best candidate and the tile it came from (for its logit).
   PackedCandidate best = 0;
+  int64_t best_tile = -1;
+  float lse_max = -INFINITY, lse_sum = 0.0f;
   for (int64_t tile = threadIdx.x; tile < num_tiles; tile += kReduceThreads) {
     PackedCandidate const c = column[tile * batch_size];
-    best = c > best ? c : best;
+    if (c > best) {
+      best = c;
+      best_tile = tile;
+    }
+    if (p.logprobs) {
+      float2 const part = buffers.lse_parts[tile * batch_size + row];
+      merge_lse(lse_max, lse_sum, part.x, part.y);
+    }
   }
 #pragma unroll
   for (int delta = 16; delta > 0; delta >>= 1) {
     PackedCandidate const other = __shfl_xor_sync(0xFFFFFFFF, best, delta);
-    best = other > best ? other : best;
+    int64_t const other_tile = __shfl_xor_sync(0xFFFFFFFF, best_tile, delta);
+    if (other > best) {
+      best = other;
+      best_tile = other_tile;
+    }
+    float const other_max = __shfl_xor_sync(0xFFFFFFFF, lse_max, delta);
+    float const other_sum = __shfl_xor_sync(0xFFFFFFFF, lse_sum, delta);
+    merge_lse(lse_max, lse_sum, other_max, other_sum);
   }
   __shared__ PackedCandidate warp_best[kReduceThreads / 32];
+  __shared__ int64_t warp_tile[kReduceThreads / 32];
+  __shared__ float2 warp_lse[kReduceThreads / 32];
   if (threadIdx.x % 32 == 0) {
     warp_best[threadIdx.x / 32] = best;
+    warp_tile[threadIdx.x / 32] = best_tile;
+    warp_lse[threadIdx.x / 32] = make_float2(lse_max, lse_sum);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
 #pragma unroll
-    for (int w = 1; w < kReduceThreads / 32; ++w) {
-      best = warp_best[w] > best ? warp_best[w] : best;
+  for (int w = 0; w < kReduceThreads / 32; ++w) {  // every thread, so all agree below
+    if (warp_best[w] > best) {
+      best = warp_best[w];
+      best_tile = warp_tile[w];
     }
-    // Low word holds ~index; "no candidate" (every score NaN) decodes to -1.
-    int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
-    tokens[row * num_samples + sample] = (best == 0 || index == kNoCandidate) ? -1 : index;
+  }
+  // "No candidate": every score NaN, an invalid temperature, or an empty mask.
+  int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
+  bool const found = best != 0 && index != kNoCandidate;
+  bool const empty_mask = !found && p.controls.allowed_mask != nullptr && mask_row_empty(p, row);
+  if (threadIdx.x != 0) return;
+
+  int64_t const out = row * p.num_samples + sample;
+  p.tokens[out] = found ? index : empty_mask ? p.empty_mask_token : -1;
+  if (p.scores) p.scores[out] = found ? unpack_score(best) : -INFINITY;
+  if (p.logprobs) {
+    float m = warp_lse[0].x, s = warp_lse[0].y;
+#pragma unroll
+    for (int w = 1; w < kReduceThreads / 32; ++w) merge_lse(m, s, warp_lse[w].x, warp_lse[w].y);
+    // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
+    float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;
+    float const token_logit = found ? buffers.candidate_logits[slab + best_tile * batch_size] : 0.0f;
+    p.token_logprobs[out] = found ? token_logit - lse : __uint_as_float(0x7fc00000u);
+    if (sample == 0) p.logsumexp[row] = lse;
   }
 }
 
 }  // namespace
 
-cudaError_t launch_reduce_candidates(PackedCandidate const* candidates, int64_t num_tiles, int64_t batch_size,
-                                     int num_samples, int64_t* tokens, cudaStream_t stream) {
-  if (batch_size == 0) {
+cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream) {
+  SamplingControls const& c = p.controls;
+  cudaError_t err =
+      cudaMemsetAsync(bitmap, 0, static_cast<size_t>(p.batch_size) * c.mask_words * sizeof(uint32_t), stream);
+  if (err != cudaSuccess || c.sparse_k == 0) return err;
+  int64_t const entries = p.batch_size * c.sparse_k;
+  int const threads = 256;
+  build_sparse_bitmap_kernel<<<static_cast<unsigned>((entries + threads - 1) / threads), threads, 0, stream>>>(
+      c.sparse_ids, p.batch_size, c.sparse_k, p.vocab_start, p.vocab_size, c.mask_words, bitmap);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
+                                     cudaStream_t stream) {
+  if (p.batch_size == 0) {
     return cudaSuccess;
   }
-  dim3 const grid(static_cast<unsigned>(batch_size), static_cast<unsigned>(num_samples));
-  reduce_candidates_kernel<<<grid, kReduceThreads, 0, stream>>>(candidates, num_tiles, batch_size, num_samples,
-                                                                 tokens);
+  dim3 const grid(static_cast<unsigned>(p.batch_size), static_cast<unsigned>(p.num_samples));
+  reduce_candidates_kernel<<<grid, kReduceThreads, 0, stream>>>(p, buffers, num_tiles);
   return cudaGetLastError();
 }
 

@@ -18,6 +18,11 @@ struct SamplerTileConfig {
   static constexpr int kTileM = kPingpong ? 64 : 128;
   // Narrow N tiles are memory-bound: deeper K per stage keeps more bytes in flight.
   static constexpr int kTileK = TileN >= 128 ? 64 : 128;
+  // Samples one GEMM pass draws from the accumulators it holds (registers per sample);
+  // more samples take ceil(num_samples / kMaxSamplesPerPass) passes. Wide tiles are
+  // compute-bound on the noise anyway; these are the most that compile without spills
+  // (4 samples of the 64-wide tile spilled 24 bytes, of the 256-wide tile 1.2 KB).
+  static constexpr int kMaxSamplesPerPass = TileN <= 32 ? 4 : TileN == 64 ? 2 : 1;
 };
 
 // Batch buckets: the narrowest N tile that covers B; B > 256 runs several N tiles.
@@ -29,27 +34,65 @@ inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
   return (p.vocab_size + vocab_tile - 1) / vocab_tile;
 }
 
-// Candidates of all samples: [num_samples][num_vocab_tiles][B].
-inline size_t candidate_bytes(SamplerParams const& p, int vocab_tile) {
-  return static_cast<size_t>(p.num_samples) * num_vocab_tiles(p, vocab_tile) * p.batch_size *
-         sizeof(PackedCandidate);
-}
+// Stage-1 outputs in the workspace, per (sample, vocabulary tile, batch row).
+struct SamplerBuffers {
+  PackedCandidate* candidates = nullptr;  // [num_samples][num_vocab_tiles][B]
+  float* candidate_logits = nullptr;      // [num_samples][num_vocab_tiles][B] (logprobs only)
+  float2* lse_parts = nullptr;            // [num_vocab_tiles][B] (logprobs only)
+  uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
+};
+
+// Byte offsets of SamplerBuffers in the workspace (each 256-aligned), then the GEMM's own.
+struct SamplerWorkspaceLayout {
+  size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, gemm = 0, total = 0;
+
+  SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
+    auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+    size_t const slots = static_cast<size_t>(num_vocab_tiles(p, vocab_tile)) * static_cast<size_t>(p.batch_size);
+    size_t at = 0;
+    candidates = at;
+    at += round_up(slots * p.num_samples * sizeof(PackedCandidate));
+    candidate_logits = at;
+    at += p.logprobs ? round_up(slots * p.num_samples * sizeof(float)) : 0;
+    lse_parts = at;
+    at += p.logprobs ? round_up(slots * sizeof(float2)) : 0;
+    sparse_bitmap = at;
+    at += p.controls.sparse_ids ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 4) : 0;
+    gemm = at;
+    total = at + gemm_bytes;
+  }
+
+  SamplerBuffers buffers(SamplerParams const& p, void* workspace) const {
+    char* base = static_cast<char*>(workspace);
+    SamplerBuffers b;
+    b.candidates = reinterpret_cast<PackedCandidate*>(base + candidates);
+    b.candidate_logits = p.logprobs ? reinterpret_cast<float*>(base + candidate_logits) : nullptr;
+    b.lse_parts = p.logprobs ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
+    b.sparse_bitmap = p.controls.sparse_ids ? reinterpret_cast<uint32_t*>(base + sparse_bitmap) : nullptr;
+    return b;
+  }
+};
 
 // Per-config entry points (defined in sampler_gemm_<arch>.cuh, instantiated per file).
+// p.controls.sparse_bitmap, when sparse bias is on, already points at the built bitmap.
 template <class Element, int TileN, bool kPingpong>
-cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, PackedCandidate* candidates, void* gemm_workspace,
+cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream);
 template <class Element, int TileN, bool kPingpong>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p);
 
 template <class Element, int TileN>
-cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, PackedCandidate* candidates, void* gemm_workspace,
+cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                    cudaStream_t stream);
 template <class Element, int TileN>
 size_t sampler_gemm_workspace_sm100(SamplerParams const& p);
 
-// Stage 2: the best candidate over vocabulary tiles -> token ids.
-cudaError_t launch_reduce_candidates(PackedCandidate const* candidates, int64_t num_tiles, int64_t batch_size,
-                                     int num_samples, int64_t* tokens, cudaStream_t stream);
+// Before stage 1, with sparse bias: marks (row, v) of every sparse entry in the bitmap.
+cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream);
+
+// Stage 2: per (row, sample) the best candidate over vocabulary tiles -> token, score,
+// and with logprobs the merged log-sum-exp and the token's log-probability.
+cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
+                                     cudaStream_t stream);
 
 }  // namespace flashsampling

@@ -9,7 +9,7 @@ namespace flashsampling {
 namespace {
 
 struct ConfigEntry {
-  cudaError_t (*run)(SamplerParams const&, PackedCandidate*, void*, cudaStream_t);
+  cudaError_t (*run)(SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);
   size_t (*gemm_workspace)(SamplerParams const&);
   int vocab_tile;  // M extent of one candidate row
 };
@@ -83,8 +83,6 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
                                                   : select_for_arch<cutlass::half_t>(device_arch, tile_n);
 }
 
-size_t round_up_256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 }  // namespace
 
 const char* sampler_compiled_archs() {
@@ -102,22 +100,26 @@ const char* sampler_compiled_archs() {
 size_t sampler_workspace_bytes(SamplerParams const& p, int device_arch) {
   ConfigEntry const entry = select_config(p, device_arch);
   if (entry.run == nullptr) return 0;
-  return round_up_256(candidate_bytes(p, entry.vocab_tile)) + entry.gemm_workspace(p);
+  return SamplerWorkspaceLayout(p, entry.vocab_tile, entry.gemm_workspace(p)).total;
 }
 
-cudaError_t launch_sampler(SamplerParams const& p, void* workspace, size_t workspace_bytes, int device_arch,
+cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t workspace_bytes, int device_arch,
                            cudaStream_t stream) {
-  ConfigEntry const entry = select_config(p, device_arch);
+  ConfigEntry const entry = select_config(params, device_arch);
   if (entry.run == nullptr) return cudaErrorNotSupported;
-  if (p.batch_size == 0) return cudaSuccess;
-  size_t const candidates_size = round_up_256(candidate_bytes(p, entry.vocab_tile));
-  if (workspace_bytes < candidates_size + entry.gemm_workspace(p)) return cudaErrorInvalidValue;
-  auto* candidates = static_cast<PackedCandidate*>(workspace);
-  void* gemm_workspace = static_cast<char*>(workspace) + candidates_size;
-  cudaError_t err = entry.run(p, candidates, gemm_workspace, stream);
+  if (params.batch_size == 0) return cudaSuccess;
+  SamplerWorkspaceLayout const layout(params, entry.vocab_tile, entry.gemm_workspace(params));
+  if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
+  SamplerBuffers const buffers = layout.buffers(params, workspace);
+  SamplerParams p = params;
+  if (buffers.sparse_bitmap != nullptr) {
+    cudaError_t err = launch_build_sparse_bitmap(p, buffers.sparse_bitmap, stream);
+    if (err != cudaSuccess) return err;
+    p.controls.sparse_bitmap = buffers.sparse_bitmap;
+  }
+  cudaError_t err = entry.run(p, buffers, static_cast<char*>(workspace) + layout.gemm, stream);
   if (err != cudaSuccess) return err;
-  return launch_reduce_candidates(candidates, num_vocab_tiles(p, entry.vocab_tile), p.batch_size, p.num_samples,
-                                  p.tokens, stream);
+  return launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
 }
 
 }  // namespace flashsampling

@@ -25,7 +25,7 @@ struct SamplerGemmSm100 {
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
-      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, SamplerScratchD>, cutlass::epilogue::fusion::Sm90AccFetch>;
+      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, SamplerScratchD, Config::kMaxSamplesPerPass>, cutlass::epilogue::fusion::Sm90AccFetch>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -47,13 +47,13 @@ struct SamplerGemmSm100 {
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, void>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/true>;
+  using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, Config::kMaxSamplesPerPass, /*kScratchD=*/true>;
 };
 
 template <class Element, int TileN>
-cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, PackedCandidate* candidates, void* gemm_workspace,
+cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm100<Element, TileN>::Launcher::run(p, candidates, gemm_workspace, stream);
+  return SamplerGemmSm100<Element, TileN>::Launcher::run(p, buffers, gemm_workspace, stream);
 }
 
 template <class Element, int TileN>
@@ -62,7 +62,7 @@ size_t sampler_gemm_workspace_sm100(SamplerParams const& p) {
 }
 
 #define FLASHSAMPLING_INSTANTIATE_SM100(Element, TileN)                                        \
-  template cudaError_t run_sampler_gemm_sm100<Element, TileN>(SamplerParams const&, PackedCandidate*, \
+  template cudaError_t run_sampler_gemm_sm100<Element, TileN>(SamplerParams const&, SamplerBuffers const&, \
                                                              void*, cudaStream_t);                   \
   template size_t sampler_gemm_workspace_sm100<Element, TileN>(SamplerParams const&);
 

@@ -25,7 +25,7 @@ struct SamplerGemmSm90 {
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
-      epilogue::Sm90GumbelArgmaxRowReduction<TileShape>, cutlass::epilogue::fusion::Sm90AccFetch>;
+      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, Config::kMaxSamplesPerPass>, cutlass::epilogue::fusion::Sm90AccFetch>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -47,13 +47,13 @@ struct SamplerGemmSm90 {
   using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                           CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-  using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
+  using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, Config::kMaxSamplesPerPass, /*kScratchD=*/false>;
 };
 
 template <class Element, int TileN, bool kPingpong>
-cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, PackedCandidate* candidates, void* gemm_workspace,
+cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm90<Element, TileN, kPingpong>::Launcher::run(p, candidates, gemm_workspace, stream);
+  return SamplerGemmSm90<Element, TileN, kPingpong>::Launcher::run(p, buffers, gemm_workspace, stream);
 }
 
 template <class Element, int TileN, bool kPingpong>
@@ -63,7 +63,7 @@ size_t sampler_gemm_workspace_sm90(SamplerParams const& p) {
 
 #define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong)                                      \
   template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong>(SamplerParams const&,          \
-                                                                        PackedCandidate*, void*,       \
+                                                                        SamplerBuffers const&, void*,       \
                                                                         cudaStream_t);                 \
   template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong>(SamplerParams const&);
 

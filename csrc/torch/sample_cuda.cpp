@@ -11,6 +11,7 @@
 #include <cmath>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "checks.h"
 #include "flashsampling/philox_gumbel.h"
@@ -51,19 +52,29 @@ void take_scalar_tensor(const at::Tensor& t, uint64_t& value, const int64_t*& de
   }
 }
 
+// The batch-wide seed/offset, or per-row [B] arrays on the device (stream 0 with
+// per-row seeds). `keep_alive` holds the device copies of host-resident [B] tensors.
 NoiseSource resolve_noise(const at::Tensor& hidden, int64_t num_samples, const std::optional<at::Tensor>& seed,
-                          const std::optional<at::Tensor>& offset, const std::optional<at::Generator>& generator) {
+                          const std::optional<at::Tensor>& offset, const std::optional<at::Generator>& generator,
+                          std::vector<at::Tensor>& keep_alive) {
   NoiseSource src;
+  auto per_row_on_device = [&](const at::Tensor& t) {
+    at::Tensor d = t.to(hidden.device(), /*non_blocking=*/false).contiguous();
+    keep_alive.push_back(d);
+    return d.const_data_ptr<int64_t>();
+  };
   if (seed.has_value()) {
-    TORCH_CHECK_NOT_IMPLEMENTED(!has_per_row_seed(seed),
-                                "flashsampling.sample: per-row seeds (seed of shape [B]) are not supported by the "
-                                "CUDA kernel in this version; pass a 0-d seed, or run on the CPU");
-    take_scalar_tensor(*seed, src.seed, src.seed_device);
+    if (seed->dim() == 1) {
+      src.row_seeds = per_row_on_device(*seed);
+    } else {
+      take_scalar_tensor(*seed, src.seed, src.seed_device);
+    }
     if (offset.has_value()) {
-      TORCH_CHECK_NOT_IMPLEMENTED(offset->dim() == 0,
-                                  "flashsampling.sample: per-row offsets are not supported by the CUDA kernel in "
-                                  "this version; pass a 0-d offset");
-      take_scalar_tensor(*offset, src.offset, src.offset_device);
+      if (offset->dim() == 1) {
+        src.row_offsets = per_row_on_device(*offset);
+      } else {
+        take_scalar_tensor(*offset, src.offset, src.offset_device);
+      }
     }
     return src;
   }
@@ -99,35 +110,43 @@ void check_tma_operand(const at::Tensor& t, const char* name) {
               " must be 16-byte aligned on CUDA (TMA); got a view at a misaligned offset, call .clone()");
 }
 
-at::Tensor sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
-                       const std::optional<at::Tensor>& temperatures, int64_t num_samples,
-                       const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
-                       std::optional<at::Generator> generator) {  // by value, as sample_cpu.cpp: one C++ signature
-  check_sample_args(hidden, weight, temperature, temperatures, num_samples, seed, offset, generator);
+bool current_stream_capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
+  check_sample_args(hidden, weight, args);
   c10::cuda::CUDAGuard guard(hidden.device());
   const int64_t batch = hidden.size(0);
   const int64_t dim = hidden.size(1);
   const int64_t vocab = weight.size(0);
+  const int64_t num_samples = args.num_samples;
 
   TORCH_CHECK(hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf,
               "flashsampling.sample: the CUDA kernel takes bfloat16 or float16 hidden/weight, got ",
               hidden.scalar_type(), "; cast with .to(torch.bfloat16)");
-  TORCH_CHECK_NOT_IMPLEMENTED(!temperatures.has_value(),
-                              "flashsampling.sample: per-row `temperatures` are not supported by the CUDA kernel "
-                              "in this version; pass a float `temperature`");
   TORCH_CHECK(dim % 8 == 0, "flashsampling.sample: the CUDA kernel needs the hidden size D to be a multiple of 8 "
               "(16-byte TMA rows), got D=", dim, "; zero-pad hidden and weight along D (exact: padded products are 0)");
-  TORCH_CHECK(batch <= INT32_MAX, "flashsampling.sample: batch size ", batch, " exceeds 2^31-1");
   // The reduction kernel puts samples on gridDim.y.
   TORCH_CHECK(num_samples <= 65535, "flashsampling.sample: num_samples must be <= 65535 on CUDA, got ",
               num_samples);
 
-  at::Tensor tokens = at::empty({batch, num_samples}, hidden.options().dtype(at::kLong));
+  const auto float_options = hidden.options().dtype(at::kFloat);
+  SampleResult result;
+  result.tokens = at::empty({batch, num_samples}, hidden.options().dtype(at::kLong));
+  result.scores = at::empty({batch, num_samples}, float_options);
+  // Shapes as the fake kernel (flashsampling_cuda/sampling.py) states them.
+  result.token_logprobs =
+      args.return_logprobs ? at::empty({batch, num_samples}, float_options) : at::empty({0}, float_options);
+  result.logsumexp = args.return_logprobs ? at::empty({batch}, float_options) : at::empty({0}, float_options);
   if (batch == 0) {
-    return tokens;
+    return result;
   }
   check_tma_operand(weight, "weight");
   check_tma_operand(hidden, "hidden");
+  check_mask_rows_nonempty(weight, args, current_stream_capturing());
 
   const DeviceInfo device = device_info(hidden.get_device());
   const int arch = device.arch;
@@ -135,6 +154,7 @@ at::Tensor sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, doubl
                               " (this build has ", sampler_compiled_archs(),
                               "); supported GPUs: Hopper sm_90 (H100/H200) and Blackwell sm_100 (B200/GB200)");
 
+  std::vector<at::Tensor> keep_alive;  // device copies the kernels read; freed after the launch (stream-ordered)
   SamplerParams p;
   p.weight = weight.data_ptr();
   p.hidden = hidden.data_ptr();
@@ -145,11 +165,50 @@ at::Tensor sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, doubl
   p.weight_row_stride = vocab == 1 ? dim : weight.stride(0);
   p.hidden_row_stride = batch == 1 ? dim : hidden.stride(0);
   p.element_type = hidden.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
-  p.greedy = temperature == 0.0;
-  p.inv_temperature = p.greedy ? 1.0f : fs_div(1.0f, static_cast<float>(temperature));
-  p.noise = resolve_noise(hidden, num_samples, seed, offset, generator);
+  p.vocab_start = args.vocab_start;
+  p.inv_temperature = fs_inv_temperature(static_cast<float>(args.temperature));
+  p.greedy = p.inv_temperature == 0.0f;
+
+  SamplingControls& c = p.controls;
+  c.mask_words = (vocab + 31) / 32;
+  if (args.temperatures.has_value()) {
+    const at::Tensor t = args.temperatures->contiguous();
+    keep_alive.push_back(t);
+    c.temperatures = t.const_data_ptr<float>();
+  }
+  if (args.logit_bias.has_value()) {
+    const at::Tensor b = args.logit_bias->contiguous();
+    keep_alive.push_back(b);
+    c.logit_bias = b.const_data_ptr<float>();
+  }
+  if (args.allowed_mask.has_value()) {
+    const at::Tensor m = args.allowed_mask->contiguous();
+    keep_alive.push_back(m);
+    c.allowed_mask = reinterpret_cast<const uint32_t*>(m.const_data_ptr<int32_t>());
+  }
+  if (args.sparse_bias_ids.has_value() && args.sparse_bias_ids->size(1) > 0) {
+    TORCH_CHECK(args.sparse_bias_ids->size(1) <= INT32_MAX, "flashsampling.sample: sparse_bias_ids has too many columns");
+    // int32 ids for the kernel; ids outside [0, 2^31 - 1) can match no token, so clamp
+    // them to values that match none (-1 or INT32_MAX, above any vocab index).
+    const at::Tensor ids = args.sparse_bias_ids->clamp(-1, INT32_MAX).to(at::kInt).contiguous();
+    const at::Tensor values = args.sparse_bias_values->contiguous();
+    keep_alive.push_back(ids);
+    keep_alive.push_back(values);
+    c.sparse_ids = ids.const_data_ptr<int32_t>();
+    c.sparse_values = values.const_data_ptr<float>();
+    c.sparse_k = static_cast<int>(ids.size(1));
+  }
+
+  p.noise = resolve_noise(hidden, num_samples, args.seed, args.offset, args.generator, keep_alive);
   p.num_samples = static_cast<int>(num_samples);
-  p.tokens = tokens.data_ptr<int64_t>();
+  p.tokens = result.tokens.data_ptr<int64_t>();
+  p.scores = result.scores.data_ptr<float>();
+  p.logprobs = args.return_logprobs;
+  if (p.logprobs) {
+    p.token_logprobs = result.token_logprobs.data_ptr<float>();
+    p.logsumexp = result.logsumexp.data_ptr<float>();
+  }
+  p.empty_mask_token = args.empty_mask_token.value_or(-1);
   p.device_sm_count = device.sm_count;
 
   const size_t workspace_bytes = sampler_workspace_bytes(p, arch);
@@ -159,11 +218,11 @@ at::Tensor sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, doubl
   const cudaError_t err =
       launch_sampler(p, workspace.data_ptr(), workspace_bytes, arch, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "flashsampling.sample: CUDA kernel launch failed: ", cudaGetErrorString(err));
-  return tokens;
+  return result;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) { m.impl("sample", &sample_cuda); }
+TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) { SampleOps<&sample_cuda>::register_impls(m); }
 
 }  // namespace flashsampling

@@ -22,6 +22,26 @@ struct NoiseSource {
   const int64_t* seed_device = nullptr;
   const int64_t* offset_device = nullptr;
   uint64_t offset_device_add = 0;
+  // Per-row [B] device arrays; when set they win over the batch-wide values above.
+  // Per-row seeds also switch every row to noise stream 0 (batch-invariant sampling).
+  const int64_t* row_seeds = nullptr;
+  const int64_t* row_offsets = nullptr;
+};
+
+// Per-row sampling controls, all optional (nullptr = off); device memory.
+// Transformed logit: x = fl(fl(logit + logit_bias[v]) + sparse sum), masked tokens
+// excluded, score = fma(x, fl(1 / T), g) or x for greedy rows (csrc/torch/checks.h).
+struct SamplingControls {
+  const float* temperatures = nullptr;    // [B]; wins over SamplerParams::inv_temperature
+  const float* logit_bias = nullptr;      // [V]
+  const uint32_t* allowed_mask = nullptr;  // [B, mask_words]: bit v & 31 of word v >> 5 = allowed
+  // Sparse per-row bias: sparse_bitmap marks (row, v) with at least one entry, so the
+  // epilogue scans the row's ids only for those.
+  const uint32_t* sparse_bitmap = nullptr;  // [B, mask_words]
+  const int32_t* sparse_ids = nullptr;      // [B, sparse_k] global ids (others ignored)
+  const float* sparse_values = nullptr;     // [B, sparse_k]
+  int sparse_k = 0;
+  int64_t mask_words = 0;  // ceil(V / 32)
 };
 
 struct SamplerParams {
@@ -34,16 +54,26 @@ struct SamplerParams {
   int64_t weight_row_stride = 0;  // elements between weight rows (>= D)
   int64_t hidden_row_stride = 0;  // elements between hidden rows (>= D)
   ElementType element_type = ElementType::kBFloat16;
+  int64_t vocab_start = 0;        // global id of weight row 0: noise and tokens use vocab_start + v
 
   // score = logit * inv_temperature + gumbel; greedy rows drop the noise.
   float inv_temperature = 1.0f;
   bool greedy = false;
+  SamplingControls controls;
 
   NoiseSource noise;
   int num_samples = 1;
 
-  // Output: int64 token ids, [B, num_samples] row-major.
+  // Outputs. tokens: int64 [B, num_samples]; scores: float [B, num_samples] (optional);
+  // with logprobs: token_logprobs float [B, num_samples] and logsumexp float [B].
   int64_t* tokens = nullptr;
+  float* scores = nullptr;
+  bool logprobs = false;
+  float* token_logprobs = nullptr;
+  float* logsumexp = nullptr;
+  // Token for a row whose allowed_mask allows nothing (the binding has already made
+  // that an error when the caller gave none); -1 for a row without finite candidates.
+  int64_t empty_mask_token = -1;
 
   // Multiprocessors of the running GPU (sizes the persistent grid).
   int device_sm_count = 0;

@@ -20,6 +20,12 @@
 // and the cross-thread stages run once per epilogue column strip (epi_n) instead
 // of once per tile, so each thread keeps state only for the columns of one
 // strip; that keeps the register budget flat at batch 256.
+//
+// Controls (SamplingControls): logit bias, sparse per-row bias, allowed-token mask and
+// per-row temperatures transform each logit before the noise; up to kMaxSamples
+// samples are drawn from the one accumulator tile (registers per sample); with
+// logprobs the node also keeps an online (max, sum of exp) per column in log2 units
+// and the transformed logit of each column's best candidate, reduced alongside.
 #pragma once
 
 #include <cstdint>
@@ -73,12 +79,64 @@ CUTLASS_DEVICE void resolve_noise_source(NoiseSource const& src, uint64_t& seed,
                              : src.offset;
 }
 
+CUTLASS_DEVICE bool bitmap_test(uint32_t const* bitmap, int64_t row_words, uint32_t row, uint32_t index) {
+  return (__ldg(bitmap + row * row_words + (index >> 5)) >> (index & 31u)) & 1u;
+}
+
+// x = fl(fl(logit + logit_bias[v]) + sparse sum); false when the mask excludes v.
+CUTLASS_DEVICE bool transform_logit(SamplingControls const& c, uint32_t batch_row, uint32_t vocab_local,
+                                    uint32_t vocab_index, float& x) {
+  if (c.allowed_mask && !bitmap_test(c.allowed_mask, c.mask_words, batch_row, vocab_local)) {
+    return false;
+  }
+  if (c.logit_bias) {
+    x = fs_add(x, __ldg(c.logit_bias + vocab_local));
+  }
+  if (c.sparse_bitmap && bitmap_test(c.sparse_bitmap, c.mask_words, batch_row, vocab_local)) {
+    float sum = 0.0f;
+    int32_t const* ids = c.sparse_ids + static_cast<int64_t>(batch_row) * c.sparse_k;
+    float const* values = c.sparse_values + static_cast<int64_t>(batch_row) * c.sparse_k;
+    for (int k = 0; k < c.sparse_k; ++k) {
+      if (__ldg(ids + k) == static_cast<int32_t>(vocab_index)) {
+        sum = fs_add(sum, __ldg(values + k));
+      }
+    }
+    x = fs_add(x, sum);
+  }
+  return true;
+}
+
+// Online log-sum-exp in log2 units: (max, sum of 2^(y2 - max)). -inf terms add
+// nothing; a NaN term makes the sum NaN.
+CUTLASS_DEVICE void lse_add(float& max2, float& sum, float y2) {
+  if (y2 > max2) {
+    sum = sum * exp2f(max2 - y2) + 1.0f;
+    max2 = y2;
+  } else if (y2 > -INFINITY) {
+    sum += exp2f(y2 - max2);
+  } else if (y2 != y2) {
+    sum = y2;
+  }
+}
+
+CUTLASS_DEVICE void lse_merge(float& max2, float& sum, float other_max2, float other_sum) {
+  float const m = fmaxf(max2, other_max2);
+  if (m == -INFINITY) {
+    sum = sum + other_sum;  // both empty (0), or NaN
+    return;
+  }
+  sum = sum * exp2f(max2 - m) + other_sum * exp2f(other_max2 - m);
+  max2 = m;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
 // ElementOutput: what visit() hands on to the collective. With ElementD = void
 // (sm90) nothing is stored and the collective takes its shared-memory element from
 // ElementAux; the reduce() stage reuses that epilogue buffer as scratch, as
 // Sm90RowReduction does. Where a D store cannot be switched off (sm100 in CUTLASS
 // 4.2), ElementOutput is the scratch D element and visit() emits zeros.
-template <class CtaTileShapeMNK, class ElementOutput = float>
+template <class CtaTileShapeMNK, class ElementOutput = float, int kMaxSamples = 1>
 struct Sm90GumbelArgmaxRowReduction {
   using ElementAux = ElementOutput;
   static constexpr bool kNoiseOutOfLine = decltype(size<1>(CtaTileShapeMNK{}))::value >= 64;
@@ -86,11 +144,20 @@ struct Sm90GumbelArgmaxRowReduction {
   struct SharedStorage {};
 
   struct Arguments {
-    PackedCandidate* ptr_candidates = nullptr;  // [ceil(M / CTA_M), N] row-major
+    // Outputs per (sample of this pass, vocabulary tile, batch column), sample-major:
+    // [num_samples][ceil(M / CTA_M)][N], samples sample_stride elements apart.
+    PackedCandidate* ptr_candidates = nullptr;
+    float* ptr_candidate_logits = nullptr;  // y of each candidate (logprobs only)
+    float2* ptr_lse_parts = nullptr;        // [ceil(M / CTA_M)][N] (max2, sum) (logprobs only; may be null)
+    int64_t sample_stride = 0;
     NoiseSource noise = {};
+    SamplingControls controls = {};
     float inv_temperature = 1.0f;
     bool greedy = false;
-    uint32_t sample = 0;  // sample index drawn by this pass
+    bool logprobs = false;
+    uint32_t first_sample = 0;  // sample index of this pass's first sample
+    int num_samples = 1;        // samples drawn by this pass, <= kMaxSamples
+    uint32_t vocab_start = 0;   // global id of row 0 of M
   };
 
   using Params = Arguments;
@@ -102,7 +169,8 @@ struct Sm90GumbelArgmaxRowReduction {
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) {
-    return args.ptr_candidates != nullptr;
+    return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.num_samples <= kMaxSamples &&
+           (!args.logprobs || args.ptr_candidate_logits != nullptr);
   }
 
   template <class ProblemShape>
@@ -139,63 +207,116 @@ struct Sm90GumbelArgmaxRowReduction {
     ArgsTuple args_tuple;
     Params const& params;
     uint64_t seed = 0;
-    uint64_t offset_plus_sample = 0;
+    uint64_t offset = 0;
 
     CUTLASS_DEVICE void begin() {
-      uint64_t offset;
       resolve_noise_source(params.noise, seed, offset);
-      offset_plus_sample = offset + params.sample;
       reset_strip();
     }
 
     CUTLASS_DEVICE void reset_strip() {
-      auto& tCrScore = get<1>(args_tuple);
-      auto& tCrIndex = get<2>(args_tuple);
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       fill(tCrScore, -INFINITY);
       fill(tCrIndex, int32_t{kNoCandidate});
+      if (params.logprobs) {
+        fill(tCrLogit, 0.0f);
+        fill(tCrLseMax, -INFINITY);
+        fill(tCrLseSum, 0.0f);
+      }
+    }
+
+    // Gumbel noise of (batch row, sample, vocab index) for sample slot s of this pass.
+    // Batch-wide seed and offset: one Philox block serves 4 rows, cached in `block`.
+    CUTLASS_DEVICE float gumbel(int s, uint32_t batch_row, uint32_t vocab_index, Philox4 (&block)[kMaxSamples],
+                                uint32_t& block_vocab, uint32_t& block_quad) const {
+      NoiseSource const& src = params.noise;
+      uint32_t const sample = params.first_sample + static_cast<uint32_t>(s);
+      if (src.row_seeds == nullptr && src.row_offsets == nullptr) {
+        if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int t = 0; t < kMaxSamples; ++t) {
+            if (t < params.num_samples) {
+              uint64_t const offset_plus_sample = offset + params.first_sample + t;
+              block[t] = kNoiseOutOfLine
+                             ? noise_block_out_of_line(seed, offset_plus_sample, vocab_index, batch_row >> 2)
+                             : fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
+            }
+          }
+          block_vocab = vocab_index;
+          block_quad = batch_row >> 2;
+        }
+        uint32_t const bits = fs_philox_lane(block[s], batch_row & 3u);
+        return kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
+      }
+      // Per-row seeds (stream 0) or offsets: no block is shared between rows.
+      uint64_t const row_seed = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + batch_row)) : seed;
+      uint64_t const row_offset = src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + batch_row)) : offset;
+      uint32_t const stream = src.row_seeds ? 0u : batch_row;
+      Philox4 const b = kNoiseOutOfLine ? noise_block_out_of_line(row_seed, row_offset + sample, vocab_index, stream >> 2)
+                                        : fs_noise_block(row_seed, row_offset + sample, vocab_index, stream >> 2);
+      uint32_t const bits = fs_philox_lane(b, stream & 3u);
+      return kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
     }
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
                               int epi_n, cutlass::Array<ElementInput, FragmentSize> const& frg_logits) {
-      auto& [ref_src, tCrScore, tCrIndex, tCcD, residue_tCcD, problem_mn, sBuf_layout, lane_layout_MN, lane_mn,
-             warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
+      SamplingControls const& controls = params.controls;
+      bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
 
       // One Philox block holds the noise of 4 consecutive batch rows at one vocab
       // index; accumulator layouts keep neighbouring columns in neighbouring
       // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
       uint32_t block_vocab = ~0u, block_quad = ~0u;
-      Philox4 block{};
+      Philox4 block[kMaxSamples];
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         int const frg_idx = epi_v * FragmentSize + i;
         auto const coord = tCcD_mn(frg_idx);
-        if (elem_less(coord, residue_tCcD)) {
-          uint32_t const vocab_index = static_cast<uint32_t>(m_origin + get<0>(coord));
-          uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
-          float const logit = static_cast<float>(frg_logits[i]);
-          float score = logit;
-          if (!params.greedy) {
-            if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
-              block = kNoiseOutOfLine ? noise_block_out_of_line(seed, offset_plus_sample, vocab_index, batch_row >> 2)
-                                      : fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
-              block_vocab = vocab_index;
-              block_quad = batch_row >> 2;
+        if (!elem_less(coord, residue_tCcD)) {
+          continue;
+        }
+        uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
+        uint32_t const vocab_index = params.vocab_start + vocab_local;
+        uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
+        float x = static_cast<float>(frg_logits[i]);
+        if (transform && !transform_logit(params.controls, batch_row, vocab_local, vocab_index, x)) {
+          continue;  // masked out: no candidate, no probability mass
+        }
+        float inv_temperature = params.inv_temperature;
+        bool greedy = params.greedy;
+        if (params.controls.temperatures) {
+          inv_temperature = fs_inv_temperature(__ldg(params.controls.temperatures + batch_row));
+          greedy = inv_temperature == 0.0f;
+        }
+        // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
+        float const y = greedy ? x : fs_mul(x, inv_temperature);
+        if (params.logprobs) {
+          lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < kMaxSamples; ++s) {
+          if (s < params.num_samples) {
+            float score = x;
+            if (!greedy) {
+              score = fs_perturbed_score(x, inv_temperature,
+                                         gumbel(s, batch_row, vocab_index, block, block_vocab, block_quad));
             }
-            uint32_t const bits = fs_philox_lane(block, batch_row & 3u);
-            float const gumbel = kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
-            score = fs_perturbed_score(logit, params.inv_temperature, gumbel);
-          }
-          // Registers alias over M (stride-0 modes): rows of one column share a slot.
-          float& best_score = tCrScore(frg_idx);
-          int32_t& best_index = tCrIndex(frg_idx);
-          if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
-            best_score = score;
-            best_index = static_cast<int32_t>(vocab_index);
+            // Registers alias over M (stride-0 modes): rows of one column share a slot.
+            float& best_score = tCrScore(_, _, _, s)(frg_idx);
+            int32_t& best_index = tCrIndex(_, _, _, s)(frg_idx);
+            if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
+              best_score = score;
+              best_index = static_cast<int32_t>(vocab_index);
+              tCrLogit(_, _, _, s)(frg_idx) = y;
+            }
           }
         }
       }
@@ -211,67 +332,149 @@ struct Sm90GumbelArgmaxRowReduction {
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n,
                                bool is_last_iteration, VTensor visit_results) {
-      auto& [ref_src, tCrScore, tCrIndex, tCcD, residue_tCcD, problem_mn, sBuf_layout, lane_layout_MN, lane_mn,
-             warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       constexpr int EpiM = decltype(size<3>(tCcD))::value;
       // The epilogue walks epi_m fastest: a column strip is complete after its last epi_m.
       if (epi_m != EpiM - 1) {
         return;
       }
       constexpr bool ReferenceSrc = decltype(ref_src)::value;
-
-      // 1. Pack this thread's distinct columns and reduce over the lanes that share them.
-      Tensor tCrScore_flt = filter(tCrScore);
-      Tensor tCrIndex_flt = filter(tCrIndex);
-      constexpr int NumCols = decltype(size(tCrScore_flt))::value;
-      PackedCandidate packed[NumCols];
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < NumCols; ++i) {
-        packed[i] = pack_candidate(tCrScore_flt(i), tCrIndex_flt(i));
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
-        int const lane_delta = lane_layout_MN(rows, _0{});
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < NumCols; ++i) {
-          packed[i] = max_candidate(packed[i], __shfl_down_sync(0xFFFFFFFF, packed[i], lane_delta));
-        }
-      }
-
-      // 2. Lanes at M position 0 hold their warp's result: stage it per warp in shared memory.
-      Tensor sBuf = make_tensor(make_smem_ptr<PackedCandidate>(raw_pointer_cast(smem_buffer.data())),
-                                sBuf_layout);  // (EPI_TILE_M, EPI_TILE_N, WARPS_M), stride-0 over EPI_TILE_M
-      static_assert(decltype(cosize(sBuf_layout))::value * sizeof(PackedCandidate) <=
-                        decltype(cosize(smem_buffer.layout()))::value *
-                            sizeof(typename remove_cvref_t<STensor>::value_type),
-                    "epilogue smem buffer too small for the candidate reduction");
-      sync_fn();  // the previous strip's readers are done with sBuf
-      if (get<0>(lane_mn) == 0) {
-        Tensor tCsBuf = sm90_partition_for_epilogue<ReferenceSrc>(sBuf(_, _, get<0>(warp_mn)), epi_tile,
-                                                                  tiled_copy, thread_idx);
-        Tensor tCsBuf_flt = filter(tCsBuf);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < NumCols; ++i) {
-          tCsBuf_flt(i) = packed[i];
-        }
-      }
-      sync_fn();
-
-      // 3. Reduce over the warps stacked in M and write one candidate per column.
       constexpr int WarpsM = decltype(size<0>(warp_layout_MN))::value;
+      constexpr int EpiTileM = decltype(size<0>(epi_tile))::value;
       constexpr int EpiTileN = decltype(size<1>(epi_tile))::value;
       auto [m_tile, n_tile, k_tile, l_tile] = tile_coord_mnkl;
       int const num_cols = get<1>(problem_mn);
       int const col_base = static_cast<int>(n_tile) * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN;
-      PackedCandidate* out = params.ptr_candidates + static_cast<int64_t>(m_tile) * num_cols;
-      for (int col = thread_idx; col < EpiTileN; col += size(tiled_copy)) {
-        PackedCandidate best = sBuf(0, col, 0);
+      int64_t const out_base = static_cast<int64_t>(m_tile) * num_cols + col_base;
+      bool const logprobs = params.logprobs;
+
+      // Shared-memory scratch, one entry per (strip column, warp in M): candidates,
+      // then the candidates' logits, then the (max2, sum) pairs. Each is a
+      // (EPI_TILE_M, EPI_TILE_N, WARPS_M) layout with stride 0 over EPI_TILE_M, the
+      // shape the epilogue partitioner takes.
+      auto sBuf_layout = make_layout(make_shape(Int<EpiTileM>{}, Int<EpiTileN>{}, Int<WarpsM>{}),
+                                     make_stride(_0{}, _1{}, Int<EpiTileN>{}));
+      constexpr int kEntries = EpiTileN * WarpsM;
+      static_assert(kEntries * (sizeof(PackedCandidate) + sizeof(float) + sizeof(float2)) <=
+                        decltype(cosize(smem_buffer.layout()))::value *
+                            sizeof(typename remove_cvref_t<STensor>::value_type),
+                    "epilogue smem buffer too small for the candidate reduction");
+      char* smem = reinterpret_cast<char*>(raw_pointer_cast(smem_buffer.data()));
+      Tensor sCand = make_tensor(make_smem_ptr(reinterpret_cast<PackedCandidate*>(smem)), sBuf_layout);
+      Tensor sLogit = make_tensor(make_smem_ptr(reinterpret_cast<float*>(smem + kEntries * sizeof(PackedCandidate))),
+                                  sBuf_layout);
+      Tensor sLse = make_tensor(
+          make_smem_ptr(reinterpret_cast<float2*>(smem + kEntries * (sizeof(PackedCandidate) + sizeof(float)))),
+          sBuf_layout);
+
+      // The log-sum-exp of each column (once per strip, not per sample).
+      if (logprobs) {
+        Tensor tCrLseMax_flt = filter(tCrLseMax);
+        Tensor tCrLseSum_flt = filter(tCrLseSum);
+        constexpr int NumCols = decltype(size(tCrLseMax_flt))::value;
         CUTLASS_PRAGMA_UNROLL
-        for (int w = 1; w < WarpsM; ++w) {
-          best = max_candidate(best, sBuf(0, col, w));
+        for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
+          int const lane_delta = lane_layout_MN(rows, _0{});
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < NumCols; ++i) {
+            float const other_max = __shfl_down_sync(0xFFFFFFFF, tCrLseMax_flt(i), lane_delta);
+            float const other_sum = __shfl_down_sync(0xFFFFFFFF, tCrLseSum_flt(i), lane_delta);
+            lse_merge(tCrLseMax_flt(i), tCrLseSum_flt(i), other_max, other_sum);
+          }
         }
-        if (col_base + col < num_cols) {
-          out[col_base + col] = best;
+      }
+
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kMaxSamples; ++s) {
+        if (s >= params.num_samples) {
+          break;
+        }
+        // 1. Pack this thread's distinct columns and reduce over the lanes that share them.
+        Tensor tCrScore_flt = filter(tCrScore(_, _, _, s));
+        Tensor tCrIndex_flt = filter(tCrIndex(_, _, _, s));
+        Tensor tCrLogit_flt = filter(tCrLogit(_, _, _, s));
+        constexpr int NumCols = decltype(size(tCrScore_flt))::value;
+        PackedCandidate packed[NumCols];
+        float logit[NumCols];
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < NumCols; ++i) {
+          packed[i] = pack_candidate(tCrScore_flt(i), tCrIndex_flt(i));
+          logit[i] = tCrLogit_flt(i);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
+          int const lane_delta = lane_layout_MN(rows, _0{});
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < NumCols; ++i) {
+            PackedCandidate const other = __shfl_down_sync(0xFFFFFFFF, packed[i], lane_delta);
+            float const other_logit = logprobs ? __shfl_down_sync(0xFFFFFFFF, logit[i], lane_delta) : 0.0f;
+            if (other > packed[i]) {
+              packed[i] = other;
+              logit[i] = other_logit;
+            }
+          }
+        }
+
+        // 2. Lanes at M position 0 hold their warp's result: stage it per warp in shared memory.
+        sync_fn();  // the previous readers are done with the scratch
+        if (get<0>(lane_mn) == 0) {
+          Tensor tCsCand = filter(
+              sm90_partition_for_epilogue<ReferenceSrc>(sCand(_, _, get<0>(warp_mn)), epi_tile, tiled_copy, thread_idx));
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < NumCols; ++i) {
+            tCsCand(i) = packed[i];
+          }
+          if (logprobs) {
+            Tensor tCsLogit = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLogit(_, _, get<0>(warp_mn)), epi_tile,
+                                                                               tiled_copy, thread_idx));
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < NumCols; ++i) {
+              tCsLogit(i) = logit[i];
+            }
+            if (s == 0) {
+              Tensor tCsLse = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLse(_, _, get<0>(warp_mn)), epi_tile,
+                                                                               tiled_copy, thread_idx));
+              Tensor tCrLseMax_flt = filter(tCrLseMax);
+              Tensor tCrLseSum_flt = filter(tCrLseSum);
+              CUTLASS_PRAGMA_UNROLL
+              for (int i = 0; i < NumCols; ++i) {
+                tCsLse(i) = make_float2(tCrLseMax_flt(i), tCrLseSum_flt(i));
+              }
+            }
+          }
+        }
+        sync_fn();
+
+        // 3. Reduce over the warps stacked in M and write one candidate per column.
+        int64_t const sample_base = out_base + s * params.sample_stride;
+        for (int col = thread_idx; col < EpiTileN; col += size(tiled_copy)) {
+          if (col_base + col >= num_cols) {
+            continue;
+          }
+          PackedCandidate best = sCand(0, col, 0);
+          float best_logit = logprobs ? sLogit(0, col, 0) : 0.0f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 1; w < WarpsM; ++w) {
+            PackedCandidate const c = sCand(0, col, w);
+            if (c > best) {
+              best = c;
+              best_logit = logprobs ? sLogit(0, col, w) : 0.0f;
+            }
+          }
+          params.ptr_candidates[sample_base + col] = best;
+          if (logprobs) {
+            params.ptr_candidate_logits[sample_base + col] = best_logit;
+            if (s == 0 && params.ptr_lse_parts != nullptr) {
+              float2 lse = sLse(0, col, 0);
+              CUTLASS_PRAGMA_UNROLL
+              for (int w = 1; w < WarpsM; ++w) {
+                float2 const other = sLse(0, col, w);
+                lse_merge(lse.x, lse.y, other.x, other.y);
+              }
+              params.ptr_lse_parts[out_base + col] = lse;
+            }
+          }
         }
       }
       reset_strip();
@@ -301,24 +504,29 @@ struct Sm90GumbelArgmaxRowReduction {
     Layout warp_layout_MN = make_layout(filter(get<0>(ref2warp)), filter(get<1>(ref2warp)));
     auto warp_mn = idx2crd(right_inverse(warp_layout_MN)(args.thread_idx / cutlass::NumThreadsPerWarp), shape(warp_layout_MN));
 
-    // Per-thread best (score, index) for the columns of one epilogue strip: a
-    // (CTA_M, CTA_N) layout with stride 0 over M, partitioned like the accumulators.
+    // Per-thread state for the columns of one epilogue strip: a (CTA_M, CTA_N) layout
+    // with stride 0 over M, partitioned like the accumulators; per sample for the
+    // candidates, per column for the log-sum-exp.
     auto [M, N, K, L] = args.problem_shape_mnkl;
     Layout col_layout = make_layout(take<0, 2>(args.tile_shape_mnk), Stride<_0, _1>{});
     Tensor tCcol = sm90_partition_for_epilogue<ReferenceSrc>(make_tensor(make_gmem_ptr<float>(nullptr), col_layout),
                                                              args.epi_tile, args.tiled_copy, args.thread_idx);
-    Tensor tCrScore = make_tensor_like<float>(tCcol(_, _, _, _0{}, _0{}));    // (CPY, CPY_M, CPY_N)
-    Tensor tCrIndex = make_tensor_like<int32_t>(tCcol(_, _, _, _0{}, _0{}));  // (CPY, CPY_M, CPY_N)
-
-    // Shared-memory scratch: one candidate per (strip column, warp in M).
-    Layout sBuf_layout = make_layout(
-        make_shape(size<0>(args.epi_tile), size<1>(args.epi_tile), size<0>(warp_layout_MN)),
-        make_stride(_0{}, _1{}, size<1>(args.epi_tile)));
+    // Compact, keeping the stride-0 modes over M.
+    auto strip_layout = make_layout_like(tCcol(_, _, _, _0{}, _0{}).layout());  // (CPY, CPY_M, CPY_N)
+    auto per_sample_layout = make_layout(
+        append(shape(strip_layout), Int<kMaxSamples>{}),
+        append(stride(strip_layout), Int<decltype(cosize(strip_layout))::value>{}));  // (CPY, CPY_M, CPY_N, SAMPLE)
+    Tensor tCrScore = make_tensor<float>(per_sample_layout);
+    Tensor tCrIndex = make_tensor<int32_t>(per_sample_layout);
+    Tensor tCrLogit = make_tensor<float>(per_sample_layout);
+    Tensor tCrLseMax = make_tensor<float>(strip_layout);
+    Tensor tCrLseSum = make_tensor<float>(strip_layout);
 
     auto args_tuple = make_tuple(bool_constant<ReferenceSrc>{}, cute::move(tCrScore), cute::move(tCrIndex),
-                                 args.tCcD, args.residue_tCcD, make_coord(int(M), int(N)), sBuf_layout,
-                                 lane_layout_MN, lane_mn, warp_layout_MN, warp_mn, args.tile_coord_mnkl,
-                                 args.epi_tile, args.tiled_copy, args.thread_idx);
+                                 cute::move(tCrLogit), cute::move(tCrLseMax), cute::move(tCrLseSum), args.tCcD,
+                                 args.residue_tCcD, make_coord(int(M), int(N)), lane_layout_MN, lane_mn,
+                                 warp_layout_MN, warp_mn, args.tile_coord_mnkl, args.epi_tile, args.tiled_copy,
+                                 args.thread_idx);
     return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
   }
 };
