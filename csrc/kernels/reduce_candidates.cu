@@ -61,22 +61,23 @@ __global__ void __launch_bounds__(kReduceThreads)
 reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, int64_t num_tiles) {
   int64_t const row = blockIdx.x;
   int const sample = blockIdx.y;
-  int64_t const batch_size = p.batch_size;
-  int64_t const slab = static_cast<int64_t>(sample) * num_tiles * batch_size + row;
-  PackedCandidate const* column = buffers.candidates + slab;
+  // GEMM column s * B + b holds (sample s, row b); tiles are `columns` apart.
+  int64_t const columns = p.batch_size * p.num_samples;
+  int64_t const col = static_cast<int64_t>(sample) * p.batch_size + row;
+  PackedCandidate const* column = buffers.candidates + col;
 
   // Best candidate and the tile it came from (for its logit).
   PackedCandidate best = 0;
   int64_t best_tile = -1;
   float lse_max = -INFINITY, lse_sum = 0.0f;
   for (int64_t tile = threadIdx.x; tile < num_tiles; tile += kReduceThreads) {
-    PackedCandidate const c = column[tile * batch_size];
+    PackedCandidate const c = column[tile * columns];
     if (c > best) {
       best = c;
       best_tile = tile;
     }
     if (p.logprobs) {
-      float2 const part = buffers.lse_parts[tile * batch_size + row];
+      float2 const part = buffers.lse_parts[tile * columns + col];
       merge_lse(lse_max, lse_sum, part.x, part.y);
     }
   }
@@ -123,7 +124,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
     for (int w = 1; w < kReduceThreads / 32; ++w) merge_lse(m, s, warp_lse[w].x, warp_lse[w].y);
     // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
     float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;
-    float const token_logit = found ? buffers.candidate_logits[slab + best_tile * batch_size] : 0.0f;
+    float const token_logit = found ? buffers.candidate_logits[col + best_tile * columns] : 0.0f;
     p.token_logprobs[out] = found ? token_logit - lse : __uint_as_float(0x7fc00000u);
     if (sample == 0) p.logsumexp[row] = lse;
   }

@@ -18,14 +18,13 @@ struct SamplerTileConfig {
   static constexpr int kTileM = kPingpong ? 64 : 128;
   // Narrow N tiles are memory-bound: deeper K per stage keeps more bytes in flight.
   static constexpr int kTileK = TileN >= 128 ? 64 : 128;
-  // Samples one GEMM pass draws from the accumulators it holds (registers per sample);
-  // more samples take ceil(num_samples / kMaxSamplesPerPass) passes. Wide tiles are
-  // compute-bound on the noise anyway; these are the most that compile without spills
-  // (4 samples of the 64-wide tile spilled 24 bytes, of the 256-wide tile 1.2 KB).
-  static constexpr int kMaxSamplesPerPass = TileN <= 32 ? 4 : TileN == 64 ? 2 : 1;
 };
 
-// Batch buckets: the narrowest N tile that covers B; B > 256 runs several N tiles.
+// GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b).
+inline int64_t sampler_gemm_columns(SamplerParams const& p) { return p.batch_size * p.num_samples; }
+
+// Batch buckets: the narrowest N tile that covers the GEMM columns; more than 256 run
+// several N tiles.
 inline int sampler_tile_n_for_batch(int64_t batch_size) {
   return batch_size <= 16 ? 16 : batch_size <= 32 ? 32 : batch_size <= 64 ? 64 : batch_size <= 128 ? 128 : 256;
 }
@@ -36,9 +35,9 @@ inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
 
 // Stage-1 outputs in the workspace, per (sample, vocabulary tile, batch row).
 struct SamplerBuffers {
-  PackedCandidate* candidates = nullptr;  // [num_samples][num_vocab_tiles][B]
-  float* candidate_logits = nullptr;      // [num_samples][num_vocab_tiles][B] (logprobs only)
-  float2* lse_parts = nullptr;            // [num_vocab_tiles][B] (logprobs only)
+  PackedCandidate* candidates = nullptr;  // [num_vocab_tiles][S * B]
+  float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs only)
+  float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (logprobs only)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
 };
 
@@ -48,12 +47,13 @@ struct SamplerWorkspaceLayout {
 
   SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
     auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-    size_t const slots = static_cast<size_t>(num_vocab_tiles(p, vocab_tile)) * static_cast<size_t>(p.batch_size);
+    size_t const slots =
+        static_cast<size_t>(num_vocab_tiles(p, vocab_tile)) * static_cast<size_t>(sampler_gemm_columns(p));
     size_t at = 0;
     candidates = at;
-    at += round_up(slots * p.num_samples * sizeof(PackedCandidate));
+    at += round_up(slots * sizeof(PackedCandidate));
     candidate_logits = at;
-    at += p.logprobs ? round_up(slots * p.num_samples * sizeof(float)) : 0;
+    at += p.logprobs ? round_up(slots * sizeof(float)) : 0;
     lse_parts = at;
     at += p.logprobs ? round_up(slots * sizeof(float2)) : 0;
     sparse_bitmap = at;

@@ -78,7 +78,7 @@ ConfigEntry select_for_arch(int device_arch, int tile_n) {
 }
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
-  int const tile_n = sampler_tile_n_for_batch(p.batch_size);
+  int const tile_n = sampler_tile_n_for_batch(sampler_gemm_columns(p));
   return p.element_type == ElementType::kBFloat16 ? select_for_arch<cutlass::bfloat16_t>(device_arch, tile_n)
                                                   : select_for_arch<cutlass::half_t>(device_arch, tile_n);
 }

@@ -132,6 +132,9 @@ SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, con
   // The reduction kernel puts samples on gridDim.y.
   TORCH_CHECK(num_samples <= 65535, "flashsampling.sample: num_samples must be <= 65535 on CUDA, got ",
               num_samples);
+  // Samples are GEMM columns: B * num_samples of them must fit the kernel's int extents.
+  TORCH_CHECK(batch * num_samples <= INT32_MAX, "flashsampling.sample: batch size times num_samples (", batch, " x ",
+              num_samples, ") must be < 2^31 on CUDA");
 
   const auto float_options = hidden.options().dtype(at::kFloat);
   SampleResult result;
@@ -155,15 +158,19 @@ SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, con
                               "); supported GPUs: Hopper sm_90 (H100/H200) and Blackwell sm_100 (B200/GB200)");
 
   std::vector<at::Tensor> keep_alive;  // device copies the kernels read; freed after the launch (stream-ordered)
+  // S samples = S copies of the batch as GEMM columns (sample-major); the copy is
+  // S * B * D elements, tiny next to W.
+  const at::Tensor gemm_hidden = num_samples == 1 ? hidden : hidden.repeat({num_samples, 1});
+  keep_alive.push_back(gemm_hidden);
   SamplerParams p;
   p.weight = weight.data_ptr();
-  p.hidden = hidden.data_ptr();
+  p.hidden = gemm_hidden.data_ptr();
   p.vocab_size = vocab;
   p.hidden_dim = dim;
   p.batch_size = batch;
   // A single row's stride is meaningless (and may be anything); TMA wants a valid one.
   p.weight_row_stride = vocab == 1 ? dim : weight.stride(0);
-  p.hidden_row_stride = batch == 1 ? dim : hidden.stride(0);
+  p.hidden_row_stride = gemm_hidden.size(0) == 1 ? dim : gemm_hidden.stride(0);
   p.element_type = hidden.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
   p.vocab_start = args.vocab_start;
   p.inv_temperature = fs_inv_temperature(static_cast<float>(args.temperature));

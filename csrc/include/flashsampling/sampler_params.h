@@ -45,7 +45,9 @@ struct SamplingControls {
 };
 
 struct SamplerParams {
-  // LM head weight [V, D] and hidden states [B, D], both with unit stride along D.
+  // LM head weight [V, D] and hidden states, both with unit stride along D. With
+  // num_samples = S > 1, `hidden` holds the batch S times ([S * B, D], sample-major):
+  // every sample is a GEMM column of its own, so W is read once for all of them.
   const void* weight = nullptr;
   const void* hidden = nullptr;
   int64_t vocab_size = 0;         // V

@@ -22,9 +22,9 @@
 // strip; that keeps the register budget flat at batch 256.
 //
 // Controls (SamplingControls): logit bias, sparse per-row bias, allowed-token mask and
-// per-row temperatures transform each logit before the noise; up to kMaxSamples
-// samples are drawn from the one accumulator tile (registers per sample); with
-// logprobs the node also keeps an online (max, sum of exp) per column in log2 units
+// per-row temperatures transform each logit before the noise; several samples are
+// extra GEMM columns (column s * B + b draws sample s of row b), so the weight tile is
+// read once for all of them; with logprobs the node also keeps an online (max, sum of exp) per column in log2 units
 // and the transformed logit of each column's best candidate, reduced alongside.
 #pragma once
 
@@ -136,7 +136,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // ElementAux; the reduce() stage reuses that epilogue buffer as scratch, as
 // Sm90RowReduction does. Where a D store cannot be switched off (sm100 in CUTLASS
 // 4.2), ElementOutput is the scratch D element and visit() emits zeros.
-template <class CtaTileShapeMNK, class ElementOutput = float, int kMaxSamples = 1>
+template <class CtaTileShapeMNK, class ElementOutput = float>
 struct Sm90GumbelArgmaxRowReduction {
   using ElementAux = ElementOutput;
   static constexpr bool kNoiseOutOfLine = decltype(size<1>(CtaTileShapeMNK{}))::value >= 64;
@@ -144,19 +144,20 @@ struct Sm90GumbelArgmaxRowReduction {
   struct SharedStorage {};
 
   struct Arguments {
-    // Outputs per (sample of this pass, vocabulary tile, batch column), sample-major:
-    // [num_samples][ceil(M / CTA_M)][N], samples sample_stride elements apart.
+    // Outputs per (vocabulary tile, GEMM column): [ceil(M / CTA_M)][N]. With S samples
+    // the GEMM has N = S * B columns, column s * B + b holding batch row b (the binding
+    // repeats hidden S times), and the node draws sample s there: the weight tile is
+    // read once for all samples and only the noise/argmax work repeats.
     PackedCandidate* ptr_candidates = nullptr;
     float* ptr_candidate_logits = nullptr;  // y of each candidate (logprobs only)
-    float2* ptr_lse_parts = nullptr;        // [ceil(M / CTA_M)][N] (max2, sum) (logprobs only; may be null)
-    int64_t sample_stride = 0;
+    float2* ptr_lse_parts = nullptr;        // (max2, sum) of each column (logprobs only)
     NoiseSource noise = {};
     SamplingControls controls = {};
     float inv_temperature = 1.0f;
     bool greedy = false;
     bool logprobs = false;
-    uint32_t first_sample = 0;  // sample index of this pass's first sample
-    int num_samples = 1;        // samples drawn by this pass, <= kMaxSamples
+    int num_samples = 1;        // S
+    uint32_t batch_size = 0;    // B: GEMM column c is batch row c % B, sample c / B
     uint32_t vocab_start = 0;   // global id of row 0 of M
   };
 
@@ -169,8 +170,8 @@ struct Sm90GumbelArgmaxRowReduction {
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) {
-    return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.num_samples <= kMaxSamples &&
-           (!args.logprobs || args.ptr_candidate_logits != nullptr);
+    return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.batch_size >= 1 &&
+           (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
 
   template <class ProblemShape>
@@ -226,37 +227,37 @@ struct Sm90GumbelArgmaxRowReduction {
       }
     }
 
-    // Gumbel noise of (batch row, sample, vocab index) for sample slot s of this pass.
-    // Batch-wide seed and offset: one Philox block serves 4 rows, cached in `block`.
-    CUTLASS_DEVICE float gumbel(int s, uint32_t batch_row, uint32_t vocab_index, Philox4 (&block)[kMaxSamples],
-                                uint32_t& block_vocab, uint32_t& block_quad) const {
+    // True when this pass is plain sampling: one sample, batch-wide temperature and
+    // noise, no logit transform, no logprobs. It then runs the v4 element loop, whose
+    // code size was tuned per tile (benchmarks/NOTES.md); everything else runs the
+    // general loop, which keeps its code small by calling the noise out of line.
+    CUTLASS_DEVICE bool plain_pass() const {
+      SamplingControls const& c = params.controls;
+      return params.num_samples == 1 && !params.logprobs && c.temperatures == nullptr && c.logit_bias == nullptr &&
+             c.allowed_mask == nullptr && c.sparse_bitmap == nullptr && params.noise.row_seeds == nullptr &&
+             params.noise.row_offsets == nullptr;
+    }
+
+    // General loop noise of (batch row, sample, vocab index): with batch-wide seed and
+    // offset one Philox block serves 4 rows and stays cached in `block` (keyed by vocab
+    // index, row quad and sample); per-row seeds (stream 0) or offsets share nothing.
+    CUTLASS_DEVICE float general_gumbel(uint32_t batch_row, uint32_t sample, uint32_t vocab_index, Philox4& block,
+                                        uint32_t& block_vocab, uint32_t& block_quad, uint32_t& block_sample) const {
       NoiseSource const& src = params.noise;
-      uint32_t const sample = params.first_sample + static_cast<uint32_t>(s);
       if (src.row_seeds == nullptr && src.row_offsets == nullptr) {
-        if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int t = 0; t < kMaxSamples; ++t) {
-            if (t < params.num_samples) {
-              uint64_t const offset_plus_sample = offset + params.first_sample + t;
-              block[t] = kNoiseOutOfLine
-                             ? noise_block_out_of_line(seed, offset_plus_sample, vocab_index, batch_row >> 2)
-                             : fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
-            }
-          }
+        if (vocab_index != block_vocab || (batch_row >> 2) != block_quad || sample != block_sample) {
+          block = noise_block_out_of_line(seed, offset + sample, vocab_index, batch_row >> 2);
           block_vocab = vocab_index;
           block_quad = batch_row >> 2;
+          block_sample = sample;
         }
-        uint32_t const bits = fs_philox_lane(block[s], batch_row & 3u);
-        return kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
+        return gumbel_from_bits_out_of_line(fs_philox_lane(block, batch_row & 3u));
       }
-      // Per-row seeds (stream 0) or offsets: no block is shared between rows.
       uint64_t const row_seed = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + batch_row)) : seed;
       uint64_t const row_offset = src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + batch_row)) : offset;
       uint32_t const stream = src.row_seeds ? 0u : batch_row;
-      Philox4 const b = kNoiseOutOfLine ? noise_block_out_of_line(row_seed, row_offset + sample, vocab_index, stream >> 2)
-                                        : fs_noise_block(row_seed, row_offset + sample, vocab_index, stream >> 2);
-      uint32_t const bits = fs_philox_lane(b, stream & 3u);
-      return kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
+      Philox4 const b = noise_block_out_of_line(row_seed, row_offset + sample, vocab_index, stream >> 2);
+      return gumbel_from_bits_out_of_line(fs_philox_lane(b, stream & 3u));
     }
 
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
@@ -268,55 +269,87 @@ struct Sm90GumbelArgmaxRowReduction {
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      SamplingControls const& controls = params.controls;
-      bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
-
-      // One Philox block holds the noise of 4 consecutive batch rows at one vocab
-      // index; accumulator layouts keep neighbouring columns in neighbouring
-      // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
-      uint32_t block_vocab = ~0u, block_quad = ~0u;
-      Philox4 block[kMaxSamples];
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        int const frg_idx = epi_v * FragmentSize + i;
-        auto const coord = tCcD_mn(frg_idx);
-        if (!elem_less(coord, residue_tCcD)) {
-          continue;
-        }
-        uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
-        uint32_t const vocab_index = params.vocab_start + vocab_local;
-        uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
-        float x = static_cast<float>(frg_logits[i]);
-        if (transform && !transform_logit(params.controls, batch_row, vocab_local, vocab_index, x)) {
-          continue;  // masked out: no candidate, no probability mass
-        }
-        float inv_temperature = params.inv_temperature;
-        bool greedy = params.greedy;
-        if (params.controls.temperatures) {
-          inv_temperature = fs_inv_temperature(__ldg(params.controls.temperatures + batch_row));
-          greedy = inv_temperature == 0.0f;
-        }
-        // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
-        float const y = greedy ? x : fs_mul(x, inv_temperature);
-        if (params.logprobs) {
-          lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e);
-        }
+      if (plain_pass()) {
+        // v4's loop: one Philox block holds the noise of 4 consecutive batch rows at one
+        // vocab index; accumulator layouts keep neighbouring columns in neighbouring
+        // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
+        uint64_t const offset_plus_sample = offset;
+        uint32_t block_vocab = ~0u, block_quad = ~0u;
+        Philox4 block{};
         CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < kMaxSamples; ++s) {
-          if (s < params.num_samples) {
-            float score = x;
-            if (!greedy) {
-              score = fs_perturbed_score(x, inv_temperature,
-                                         gumbel(s, batch_row, vocab_index, block, block_vocab, block_quad));
+        for (int i = 0; i < FragmentSize; ++i) {
+          int const frg_idx = epi_v * FragmentSize + i;
+          auto const coord = tCcD_mn(frg_idx);
+          if (elem_less(coord, residue_tCcD)) {
+            uint32_t const vocab_index = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
+            uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
+            float const logit = static_cast<float>(frg_logits[i]);
+            float score = logit;
+            if (!params.greedy) {
+              if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
+                block = kNoiseOutOfLine
+                            ? noise_block_out_of_line(seed, offset_plus_sample, vocab_index, batch_row >> 2)
+                            : fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
+                block_vocab = vocab_index;
+                block_quad = batch_row >> 2;
+              }
+              uint32_t const bits = fs_philox_lane(block, batch_row & 3u);
+              float const gumbel = kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
+              score = fs_perturbed_score(logit, params.inv_temperature, gumbel);
             }
             // Registers alias over M (stride-0 modes): rows of one column share a slot.
-            float& best_score = tCrScore(_, _, _, s)(frg_idx);
-            int32_t& best_index = tCrIndex(_, _, _, s)(frg_idx);
+            float& best_score = tCrScore(frg_idx);
+            int32_t& best_index = tCrIndex(frg_idx);
             if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
               best_score = score;
               best_index = static_cast<int32_t>(vocab_index);
-              tCrLogit(_, _, _, s)(frg_idx) = y;
             }
+          }
+        }
+      } else {
+        SamplingControls const& controls = params.controls;
+        bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
+        uint32_t block_vocab = ~0u, block_quad = ~0u, block_sample = ~0u;
+        Philox4 block{};
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          int const frg_idx = epi_v * FragmentSize + i;
+          auto const coord = tCcD_mn(frg_idx);
+          if (!elem_less(coord, residue_tCcD)) {
+            continue;
+          }
+          uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
+          uint32_t const vocab_index = params.vocab_start + vocab_local;
+          uint32_t const column = static_cast<uint32_t>(n_origin + get<1>(coord));
+          uint32_t const sample = params.num_samples == 1 ? 0u : column / params.batch_size;
+          uint32_t const batch_row = column - sample * params.batch_size;
+          float x = static_cast<float>(frg_logits[i]);
+          if (transform && !transform_logit(controls, batch_row, vocab_local, vocab_index, x)) {
+            continue;  // masked out: no candidate, no probability mass
+          }
+          float inv_temperature = params.inv_temperature;
+          bool greedy = params.greedy;
+          if (controls.temperatures) {
+            inv_temperature = fs_inv_temperature(__ldg(controls.temperatures + batch_row));
+            greedy = inv_temperature == 0.0f;
+          }
+          // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
+          float const y = greedy ? x : fs_mul(x, inv_temperature);
+          if (params.logprobs) {
+            lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e);
+          }
+          float score = x;
+          if (!greedy) {
+            score = fs_perturbed_score(
+                x, inv_temperature,
+                general_gumbel(batch_row, sample, vocab_index, block, block_vocab, block_quad, block_sample));
+          }
+          float& best_score = tCrScore(frg_idx);
+          int32_t& best_index = tCrIndex(frg_idx);
+          if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
+            best_score = score;
+            best_index = static_cast<int32_t>(vocab_index);
+            tCrLogit(frg_idx) = y;
           }
         }
       }
@@ -385,15 +418,11 @@ struct Sm90GumbelArgmaxRowReduction {
         }
       }
 
-      CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < kMaxSamples; ++s) {
-        if (s >= params.num_samples) {
-          break;
-        }
+      {
         // 1. Pack this thread's distinct columns and reduce over the lanes that share them.
-        Tensor tCrScore_flt = filter(tCrScore(_, _, _, s));
-        Tensor tCrIndex_flt = filter(tCrIndex(_, _, _, s));
-        Tensor tCrLogit_flt = filter(tCrLogit(_, _, _, s));
+        Tensor tCrScore_flt = filter(tCrScore);
+        Tensor tCrIndex_flt = filter(tCrIndex);
+        Tensor tCrLogit_flt = filter(tCrLogit);
         constexpr int NumCols = decltype(size(tCrScore_flt))::value;
         PackedCandidate packed[NumCols];
         float logit[NumCols];
@@ -432,22 +461,19 @@ struct Sm90GumbelArgmaxRowReduction {
             for (int i = 0; i < NumCols; ++i) {
               tCsLogit(i) = logit[i];
             }
-            if (s == 0) {
-              Tensor tCsLse = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLse(_, _, get<0>(warp_mn)), epi_tile,
-                                                                               tiled_copy, thread_idx));
-              Tensor tCrLseMax_flt = filter(tCrLseMax);
-              Tensor tCrLseSum_flt = filter(tCrLseSum);
-              CUTLASS_PRAGMA_UNROLL
-              for (int i = 0; i < NumCols; ++i) {
-                tCsLse(i) = make_float2(tCrLseMax_flt(i), tCrLseSum_flt(i));
-              }
+            Tensor tCsLse = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLse(_, _, get<0>(warp_mn)), epi_tile,
+                                                                             tiled_copy, thread_idx));
+            Tensor tCrLseMax_flt = filter(tCrLseMax);
+            Tensor tCrLseSum_flt = filter(tCrLseSum);
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < NumCols; ++i) {
+              tCsLse(i) = make_float2(tCrLseMax_flt(i), tCrLseSum_flt(i));
             }
           }
         }
         sync_fn();
 
         // 3. Reduce over the warps stacked in M and write one candidate per column.
-        int64_t const sample_base = out_base + s * params.sample_stride;
         for (int col = thread_idx; col < EpiTileN; col += size(tiled_copy)) {
           if (col_base + col >= num_cols) {
             continue;
@@ -462,18 +488,16 @@ struct Sm90GumbelArgmaxRowReduction {
               best_logit = logprobs ? sLogit(0, col, w) : 0.0f;
             }
           }
-          params.ptr_candidates[sample_base + col] = best;
+          params.ptr_candidates[out_base + col] = best;
           if (logprobs) {
-            params.ptr_candidate_logits[sample_base + col] = best_logit;
-            if (s == 0 && params.ptr_lse_parts != nullptr) {
-              float2 lse = sLse(0, col, 0);
-              CUTLASS_PRAGMA_UNROLL
-              for (int w = 1; w < WarpsM; ++w) {
-                float2 const other = sLse(0, col, w);
-                lse_merge(lse.x, lse.y, other.x, other.y);
-              }
-              params.ptr_lse_parts[out_base + col] = lse;
+            params.ptr_candidate_logits[out_base + col] = best_logit;
+            float2 lse = sLse(0, col, 0);
+            CUTLASS_PRAGMA_UNROLL
+            for (int w = 1; w < WarpsM; ++w) {
+              float2 const other = sLse(0, col, w);
+              lse_merge(lse.x, lse.y, other.x, other.y);
             }
+            params.ptr_lse_parts[out_base + col] = lse;
           }
         }
       }
@@ -505,20 +529,16 @@ struct Sm90GumbelArgmaxRowReduction {
     auto warp_mn = idx2crd(right_inverse(warp_layout_MN)(args.thread_idx / cutlass::NumThreadsPerWarp), shape(warp_layout_MN));
 
     // Per-thread state for the columns of one epilogue strip: a (CTA_M, CTA_N) layout
-    // with stride 0 over M, partitioned like the accumulators; per sample for the
-    // candidates, per column for the log-sum-exp.
+    // with stride 0 over M, partitioned like the accumulators.
     auto [M, N, K, L] = args.problem_shape_mnkl;
     Layout col_layout = make_layout(take<0, 2>(args.tile_shape_mnk), Stride<_0, _1>{});
     Tensor tCcol = sm90_partition_for_epilogue<ReferenceSrc>(make_tensor(make_gmem_ptr<float>(nullptr), col_layout),
                                                              args.epi_tile, args.tiled_copy, args.thread_idx);
     // Compact, keeping the stride-0 modes over M.
     auto strip_layout = make_layout_like(tCcol(_, _, _, _0{}, _0{}).layout());  // (CPY, CPY_M, CPY_N)
-    auto per_sample_layout = make_layout(
-        append(shape(strip_layout), Int<kMaxSamples>{}),
-        append(stride(strip_layout), Int<decltype(cosize(strip_layout))::value>{}));  // (CPY, CPY_M, CPY_N, SAMPLE)
-    Tensor tCrScore = make_tensor<float>(per_sample_layout);
-    Tensor tCrIndex = make_tensor<int32_t>(per_sample_layout);
-    Tensor tCrLogit = make_tensor<float>(per_sample_layout);
+    Tensor tCrScore = make_tensor<float>(strip_layout);
+    Tensor tCrIndex = make_tensor<int32_t>(strip_layout);
+    Tensor tCrLogit = make_tensor<float>(strip_layout);
     Tensor tCrLseMax = make_tensor<float>(strip_layout);
     Tensor tCrLseSum = make_tensor<float>(strip_layout);
 
