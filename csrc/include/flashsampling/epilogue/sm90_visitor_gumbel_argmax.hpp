@@ -216,14 +216,10 @@ struct Sm90GumbelArgmaxRowReduction {
     }
 
     CUTLASS_DEVICE void reset_strip() {
-      auto& [ref_src, tCrScore, tCrIndex, tGrScore, tGrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
              lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       fill(tCrScore, -INFINITY);
       fill(tCrIndex, int32_t{kNoCandidate});
-      if (!plain_pass()) {
-        fill(tGrScore, -INFINITY);
-        fill(tGrIndex, int32_t{kNoCandidate});
-      }
       if (params.logprobs) {
         fill(tCrLogit, 0.0f);
         fill(tCrLseMax, -INFINITY);
@@ -267,7 +263,7 @@ struct Sm90GumbelArgmaxRowReduction {
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
                               int epi_n, cutlass::Array<ElementInput, FragmentSize> const& frg_logits) {
-      auto& [ref_src, tCrScore, tCrIndex, tGrScore, tGrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
              lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
@@ -315,16 +311,7 @@ struct Sm90GumbelArgmaxRowReduction {
         bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
         uint32_t block_vocab = ~0u, block_quad = ~0u, block_sample = ~0u;
         Philox4 block{};
-        // A rolled loop: its body is large, and the collective inlines visit() once per
-        // epilogue subtile, so unrolling it overflowed the instruction cache (3-4x slower
-        // at N = 64). Its state (tGr*, tCrLogit, tCrLse*) is indexed at run time and so
-        // lives in local memory (L1); the plain loop's registers are untouched.
-        float logits[FragmentSize];
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; ++i) {
-          logits[i] = static_cast<float>(frg_logits[i]);
-        }
-        CUTLASS_PRAGMA_NO_UNROLL
         for (int i = 0; i < FragmentSize; ++i) {
           int const frg_idx = epi_v * FragmentSize + i;
           auto const coord = tCcD_mn(frg_idx);
@@ -336,7 +323,7 @@ struct Sm90GumbelArgmaxRowReduction {
           uint32_t const column = static_cast<uint32_t>(n_origin + get<1>(coord));
           uint32_t const sample = params.num_samples == 1 ? 0u : column / params.batch_size;
           uint32_t const batch_row = column - sample * params.batch_size;
-          float x = logits[i];
+          float x = static_cast<float>(frg_logits[i]);
           if (transform && !transform_logit(controls, batch_row, vocab_local, vocab_index, x)) {
             continue;  // masked out: no candidate, no probability mass
           }
@@ -357,8 +344,8 @@ struct Sm90GumbelArgmaxRowReduction {
                 x, inv_temperature,
                 general_gumbel(batch_row, sample, vocab_index, block, block_vocab, block_quad, block_sample));
           }
-          float& best_score = tGrScore(frg_idx);
-          int32_t& best_index = tGrIndex(frg_idx);
+          float& best_score = tCrScore(frg_idx);
+          int32_t& best_index = tCrIndex(frg_idx);
           if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
             best_score = score;
             best_index = static_cast<int32_t>(vocab_index);
@@ -378,7 +365,7 @@ struct Sm90GumbelArgmaxRowReduction {
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n,
                                bool is_last_iteration, VTensor visit_results) {
-      auto& [ref_src, tCrScore, tCrIndex, tGrScore, tGrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
              lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       constexpr int EpiM = decltype(size<3>(tCcD))::value;
       // The epilogue walks epi_m fastest: a column strip is complete after its last epi_m.
@@ -431,10 +418,6 @@ struct Sm90GumbelArgmaxRowReduction {
         }
       }
 
-      if (!plain_pass()) {
-        copy(tGrScore, tCrScore);
-        copy(tGrIndex, tCrIndex);
-      }
       {
         // 1. Pack this thread's distinct columns and reduce over the lanes that share them.
         Tensor tCrScore_flt = filter(tCrScore);
@@ -555,14 +538,12 @@ struct Sm90GumbelArgmaxRowReduction {
     auto strip_layout = make_layout_like(tCcol(_, _, _, _0{}, _0{}).layout());  // (CPY, CPY_M, CPY_N)
     Tensor tCrScore = make_tensor<float>(strip_layout);
     Tensor tCrIndex = make_tensor<int32_t>(strip_layout);
-    Tensor tGrScore = make_tensor<float>(strip_layout);  // the general loop's (local memory)
-    Tensor tGrIndex = make_tensor<int32_t>(strip_layout);
     Tensor tCrLogit = make_tensor<float>(strip_layout);
     Tensor tCrLseMax = make_tensor<float>(strip_layout);
     Tensor tCrLseSum = make_tensor<float>(strip_layout);
 
     auto args_tuple = make_tuple(bool_constant<ReferenceSrc>{}, cute::move(tCrScore), cute::move(tCrIndex),
-                                 cute::move(tGrScore), cute::move(tGrIndex), cute::move(tCrLogit), cute::move(tCrLseMax), cute::move(tCrLseSum), args.tCcD,
+                                 cute::move(tCrLogit), cute::move(tCrLseMax), cute::move(tCrLseSum), args.tCcD,
                                  args.residue_tCcD, make_coord(int(M), int(N)), lane_layout_MN, lane_mn,
                                  warp_layout_MN, warp_mn, args.tile_coord_mnkl, args.epi_tile, args.tiled_copy,
                                  args.thread_idx);
