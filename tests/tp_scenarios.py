@@ -189,10 +189,12 @@ CHI_ROWS, CHI_SAMPLES = 2, 3000
 
 
 def chi_problem():
+    """bf16 inputs (what the CUDA kernel takes; the CPU op too), so one problem serves
+    gloo and NCCL; the test's softmax uses the same bf16 values in float64."""
     g = torch.Generator().manual_seed(6)
     hidden = torch.randn(CHI_ROWS, DIM, generator=g)
     weight = torch.randn(VOCAB, DIM, generator=g) * (1.5 / math.sqrt(DIM))
-    return hidden, weight
+    return hidden.bfloat16(), weight.bfloat16()
 
 
 def scenario_chi_square(ctx: Ctx):
