@@ -1,5 +1,7 @@
 """A few odd shapes for compute-sanitizer (memcheck, racecheck) on the CUDA sampler:
-partial vocabulary tiles, a prime V, B not a multiple of any N tile, B > 256, fp16."""
+partial vocabulary tiles, a prime V, B not a multiple of any N tile, B > 256, fp16; each
+shape plain (num_samples = 2: two GEMM column blocks) and with every control on (per-row
+temperatures, logit bias, sparse bias, bitmask, per-row seeds, vocab_start, logprobs)."""
 
 import torch
 
@@ -19,4 +21,16 @@ for batch, vocab, dim, dtype in SHAPES:
     tokens = flashsampling_cuda.sample(hidden, weight, seed=7, num_samples=2)
     torch.cuda.synchronize()
     assert tokens.shape == (batch, 2) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
+
+    allowed = torch.rand(batch, vocab, device="cuda") < 0.5
+    allowed[:, 0] = True
+    ids = torch.randint(100, 100 + vocab, (batch, 5), device="cuda")
+    out = flashsampling_cuda.sample(
+        hidden, weight, temperature=torch.rand(batch, device="cuda") + 0.1, num_samples=3,
+        seed=torch.arange(batch, device="cuda"), offset=torch.arange(batch, device="cuda"),
+        logit_bias=torch.randn(vocab, device="cuda"), sparse_logit_bias=(ids, torch.randn(batch, 5, device="cuda")),
+        allowed_mask=allowed, vocab_start=100, return_logprobs=True)
+    torch.cuda.synchronize()
+    assert out.tokens.shape == (batch, 3) and int(out.tokens.min()) >= 100 and int(out.tokens.max()) < 100 + vocab
+    assert torch.isfinite(out.logsumexp).all()
     print(f"ok B={batch} V={vocab} D={dim} {dtype}")
