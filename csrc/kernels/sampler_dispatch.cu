@@ -1,6 +1,8 @@
 // Host-side dispatch of the fused sampler: architecture, element type and batch
 // bucket -> one pre-compiled config, then the stage-2 reduction.
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "cutlass/numeric_types.h"
 #include "sampler_config.h"
@@ -77,8 +79,30 @@ ConfigEntry select_for_arch(int device_arch, int tile_n) {
   return {nullptr, nullptr, 0};
 }
 
+// Whether the epilogue runs its plain loop (the node's plain_pass(), seen from the host).
+bool plain_sampling(SamplerParams const& p) {
+  SamplingControls const& c = p.controls;
+  return p.num_samples == 1 && !p.logprobs && c.temperatures == nullptr && c.logit_bias == nullptr &&
+         c.allowed_mask == nullptr && c.sparse_ids == nullptr && p.noise.row_seeds == nullptr &&
+         p.noise.row_offsets == nullptr;
+}
+
+// Widest N tile for the controls' (general) loop: its per-element code is large and the
+// epilogue inlines it once per subtile, so wide tiles overflow the instruction cache.
+// FLASHSAMPLING_GENERAL_TILE_N overrides it (benchmarks/NOTES.md, v5).
+int64_t general_tile_n_cap() {
+  static int64_t const cap = [] {
+    char const* env = std::getenv("FLASHSAMPLING_GENERAL_TILE_N");
+    int64_t const v = env ? std::atoll(env) : 0;
+    return v > 0 ? v : int64_t{16};
+  }();
+  return cap;
+}
+
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
-  int const tile_n = sampler_tile_n_for_batch(sampler_gemm_columns(p));
+  int64_t const columns = sampler_gemm_columns(p);
+  int const tile_n =
+      sampler_tile_n_for_batch(plain_sampling(p) ? columns : std::min<int64_t>(columns, general_tile_n_cap()));
   return p.element_type == ElementType::kBFloat16 ? select_for_arch<cutlass::bfloat16_t>(device_arch, tile_n)
                                                   : select_for_arch<cutlass::half_t>(device_arch, tile_n);
 }
