@@ -89,20 +89,22 @@ bool plain_sampling(SamplerParams const& p) {
 
 // Widest N tile for the controls' (general) loop: its per-element code is large and the
 // epilogue inlines it once per subtile, so wide tiles overflow the instruction cache.
-// FLASHSAMPLING_GENERAL_TILE_N overrides it (benchmarks/NOTES.md, v5).
-int64_t general_tile_n_cap() {
-  static int64_t const cap = [] {
+// Measured on H200 (benchmarks/NOTES.md, v5d): 16 up to 64 columns, 32 beyond (all3 at
+// B = 64: 1417 us uncapped, 803 capped at 16; B = 256: 2896 -> 2863 at 32, 3049 at 16).
+// FLASHSAMPLING_GENERAL_TILE_N overrides it.
+int64_t general_tile_n_cap(int64_t columns) {
+  static int64_t const forced = [] {
     char const* env = std::getenv("FLASHSAMPLING_GENERAL_TILE_N");
-    int64_t const v = env ? std::atoll(env) : 0;
-    return v > 0 ? v : int64_t{16};
+    return env ? std::atoll(env) : int64_t{0};
   }();
-  return cap;
+  if (forced > 0) return forced;
+  return columns <= 64 ? 16 : 32;
 }
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   int64_t const columns = sampler_gemm_columns(p);
   int const tile_n =
-      sampler_tile_n_for_batch(plain_sampling(p) ? columns : std::min<int64_t>(columns, general_tile_n_cap()));
+      sampler_tile_n_for_batch(plain_sampling(p) ? columns : std::min<int64_t>(columns, general_tile_n_cap(columns)));
   return p.element_type == ElementType::kBFloat16 ? select_for_arch<cutlass::bfloat16_t>(device_arch, tile_n)
                                                   : select_for_arch<cutlass::half_t>(device_arch, tile_n);
 }
