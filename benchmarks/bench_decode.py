@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from plotting import pyplot_or_none
+
 MODELS = {
     # Qwen/Qwen3-1.7B: tied embeddings.
     "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
@@ -163,13 +165,8 @@ def markdown_table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as exc:  # noqa: BLE001
-        print(f"[bench] matplotlib unavailable, no plot: {exc}", file=sys.stderr)
+    plt = pyplot_or_none("bench")
+    if plt is None:
         return
     models = list(dict.fromkeys(r["model"] for r in results["rows"]))
     fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 7), squeeze=False, sharex="col")

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 import flashsampling_cuda
+from plotting import pyplot_or_none
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -173,13 +174,8 @@ def markdown_table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as exc:  # noqa: BLE001
-        print(f"[bench] matplotlib unavailable, no plot: {exc}", file=sys.stderr)
+    plt = pyplot_or_none("bench")
+    if plt is None:
         return
     shapes = list(dict.fromkeys((r["D"], r["V"]) for r in results["rows"]))
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)

@@ -48,6 +48,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402, F401  (registers the op)
 from flashsampling_cuda import distributed as tp  # noqa: E402
+from plotting import pyplot_or_none  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONTENDERS = ["ours", "mm+AG+multinomial", "mm+AG+gumbel", "compiled multinomial", "compiled gumbel"]
@@ -244,13 +245,8 @@ def markdown_table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as exc:  # noqa: BLE001
-        print(f"[bench_tp] matplotlib unavailable, no plot: {exc}", file=sys.stderr)
+    plt = pyplot_or_none("bench_tp")
+    if plt is None:
         return
     batches = sorted({r["B"] for r in results["rows"]})
     fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4.2), squeeze=False)
