@@ -198,9 +198,9 @@ def test_opcheck_and_compile_on_cuda():
 
 # ---------------------------------------------------------------- controls on every tile config
 
-# One batch per N bucket (16, 32, 64 pingpong; 128, 256 cooperative; > 256 N-tiled), every
-# control at once and 6 samples: 2 GEMM passes on N <= 32 (4 samples per pass),
-# 3 on N = 64 (2 per pass), 6 on the wide ones (1 per pass).
+# One batch per N bucket of plain sampling (16, 32, 64 pingpong; 128, 256 cooperative;
+# > 256 N-tiled) with every control at once and 6 samples: 6 * B GEMM columns in one pass,
+# run on the controls' capped N tiles (16 or 32 wide, several per vocabulary tile).
 CONTROL_BATCHES = [1, 29, 50, 100, 200, 300]
 
 
