@@ -450,9 +450,10 @@ std::vector<RowParams> resolve_rows(int64_t batch, const SampleArgs& args) {
   for (int64_t row = 0; row < batch; ++row) {
     const float t = temps.defined() ? temps.const_data_ptr<float>()[row]
                                     : static_cast<float>(args.temperature);
-    rows[row] = RowParams{seeds[row], offsets[row],
-                          per_row_seed ? 0u : static_cast<uint32_t>(row),
-                          t == 0.0f ? 0.0f : fs_div(1.0f, t), t == 0.0f};
+    // The same rule as the CUDA kernel: 0 = greedy (checks.cpp has refused invalid values).
+    const float inv_temperature = fs_inv_temperature(t);
+    rows[row] = RowParams{seeds[row], offsets[row], per_row_seed ? 0u : static_cast<uint32_t>(row),
+                          inv_temperature, inv_temperature == 0.0f};
   }
   return rows;
 }
