@@ -58,6 +58,22 @@ BASELINES = CONTENDERS[1:]
 # ---------------------------------------------------------------- contenders (per rank)
 
 
+def _samplers_over(full_logits, inv_t):
+    """The two all-gather baselines' sampling steps over a full-logits function
+    (eager or functional collectives): softmax + multinomial, and Gumbel-argmax."""
+
+    def multinomial(h, w):
+        probs = torch.softmax(full_logits(h, w) * inv_t, dim=-1)
+        return torch.multinomial(probs, 1)
+
+    def gumbel(h, w):
+        logits = full_logits(h, w)
+        u = torch.rand_like(logits).clamp_(1e-20, 1.0)
+        return torch.argmax(logits * inv_t - torch.log(-torch.log(u)), dim=-1, keepdim=True)
+
+    return multinomial, gumbel
+
+
 def _gather_logits(logits, world, group, shard_width, vocab):
     """[B, V] logits of every shard (eager all_gather into a fresh tensor)."""
     if world == 1:
@@ -89,15 +105,7 @@ def make_contenders(world, group, start, shard_width, vocab, temperature, compil
         logits = _pad_to((h @ w.T).float(), shard_width)
         return _gather_logits(logits, world, group, shard_width, vocab)
 
-    def multinomial(h, w):
-        probs = torch.softmax(full_logits_eager(h, w) * inv_t, dim=-1)
-        return torch.multinomial(probs, 1)
-
-    def gumbel(h, w):
-        logits = full_logits_eager(h, w)
-        u = torch.rand_like(logits).clamp_(1e-20, 1.0)
-        return torch.argmax(logits * inv_t - torch.log(-torch.log(u)), dim=-1, keepdim=True)
-
+    multinomial, gumbel = _samplers_over(full_logits_eager, inv_t)
     contenders = {"ours": ours, "mm+AG+multinomial": multinomial, "mm+AG+gumbel": gumbel}
     if compile_baselines:
         import torch.distributed._functional_collectives as fc
@@ -109,15 +117,7 @@ def make_contenders(world, group, start, shard_width, vocab, temperature, compil
                 logits = gathered.view(world, h.shape[0], shard_width).permute(1, 0, 2).reshape(h.shape[0], -1)
             return logits[:, :vocab]
 
-        def c_multinomial(h, w):
-            probs = torch.softmax(full_logits_functional(h, w) * inv_t, dim=-1)
-            return torch.multinomial(probs, 1)
-
-        def c_gumbel(h, w):
-            logits = full_logits_functional(h, w)
-            u = torch.rand_like(logits).clamp_(1e-20, 1.0)
-            return torch.argmax(logits * inv_t - torch.log(-torch.log(u)), dim=-1, keepdim=True)
-
+        c_multinomial, c_gumbel = _samplers_over(full_logits_functional, inv_t)
         contenders["compiled multinomial"] = torch.compile(c_multinomial, fullgraph=True, dynamic=False)
         contenders["compiled gumbel"] = torch.compile(c_gumbel, fullgraph=True, dynamic=False)
     return contenders
