@@ -1,11 +1,13 @@
 // Small kernels around the fused GEMM:
-//  - before it, the sparse-bias bitmap (which (row, token) pairs have a sparse entry);
+//  - before it, the sparse-bias bitmap (which (row, token) pairs have a sparse entry)
+//    and the rows' fl(1 / T);
 //  - after it, stage 2: per (batch row, sample) the best packed candidate over all
 //    vocabulary tiles, decoded to a token id and score, plus (logprobs) the merged
 //    log-sum-exp and the token's log-probability. Candidates are tiny
 //    ([samples][tiles][B] x 8 bytes, ~2.4 MB at B=256, V=152k) and still in L2.
 #include <cstdint>
 
+#include "flashsampling/epilogue/candidate_math.cuh"
 #include "flashsampling/philox_gumbel.h"
 #include "sampler_config.h"
 
@@ -27,21 +29,10 @@ __global__ void build_sparse_bitmap_kernel(int32_t const* __restrict__ ids, int6
   }
 }
 
-// Inverse of pack_candidate's score bits.
-__device__ float unpack_score(PackedCandidate c) {
-  uint32_t const bits = static_cast<uint32_t>(c >> 32);
-  if (bits == 0u) return __uint_as_float(0x7fc00000u);
-  return __uint_as_float((bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits);
-}
-
-__device__ void merge_lse(float& max2, float& sum, float other_max2, float other_sum) {
-  float const m = fmaxf(max2, other_max2);
-  if (m == -INFINITY) {
-    sum = sum + other_sum;
-    return;
-  }
-  sum = sum * exp2f(max2 - m) + other_sum * exp2f(other_max2 - m);
-  max2 = m;
+__global__ void inv_temperatures_kernel(float const* __restrict__ temperatures, int64_t batch_size,
+                                        float* __restrict__ inv_temperatures) {
+  int64_t const row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row < batch_size) inv_temperatures[row] = fs_inv_temperature(temperatures[row]);
 }
 
 // Whether row `row` of the allowed mask allows no token of [0, V) (block-wide).
@@ -78,7 +69,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
     }
     if (p.logprobs) {
       float2 const part = buffers.lse_parts[tile * columns + col];
-      merge_lse(lse_max, lse_sum, part.x, part.y);
+      lse_merge(lse_max, lse_sum, part.x, part.y);
     }
   }
 #pragma unroll
@@ -91,7 +82,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
     }
     float const other_max = __shfl_xor_sync(0xFFFFFFFF, lse_max, delta);
     float const other_sum = __shfl_xor_sync(0xFFFFFFFF, lse_sum, delta);
-    merge_lse(lse_max, lse_sum, other_max, other_sum);
+    lse_merge(lse_max, lse_sum, other_max, other_sum);
   }
   __shared__ PackedCandidate warp_best[kReduceThreads / 32];
   __shared__ int64_t warp_tile[kReduceThreads / 32];
@@ -121,7 +112,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   if (p.logprobs) {
     float m = warp_lse[0].x, s = warp_lse[0].y;
 #pragma unroll
-    for (int w = 1; w < kReduceThreads / 32; ++w) merge_lse(m, s, warp_lse[w].x, warp_lse[w].y);
+    for (int w = 1; w < kReduceThreads / 32; ++w) lse_merge(m, s, warp_lse[w].x, warp_lse[w].y);
     // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
     float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;
     float const token_logit = found ? buffers.candidate_logits[col + best_tile * columns] : 0.0f;
@@ -141,6 +132,13 @@ cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap,
   int const threads = 256;
   build_sparse_bitmap_kernel<<<static_cast<unsigned>((entries + threads - 1) / threads), threads, 0, stream>>>(
       c.sparse_ids, p.batch_size, c.sparse_k, p.vocab_start, p.vocab_size, c.mask_words, bitmap);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_inv_temperatures(SamplerParams const& p, float* inv_temperatures, cudaStream_t stream) {
+  int const threads = 256;
+  inv_temperatures_kernel<<<static_cast<unsigned>((p.batch_size + threads - 1) / threads), threads, 0, stream>>>(
+      p.controls.temperatures, p.batch_size, inv_temperatures);
   return cudaGetLastError();
 }
 

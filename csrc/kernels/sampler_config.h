@@ -39,11 +39,13 @@ struct SamplerBuffers {
   float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs only)
   float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (logprobs only)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
+  float* inv_temperatures = nullptr;      // [B] (per-row temperatures only)
 };
 
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), then the GEMM's own.
 struct SamplerWorkspaceLayout {
-  size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, gemm = 0, total = 0;
+  size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, inv_temperatures = 0, gemm = 0,
+         total = 0;
 
   SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
     auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -58,6 +60,8 @@ struct SamplerWorkspaceLayout {
     at += p.logprobs ? round_up(slots * sizeof(float2)) : 0;
     sparse_bitmap = at;
     at += p.controls.sparse_ids ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 4) : 0;
+    inv_temperatures = at;
+    at += p.controls.temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
     gemm = at;
     total = at + gemm_bytes;
   }
@@ -69,26 +73,31 @@ struct SamplerWorkspaceLayout {
     b.candidate_logits = p.logprobs ? reinterpret_cast<float*>(base + candidate_logits) : nullptr;
     b.lse_parts = p.logprobs ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
     b.sparse_bitmap = p.controls.sparse_ids ? reinterpret_cast<uint32_t*>(base + sparse_bitmap) : nullptr;
+    b.inv_temperatures = p.controls.temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
     return b;
   }
 };
 
 // Per-config entry points (defined in sampler_gemm_<arch>.cuh, instantiated per file).
-// p.controls.sparse_bitmap, when sparse bias is on, already points at the built bitmap.
-template <class Element, int TileN, bool kPingpong>
+// kControls: the epilogue's controls loop (anything but is_plain_sampling); p.controls'
+// sparse_bitmap and inv_temperatures, when needed, already point at the prepared arrays.
+template <class Element, int TileN, bool kPingpong, bool kControls>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream);
-template <class Element, int TileN, bool kPingpong>
+template <class Element, int TileN, bool kPingpong, bool kControls>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p);
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool kControls>
 cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                    cudaStream_t stream);
-template <class Element, int TileN>
+template <class Element, int TileN, bool kControls>
 size_t sampler_gemm_workspace_sm100(SamplerParams const& p);
 
 // Before stage 1, with sparse bias: marks (row, v) of every sparse entry in the bitmap.
 cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream);
+
+// Before stage 1, with per-row temperatures: inv_temperatures[b] = fs_inv_temperature(T_b).
+cudaError_t launch_inv_temperatures(SamplerParams const& p, float* inv_temperatures, cudaStream_t stream);
 
 // Stage 2: per (row, sample) the best candidate over vocabulary tiles -> token, score,
 // and with logprobs the merged log-sum-exp and the token's log-probability.

@@ -17,96 +17,101 @@ struct ConfigEntry {
 };
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
-template <class Element, int TileN, bool kPingpong>
+template <class Element, int TileN, bool kPingpong, bool kControls>
 ConfigEntry sm90_entry() {
-  return {run_sampler_gemm_sm90<Element, TileN, kPingpong>, sampler_gemm_workspace_sm90<Element, TileN, kPingpong>,
-          SamplerTileConfig<TileN, kPingpong>::kTileM};
-}
-
-// Measured on H200 (benchmarks/NOTES.md): narrow tiles are memory-bound and gain from
-// pingpong, whose epilogue overlaps the other warpgroup's mainloop; the 128- and
-// 256-wide tiles measured 13-30% faster cooperative (not yet profiled why).
-template <class Element>
-ConfigEntry select_sm90_config(int tile_n) {
-  switch (tile_n) {
-    case 16: return sm90_entry<Element, 16, /*kPingpong=*/true>();
-    case 32: return sm90_entry<Element, 32, /*kPingpong=*/true>();
-    case 64: return sm90_entry<Element, 64, /*kPingpong=*/true>();
-    case 128: return sm90_entry<Element, 128, /*kPingpong=*/false>();
-    default: return sm90_entry<Element, 256, /*kPingpong=*/false>();
-  }
+  return {run_sampler_gemm_sm90<Element, TileN, kPingpong, kControls>,
+          sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kControls>, SamplerTileConfig<TileN, kPingpong>::kTileM};
 }
 #endif
-
-template <class Element>
-ConfigEntry select_sm90(int tile_n) {
-#if defined(FLASHSAMPLING_ENABLE_SM90)
-  return select_sm90_config<Element>(tile_n);
-#else
-  (void)tile_n;
-  return {nullptr, nullptr, 0};
-#endif
-}
 
 #if defined(FLASHSAMPLING_ENABLE_SM100)
-template <class Element, int TileN>
+template <class Element, int TileN, bool kControls>
 ConfigEntry sm100_entry() {
-  return {run_sampler_gemm_sm100<Element, TileN>, sampler_gemm_workspace_sm100<Element, TileN>,
+  return {run_sampler_gemm_sm100<Element, TileN, kControls>, sampler_gemm_workspace_sm100<Element, TileN, kControls>,
           SamplerTileConfig<TileN, false>::kTileM};
 }
 #endif
 
+// Plain sampling, one config per batch bucket. Measured on H200 (benchmarks/NOTES.md):
+// narrow tiles are memory-bound and gain from pingpong, whose epilogue overlaps the
+// other warpgroup's mainloop; the 128- and 256-wide tiles measured 13-30% faster
+// cooperative (not yet profiled why).
 template <class Element>
-ConfigEntry select_sm100(int tile_n) {
-#if defined(FLASHSAMPLING_ENABLE_SM100)
-  switch (tile_n) {
-    case 16: return sm100_entry<Element, 16>();
-    case 32: return sm100_entry<Element, 32>();
-    case 64: return sm100_entry<Element, 64>();
-    case 128: return sm100_entry<Element, 128>();
-    default: return sm100_entry<Element, 256>();
+ConfigEntry select_plain(int device_arch, int tile_n) {
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+  if (device_arch == 90) {
+    switch (tile_n) {
+      case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
+      case 32: return sm90_entry<Element, 32, true, false>();
+      case 64: return sm90_entry<Element, 64, true, false>();
+      case 128: return sm90_entry<Element, 128, false, false>();
+      default: return sm90_entry<Element, 256, false, false>();
+    }
   }
-#else
+#endif
+#if defined(FLASHSAMPLING_ENABLE_SM100)
+  if (device_arch == 100) {
+    switch (tile_n) {
+      case 16: return sm100_entry<Element, 16, false>();
+      case 32: return sm100_entry<Element, 32, false>();
+      case 64: return sm100_entry<Element, 64, false>();
+      case 128: return sm100_entry<Element, 128, false>();
+      default: return sm100_entry<Element, 256, false>();
+    }
+  }
+#endif
+  (void)device_arch;
   (void)tile_n;
   return {nullptr, nullptr, 0};
-#endif
 }
 
+// The controls' loop is compiled for N = 16 and 32 only (general_tile_n_cap).
 template <class Element>
-ConfigEntry select_for_arch(int device_arch, int tile_n) {
-  if (device_arch == 90) return select_sm90<Element>(tile_n);
-  if (device_arch == 100) return select_sm100<Element>(tile_n);
+ConfigEntry select_controls(int device_arch, int tile_n) {
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+  if (device_arch == 90) {
+    return tile_n <= 16 ? sm90_entry<Element, 16, /*kPingpong=*/true, true>() : sm90_entry<Element, 32, true, true>();
+  }
+#endif
+#if defined(FLASHSAMPLING_ENABLE_SM100)
+  if (device_arch == 100) {
+    return tile_n <= 16 ? sm100_entry<Element, 16, true>() : sm100_entry<Element, 32, true>();
+  }
+#endif
+  (void)device_arch;
+  (void)tile_n;
   return {nullptr, nullptr, 0};
 }
 
-// Whether the epilogue runs its plain loop (the node's plain_pass(), seen from the host).
 bool plain_sampling(SamplerParams const& p) {
-  SamplingControls const& c = p.controls;
-  return p.num_samples == 1 && !p.logprobs && c.temperatures == nullptr && c.logit_bias == nullptr &&
-         c.allowed_mask == nullptr && c.sparse_ids == nullptr && p.noise.row_seeds == nullptr &&
-         p.noise.row_offsets == nullptr;
+  return is_plain_sampling(p.controls, p.noise, p.num_samples, p.logprobs);
 }
 
-// Widest N tile for the controls' (general) loop: its per-element code is large and the
-// epilogue inlines it once per subtile, so wide tiles overflow the instruction cache.
-// Measured on H200 (benchmarks/NOTES.md, v5d): 16 up to 64 columns, 32 beyond (all3 at
-// B = 64: 1417 us uncapped, 803 capped at 16; B = 256: 2896 -> 2863 at 32, 3049 at 16).
-// FLASHSAMPLING_GENERAL_TILE_N overrides it.
+// Widest N tile for the controls' loop: its per-element code is large and the epilogue
+// inlines it once per subtile, so wide tiles overflow the instruction cache. Measured
+// on H200 (benchmarks/NOTES.md, v5d): 16 up to 64 columns, 32 beyond (all3 at B = 64:
+// 1417 us uncapped, 803 capped at 16; B = 256: 2896 -> 2863 at 32, 3049 at 16).
+// FLASHSAMPLING_GENERAL_TILE_N=16 or 32 overrides it.
 int64_t general_tile_n_cap(int64_t columns) {
   static int64_t const forced = [] {
     char const* env = std::getenv("FLASHSAMPLING_GENERAL_TILE_N");
     return env ? std::atoll(env) : int64_t{0};
   }();
-  if (forced > 0) return forced;
+  if (forced == 16 || forced == 32) return forced;
   return columns <= 64 ? 16 : 32;
 }
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   int64_t const columns = sampler_gemm_columns(p);
-  int const tile_n =
-      sampler_tile_n_for_batch(plain_sampling(p) ? columns : std::min<int64_t>(columns, general_tile_n_cap(columns)));
-  return p.element_type == ElementType::kBFloat16 ? select_for_arch<cutlass::bfloat16_t>(device_arch, tile_n)
-                                                  : select_for_arch<cutlass::half_t>(device_arch, tile_n);
+  bool const bf16 = p.element_type == ElementType::kBFloat16;
+  if (plain_sampling(p)) {
+    int const tile_n = sampler_tile_n_for_batch(columns);
+    return bf16 ? select_plain<cutlass::bfloat16_t>(device_arch, tile_n)
+                : select_plain<cutlass::half_t>(device_arch, tile_n);
+  }
+  int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, general_tile_n_cap(columns)));
+  return bf16 ? select_controls<cutlass::bfloat16_t>(device_arch, tile_n)
+              : select_controls<cutlass::half_t>(device_arch, tile_n);
 }
 
 }  // namespace
@@ -142,6 +147,11 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
     cudaError_t err = launch_build_sparse_bitmap(p, buffers.sparse_bitmap, stream);
     if (err != cudaSuccess) return err;
     p.controls.sparse_bitmap = buffers.sparse_bitmap;
+  }
+  if (buffers.inv_temperatures != nullptr) {
+    cudaError_t err = launch_inv_temperatures(p, buffers.inv_temperatures, stream);
+    if (err != cudaSuccess) return err;
+    p.controls.inv_temperatures = buffers.inv_temperatures;
   }
   cudaError_t err = entry.run(p, buffers, static_cast<char*>(workspace) + layout.gemm, stream);
   if (err != cudaSuccess) return err;

@@ -3,7 +3,7 @@
 // whole epilogue.
 //
 // Included only by the small per-config instantiation files
-// sampler_<dtype>_n<N>_sm100.cu, so each config compiles in its own process.
+// sampler_<dtype>_n<N>[_controls]_sm100.cu, so each config compiles in its own process.
 #pragma once
 
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -15,7 +15,7 @@
 
 namespace flashsampling {
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool kControls>
 struct SamplerGemmSm100 {
   using Config = SamplerTileConfig<TileN, /*kPingpong=*/false>;
   // One 128-row tcgen05 MMA per CTA (1-SM); the vocabulary tile matches sm90.
@@ -25,7 +25,7 @@ struct SamplerGemmSm100 {
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
-      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, SamplerScratchD>, cutlass::epilogue::fusion::Sm90AccFetch>;
+      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, SamplerScratchD, kControls>, cutlass::epilogue::fusion::Sm90AccFetch>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -50,20 +50,20 @@ struct SamplerGemmSm100 {
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/true>;
 };
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool kControls>
 cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm100<Element, TileN>::Launcher::run(p, buffers, gemm_workspace, stream);
+  return SamplerGemmSm100<Element, TileN, kControls>::Launcher::run(p, buffers, gemm_workspace, stream);
 }
 
-template <class Element, int TileN>
+template <class Element, int TileN, bool kControls>
 size_t sampler_gemm_workspace_sm100(SamplerParams const& p) {
-  return SamplerGemmSm100<Element, TileN>::Launcher::gemm_workspace_bytes(p);
+  return SamplerGemmSm100<Element, TileN, kControls>::Launcher::gemm_workspace_bytes(p);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM100(Element, TileN)                                        \
-  template cudaError_t run_sampler_gemm_sm100<Element, TileN>(SamplerParams const&, SamplerBuffers const&, \
-                                                             void*, cudaStream_t);                   \
-  template size_t sampler_gemm_workspace_sm100<Element, TileN>(SamplerParams const&);
+#define FLASHSAMPLING_INSTANTIATE_SM100(Element, TileN, kControls)                                        \
+  template cudaError_t run_sampler_gemm_sm100<Element, TileN, kControls>(SamplerParams const&,                  \
+                                                                        SamplerBuffers const&, void*, cudaStream_t); \
+  template size_t sampler_gemm_workspace_sm100<Element, TileN, kControls>(SamplerParams const&);
 
 }  // namespace flashsampling

@@ -4,7 +4,7 @@
 // whole epilogue (ElementD = void: no logits are stored).
 //
 // Included only by the small per-config instantiation files
-// sampler_<dtype>_n<N>_sm90.cu, so each config compiles in its own process.
+// sampler_<dtype>_n<N>[_controls]_<schedule>_sm90.cu, so each config compiles in its own process.
 #pragma once
 
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -16,7 +16,7 @@
 
 namespace flashsampling {
 
-template <class Element, int TileN, bool kPingpong>
+template <class Element, int TileN, bool kPingpong, bool kControls>
 struct SamplerGemmSm90 {
   using Config = SamplerTileConfig<TileN, kPingpong>;
   using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
@@ -25,7 +25,7 @@ struct SamplerGemmSm90 {
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
-      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float>, cutlass::epilogue::fusion::Sm90AccFetch>;
+      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, kControls>, cutlass::epilogue::fusion::Sm90AccFetch>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -50,21 +50,20 @@ struct SamplerGemmSm90 {
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
 
-template <class Element, int TileN, bool kPingpong>
+template <class Element, int TileN, bool kPingpong, bool kControls>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm90<Element, TileN, kPingpong>::Launcher::run(p, buffers, gemm_workspace, stream);
+  return SamplerGemmSm90<Element, TileN, kPingpong, kControls>::Launcher::run(p, buffers, gemm_workspace, stream);
 }
 
-template <class Element, int TileN, bool kPingpong>
+template <class Element, int TileN, bool kPingpong, bool kControls>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p) {
-  return SamplerGemmSm90<Element, TileN, kPingpong>::Launcher::gemm_workspace_bytes(p);
+  return SamplerGemmSm90<Element, TileN, kPingpong, kControls>::Launcher::gemm_workspace_bytes(p);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong)                                      \
-  template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong>(SamplerParams const&,          \
-                                                                        SamplerBuffers const&, void*,       \
-                                                                        cudaStream_t);                 \
-  template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong>(SamplerParams const&);
+#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong, kControls)                              \
+  template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong, kControls>(                        \
+      SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);                                 \
+  template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kControls>(SamplerParams const&);
 
 }  // namespace flashsampling

@@ -33,6 +33,9 @@ struct NoiseSource {
 // excluded, score = fma(x, fl(1 / T), g) or x for greedy rows (csrc/torch/checks.h).
 struct SamplingControls {
   const float* temperatures = nullptr;    // [B]; wins over SamplerParams::inv_temperature
+  // [B] fs_inv_temperature(temperatures[b]), filled by launch_sampler in its workspace
+  // before the GEMM so the epilogue loads fl(1 / T) instead of dividing per element.
+  const float* inv_temperatures = nullptr;
   const float* logit_bias = nullptr;      // [V]
   const uint32_t* allowed_mask = nullptr;  // [B, mask_words]: bit v & 31 of word v >> 5 = allowed
   // Sparse per-row bias: sparse_bitmap marks (row, v) with at least one entry, so the
@@ -43,6 +46,15 @@ struct SamplingControls {
   int sparse_k = 0;
   int64_t mask_words = 0;  // ceil(V / 32)
 };
+
+// Plain sampling: one sample per row, batch-wide temperature and noise, no logit
+// transform, no logprobs. The dispatcher runs it on kernels compiled without the
+// controls' code (benchmarks/NOTES.md: that code costs instruction cache when present).
+inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& noise, int num_samples, bool logprobs) {
+  return num_samples == 1 && !logprobs && c.temperatures == nullptr && c.logit_bias == nullptr &&
+         c.allowed_mask == nullptr && c.sparse_ids == nullptr && noise.row_seeds == nullptr &&
+         noise.row_offsets == nullptr;
+}
 
 struct SamplerParams {
   // LM head weight [V, D] and hidden states, both with unit stride along D. With

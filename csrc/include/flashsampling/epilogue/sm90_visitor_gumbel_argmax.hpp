@@ -21,11 +21,16 @@
 // of once per tile, so each thread keeps state only for the columns of one
 // strip; that keeps the register budget flat at batch 256.
 //
-// Controls (SamplingControls): logit bias, sparse per-row bias, allowed-token mask and
-// per-row temperatures transform each logit before the noise; several samples are
-// extra GEMM columns (column s * B + b draws sample s of row b), so the weight tile is
-// read once for all of them; with logprobs the node also keeps an online (max, sum of exp) per column in log2 units
-// and the transformed logit of each column's best candidate, reduced alongside.
+// kControls selects which of two element loops the node is compiled with. The plain
+// loop (kControls = false) serves one sample with a batch-wide temperature and seed and
+// nothing else. The controls loop serves everything else: logit bias, sparse per-row
+// bias, allowed-token mask and per-row temperatures transform each logit before the
+// noise; several samples are extra GEMM columns (column s * B + b draws sample s of
+// row b), so the weight tile is read once for all of them; per-row seeds and offsets;
+// with logprobs the node also keeps an online (max, sum of exp) per column in log2
+// units and the transformed logit of each column's best candidate, reduced alongside.
+// They are separate kernels because the epilogue inlines visit() once per subtile:
+// code of a loop that is not taken still costs instruction cache (benchmarks/NOTES.md).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +39,7 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
 
+#include "flashsampling/epilogue/candidate_math.cuh"
 #include "flashsampling/philox_gumbel.h"
 #include "flashsampling/sampler_params.h"
 
@@ -45,19 +51,6 @@ using cutlass::epilogue::fusion::ProducerLoadArgs;
 using cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks;
 using cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks;
 using cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue;
-
-// Packs a candidate so that unsigned max == "better" of philox_gumbel.h.
-CUTLASS_DEVICE PackedCandidate pack_candidate(float score, int32_t index) {
-  // +0.0f folds -0 into +0: the two compare equal as floats, so must as keys.
-  uint32_t bits = __float_as_uint(score + 0.0f);
-  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  bits = (score != score) ? 0u : bits;  // NaN loses to everything, like fs_candidate_better
-  return (static_cast<PackedCandidate>(bits) << 32) | static_cast<uint32_t>(~index);
-}
-
-CUTLASS_DEVICE PackedCandidate max_candidate(PackedCandidate a, PackedCandidate b) {
-  return a > b ? a : b;
-}
 
 // Out-of-line noise for wide tiles: the collective unrolls every epilogue subtile of
 // the CTA tile, so an inlined Philox + two logs per element grows the kernel with the
@@ -106,29 +99,6 @@ CUTLASS_DEVICE bool transform_logit(SamplingControls const& c, uint32_t batch_ro
   return true;
 }
 
-// Online log-sum-exp in log2 units: (max, sum of 2^(y2 - max)). -inf terms add
-// nothing; a NaN term makes the sum NaN.
-CUTLASS_DEVICE void lse_add(float& max2, float& sum, float y2) {
-  if (y2 > max2) {
-    sum = sum * exp2f(max2 - y2) + 1.0f;
-    max2 = y2;
-  } else if (y2 > -INFINITY) {
-    sum += exp2f(y2 - max2);
-  } else if (y2 != y2) {
-    sum = y2;
-  }
-}
-
-CUTLASS_DEVICE void lse_merge(float& max2, float& sum, float other_max2, float other_sum) {
-  float const m = fmaxf(max2, other_max2);
-  if (m == -INFINITY) {
-    sum = sum + other_sum;  // both empty (0), or NaN
-    return;
-  }
-  sum = sum * exp2f(max2 - m) + other_sum * exp2f(other_max2 - m);
-  max2 = m;
-}
-
 constexpr float kLog2e = 1.4426950408889634f;
 
 // ElementOutput: what visit() hands on to the collective. With ElementD = void
@@ -136,7 +106,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // ElementAux; the reduce() stage reuses that epilogue buffer as scratch, as
 // Sm90RowReduction does. Where a D store cannot be switched off (sm100 in CUTLASS
 // 4.2), ElementOutput is the scratch D element and visit() emits zeros.
-template <class CtaTileShapeMNK, class ElementOutput = float>
+template <class CtaTileShapeMNK, class ElementOutput = float, bool kControls = false>
 struct Sm90GumbelArgmaxRowReduction {
   using ElementAux = ElementOutput;
   static constexpr bool kNoiseOutOfLine = decltype(size<1>(CtaTileShapeMNK{}))::value >= 64;
@@ -170,7 +140,9 @@ struct Sm90GumbelArgmaxRowReduction {
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) {
-    return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.batch_size >= 1 &&
+    // The plain loop ignores the controls: refuse a call that needs them.
+    bool const plain = is_plain_sampling(args.controls, args.noise, args.num_samples, args.logprobs);
+    return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.batch_size >= 1 && (kControls || plain) &&
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
 
@@ -220,22 +192,11 @@ struct Sm90GumbelArgmaxRowReduction {
              lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       fill(tCrScore, -INFINITY);
       fill(tCrIndex, int32_t{kNoCandidate});
-      if (params.logprobs) {
+      if (kControls && params.logprobs) {
         fill(tCrLogit, 0.0f);
         fill(tCrLseMax, -INFINITY);
         fill(tCrLseSum, 0.0f);
       }
-    }
-
-    // True when this pass is plain sampling: one sample, batch-wide temperature and
-    // noise, no logit transform, no logprobs. It then runs the v4 element loop, whose
-    // code size was tuned per tile (benchmarks/NOTES.md); everything else runs the
-    // general loop, which keeps its code small by calling the noise out of line.
-    CUTLASS_DEVICE bool plain_pass() const {
-      SamplingControls const& c = params.controls;
-      return params.num_samples == 1 && !params.logprobs && c.temperatures == nullptr && c.logit_bias == nullptr &&
-             c.allowed_mask == nullptr && c.sparse_bitmap == nullptr && params.noise.row_seeds == nullptr &&
-             params.noise.row_offsets == nullptr;
     }
 
     // General loop noise of (batch row, sample, vocab index): with batch-wide seed and
@@ -269,8 +230,8 @@ struct Sm90GumbelArgmaxRowReduction {
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      if (plain_pass()) {
-        // v4's loop: one Philox block holds the noise of 4 consecutive batch rows at one
+      if constexpr (!kControls) {
+        // The plain loop (v4): one Philox block holds the noise of 4 consecutive batch rows at one
         // vocab index; accumulator layouts keep neighbouring columns in neighbouring
         // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
         uint64_t const offset_plus_sample = offset;
@@ -329,8 +290,8 @@ struct Sm90GumbelArgmaxRowReduction {
           }
           float inv_temperature = params.inv_temperature;
           bool greedy = params.greedy;
-          if (controls.temperatures) {
-            inv_temperature = fs_inv_temperature(__ldg(controls.temperatures + batch_row));
+          if (controls.inv_temperatures) {
+            inv_temperature = __ldg(controls.inv_temperatures + batch_row);
             greedy = inv_temperature == 0.0f;
           }
           // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
@@ -380,7 +341,7 @@ struct Sm90GumbelArgmaxRowReduction {
       int const num_cols = get<1>(problem_mn);
       int const col_base = static_cast<int>(n_tile) * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN;
       int64_t const out_base = static_cast<int64_t>(m_tile) * num_cols + col_base;
-      bool const logprobs = params.logprobs;
+      bool const logprobs = kControls && params.logprobs;
 
       // Shared-memory scratch, one entry per (strip column, warp in M): candidates,
       // then the candidates' logits, then the (max2, sum) pairs. Each is a
