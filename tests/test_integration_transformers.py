@@ -219,6 +219,17 @@ def test_graph_bookkeeping_with_a_stand_in_graph(fst):
     assert Decoder.captures == 2 and torch.equal(short.new_tokens, colder.new_tokens[:, :3])
 
 
+def test_compiled_body_same_tokens(fst):
+    """compile_body=True (torch.compile of the steps' body, dynamic shapes) changes no token."""
+    model = tiny_model("qwen3")
+    kwargs = dict(max_new_tokens=6, temperature=0.9, seed=4)
+    eager = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
+    compiled = fst.FlashSamplingDecoder(model, cuda_graph=False, compile_body=True)
+    assert torch.equal(compiled.generate(PROMPTS, **kwargs).new_tokens, eager.new_tokens)
+    two = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS[:2], **kwargs)
+    assert torch.equal(compiled.generate(PROMPTS[:2], **kwargs).new_tokens, two.new_tokens)  # another batch size
+
+
 def test_lm_head_bias(fst):
     model = tiny_model("llama")
     vocab = COMMON["vocab_size"]

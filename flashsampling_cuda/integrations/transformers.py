@@ -314,15 +314,20 @@ class StaticCacheDecoder:
             stopped (a host sync); the rows' outputs do not depend on it.
         cache_len_multiple: the cache length is ``P + max_new_tokens`` rounded up to this, so
             that calls with nearby lengths share the cache and the captured graph.
+        compile_body: run the decode steps' model body through ``torch.compile`` (dynamic
+            shapes, so one compilation serves every batch size; the prefill stays eager). It
+            fuses the body's many small kernels, which otherwise dominate a small model's
+            step even inside a CUDA graph. The first call pays the compilation.
     """
 
     warmup_steps = 2
 
     def __init__(self, model: nn.Module, *, cuda_graph: bool = True, check_every: int = 8,
-                 cache_len_multiple: int = 64):
+                 cache_len_multiple: int = 64, compile_body: bool = False):
         self.model = model
         self.head = FlashSamplingHead(model)
         self.body = model.model
+        self.step_body = torch.compile(self.body, dynamic=True) if compile_body else self.body
         self.config = model.config
         impl = getattr(self.config, "_attn_implementation", None)
         if impl not in _MASK_KINDS:
@@ -354,12 +359,13 @@ class StaticCacheDecoder:
         zero = torch.zeros((), dtype=dtype, device=valid.device)
         return torch.where(valid, zero, torch.finfo(dtype).min)
 
-    def _forward(self, s: _Session, ids: Tensor, pos: Tensor, valid: Tensor, cache_position: Tensor) -> Tensor:
+    def _forward(self, s: _Session, ids: Tensor, pos: Tensor, valid: Tensor, cache_position: Tensor,
+                 body: nn.Module | None = None) -> Tensor:
         kwargs = dict(input_ids=ids, attention_mask=self._mask(valid), position_ids=pos,
                       past_key_values=s.cache, use_cache=True)
         if self._pass_cache_position:  # transformers versions whose StaticCache writes at cache_position
             kwargs["cache_position"] = cache_position
-        return self.body(**kwargs).last_hidden_state
+        return (self.body if body is None else body)(**kwargs).last_hidden_state
 
     @staticmethod
     def _record(s: _Session, tokens: Tensor) -> None:
@@ -375,7 +381,7 @@ class StaticCacheDecoder:
     def _step(self, s: _Session, sampler: Sampler) -> None:
         """One decode step: feed s.ids, sample the next token. No host sync."""
         valid = (s.slots[None, :] >= s.pad[:, None]) & (s.slots[None, :] <= s.kv_pos)
-        hidden = self._forward(s, s.ids, s.pos, valid[:, None, None, :], s.kv_pos)
+        hidden = self._forward(s, s.ids, s.pos, valid[:, None, None, :], s.kv_pos, body=self.step_body)
         tokens = sampler(hidden[:, -1], s.seed, s.offset)
         s.pos.add_(1)
         s.kv_pos.add_(1)
