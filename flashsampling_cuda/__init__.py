@@ -7,8 +7,16 @@
 import torch  # noqa: F401  (loads libtorch/libc10, which _C links against)
 
 from . import _C  # noqa: F401  (registers torch.ops.flashsampling)
-from .sampling import SampleOutput, ScoredSample, pack_allowed_mask, sample, sample_with_scores
+from .sampling import (
+    SampleOutput,
+    ScoredSample,
+    pack_allowed_mask,
+    sample,
+    sample_with_scores,
+    sample_without_replacement,
+)
 from . import distributed, grouped  # noqa: E402  (tensor-parallel and grouped sampling)
 
-__all__ = ["sample", "sample_with_scores", "pack_allowed_mask", "SampleOutput", "ScoredSample"]
+__all__ = ["sample", "sample_with_scores", "sample_without_replacement", "pack_allowed_mask", "SampleOutput",
+           "ScoredSample"]
 __version__ = "0.1.0"

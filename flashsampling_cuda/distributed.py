@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .noise import draw_seed as _draw_seed
 from .sampling import SampleOutput, sample_with_scores
 
 __all__ = ["sample", "shard_allowed_mask", "vocab_shards"]
@@ -90,14 +91,6 @@ def _comm_device(device: torch.device, backend: str | None) -> torch.device:
     if device.type == "cuda" and backend is not None and "nccl" not in backend:
         return torch.device("cpu")
     return device
-
-
-def _draw_seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """A batch-wide 64-bit seed (0-d int64 on `device`) drawn from `generator` (default:
-    the default generator of `device`), without a host sync on CUDA."""
-    if generator is not None:
-        device = generator.device
-    return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, device=device, generator=generator)
 
 
 def _shared_seed(generator, device: torch.device, rank: int, world: int, group, backend) -> Tensor:

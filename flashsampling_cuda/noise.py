@@ -45,6 +45,14 @@ def as_int64_tensor(x: int | Tensor, device: torch.device | str | None = None) -
     return torch.tensor(x - 2**64 if x >= 2**63 else x, dtype=torch.int64, device=device)
 
 
+def draw_seed(generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """A batch-wide 64-bit seed (0-d int64 on `device`) drawn from `generator` (default:
+    the default generator of `device`), without a host sync on CUDA."""
+    if generator is not None:
+        device = generator.device
+    return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64, device=device, generator=generator)
+
+
 def _mulhilo32(a: int, b: Tensor) -> tuple[Tensor, Tensor]:
     """(hi, lo) 32-bit halves of a * b for a uint32 constant a and uint32 values b,
     without overflowing int64: b is split into 16-bit halves."""

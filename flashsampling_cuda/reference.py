@@ -5,11 +5,14 @@ included: biases, allowed-token mask, vocab_start, per-row and greedy temperatur
 log-probabilities) with the logits, biases and perturbed scores in float64 and the *same*
 fp32 noise (noise.py), so the op's tokens must equal the reference's except where the
 top-2 perturbed scores are closer than the op's fp32 rounding: :class:`ReferenceSample`
-reports that gap and a tolerance.
+reports that gap and a tolerance. Top-k / top-p / min-p (:func:`reference_truncation`) and
+sampling without replacement (:func:`reference_sample_without_replacement`) are computed
+from the semantics, independently of truncation.py, and report how near their boundary is.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -25,6 +28,21 @@ class ReferenceSample(NamedTuple):
     scores: Tensor  # float64 [B, num_samples]: the winning score (-inf: no candidate)
     logprobs: Tensor  # float64 [B, num_samples]: y[token] - logsumexp(y) (NaN: no candidate)
     logsumexp: Tensor  # float64 [B]: logsumexp of y = x / T (x for greedy rows) over the allowed tokens
+    # float64 [B]: how far the top_k/top_p/min_p boundary is from moving, in the units of
+    # `tolerance` (a row below its tolerance may truncate differently in fp32); inf untruncated.
+    boundary_gap: Tensor
+
+
+class ReferenceTruncation(NamedTuple):
+    survivors: Tensor  # bool [B, V]: the allowed tokens that survive top_k, top_p and min_p
+    boundary_gap: Tensor  # float64 [B], as ReferenceSample.boundary_gap
+
+
+class ReferenceTopK(NamedTuple):
+    tokens: Tensor  # int64 [B, k]: the tokens of the k best perturbed scores, best first
+    gap: Tensor  # float64 [B]: smallest difference of consecutive scores among the best k + 1
+    tolerance: Tensor  # float64 [B], as ReferenceSample.tolerance
+    boundary_gap: Tensor  # float64 [B], as ReferenceSample.boundary_gap
 
 
 def _per_row(x: int | Tensor, batch: int, device: torch.device) -> tuple[Tensor, bool]:
@@ -60,6 +78,51 @@ def _allowed_chunk(allowed_mask: Tensor, begin: int, end: int) -> Tensor:
     return ((words >> (v & 31)) & 1).bool()
 
 
+def _transformed_chunk(h: Tensor, weight: Tensor, begin: int, end: int, logit_bias: Tensor | None,
+                       sparse: tuple[Tensor, Tensor] | None, vocab_start: int) -> tuple[Tensor, Tensor]:
+    """(x, magnitude), float64 [B, end - begin]: the transformed logits of local vocabulary
+    [begin, end) for float64 hidden h [B, D] (logit + logit_bias + the sparse values of
+    the id) and sum_d |w h| + |biases|, their fp32 error scale."""
+    device = h.device
+    w = weight[begin:end].to(device, torch.float64)
+    x = h @ w.T
+    magnitude = h.abs() @ w.abs().T
+    if logit_bias is not None:
+        bias = logit_bias[begin:end].to(device, torch.float64)
+        x = x + bias
+        magnitude = magnitude + bias.abs()
+    if sparse is not None:
+        ids, values = sparse
+        local = ids - vocab_start - begin
+        hit = (local >= 0) & (local < end - begin)
+        row_of = torch.arange(h.shape[0], device=device)[:, None].expand_as(ids)
+        x = x.index_put((row_of[hit], local[hit]), values[hit], accumulate=True)
+        magnitude = magnitude.index_put((row_of[hit], local[hit]), values[hit].abs(), accumulate=True)
+    return x, magnitude
+
+
+def _row_params(temperature, seed, offset, batch: int, device: torch.device) -> tuple[Tensor, ...]:
+    """(greedy bool, 1 / T float64 (1 for greedy rows), seed, offset, noise stream int64),
+    each [B]: a [B] seed is per row (stream 0), otherwise the stream is the batch row."""
+    temps = torch.as_tensor(temperature, dtype=torch.float64, device=device).expand(batch)
+    greedy = temps == 0
+    seeds, per_row_seed = _per_row(seed, batch, device)
+    offsets, _ = _per_row(offset, batch, device)
+    streams = torch.arange(batch, device=device) * (0 if per_row_seed else 1)
+    return greedy, torch.where(greedy, 1.0, 1.0 / temps), seeds, offsets, streams
+
+
+def _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias, allowed_mask, vocab_start,
+                    top_k, top_p, min_p) -> tuple[Tensor | None, Tensor]:
+    """(allowed_mask restricted to the survivors of :func:`reference_truncation`,
+    boundary_gap [B]); the mask as given and an inf gap when nothing is truncated."""
+    if top_k is None and top_p is None and min_p is None:
+        return allowed_mask, torch.full((hidden.shape[0],), torch.inf, dtype=torch.float64, device=hidden.device)
+    return reference_truncation(hidden, weight, temperature, logit_bias=logit_bias,
+                                sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
+                                vocab_start=vocab_start, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
 def reference_sample(
     hidden: Tensor,
     weight: Tensor,
@@ -75,9 +138,14 @@ def reference_sample(
     vocab_start: int = 0,
     rtol: float = 1e-5,
     max_chunk_elements: int = 1 << 21,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
 ) -> ReferenceSample:
     """Reference of ``flashsampling.sample(hidden, weight, temperature=..., seed=...,
     offset=..., num_samples=..., <controls>, return_logprobs=True)`` with an explicit seed.
+    With ``top_k``/``top_p``/``min_p`` the sample is over the survivors of
+    :func:`reference_truncation` (and the log-probabilities over them).
 
     Args:
         hidden: [B, D], weight: [V, D] (any float dtype; used as float64).
@@ -96,17 +164,11 @@ def reference_sample(
     """
     batch, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
+    allowed_mask, boundary_gap = _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias,
+                                                 allowed_mask, vocab_start, top_k, top_p, min_p)
     h = hidden.double()
-    temps = torch.as_tensor(temperature, dtype=torch.float64, device=device).expand(batch)
-    greedy = temps == 0
-    inv_t = torch.where(greedy, 1.0, 1.0 / temps)
-    seeds, per_row_seed = _per_row(seed, batch, device)
-    offsets, _ = _per_row(offset, batch, device)
-    streams = torch.zeros(batch, dtype=torch.int64, device=device)
-    if not per_row_seed:
-        streams = torch.arange(batch, device=device)
+    greedy, inv_t, seeds, offsets, streams = _row_params(temperature, seed, offset, batch, device)
     sparse = _sparse_pair(sparse_logit_bias, batch, device)
-    rows = torch.arange(batch, device=device)
 
     shape = (batch, num_samples)
     best = torch.full(shape, -torch.inf, dtype=torch.float64, device=device)
@@ -119,21 +181,8 @@ def reference_sample(
     any_allowed = torch.zeros(batch, dtype=torch.bool, device=device)
     chunk = max(1, max_chunk_elements // max(batch, 1))
     for begin in range(0, vocab, chunk):
-        w = weight[begin : begin + chunk].double()
-        end = begin + w.shape[0]
-        x = h @ w.T  # [B, c]
-        magnitude = h.abs() @ w.abs().T
-        if logit_bias is not None:
-            bias = logit_bias[begin:end].to(device, torch.float64)
-            x = x + bias
-            magnitude = magnitude + bias.abs()
-        if sparse is not None:
-            ids, values = sparse
-            local = ids - vocab_start - begin
-            hit = (local >= 0) & (local < end - begin)
-            row_of = rows[:, None].expand_as(ids)
-            x = x.index_put((row_of[hit], local[hit]), values[hit], accumulate=True)
-            magnitude = magnitude.index_put((row_of[hit], local[hit]), values[hit].abs(), accumulate=True)
+        end = min(begin + chunk, vocab)
+        x, magnitude = _transformed_chunk(h, weight, begin, end, logit_bias, sparse, vocab_start)
         abs_dot_max = torch.maximum(abs_dot_max, magnitude.amax(dim=1))
         allowed = torch.ones_like(x, dtype=torch.bool)
         if allowed_mask is not None:
@@ -170,4 +219,118 @@ def reference_sample(
     tokens[empty] = -1 if empty_mask_token is None else empty_mask_token
     logprobs[empty] = torch.nan
     gap = torch.where(empty[:, None], torch.inf, best - second)
-    return ReferenceSample(tokens, gap, tolerance, best, logprobs, logsumexp)
+    return ReferenceSample(tokens, gap, tolerance, best, logprobs, logsumexp, boundary_gap)
+
+
+def _row_values(x, batch: int, off) -> list:
+    """A scalar or 0-d / [B] tensor truncation parameter as B Python numbers (None: off)."""
+    if x is None:
+        return [off] * batch
+    if isinstance(x, Tensor):
+        return x.cpu().expand(batch).tolist()
+    return [x] * batch
+
+
+def reference_truncation(
+    hidden: Tensor,
+    weight: Tensor,
+    temperature: float | Tensor = 1.0,
+    *,
+    logit_bias: Tensor | None = None,
+    sparse_logit_bias=None,
+    allowed_mask: Tensor | None = None,
+    vocab_start: int = 0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
+) -> ReferenceTruncation:
+    """The survivors of top-k, top-p and min-p in float64, row by row, read off the
+    semantics: y = x / T (x for greedy rows, x as in :func:`reference_sample`) of the
+    allowed tokens, in descending order with ties to the smaller index; keep the first
+    ``top_k`` (``<= 0``: all); softmax over those; keep the shortest prefix whose
+    probabilities add up to ``top_p`` (the first always); drop those whose probability is
+    below ``min_p`` times the first's. Arguments as in :func:`reference_sample`.
+
+    ``boundary_gap`` bounds how far the fp32 inputs may move before the set changes: if
+    every y moves by at most d, a difference of two y by 2d, a probability by a factor
+    exp(2d), so the gap is the smallest of (y_k - y_k+1) / 2 at the top_k cut,
+    |sum - top_p| / (2 max(sum, top_p)) for the masses ahead of the last kept and first
+    dropped tokens, |log(p_i / p_0) - log(min_p)| / 2 for the min_p cut (in units of y).
+    """
+    batch, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    x, _ = _transformed_chunk(hidden.double(), weight, 0, vocab, logit_bias,
+                              _sparse_pair(sparse_logit_bias, batch, device), vocab_start)
+    temps = torch.as_tensor(temperature, dtype=torch.float64, device=device).expand(batch)
+    y = torch.where(temps[:, None] == 0, x, x / temps[:, None]).cpu()
+    allowed = torch.ones((batch, vocab), dtype=torch.bool)
+    if allowed_mask is not None:
+        allowed = _allowed_chunk(allowed_mask.to(device), 0, vocab).cpu()
+    survivors = torch.zeros((batch, vocab), dtype=torch.bool)
+    boundary_gap = torch.full((batch,), math.inf, dtype=torch.float64)
+    rows = zip(_row_values(top_k, batch, -1), _row_values(top_p, batch, 1.0), _row_values(min_p, batch, 0.0))
+    for b, (k, p, m) in enumerate(rows):
+        ids = torch.nonzero(allowed[b] & ~y[b].isnan())[:, 0]  # ascending
+        if ids.numel() == 0:
+            continue
+        ys, rank = torch.sort(y[b, ids], descending=True, stable=True)  # ties keep the smaller index first
+        order = ids[rank]
+        gaps = []
+        n = order.numel() if k <= 0 else min(k, order.numel())
+        if n < order.numel():
+            gaps.append((ys[n - 1] - ys[n]).item() / 2)
+        probs = torch.softmax(ys[:n], dim=0)
+        if p < 1:
+            ahead = torch.cumsum(probs, dim=0) - probs  # mass before each token
+            n = max(1, int((ahead < p).sum()))
+            gaps += [abs(ahead[i].item() - p) / (2 * max(ahead[i].item(), p)) for i in (n - 1, n)
+                     if 0 < i < ahead.numel()]
+        if m > 0:
+            log_ratio = torch.log(probs[:n] / probs[0])
+            n = max(1, int((log_ratio >= math.log(m)).sum()))
+            gaps += [abs(log_ratio[i].item() - math.log(m)) / 2 for i in (n - 1, n) if 0 < i < log_ratio.numel()]
+        survivors[b, order[:n]] = True
+        boundary_gap[b] = min(gaps, default=math.inf)
+    return ReferenceTruncation(survivors.to(device), boundary_gap.to(device))
+
+
+def reference_sample_without_replacement(
+    hidden: Tensor,
+    weight: Tensor,
+    k: int,
+    temperature: float | Tensor = 1.0,
+    seed: int | Tensor = 0,
+    offset: int | Tensor = 0,
+    *,
+    logit_bias: Tensor | None = None,
+    sparse_logit_bias=None,
+    allowed_mask: Tensor | None = None,
+    vocab_start: int = 0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
+    rtol: float = 1e-5,
+) -> ReferenceTopK:
+    """Reference of ``flashsampling.sample_without_replacement``: the allowed tokens
+    (survivors of :func:`reference_truncation` when truncated) of the ``k`` largest float64
+    scores x / T + g (x for greedy rows) of draw 0, best first, ties to the smaller index.
+    Excluded tokens rank last (score -inf), so a row with fewer than k allowed tokens has
+    excluded ones past them. Arguments as in :func:`reference_sample`."""
+    batch, vocab = hidden.shape[0], weight.shape[0]
+    device = hidden.device
+    allowed_mask, boundary_gap = _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias,
+                                                 allowed_mask, vocab_start, top_k, top_p, min_p)
+    x, magnitude = _transformed_chunk(hidden.double(), weight, 0, vocab, logit_bias,
+                                      _sparse_pair(sparse_logit_bias, batch, device), vocab_start)
+    greedy, inv_t, seeds, offsets, streams = _row_params(temperature, seed, offset, batch, device)
+    g = gumbel_noise(seeds[:, None], offsets[:, None], streams[:, None], 0,
+                     torch.arange(vocab_start, vocab_start + vocab, device=device))
+    scores = torch.where(greedy[:, None], x, x * inv_t[:, None] + g.double())
+    if allowed_mask is not None:
+        scores = torch.where(_allowed_chunk(allowed_mask.to(device), 0, vocab), scores, -torch.inf)
+    best, order = torch.sort(-scores, dim=1, stable=True)  # score descending, ties to the smaller index
+    best = -best[:, : k + 1]
+    steps = torch.cat([best[:, :-1] - best[:, 1:], torch.full_like(best[:, :1], torch.inf)], dim=1)
+    gap = torch.where(torch.isnan(steps), torch.inf, steps).amin(dim=1)  # NaN: two excluded tokens
+    tolerance = rtol * (magnitude.amax(dim=1) * inv_t + 1.0)
+    return ReferenceTopK(order[:, :k] + vocab_start, gap, tolerance, boundary_gap)

@@ -6,12 +6,14 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .noise import as_int64_tensor
+from .masks import pack_allowed_mask, unpack_allowed_mask
+from .noise import as_int64_tensor, draw_seed
+from .truncation import parse_truncation, truncated_allowed_mask
 
-__all__ = ["sample", "sample_with_scores", "pack_allowed_mask", "SampleOutput", "ScoredSample"]
+__all__ = ["sample", "sample_with_scores", "sample_without_replacement", "pack_allowed_mask", "SampleOutput",
+           "ScoredSample"]
 
 SparseLogitBias = Union[tuple[Tensor, Tensor], Sequence[Mapping[int, float]]]
 
@@ -83,23 +85,6 @@ def _sparse_bias_args(sparse_logit_bias: SparseLogitBias | None, hidden: Tensor)
     )
 
 
-def pack_allowed_mask(mask: Tensor) -> Tensor:
-    """Packs a bool ``[B, V]`` allowed-token mask (True = allowed) into the int32
-    ``[B, ceil(V / 32)]`` bitmask the op takes (xgrammar's layout: token ``v`` is bit
-    ``v & 31`` of word ``v >> 5``), on the mask's device."""
-    if mask.dtype != torch.bool or mask.dim() != 2:
-        raise ValueError(
-            f"flashsampling.sample: allowed_mask to pack must be a bool [B, V] tensor, got {mask.dtype} "
-            f"of shape {list(mask.shape)}"
-        )
-    batch, vocab = mask.shape
-    words = (vocab + 31) // 32
-    bits = F.pad(mask.to(torch.uint8), (0, words * 32 - vocab)).view(batch, words * 4, 8)
-    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
-    packed_bytes = (bits << shifts).sum(dim=-1, dtype=torch.uint8)  # little-endian bytes of each word
-    return packed_bytes.view(torch.int32)
-
-
 def _allowed_mask_arg(allowed_mask: Tensor | None, hidden: Tensor, weight: Tensor) -> Tensor | None:
     if allowed_mask is None or not isinstance(allowed_mask, Tensor) or allowed_mask.dtype != torch.bool:
         return allowed_mask
@@ -125,12 +110,13 @@ def _seed_arg(name: str, x: int | Tensor | None) -> Tensor | None:
 
 def _op_kwargs(
     hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-    allowed_mask, empty_mask_token, vocab_start,
+    allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None,
 ) -> dict:
-    """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments."""
+    """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
+    Truncation that may be on (truncation.py) becomes part of ``allowed_mask``."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
-    return dict(
+    kwargs = dict(
         temperature=scalar_temperature,
         temperatures=temperatures,
         num_samples=num_samples,
@@ -144,6 +130,15 @@ def _op_kwargs(
         empty_mask_token=empty_mask_token,
         vocab_start=vocab_start,
     )
+    truncation = parse_truncation(top_k, top_p, min_p, hidden)
+    if truncation is not None:
+        # The op's own argument errors come before the logits are materialised (traced,
+        # the op's fake kernel runs the same checks; torch._check messages do not trace).
+        if not torch.compiler.is_compiling():
+            _check_fake_args(hidden, weight, num_samples, kwargs["temperatures"], kwargs["seed"],
+                             kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"])
+        kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation)
+    return kwargs
 
 
 def sample(
@@ -161,6 +156,9 @@ def sample(
     empty_mask_token: int | None = None,
     return_logprobs: bool = False,
     vocab_start: int = 0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
 ) -> Tensor | SampleOutput:
     r"""Sample next tokens from ``softmax(hidden @ weight.T / T)`` without materialising logits.
 
@@ -175,7 +173,9 @@ def sample(
     :math:`g` i.i.d. standard Gumbel noise. Since
     :math:`P(\operatorname{argmax}_v(x_v + g_v) = i) = \operatorname{softmax}(x)_i`, every
     token is an exact sample from the categorical distribution of the (biased, masked)
-    logits; no top-k truncation, no approximation.
+    logits, no approximation. With ``top_k``/``top_p``/``min_p`` it is an exact sample of
+    that distribution truncated and renormalised (the logits are then materialised once
+    to find the survivors: truncation.py).
 
     Args:
         hidden: ``[B, D]`` hidden states, ``torch.bfloat16``, ``torch.float16`` or
@@ -222,12 +222,28 @@ def sample(
             rows) over the allowed tokens: ``logprob = y[token] - logsumexp(y)``.
         vocab_start: global id of ``weight``'s row 0 (tensor-parallel vocabulary shards):
             the noise is keyed by and the tokens are the global ids ``vocab_start + v``.
+        top_k: keep only the ``top_k`` largest transformed logits ``y`` of a row (exact
+            ties to the smaller index); an int, a 0-d or a ``[B]`` integer tensor (per row)
+            on ``hidden``'s device or the CPU; ``-1`` or ``0``: off.
+        top_p: then keep the shortest prefix of those, in descending order, whose
+            probabilities (their softmax, float64) add up to ``top_p`` (the top token always
+            stays); a float in ``(0, 1]``, a 0-d or ``[B]`` float tensor; ``1``: off.
+        min_p: then drop the tokens whose probability is below ``min_p`` times the top
+            token's; a float in ``[0, 1]``, a 0-d or ``[B]`` float tensor; ``0``: off.
+            Tokens are sampled from ``softmax(y)`` over what remains, with the noise of plain
+            sampling: a row whose truncation is off gets exactly the plain-sampling token.
+            Values in CPU tensors are checked; in device tensors they are not (no sync):
+            ``top_k < 0``, ``top_p > 1`` and ``min_p < 0`` are off, ``top_p <= 0``,
+            ``min_p > 1`` and NaN keep the top token only. Any of them on (or any tensor)
+            costs one fp32 logits matmul ``[B, V]`` and a sort of each row before the fused
+            pass (README). They apply to ``weight``'s vocabulary: on a shard, to the shard.
 
     Returns:
         ``[B, num_samples]`` int64 token ids on ``hidden``'s device (``-1`` only for a row
         whose scores are all NaN, ``empty_mask_token`` for a row whose mask allows nothing);
         with ``return_logprobs`` a :class:`SampleOutput` ``(tokens, logprobs [B, num_samples]
-        float32, logsumexp [B] float32)``.
+        float32, logsumexp [B] float32)``; under truncation the log-probabilities are those
+        of the truncated, renormalised distribution (the logsumexp runs over the survivors).
 
     Noise and exactness contract:
         The noise of element ``(b, s, v)`` is a pure function of
@@ -251,7 +267,7 @@ def sample(
     """
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p,
     )
     if not return_logprobs:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
@@ -276,6 +292,9 @@ def sample_with_scores(
     empty_mask_token: int | None = None,
     return_logprobs: bool = False,
     vocab_start: int = 0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
 ) -> ScoredSample:
     """:func:`sample` (same arguments) returning every output of the op, for callers that
     combine partial samples, e.g. tensor-parallel vocabulary shards: the winning score of
@@ -283,6 +302,8 @@ def sample_with_scores(
     winner is the best score, exact ties to the smaller token id), and with
     ``return_logprobs`` each shard's token log-probability and logsumexp, which combine
     as ``lse = logsumexp over shards`` and ``logprob = logprob_shard + lse_shard - lse``.
+    Under truncation the score is the winner's among the survivors (and truncation
+    applies to the shard, so shards do not combine into a globally truncated sample).
 
     Returns:
         :class:`ScoredSample` ``(tokens int64 [B, S], scores float32 [B, S],
@@ -290,11 +311,100 @@ def sample_with_scores(
     """
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p,
     )
     return ScoredSample(
         *torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
     )
+
+
+def sample_without_replacement(
+    hidden: Tensor,
+    weight: Tensor,
+    k: int,
+    *,
+    temperature: float | Tensor = 1.0,
+    generator: torch.Generator | None = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
+    logit_bias: Tensor | None = None,
+    sparse_logit_bias: SparseLogitBias | None = None,
+    allowed_mask: Tensor | None = None,
+    empty_mask_token: int | None = None,
+    vocab_start: int = 0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
+) -> Tensor:
+    r"""``k`` distinct tokens per row, an exact ordered sample without replacement
+    (Gumbel-top-k), for beam search and n-best lists.
+
+    The tokens are the allowed tokens (after ``top_k``/``top_p``/``min_p``) of the ``k``
+    largest perturbed scores ``fma(x, fl32(1 / T), g)`` of one noise draw (draw 0 of
+    ``(seed, offset)``), in descending score order, exact ties to the smaller index. For
+    i.i.d. Gumbel noise this is the Plackett-Luce distribution of ``p = softmax(y)`` over
+    the allowed tokens: ``P(t_1, ..., t_k) = prod_j p[t_j] / (1 - sum_{i<j} p[t_i])``.
+    Token 0 is the token :func:`sample` returns for the same arguments; greedy rows
+    (``T = 0``) return their ``k`` largest ``x`` in order.
+
+    It calls the fused op ``k`` times with the same noise and logits, call ``j`` excluding
+    the ``j`` tokens already chosen through ``allowed_mask``, so its winner is the
+    ``(j+1)``-th best score: ``k`` GEMM passes (plus the logits matmul of truncation), meant
+    for small ``k``.
+
+    Args:
+        hidden, weight, temperature, logit_bias, sparse_logit_bias, allowed_mask,
+        vocab_start, top_k, top_p, min_p: as in :func:`sample`.
+        k: tokens per row, ``1 <= k <= V``.
+        seed, offset, generator: as in :func:`sample`. With no seed, one batch-wide seed is
+            drawn from ``generator`` (a 0-d tensor on its device, no sync) for all ``k``
+            passes, so token 0 is then not the token ``sample(generator=...)`` would draw.
+        empty_mask_token: fills the positions of a row past its allowed tokens (a row
+            whose mask, after truncation, allows fewer than ``k``). Without it such a row is
+            an error, which counting the allowed tokens finds (a host sync on CUDA, only
+            with an ``allowed_mask`` or truncation).
+
+    Returns:
+        int64 ``[B, k]`` global token ids on ``hidden``'s device.
+    """
+    vocab = weight.shape[0]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+        raise ValueError(f"flashsampling.sample_without_replacement: k must be an int in [1, V] = [1, {vocab}], "
+                         f"got {k!r}")
+    if seed is None:
+        if offset is not None:
+            raise ValueError("flashsampling.sample: offset was given without seed; with no seed the offset comes "
+                             "from the generator")
+        seed, generator = draw_seed(generator, hidden.device), None
+    kwargs = _op_kwargs(
+        hidden, weight, temperature, generator, seed, offset, 1, logit_bias, sparse_logit_bias, allowed_mask,
+        empty_mask_token, vocab_start, top_k, top_p, min_p,
+    )
+    batch = hidden.shape[0]
+    mask = kwargs["allowed_mask"]
+    if mask is None:
+        allowed = torch.ones((batch, vocab), dtype=torch.bool, device=hidden.device)
+    else:
+        allowed = unpack_allowed_mask(mask, vocab)
+        if empty_mask_token is None and batch > 0:
+            fewest = int(allowed.sum(dim=1).min())
+            if fewest < k:
+                raise ValueError(
+                    f"flashsampling.sample_without_replacement: k = {k} exceeds the {fewest} allowed tokens "
+                    "(after top_k/top_p/min_p) of some row; pass empty_mask_token to fill such rows")
+    # No row can run out unless filled (counted above; k <= V): the op need not read the masks.
+    kwargs["empty_mask_token"] = -1 if empty_mask_token is None else empty_mask_token
+    tokens = []
+    for j in range(k):
+        if j > 0:
+            kwargs["allowed_mask"] = pack_allowed_mask(allowed)
+        token = torch.ops.flashsampling.sample(hidden, weight, **kwargs)
+        tokens.append(token)
+        local = token - vocab_start  # [B, 1]; a filler token is outside [0, V) or in an empty row
+        chosen = (local >= 0) & (local < vocab)
+        index = local.clamp(0, vocab - 1)
+        allowed = allowed.scatter(1, index, allowed.gather(1, index) & ~chosen)
+    return torch.cat(tokens, dim=1)
 
 
 def _check_fake_args(
@@ -308,8 +418,21 @@ def _check_fake_args(
     torch._check(hidden.dim() == 2, lambda: f"{prefix} hidden must be 2-D [B, D], got shape {list(hidden.shape)}")
     torch._check(weight.dim() == 2, lambda: f"{prefix} weight must be 2-D [V, D], got shape {list(weight.shape)}")
     torch._check(
+        hidden.dtype in (torch.bfloat16, torch.float16, torch.float32),
+        lambda: f"{prefix} hidden must be bfloat16, float16 or float32, got {hidden.dtype}",
+    )
+    torch._check(
+        weight.dtype == hidden.dtype,
+        lambda: f"{prefix} weight dtype ({weight.dtype}) must match hidden dtype ({hidden.dtype})",
+    )
+    torch._check(
         weight.device == hidden.device,
         lambda: f"{prefix} weight must be on hidden's device ({hidden.device}), got {weight.device}",
+    )
+    torch._check(
+        weight.shape[1] == hidden.shape[1] and weight.shape[0] >= 1,
+        lambda: f"{prefix} hidden [B, D] and weight [V, D] must have the same D and V >= 1, got hidden shape "
+        f"{list(hidden.shape)} and weight shape {list(weight.shape)}",
     )
     torch._check(num_samples >= 1, lambda: f"{prefix} num_samples must be >= 1, got {num_samples}")
     batch, vocab = hidden.shape[0], weight.shape[0]

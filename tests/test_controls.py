@@ -16,42 +16,20 @@ import torch
 
 import flashsampling_cuda as fs
 from flashsampling_cuda.reference import reference_sample
-from sampling_stats import chi_square_pvalue, integer_problem, make_problem, pathwise_mismatches
+from sampling_stats import (
+    assert_matches_reference,
+    chi_square_pvalue,
+    integer_problem,
+    make_problem,
+    problem,
+    random_controls,
+    transformed_probs,
+)
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda)]
 # Tolerance of the reference (relative fp32 error of a score): the GPU accumulates the
 # logits in another order than at::mm (as in test_sample_cuda.py).
 RTOL = 1e-4
-
-
-def problem(batch, vocab, dim, device, *, logit_std=3.0, seed=0, dtype=torch.bfloat16):
-    hidden, weight = make_problem(batch, vocab, dim, dtype=dtype, logit_std=logit_std, seed=seed)
-    return hidden.to(device), weight.to(device)
-
-
-def random_controls(batch, vocab, device, *, vocab_start=0, seed=0, density=0.3, bias_scale=2.0, boost=5.0):
-    """Every control at once: logit_bias [V], sparse (ids, values) [B, 6] with a repeated
-    id (each of its two values raised by `boost`, so it often wins), -1 padding and ids of
-    other shards, a packed mask allowing ~density of the tokens (at least one per row) and
-    its bool [B, V] form."""
-    g = torch.Generator().manual_seed(seed)
-    logit_bias = torch.randn(vocab, generator=g) * bias_scale
-    ids = vocab_start + torch.randint(0, vocab, (batch, 6), generator=g)
-    ids[:, 1] = ids[:, 0]  # a repeated id: its values add up
-    ids[:, 3] = -1  # padding
-    ids[:, 4] = vocab_start + vocab + 5  # the next shard's
-    if vocab_start > 0:
-        ids[:, 5] = vocab_start - 1  # the previous shard's
-    values = torch.randn(batch, 6, generator=g) * 3.0
-    values[:, :2] += boost
-    allowed = torch.rand(batch, vocab, generator=g) < density
-    allowed[torch.arange(batch), torch.randint(0, vocab, (batch,), generator=g)] = True
-    return dict(
-        logit_bias=logit_bias.to(device),
-        sparse_logit_bias=(ids.to(device), values.to(device)),
-        allowed_mask=fs.pack_allowed_mask(allowed).to(device),
-        allowed_bool=allowed.to(device),
-    )
 
 
 def as_dicts(ids, values):
@@ -64,25 +42,6 @@ def as_dicts(ids, values):
                 d[i] = d.get(i, 0.0) + v
         out.append(d)
     return out
-
-
-def transformed_probs(hidden, weight, temperature, *, logit_bias=None, sparse=None, allowed=None, vocab_start=0):
-    """softmax(x / T) over the allowed tokens in float64 ([B, V]), x = logit + biases."""
-    batch = hidden.shape[0]
-    x = hidden.double().cpu() @ weight.double().cpu().T
-    if logit_bias is not None:
-        x = x + logit_bias.double().cpu()
-    if sparse is not None:
-        ids, values = (t.cpu() for t in sparse)
-        local = ids - vocab_start
-        hit = (local >= 0) & (local < x.shape[1])
-        rows = torch.arange(batch)[:, None].expand_as(ids)
-        x = x.index_put((rows[hit], local[hit]), values[hit].double(), accumulate=True)
-    temps = torch.as_tensor(temperature, dtype=torch.float64).cpu().expand(batch)
-    y = x / temps[:, None]
-    if allowed is not None:
-        y = y.masked_fill(~allowed.cpu(), -math.inf)
-    return torch.softmax(y, dim=1)
 
 
 # ---------------------------------------------------------------- pathwise, per control
@@ -127,13 +86,6 @@ def control_kwargs(case, device):
             vocab_start=vocab_start,
         )
     return kwargs
-
-
-def assert_matches_reference(tokens, ref):
-    mismatches, unexplained = pathwise_mismatches(tokens, ref)
-    print(f"mismatches {mismatches} / {tokens.numel()}, outside near ties {unexplained}")
-    assert unexplained == 0
-    assert mismatches <= max(1, tokens.numel() // 100)
 
 
 def assert_logprobs_close(out_logprobs, out_lse, ref, same):

@@ -1,0 +1,248 @@
+"""Exact top-k / top-p / min-p truncation: materialise the logits, find each row's
+survivors, and let the fused op sample among them through its allowed-token bitmask.
+
+Per row, from the transformed logits ``y`` of the op (``x`` = logits plus biases,
+``y = fl32(x * fl32(1 / T))``, ``y = x`` for a greedy row) over the allowed tokens:
+
+1. keep the ``top_k`` largest ``y`` (exact ties to the smaller index);
+2. keep the shortest prefix of those, in that order, whose softmax probabilities add up
+   to ``top_p`` (the top token always stays);
+3. drop the tokens whose probability is below ``min_p`` times the top token's.
+
+All three keep a prefix of the order (``y`` descending, index ascending), so the
+survivors are the first ``n`` tokens of it, ``n >= 1``. The op then takes Gumbel-Max over
+the allowed tokens with the noise and logits it always uses, which is an exact sample of
+``softmax(y)`` restricted to the survivors, and for a row whose truncation is off exactly
+the token of plain sampling.
+
+Cost (every truncated call, for now): one more fp32 logits matmul ``[B, V]``, a sort of
+every row, a few ``[B, V]`` elementwise passes (float64 for the probabilities), then the
+fused pass; memory ``O(B V)``. Nothing reads a device tensor's values on the host, so it
+runs under ``torch.compile`` and CUDA-graph capture, except: a user ``allowed_mask``
+without ``empty_mask_token`` still makes the op check the mask for empty rows (a host
+sync, as without truncation), and per-row parameters in CPU tensors are checked on the
+host and copied to the device (under capture, pass device tensors).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .masks import pack_allowed_mask, unpack_allowed_mask
+
+__all__ = ["Truncation", "parse_truncation", "materialized_logits", "transformed_logits", "scaled_logits",
+           "survivor_mask", "truncated_allowed_mask"]
+
+# The vocabulary chunking of the CPU op (csrc/torch/sample_cpu.cpp: kChunkBytes,
+# kMinVocabChunk, kMaxVocabChunk, kTile): the logits are computed by at::mm calls of the
+# same shapes, so they have the op's bits whatever the BLAS does with the shape
+# (tests/test_truncation.py checks the scores bit for bit).
+_CPU_CHUNK_BYTES, _CPU_MIN_CHUNK, _CPU_MAX_CHUNK, _CPU_TILE = 2 << 20, 256, 2048, 64
+# Elements of the fp32 weight copy per matmul where no fp32-output matmul exists.
+_FALLBACK_CHUNK_ELEMENTS = 1 << 24
+_HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=), torch >= 2.8
+
+
+class Truncation(NamedTuple):
+    """Truncation parameters that may be on: a host scalar that is on, or a 0-d / ``[B]``
+    tensor (its values are not read on the host); None where off."""
+
+    top_k: int | Tensor | None
+    top_p: float | Tensor | None
+    min_p: float | Tensor | None
+
+
+def _parameter(name: str, value, *, integer: bool, is_valid, valid_text: str, is_off, hidden: Tensor):
+    """One validated truncation parameter: None when off (None or an off host scalar), a
+    host scalar, or the tensor (0-d or [B], on hidden's device or the CPU)."""
+    prefix = f"flashsampling.sample: {name}"
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        dtype_ok = (not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool
+                    if integer else value.is_floating_point())
+        if not dtype_ok:
+            raise TypeError(f"{prefix} must be {'an integer' if integer else 'a floating'} tensor, got {value.dtype}")
+        batch = hidden.shape[0]
+        if value.dim() != 0 and tuple(value.shape) != (batch,):
+            raise ValueError(f"{prefix} must be a scalar, a 0-d tensor or a [B] = [{batch}] tensor, "
+                             f"got shape {list(value.shape)}")
+        if value.device != hidden.device and value.device.type != "cpu":
+            raise ValueError(f"{prefix} must be on the CPU or on hidden's device ({hidden.device}), got {value.device}")
+        # Host values are checked, as the op checks host temperatures; device values are
+        # not (a sync), nor under torch.compile (data-dependent): see survivor_mask.
+        if value.device.type == "cpu" and not torch.compiler.is_compiling():
+            bad = ~is_valid(value.reshape(-1))
+            if bad.any():
+                row = int(bad.nonzero()[0, 0])
+                raise ValueError(f"{prefix} must be {valid_text}, got {value.reshape(-1)[row].item()} in row {row}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+        kind = "an int" if integer else "a float"
+        raise TypeError(f"{prefix} must be {kind} or a tensor, got {type(value).__name__}")
+    scalar = int(value) if integer else float(value)
+    if not is_valid(scalar):
+        raise ValueError(f"{prefix} must be {valid_text}, got {value}")
+    return None if is_off(scalar) else scalar
+
+
+def parse_truncation(top_k, top_p, min_p, hidden: Tensor) -> Truncation | None:
+    """Validates ``top_k`` (integer >= -1; -1 and 0: off), ``top_p`` (in (0, 1]; 1: off)
+    and ``min_p`` (in [0, 1]; 0: off), each None, a host scalar, a 0-d tensor or a ``[B]``
+    tensor; returns None when every one is known on the host to be off."""
+    truncation = Truncation(
+        _parameter("top_k", top_k, integer=True, is_valid=lambda k: k >= -1, valid_text="an integer >= -1 "
+                   "(-1 or 0: off)", is_off=lambda k: k <= 0, hidden=hidden),
+        _parameter("top_p", top_p, integer=False, is_valid=lambda p: (p > 0) & (p <= 1), valid_text="in (0, 1] "
+                   "(1: off)", is_off=lambda p: p == 1, hidden=hidden),
+        _parameter("min_p", min_p, integer=False, is_valid=lambda p: (p >= 0) & (p <= 1), valid_text="in [0, 1] "
+                   "(0: off)", is_off=lambda p: p == 0, hidden=hidden),
+    )
+    return None if all(parameter is None for parameter in truncation) else truncation
+
+
+def _chunked_fp32_logits(hidden: Tensor, weight: Tensor, chunk: int) -> Tensor:
+    """fp32 ``hidden @ weight.T`` by fp32 matmuls over vocabulary chunks of ``chunk`` rows
+    (bounds the fp32 copy of the weight)."""
+    hidden_f = hidden.float().contiguous()
+    vocab = weight.shape[0]
+    return torch.cat([torch.mm(hidden_f, weight[begin : begin + chunk].float().t())
+                      for begin in range(0, vocab, chunk)], dim=1)
+
+
+def materialized_logits(hidden: Tensor, weight: Tensor) -> Tensor:
+    """The fp32 logits ``hidden @ weight.T``, float32 ``[B, V]``, as the op computes them.
+
+    CPU: bit for bit the op's (the same at::mm calls). CUDA: one cuBLAS matmul with fp32
+    accumulation and fp32 output (``torch.mm(..., out_dtype=torch.float32)``, no fp32 copy
+    of the weight); it sums in another order than the fused kernel, so a token can differ
+    from the kernel's only where two scores, or a truncation boundary, are within fp32
+    rounding. Without ``out_dtype`` (torch < 2.8) or for fp32 inputs: fp32 matmuls over
+    vocabulary chunks.
+    """
+    dim = hidden.shape[1]
+    if hidden.device.type == "cpu":
+        chunk = min(max(_CPU_CHUNK_BYTES // (4 * max(dim, 1)), _CPU_MIN_CHUNK), _CPU_MAX_CHUNK)
+        return _chunked_fp32_logits(hidden, weight, chunk // _CPU_TILE * _CPU_TILE)
+    if _HAS_MM_OUT_DTYPE and hidden.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+    return _chunked_fp32_logits(hidden, weight, max(1, _FALLBACK_CHUNK_ELEMENTS // max(dim, 1)))
+
+
+def transformed_logits(
+    logits: Tensor,
+    logit_bias: Tensor | None = None,
+    sparse_bias_ids: Tensor | None = None,
+    sparse_bias_values: Tensor | None = None,
+    vocab_start: int = 0,
+) -> Tensor:
+    """``x`` of the op (csrc/torch/checks.h), float32 ``[B, V]``, from fp32 ``logits [B, V]``:
+    ``x = fl32(fl32(logit + logit_bias[v]) + s)`` where ``s`` is the fp32 sum, in list
+    order from 0, of the row's sparse values with id ``vocab_start + v`` (each term only
+    when given). ``logit_bias`` float32 ``[V]``; ``sparse_bias_ids`` int ``[B, K]`` global
+    ids, ``sparse_bias_values`` float32 ``[B, K]``."""
+    x = logits if logit_bias is None else logits + logit_bias
+    if sparse_bias_ids is None or sparse_bias_ids.numel() == 0:
+        return x
+    batch, vocab = x.shape
+    local = sparse_bias_ids.to(torch.int64) - vocab_start
+    column = torch.where((local >= 0) & (local < vocab), local, vocab)  # ids elsewhere go to a spare column
+    sums = x.new_zeros(batch, vocab + 1)
+    for k in range(column.shape[1]):  # one id per row at a time: fp32 adds in list order, deterministic
+        sums.scatter_add_(1, column[:, k : k + 1], sparse_bias_values[:, k : k + 1])
+    hit = torch.zeros_like(sums, dtype=torch.bool).scatter_(1, column, True)
+    return torch.where(hit[:, :vocab], x + sums[:, :vocab], x)
+
+
+def scaled_logits(x: Tensor, temperature: float, temperatures: Tensor | None) -> Tensor:
+    """``y = fl32(x * fl32(1 / T_b))`` of fp32 ``x [B, V]``, ``y = x`` for a greedy row
+    (``T_b = 0``); ``temperatures`` float32 ``[B]`` overrides the scalar, as in the op."""
+    if temperatures is None:
+        temperatures = torch.full((x.shape[0],), temperature, dtype=torch.float32, device=x.device)
+    temperatures = temperatures.to(x.device)
+    inv_temperature = torch.ones_like(temperatures) / temperatures  # fs_inv_temperature: fl32(1 / T)
+    greedy = temperatures == 0
+    return torch.where(greedy[:, None], x, x * torch.where(greedy, 1.0, inv_temperature)[:, None])
+
+
+def _per_row(value: int | float | Tensor, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A truncation parameter as a ``[B, 1]`` tensor of ``dtype`` on ``device``."""
+    if not isinstance(value, Tensor):
+        return torch.full((batch, 1), value, dtype=dtype, device=device)
+    return value.to(device=device, dtype=dtype).expand(batch)[:, None]
+
+
+def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> Tensor:
+    """The survivors of top-k, then top-p, then min-p (module docstring), bool ``[B, V]``.
+
+    Args:
+        y: float32 ``[B, V]`` transformed logits (:func:`scaled_logits`).
+        allowed: bool ``[B, V]`` allowed tokens, or None (all). Only allowed tokens count
+            towards ``top_k`` and the probabilities; the survivors are allowed tokens.
+        truncation: the parameters; in tensors, ``top_k <= 0``, ``top_p >= 1`` and
+            ``min_p <= 0`` are off, and values beyond the other bound (``top_p <= 0``,
+            ``min_p > 1``, NaN) keep the top token only (device values are never checked).
+
+    The probabilities are float64, from the fp32 ``y`` of the ``top_k`` survivors. A row's
+    top token (the first of the order) always survives, so a row with an allowed token
+    keeps at least one.
+    """
+    batch, vocab = y.shape
+    device = y.device
+    # Sort key: -y ascending, stable (ties to the smaller index); an allowed NaN sorts
+    # after every number, an excluded token (NaN key) after that.
+    key = torch.where(torch.isnan(y), torch.inf, -y)
+    if allowed is not None:
+        key = torch.where(allowed, key, torch.nan)
+    width = vocab
+    if isinstance(truncation.top_k, int):
+        width = min(truncation.top_k, vocab)  # a host top_k: only the first k ranks can survive
+    sorted_key, order = torch.sort(key, dim=1, stable=True)
+    sorted_key, order = sorted_key[:, :width], order[:, :width]
+    rank = torch.arange(width, device=device)
+    if isinstance(truncation.top_k, Tensor):
+        k = _per_row(truncation.top_k, batch, torch.int64, device)
+        keep = rank < torch.where(k > 0, k, vocab)
+    else:
+        keep = torch.ones((batch, width), dtype=torch.bool, device=device)
+    if truncation.top_p is not None or truncation.min_p is not None:
+        y_sorted = torch.where(torch.isnan(sorted_key), -torch.inf, -sorted_key.double())
+        y_sorted = torch.where(keep, y_sorted, -torch.inf)  # the top_k survivors
+        ratio = torch.exp(y_sorted - y_sorted[:, :1])  # probability / the top token's (NaN: +-inf top)
+        if truncation.min_p is not None:
+            min_p = _per_row(truncation.min_p, batch, torch.float64, device)
+            keep = keep & ((ratio >= min_p) | (rank == 0))
+        if truncation.top_p is not None:
+            top_p = _per_row(truncation.top_p, batch, torch.float64, device)
+            probs = ratio / ratio.sum(dim=1, keepdim=True)
+            # Mass of the tokens ahead (an exclusive sum, not cumsum - probs, which rounds).
+            before = torch.cat([torch.zeros_like(probs[:, :1]), torch.cumsum(probs, dim=1)[:, :-1]], dim=1)
+            keep = keep & ((before < top_p) | (top_p >= 1) | (rank == 0))
+    survivors = torch.zeros((batch, vocab), dtype=torch.bool, device=device).scatter_(1, order, keep)
+    return survivors if allowed is None else survivors & allowed
+
+
+def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict,
+                           truncation: Truncation) -> tuple[Tensor, int | None]:
+    """``(allowed_mask, empty_mask_token)`` for the op that restrict the sample to the
+    survivors: the int32 ``[B, ceil(V / 32)]`` bitmask of :func:`survivor_mask` (within the
+    caller's ``allowed_mask``), from the logits of :func:`materialized_logits` transformed
+    with ``op_kwargs`` (the op's keyword arguments: biases, temperatures, mask,
+    vocab_start). Without a caller mask, ``empty_mask_token`` is -1 where it was None: no
+    row can be empty (the top token stays), and the op then skips reading the mask to
+    check (a host sync on CUDA)."""
+    vocab = weight.shape[0]
+    x = transformed_logits(materialized_logits(hidden, weight), op_kwargs["logit_bias"],
+                           op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"], op_kwargs["vocab_start"])
+    y = scaled_logits(x, op_kwargs["temperature"], op_kwargs["temperatures"])
+    user_mask = op_kwargs["allowed_mask"]
+    allowed = None if user_mask is None else unpack_allowed_mask(user_mask, vocab)
+    mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
+    empty_mask_token = op_kwargs["empty_mask_token"]
+    if user_mask is None and empty_mask_token is None:
+        empty_mask_token = -1
+    return mask, empty_mask_token
