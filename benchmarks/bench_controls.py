@@ -13,10 +13,12 @@ For each batch size B at one (D, V) shape (default D=4096, V=151936, bf16), time
   all3        per-row temperatures + bitmask + logprobs together (the issue's target)
   samples4    num_samples=4 (reported per call; one GEMM pass for B <= 64)
 
-Medians of CUDA-event timings of warm calls; W streams from HBM every call.
+Medians of CUDA-event timings of warm calls, by default of each call captured in a CUDA
+graph and replayed (device time; --timing eager includes the host's per-call work); W
+streams from HBM every call.
 
 Usage: python benchmarks/bench_controls.py [--dim 4096] [--vocab 151936]
-           [--batches 1,8,32,64,128,256] [--out benchmarks/results]
+           [--batches 1,8,32,64,128,256] [--timing graph|eager] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -78,16 +80,18 @@ def run(args) -> dict:
         "torch": torch.__version__,
         "D": args.dim,
         "V": args.vocab,
+        "timing": args.timing,
         "rows": [],
     }
     weight = torch.randn(args.vocab, args.dim, device=device, dtype=dtype) * args.dim**-0.5
     op = torch.ops.flashsampling.sample_with_scores
     for batch in (int(b) for b in args.batches.split(",")):
         hidden = torch.randn(batch, args.dim, device=device, dtype=dtype)
-        row = {"B": batch, "mm": median_us(lambda: hidden @ weight.T)}
+        graph = args.timing == "graph"
+        row = {"B": batch, "mm": median_us(lambda: hidden @ weight.T, graph=graph)}
         for name in VARIANTS:
             kwargs = variant_kwargs(name, batch, args.vocab, device)
-            row[name] = median_us(lambda kwargs=kwargs: op(hidden, weight, **kwargs))
+            row[name] = median_us(lambda kwargs=kwargs: op(hidden, weight, **kwargs), graph=graph)
         results["rows"].append(row)
         print("[bench] " + json.dumps(row), flush=True)
     return results
@@ -97,7 +101,8 @@ def markdown_table(results: dict) -> str:
     head = ["B", "mm"] + VARIANTS + ["all3/plain", "all3/mm"]
     lines = [
         f"\n**Controls overhead, D={results['D']}, V={results['V']}** (bf16, {results['device']}, {results['date']}), "
-        "µs (median); each control alone, then all3 = per-row T + bitmask + logprobs\n",
+        f"µs (median, {'CUDA-graph replays' if results.get('timing') == 'graph' else 'eager calls'}); "
+        "each control alone, then all3 = per-row T + bitmask + logprobs\n",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
@@ -113,6 +118,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--batches", default="1,8,32,64,128,256")
+    parser.add_argument("--timing", choices=["graph", "eager"], default="graph")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     if not torch.cuda.is_available():

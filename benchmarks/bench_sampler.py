@@ -13,10 +13,14 @@ Floors (measured on the device in the same run): reading W once at the measured
 device-to-device copy bandwidth (bytes read + written / time), and 2*B*V*D FLOPs at
 the measured bf16 matmul rate (8192^3). Times are medians of CUDA-event timings of
 warm calls; W (>= 1 GB) is far larger than L2, so every call streams it from HBM.
+--timing graph (default) times replays of each contender captured in a CUDA graph
+(device time, as in CUDA-graph decode loops); --timing eager times eager calls, host
+overhead included. Column "ours eager" always shows our eager call time beside it.
 
 Usage:
   python benchmarks/bench_sampler.py [--shapes 4096x151936,8192x128256]
-      [--batches 1,2,4,8,16,32,64,128,256] [--dtype bf16] [--out benchmarks/results]
+      [--batches 1,2,4,8,16,32,64,128,256] [--dtype bf16] [--timing graph|eager]
+      [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -36,17 +40,31 @@ from plotting import pyplot_or_none
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def median_us(fn, warmup: int = 5, reps: int = 30) -> float:
-    """Median time of fn() in microseconds, each call timed with its own CUDA events."""
-    for _ in range(warmup):
-        fn()
+def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False) -> float:
+    """Median time of fn() in microseconds, each call timed with its own CUDA events on an
+    idle GPU. graph=False times eager calls, so the host's work before the first kernel
+    launch counts too; graph=True captures fn once in a CUDA graph and times its replays:
+    device time alone, as in a CUDA-graph decode loop."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    call = fn
+    if graph:
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            fn()
+        call = cuda_graph.replay
+        call()
     times = []
     for _ in range(reps):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        call()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
@@ -120,6 +138,7 @@ def run(args) -> dict:
         "temperature": args.temperature,
         "copy_bandwidth_Bps": copy_bw,
         "matmul_flops": mm_rate,
+        "timing": args.timing,
         "rows": [],
     }
     for shape in args.shapes.split(","):
@@ -138,12 +157,16 @@ def run(args) -> dict:
                 "floor_mem_us": floor_mem,
                 "floor_flops_us": floor_flops,
             }
-            row["ours"] = median_us(
-                lambda: flashsampling_cuda.sample(hidden, weight, temperature=args.temperature)
-            )
+            graph = args.timing == "graph"
+
+            def ours():
+                return flashsampling_cuda.sample(hidden, weight, temperature=args.temperature)
+
+            row["ours"] = median_us(ours, graph=graph)
+            row["ours eager"] = median_us(ours)
             for name, fn in baselines.items():
                 try:
-                    row[name] = median_us(lambda fn=fn: fn(hidden, weight))
+                    row[name] = median_us(lambda fn=fn: fn(hidden, weight), graph=graph)
                 except Exception as exc:  # noqa: BLE001 - report and keep going
                     print(f"[bench] {name} failed at D={dim} V={vocab} B={batch}: {exc}", file=sys.stderr)
             results["rows"].append(row)
@@ -157,14 +180,19 @@ def markdown_table(results: dict) -> str:
     names = [k for k in ("mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p") if any(k in r for r in results["rows"])]
     lines = []
     for (dim, vocab) in dict.fromkeys((r["D"], r["V"]) for r in results["rows"]):
-        lines.append(f"\n**D={dim}, V={vocab}** ({results['dtype']}, {results['device']}, {results['date']}), µs (median)\n")
-        head = ["B", "floor", "ours"] + names + ["ours/floor", "ours/mm", "multinomial/ours"]
+        timing = results.get("timing", "eager")
+        lines.append(f"\n**D={dim}, V={vocab}** ({results['dtype']}, {results['device']}, {results['date']}), µs "
+                     f"(median, {'CUDA-graph replays' if timing == 'graph' else 'eager calls'})\n")
+        eager_col = timing == "graph" and any("ours eager" in r for r in results["rows"])
+        head = ["B", "floor", "ours"] + (["ours eager"] if eager_col else []) + names
+        head += ["ours/floor", "ours/mm", "multinomial/ours"]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in results["rows"]:
             if (r["D"], r["V"]) != (dim, vocab):
                 continue
             cells = [str(r["B"]), f"{r['floor_us']:.0f}", f"{r['ours']:.0f}"]
+            cells += [f"{r['ours eager']:.0f}"] if eager_col else []
             cells += [f"{r[n]:.0f}" if n in r else "—" for n in names]
             cells.append(f"{r['ours'] / r['floor_us']:.3f}")
             cells.append(f"{r['ours'] / r['mm']:.3f}" if "mm" in r else "—")
@@ -203,6 +231,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--timing", choices=["graph", "eager"], default="graph",
+                        help="time CUDA-graph replays (device time) or eager calls (host overhead included)")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--fi-topk", action="store_true", help="also time FlashInfer top-k/top-p sampling")
     args = parser.parse_args()

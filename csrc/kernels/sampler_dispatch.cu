@@ -65,7 +65,8 @@ ConfigEntry select_plain(int device_arch, int tile_n) {
   return {nullptr, nullptr, 0};
 }
 
-// The controls' loop is compiled for N = 16 and 32 only (general_tile_n_cap).
+// The controls' loop is compiled for N = 16 and 32 only: wider tiles measured slower
+// (general_tile_n_cap).
 template <class Element>
 ConfigEntry select_controls(int device_arch, int tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -87,18 +88,19 @@ bool plain_sampling(SamplerParams const& p) {
   return is_plain_sampling(p.controls, p.noise, p.num_samples, p.logprobs);
 }
 
-// Widest N tile for the controls' loop: its per-element code is large and the epilogue
-// inlines it once per subtile, so wide tiles overflow the instruction cache. Measured
-// on H200 (benchmarks/NOTES.md, v5d): 16 up to 64 columns, 32 beyond (all3 at B = 64:
-// 1417 us uncapped, 803 capped at 16; B = 256: 2896 -> 2863 at 32, 3049 at 16).
-// FLASHSAMPLING_GENERAL_TILE_N=16 or 32 overrides it.
+// Widest N tile for the controls' loop. Its per-element code is large and the epilogue
+// inlines it once per subtile; narrow tiles re-read W from L2 once per N tile instead.
+// Measured on H200 (benchmarks/NOTES.md, v5e, separate controls kernels, all3 / temps
+// alone, us): B = 32: N 16 453 / 299, N 32 484 / 307; B = 64: N 16 761 / 513, N 32
+// 753 / 446, N 64 1280 / 927; B = 128: N 32 1390, N 128 1421. So 16 up to 32 columns,
+// 32 beyond. FLASHSAMPLING_GENERAL_TILE_N = 16 or 32 overrides it.
 int64_t general_tile_n_cap(int64_t columns) {
   static int64_t const forced = [] {
     char const* env = std::getenv("FLASHSAMPLING_GENERAL_TILE_N");
     return env ? std::atoll(env) : int64_t{0};
   }();
   if (forced == 16 || forced == 32) return forced;
-  return columns <= 64 ? 16 : 32;
+  return columns <= 32 ? 16 : 32;
 }
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
