@@ -23,10 +23,12 @@ struct SamplerTileConfig {
 // GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b).
 inline int64_t sampler_gemm_columns(SamplerParams const& p) { return p.batch_size * p.num_samples; }
 
-// Batch buckets: the narrowest N tile that covers the GEMM columns; more than 256 run
-// several N tiles.
+// Batch buckets: the narrowest N tile that covers the GEMM columns, at most 128; more
+// columns run several N tiles (neighbouring CTAs share each W tile through L2). Two
+// 128-wide tiles beat one 256-wide tile at B = 256 on H200 (benchmarks/NOTES.md, v5e:
+// 861 vs 992 us at D = 4096, 1256 vs 1320 at D = 8192).
 inline int sampler_tile_n_for_batch(int64_t batch_size) {
-  return batch_size <= 16 ? 16 : batch_size <= 32 ? 32 : batch_size <= 64 ? 64 : batch_size <= 128 ? 128 : 256;
+  return batch_size <= 16 ? 16 : batch_size <= 32 ? 32 : batch_size <= 64 ? 64 : 128;
 }
 
 inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {

@@ -34,8 +34,8 @@ ConfigEntry sm100_entry() {
 
 // Plain sampling, one config per batch bucket. Measured on H200 (benchmarks/NOTES.md):
 // narrow tiles are memory-bound and gain from pingpong, whose epilogue overlaps the
-// other warpgroup's mainloop; the 128- and 256-wide tiles measured 13-30% faster
-// cooperative (not yet profiled why).
+// other warpgroup's mainloop; the 128-wide tile measured 13-30% faster cooperative (not
+// yet profiled why).
 template <class Element>
 ConfigEntry select_plain(int device_arch, int tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -44,8 +44,7 @@ ConfigEntry select_plain(int device_arch, int tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
       case 32: return sm90_entry<Element, 32, true, false>();
       case 64: return sm90_entry<Element, 64, true, false>();
-      case 128: return sm90_entry<Element, 128, false, false>();
-      default: return sm90_entry<Element, 256, false, false>();
+      default: return sm90_entry<Element, 128, false, false>();
     }
   }
 #endif
@@ -55,8 +54,7 @@ ConfigEntry select_plain(int device_arch, int tile_n) {
       case 16: return sm100_entry<Element, 16, false>();
       case 32: return sm100_entry<Element, 32, false>();
       case 64: return sm100_entry<Element, 64, false>();
-      case 128: return sm100_entry<Element, 128, false>();
-      default: return sm100_entry<Element, 256, false>();
+      default: return sm100_entry<Element, 128, false>();
     }
   }
 #endif
@@ -103,11 +101,22 @@ int64_t general_tile_n_cap(int64_t columns) {
   return columns <= 32 ? 16 : 32;
 }
 
+// FLASHSAMPLING_PLAIN_TILE_N = 16, 32 or 64 caps the plain passes' N tile (for A/B runs;
+// wider batches then run several N tiles).
+int64_t plain_tile_n_cap() {
+  static int64_t const forced = [] {
+    char const* env = std::getenv("FLASHSAMPLING_PLAIN_TILE_N");
+    int64_t const n = env ? std::atoll(env) : int64_t{0};
+    return n == 16 || n == 32 || n == 64 ? n : int64_t{128};
+  }();
+  return forced;
+}
+
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   int64_t const columns = sampler_gemm_columns(p);
   bool const bf16 = p.element_type == ElementType::kBFloat16;
   if (plain_sampling(p)) {
-    int const tile_n = sampler_tile_n_for_batch(columns);
+    int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, plain_tile_n_cap()));
     return bf16 ? select_plain<cutlass::bfloat16_t>(device_arch, tile_n)
                 : select_plain<cutlass::half_t>(device_arch, tile_n);
   }
