@@ -230,6 +230,24 @@ def test_compiled_body_same_tokens(fst):
     assert torch.equal(compiled.generate(PROMPTS[:2], **kwargs).new_tokens, two.new_tokens)  # another batch size
 
 
+def test_truncation(fst):
+    """top_k/top_p/min_p reach the op: off values give the plain tokens, top_k = 1 the greedy
+    ones, and every top_k = 3 token is among the 3 largest logits of the model at its step."""
+    model = tiny_model("qwen3")
+    decoder = fst.FlashSamplingDecoder(model, cuda_graph=False)
+    kwargs = dict(max_new_tokens=6, temperature=0.9, seed=4)
+    plain = decoder.generate(PROMPTS, **kwargs).new_tokens
+    assert torch.equal(decoder.generate(PROMPTS, **kwargs, top_k=-1, top_p=1.0, min_p=0.0).new_tokens, plain)
+    greedy = decoder.generate(PROMPTS, **{**kwargs, "temperature": 0.0}).new_tokens
+    assert torch.equal(decoder.generate(PROMPTS, **kwargs, top_k=1).new_tokens, greedy)
+    prompt = PROMPTS[0]
+    out = decoder.generate([prompt], max_new_tokens=8, temperature=2.0, seed=9, top_k=3)
+    with torch.no_grad():
+        logits = model(out.sequences).logits[0, len(prompt) - 1 : -1].double()
+    ranks = (logits > logits.gather(1, out.new_tokens[0][:, None])).sum(dim=1)
+    assert int(ranks.max()) < 3, ranks
+
+
 def test_lm_head_bias(fst):
     model = tiny_model("llama")
     vocab = COMMON["vocab_size"]
@@ -263,10 +281,10 @@ def test_refuses_what_it_cannot_do_exactly(fst):
 def test_argument_errors(fst):
     model = tiny_model("qwen3")
     decoder = fst.FlashSamplingDecoder(model)
-    with pytest.raises(NotImplementedError, match="top-k"):
-        decoder.generate(PROMPTS, max_new_tokens=2, top_k=20)
-    with pytest.raises(NotImplementedError, match="top-p"):
-        decoder.head(torch.zeros(1, 64), top_p=0.9)
+    with pytest.raises(ValueError, match="top_p"):
+        decoder.generate(PROMPTS, max_new_tokens=2, top_p=1.5)
+    with pytest.raises(ValueError, match="top_k"):
+        decoder.head(torch.zeros(1, 64), top_k=-2)
     with pytest.raises(ValueError, match="left-padded"):
         decoder.generate(torch.tensor([[1, 2, 0]]), torch.tensor([[1, 1, 0]]), max_new_tokens=2)
     with pytest.raises(ValueError, match="max_new_tokens"):

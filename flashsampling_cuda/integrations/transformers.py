@@ -17,9 +17,9 @@ its samples would not follow the model's distribution), logit scaling configs
 (``logit_scale``, ``logits_scaling``), quantized, vocab-parallel (DTensor) or wrapped
 heads, sliding-window attention beyond its window, other model types.
 
-Not supported yet: top-k / top-p / min-p truncation (the op samples the full softmax;
-truncation is a separate issue that has not landed — passing ``top_k`` or ``top_p``
-raises ``NotImplementedError``), repetition penalties and other logits processors.
+``top_k``, ``top_p`` and ``min_p`` go to the op (its exact materialise-then-mask path,
+README "Top-k, top-p, min-p"). Not supported: repetition penalties and other logits
+processors.
 
 Decoding runs on a static KV cache with fixed-shape buffers and no host
 synchronisation inside a step, so on CUDA one decode step (body + sampling + stop
@@ -156,14 +156,6 @@ def _lm_head_of(model: nn.Module) -> tuple[Tensor, Tensor | None]:
     return weight.detach(), logit_bias
 
 
-def _refuse_truncation(top_k, top_p) -> None:
-    if top_k is not None or top_p is not None:
-        raise NotImplementedError(
-            "flashsampling: top-k / top-p truncation is not supported yet (the op samples the full "
-            "softmax(logits / T)); pass top_k=None, top_p=None"
-        )
-
-
 class FlashSamplingHead:
     """The model's ``lm_head`` + temperature + multinomial as one ``flashsampling.sample``.
 
@@ -186,11 +178,11 @@ class FlashSamplingHead:
         offset: int | Tensor | None = None,
         generator: torch.Generator | None = None,
         num_samples: int = 1,
-        top_k: int | None = None,
-        top_p: float | None = None,
+        top_k: int | Tensor | None = None,
+        top_p: float | Tensor | None = None,
+        min_p: float | Tensor | None = None,
     ) -> Tensor:
-        _refuse_truncation(top_k, top_p)
-        kwargs = {}
+        kwargs = dict(top_k=top_k, top_p=top_p, min_p=min_p)
         if self.logit_bias is not None:
             if self.logit_bias.device != hidden.device:
                 self.logit_bias = self.logit_bias.to(hidden.device)
@@ -200,9 +192,11 @@ class FlashSamplingHead:
             num_samples=num_samples, **kwargs,
         )
 
-    def sampler(self, temperature: float | Tensor = 1.0) -> Sampler:
-        """A decode-step sampler ``(hidden, seed, offset) -> tokens [B, 1]`` at a fixed temperature."""
-        return lambda hidden, seed, offset: self(hidden, temperature=temperature, seed=seed, offset=offset)
+    def sampler(self, temperature: float | Tensor = 1.0, **truncation) -> Sampler:
+        """A decode-step sampler ``(hidden, seed, offset) -> tokens [B, 1]`` at a fixed
+        temperature and truncation (``top_k``, ``top_p``, ``min_p`` as in ``__call__``)."""
+        return lambda hidden, seed, offset: self(hidden, temperature=temperature, seed=seed, offset=offset,
+                                                 **truncation)
 
 
 @dataclass
@@ -586,8 +580,9 @@ class FlashSamplingDecoder(StaticCacheDecoder):
         *,
         max_new_tokens: int,
         temperature: float | Tensor = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
+        top_k: int | Tensor | None = None,
+        top_p: float | Tensor | None = None,
+        min_p: float | Tensor | None = None,
         seed: int | Tensor = 0,
         offset: int | Tensor = 0,
         stop_token_ids: Sequence[int] | Tensor | None = None,
@@ -603,7 +598,8 @@ class FlashSamplingDecoder(StaticCacheDecoder):
             attention_mask: ``[B, P]`` 0/1, left padding only; default all ones.
             temperature: float (0 = greedy) or ``[B]`` tensor (per row, where the installed op
                 takes per-row temperatures on the model's device).
-            top_k, top_p: not supported yet (must be None); see the module docstring.
+            top_k, top_p, min_p: truncation as in ``flashsampling_cuda.sample`` (int/float or
+                ``[B]`` tensor on the model's device; None or -1/0, 1, 0: off).
             seed: int or 0-d tensor: batch-wide, row ``b`` draws noise stream ``b``; or a
                 ``[B]`` int64 tensor of per-request seeds (stream 0), so a request's tokens do
                 not depend on the batch around it (where the installed op takes [B] seeds on
@@ -615,12 +611,14 @@ class FlashSamplingDecoder(StaticCacheDecoder):
             max_cache_len: static cache length (default: P + max_new_tokens rounded up to 64).
             return_timings: fill ``decode_seconds`` / ``timed_steps`` (the graph-replayed steps).
         """
-        _refuse_truncation(top_k, top_p)
         if isinstance(temperature, Tensor):  # on the device once, not copied inside a captured step
             temperature = temperature.to(device=self.device, dtype=torch.float32)
+        truncation = dict(top_k=top_k, top_p=top_p, min_p=min_p)
         return self.generate_with_sampler(
-            input_ids, attention_mask, sampler=self.head.sampler(temperature),
-            sampler_key=("flashsampling", _temperature_key(temperature)), max_new_tokens=max_new_tokens,
+            input_ids, attention_mask, sampler=self.head.sampler(temperature, **truncation),
+            sampler_key=("flashsampling", _temperature_key(temperature),
+                         tuple(_temperature_key(v) if isinstance(v, Tensor) else v for v in truncation.values())),
+            max_new_tokens=max_new_tokens,
             seed=seed, offset=offset, stop_token_ids=stop_token_ids, pad_token_id=pad_token_id,
             max_cache_len=max_cache_len, return_timings=return_timings,
         )
