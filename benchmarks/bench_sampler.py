@@ -8,6 +8,8 @@ One run on one GPU, every contender side by side, for each (D, V) shape and batc
   mm+gumbel       torch.compile(matmul -> fp32 logits / T + Gumbel -> argmax)
   mm+FI           cuBLAS matmul -> flashinfer.sampling.sampling_from_logits (if importable)
   mm+FI top-k/p   cuBLAS matmul -> flashinfer top_k_top_p_sampling_from_logits(50, 0.9)
+With --topk (issue #5): ours with top_k=50, top_p=0.9 and with top_k=1000, and the
+compiled torch equivalent (matmul -> fp32 / T -> top-k 50 -> softmax -> top-p 0.9 -> multinomial).
 
 Floors (measured on the device in the same run): reading W once at the measured
 device-to-device copy bandwidth (bytes read + written / time), and 2*B*V*D FLOPs at
@@ -89,7 +91,7 @@ def measure_matmul_rate(dtype: torch.dtype) -> float:
     return 2 * n**3 / (us * 1e-6)
 
 
-def make_baselines(temperature: float, fi_topk: bool):
+def make_baselines(temperature: float, fi_topk: bool, topk: bool = False):
     def mm_only(h, w):
         return h @ w.T
 
@@ -103,11 +105,24 @@ def make_baselines(temperature: float, fi_topk: bool):
         u = torch.rand_like(logits).clamp_(1e-20, 1.0)
         return torch.argmax(logits / temperature - torch.log(-torch.log(u)), dim=-1)
 
+    def mm_topk_topp(h, w, k: int = 50, p: float = 0.9):
+        values, ids = torch.topk((h @ w.T).float() / temperature, k, dim=-1)
+        probs = torch.softmax(values, dim=-1)
+        ahead = torch.cumsum(probs, dim=-1) - probs  # mass before each survivor
+        probs = torch.where(ahead < p, probs, 0.0)  # the top token always stays (ahead = 0)
+        return ids.gather(-1, torch.multinomial(probs, 1))
+
     baselines = {
         "mm": mm_only,
         "mm+multinomial": torch.compile(mm_multinomial, dynamic=False),
         "mm+gumbel": torch.compile(mm_gumbel, dynamic=False),
     }
+    if topk:
+        baselines["ours top-k/p"] = lambda h, w: flashsampling_cuda.sample(
+            h, w, temperature=temperature, top_k=50, top_p=0.9)
+        baselines["ours top-k 1000"] = lambda h, w: flashsampling_cuda.sample(
+            h, w, temperature=temperature, top_k=1000)
+        baselines["mm+torch top-k/p"] = torch.compile(mm_topk_topp, dynamic=False)
     try:
         import flashinfer.sampling as fi
 
@@ -128,7 +143,7 @@ def run(args) -> dict:
     copy_bw = measure_copy_bandwidth()
     mm_rate = measure_matmul_rate(dtype)
     print(f"[bench] {props.name}: copy {copy_bw / 1e12:.2f} TB/s, {args.dtype} matmul {mm_rate / 1e12:.0f} TFLOP/s")
-    baselines = make_baselines(args.temperature, args.fi_topk)
+    baselines = make_baselines(args.temperature, args.fi_topk, args.topk)
     results = {
         "device": props.name,
         "date": dt.date.today().isoformat(),
@@ -177,7 +192,8 @@ def run(args) -> dict:
 
 
 def markdown_table(results: dict) -> str:
-    names = [k for k in ("mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p") if any(k in r for r in results["rows"])]
+    names = [k for k in ("mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p", "ours top-k/p",
+                         "ours top-k 1000", "mm+torch top-k/p") if any(k in r for r in results["rows"])]
     lines = []
     for (dim, vocab) in dict.fromkeys((r["D"], r["V"]) for r in results["rows"]):
         timing = results.get("timing", "eager")
@@ -210,7 +226,8 @@ def plot(results: dict, path: Path) -> None:
     for ax, (dim, vocab) in zip(axes[0], shapes):
         rows = [r for r in results["rows"] if (r["D"], r["V"]) == (dim, vocab)]
         batches = [r["B"] for r in rows]
-        for name in ["floor_us", "ours", "mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p"]:
+        for name in ["floor_us", "ours", "mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p", "ours top-k/p",
+                     "mm+torch top-k/p"]:
             if all(name in r for r in rows):
                 ax.plot(batches, [r[name] for r in rows], marker="o", label=name.replace("_us", ""),
                         linestyle="--" if name == "floor_us" else "-")
@@ -234,6 +251,8 @@ def main() -> None:
     parser.add_argument("--timing", choices=["graph", "eager"], default="graph",
                         help="time CUDA-graph replays (device time) or eager calls (host overhead included)")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--topk", action="store_true",
+                        help="also time ours with top_k=50, top_p=0.9 (and top_k=1000) and the compiled torch equivalent")
     parser.add_argument("--fi-topk", action="store_true", help="also time FlashInfer top-k/top-p sampling")
     args = parser.parse_args()
     if not torch.cuda.is_available():
