@@ -15,8 +15,8 @@ the allowed tokens with the noise and logits it always uses, which is an exact s
 ``softmax(y)`` restricted to the survivors, and for a row whose truncation is off exactly
 the token of plain sampling.
 
-Cost (every truncated call, for now): one more fp32 logits matmul ``[B, V]``, a sort of
-every row, a few ``[B, V]`` elementwise passes (float64 for the probabilities), then the
+Cost (every truncated call, for now): one more fp32 logits matmul ``[B, V]``, a top-k
+selection per row (a host ``top_k``) or a sort of every row (otherwise), a few ``[B, V]`` elementwise passes (float64 for the probabilities), then the
 fused pass; memory ``O(B V)``. Nothing reads a device tensor's values on the host, so it
 runs under ``torch.compile`` and CUDA-graph capture, except: a user ``allowed_mask``
 without ``empty_mask_token`` still makes the op check the mask for empty rows (a host
@@ -176,6 +176,18 @@ def _per_row(value: int | float | Tensor, batch: int, dtype: torch.dtype, device
     return value.to(device=device, dtype=dtype).expand(batch)[:, None]
 
 
+def _first_in_order(key: Tensor, k: int) -> Tensor:
+    """Indices ``[B, k]`` of the first ``k`` entries of ``torch.sort(key, stable=True)``
+    (ascending, NaN last, ties to the smaller index) without sorting whole rows: one
+    ``topk`` over int64 keys ``rank(key) * 2^31 + index``, where ``rank`` maps the fp32
+    order onto integers (-0 folded into +0, NaN above everything)."""
+    bits = (key + 0.0).view(torch.int32).to(torch.int64)
+    rank = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))
+    rank = torch.where(torch.isnan(key), 2**31, rank)
+    index = torch.arange(key.shape[1], device=key.device)
+    return torch.topk(rank * 2**31 + index, k, dim=1, largest=False, sorted=True).indices
+
+
 def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> Tensor:
     """The survivors of top-k, then top-p, then min-p (module docstring), bool ``[B, V]``.
 
@@ -198,11 +210,12 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
     key = torch.where(torch.isnan(y), torch.inf, -y)
     if allowed is not None:
         key = torch.where(allowed, key, torch.nan)
-    width = vocab
-    if isinstance(truncation.top_k, int):
-        width = min(truncation.top_k, vocab)  # a host top_k: only the first k ranks can survive
-    sorted_key, order = torch.sort(key, dim=1, stable=True)
-    sorted_key, order = sorted_key[:, :width], order[:, :width]
+    if isinstance(truncation.top_k, int) and truncation.top_k < vocab:
+        order = _first_in_order(key, truncation.top_k)  # a host top_k: only the first k ranks can survive
+        sorted_key = key.gather(1, order)
+    else:
+        sorted_key, order = torch.sort(key, dim=1, stable=True)
+    width = order.shape[1]
     rank = torch.arange(width, device=device)
     if isinstance(truncation.top_k, Tensor):
         k = _per_row(truncation.top_k, batch, torch.int64, device)
