@@ -15,6 +15,12 @@ and sample with one all-gather of ``B * (S [+ ceil((S + 1) / 2)])`` int64 per ra
 so the tokens equal ``torch.ops.flashsampling.sample`` on the whole weight for the same
 ``(seed, offset)`` bit for bit (up to the fp32 accumulation order of the logits, as
 between any two implementations), whatever the number and sizes of the shards.
+
+With a host ``top_k`` (and optionally ``top_p``/``min_p`` on top of it) the truncation is
+global and exact: each rank materialises its shard's logits, its first ``k`` tokens in the
+truncation order go to every rank (one more all-gather of ``B * k`` int64: (order rank,
+global id) keys), the global first ``k`` are the first ``k`` of their union, ``top_p``
+and ``min_p`` act on those, and each rank samples its share of the survivors as its mask.
 """
 
 from __future__ import annotations
@@ -23,8 +29,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import draw_seed as _draw_seed
-from .sampling import SampleOutput, sample_with_scores
+from .sampling import (SampleOutput, _allowed_mask_arg, _float32, _sparse_bias_args, _temperature_args,
+                       sample_with_scores)
+from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits, order_rank,
+                         parse_truncation, scaled_logits, transformed_logits, truncation_key)
 
 __all__ = ["sample", "shard_allowed_mask", "vocab_shards"]
 
@@ -131,6 +141,47 @@ def _gather(summary: Tensor, world: int, group) -> Tensor:
     return out.view((world,) + tuple(summary.shape))
 
 
+_INT64_MAX = 2**63 - 1  # pads a shard's candidate list shorter than k; sorts after every key
+
+
+def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation,
+                          temperature, logit_bias, sparse_logit_bias, allowed_mask, world: int, group,
+                          backend) -> Tensor:
+    """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
+    truncation (module docstring), within the shard's ``allowed_mask``."""
+    k = truncation.top_k
+    if not isinstance(k, int):
+        raise NotImplementedError(
+            "flashsampling.distributed.sample: truncation needs a host int top_k >= 1 here (top_p / min_p then "
+            "act on the global top-k); top_p or min_p without it, or a per-row top_k tensor, would need every "
+            "shard's whole order")
+    batch, shard_vocab = hidden.shape[0], weight_shard.shape[0]
+    device = hidden.device
+    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
+    sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
+    x = transformed_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias),
+                           sparse_ids, sparse_values, vocab_start)
+    y = scaled_logits(x, scalar_temperature, temperatures)
+    mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
+    allowed = None if mask is None else unpack_allowed_mask(mask, shard_vocab)
+    key = truncation_key(y, allowed)
+    width = min(k, shard_vocab)
+    order = _first_in_order(key, width) if width < shard_vocab else torch.sort(key, dim=1, stable=True).indices
+    # (order rank, global id): the single-process order (ties to the smaller global id).
+    keys = order_rank(key.gather(1, order)) * 2**31 + (order + vocab_start)
+    if width < k:
+        keys = torch.cat([keys, keys.new_full((batch, k - width), _INT64_MAX)], dim=1)
+    gathered = _gather(keys.to(_comm_device(device, backend)), world, group).to(device)  # [W, B, k]
+    first = torch.topk(gathered.permute(1, 0, 2).reshape(batch, -1), k, dim=1, largest=False, sorted=True).values
+    keep = keep_prefix(key_of_rank(first >> 31), first != _INT64_MAX, truncation)
+    local = (first & 0x7FFFFFFF) - vocab_start
+    mine = keep & (local >= 0) & (local < shard_vocab)
+    survivors = torch.zeros((batch, shard_vocab + 1), dtype=torch.bool, device=device)
+    survivors.scatter_(1, torch.where(mine, local, shard_vocab), True)  # others land in the spare column
+    survivors = survivors[:, :shard_vocab]
+    return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
+
+
 def sample(
     hidden: Tensor,
     weight_shard: Tensor,
@@ -147,6 +198,9 @@ def sample(
     allowed_mask: Tensor | None = None,
     empty_mask_token: int | None = None,
     return_logprobs: bool = False,
+    top_k: int | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
 ) -> Tensor | SampleOutput:
     r"""Tensor-parallel exact sampling: every rank of ``group`` holds a vocabulary shard.
 
@@ -200,7 +254,12 @@ def sample(
         empty_mask_token: token for rows that no shard allows (default: an error).
         return_logprobs: also return each token's log-probability under ``softmax(y)`` over
             the whole allowed vocabulary and the per-row logsumexp (see
-            :func:`flashsampling_cuda.sample`).
+            :func:`flashsampling_cuda.sample`); under truncation, over the survivors.
+        top_k, top_p, min_p: global truncation as in :func:`flashsampling_cuda.sample`,
+            the same on every rank; needs a host int ``top_k`` (``top_p``/``min_p``, scalars
+            or ``[B]`` tensors, then apply to the global top-k; without ``top_k`` they raise
+            ``NotImplementedError``). Costs each rank one fp32 logits matmul of its shard
+            and one more all-gather of ``B * top_k`` int64.
 
     Returns:
         ``[B, num_samples]`` int64 global token ids (``-1`` for a row whose scores are all
@@ -217,6 +276,11 @@ def sample(
         seed = _shared_seed(generator, device, rank, world, group, backend)
     elif generator is not None:
         raise ValueError("flashsampling.distributed.sample: pass either seed or generator, not both")
+    user_mask = allowed_mask
+    truncation = parse_truncation(top_k, top_p, min_p, hidden)
+    if truncation is not None:  # the survivors become this shard's mask
+        allowed_mask = _truncated_shard_mask(hidden, weight_shard, vocab_start, truncation, temperature, logit_bias,
+                                             sparse_logit_bias, allowed_mask, world, group, backend)
     tokens, scores, token_logprobs, logsumexp = sample_with_scores(
         hidden,
         weight_shard,
@@ -252,7 +316,9 @@ def sample(
     best, winner = gathered[:, :, :samples].max(dim=0)  # [B, S]: winning key and its rank
     out_tokens = torch.where(best == _KEY_NO_CANDIDATE, -1, _decode_tokens(best))
     nothing_allowed = best == _KEY_SHARD_EMPTY  # no shard's mask allows anything in the row
-    if allowed_mask is not None:
+    if user_mask is None:  # truncation alone keeps every row's top token: never the case
+        out_tokens = torch.where(nothing_allowed, -1, out_tokens)
+    else:
         if empty_mask_token is None:
             empty_rows = nothing_allowed[:, 0].nonzero().flatten().cpu()
             if empty_rows.numel() > 0:  # every rank sees the same gathered keys: all raise

@@ -176,16 +176,63 @@ def _per_row(value: int | float | Tensor, batch: int, dtype: torch.dtype, device
     return value.to(device=device, dtype=dtype).expand(batch)[:, None]
 
 
+_NAN_RANK = 2**31  # order_rank of NaN: above every number
+
+
+def order_rank(key: Tensor) -> Tensor:
+    """int64 ranks of fp32 ``key`` in ``torch.sort``'s ascending order: -0 folded into +0,
+    NaN (all equal) above every number. ``rank * 2^31 + index`` (index < 2^31) orders like
+    a stable sort."""
+    bits = (key + 0.0).view(torch.int32).to(torch.int64)
+    rank = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))
+    return torch.where(torch.isnan(key), _NAN_RANK, rank)
+
+
+def key_of_rank(rank: Tensor) -> Tensor:
+    """The fp32 key of an :func:`order_rank` (NaN for the NaN rank and above)."""
+    bits = torch.where(rank >= 0, rank, (-rank) | 0x80000000)
+    bits = torch.where(rank >= _NAN_RANK, 0x7FC00000, bits)
+    return ((bits + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
+
+
 def _first_in_order(key: Tensor, k: int) -> Tensor:
     """Indices ``[B, k]`` of the first ``k`` entries of ``torch.sort(key, stable=True)``
     (ascending, NaN last, ties to the smaller index) without sorting whole rows: one
-    ``topk`` over int64 keys ``rank(key) * 2^31 + index``, where ``rank`` maps the fp32
-    order onto integers (-0 folded into +0, NaN above everything)."""
-    bits = (key + 0.0).view(torch.int32).to(torch.int64)
-    rank = torch.where(bits >= 0, bits, -(bits & 0x7FFFFFFF))
-    rank = torch.where(torch.isnan(key), 2**31, rank)
+    ``topk`` over the int64 keys ``order_rank(key) * 2^31 + index``."""
     index = torch.arange(key.shape[1], device=key.device)
-    return torch.topk(rank * 2**31 + index, k, dim=1, largest=False, sorted=True).indices
+    return torch.topk(order_rank(key) * 2**31 + index, k, dim=1, largest=False, sorted=True).indices
+
+
+def truncation_key(y: Tensor, allowed: Tensor | None) -> Tensor:
+    """Sort key of the truncation order, fp32 ``[B, V]``: ``-y`` ascending, stable (ties to
+    the smaller index); an allowed NaN sorts after every number (+inf), an excluded token
+    (NaN key) after that."""
+    key = torch.where(torch.isnan(y), torch.inf, -y)
+    return key if allowed is None else torch.where(allowed, key, torch.nan)
+
+
+def keep_prefix(sorted_key: Tensor, keep: Tensor, truncation: Truncation) -> Tensor:
+    """``keep`` (bool ``[B, w]``, the top-k survivors of a row's first ``w`` tokens in
+    order, whose :func:`truncation_key` is ``sorted_key``) narrowed by ``top_p`` and
+    ``min_p``, float64 probabilities from the fp32 ``y``; the first token always stays."""
+    if truncation.top_p is None and truncation.min_p is None:
+        return keep
+    batch, width = sorted_key.shape
+    device = sorted_key.device
+    rank = torch.arange(width, device=device)
+    y_sorted = torch.where(torch.isnan(sorted_key), -torch.inf, -sorted_key.double())
+    y_sorted = torch.where(keep, y_sorted, -torch.inf)  # the top_k survivors
+    ratio = torch.exp(y_sorted - y_sorted[:, :1])  # probability / the top token's (NaN: +-inf top)
+    if truncation.min_p is not None:
+        min_p = _per_row(truncation.min_p, batch, torch.float64, device)
+        keep = keep & ((ratio >= min_p) | (rank == 0))
+    if truncation.top_p is not None:
+        top_p = _per_row(truncation.top_p, batch, torch.float64, device)
+        probs = ratio / ratio.sum(dim=1, keepdim=True)
+        # Mass of the tokens ahead (an exclusive sum, not cumsum - probs, which rounds).
+        before = torch.cat([torch.zeros_like(probs[:, :1]), torch.cumsum(probs, dim=1)[:, :-1]], dim=1)
+        keep = keep & ((before < top_p) | (top_p >= 1) | (rank == 0))
+    return keep
 
 
 def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> Tensor:
@@ -205,11 +252,7 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
     """
     batch, vocab = y.shape
     device = y.device
-    # Sort key: -y ascending, stable (ties to the smaller index); an allowed NaN sorts
-    # after every number, an excluded token (NaN key) after that.
-    key = torch.where(torch.isnan(y), torch.inf, -y)
-    if allowed is not None:
-        key = torch.where(allowed, key, torch.nan)
+    key = truncation_key(y, allowed)
     if isinstance(truncation.top_k, int) and truncation.top_k < vocab:
         order = _first_in_order(key, truncation.top_k)  # a host top_k: only the first k ranks can survive
         sorted_key = key.gather(1, order)
@@ -222,19 +265,7 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
         keep = rank < torch.where(k > 0, k, vocab)
     else:
         keep = torch.ones((batch, width), dtype=torch.bool, device=device)
-    if truncation.top_p is not None or truncation.min_p is not None:
-        y_sorted = torch.where(torch.isnan(sorted_key), -torch.inf, -sorted_key.double())
-        y_sorted = torch.where(keep, y_sorted, -torch.inf)  # the top_k survivors
-        ratio = torch.exp(y_sorted - y_sorted[:, :1])  # probability / the top token's (NaN: +-inf top)
-        if truncation.min_p is not None:
-            min_p = _per_row(truncation.min_p, batch, torch.float64, device)
-            keep = keep & ((ratio >= min_p) | (rank == 0))
-        if truncation.top_p is not None:
-            top_p = _per_row(truncation.top_p, batch, torch.float64, device)
-            probs = ratio / ratio.sum(dim=1, keepdim=True)
-            # Mass of the tokens ahead (an exclusive sum, not cumsum - probs, which rounds).
-            before = torch.cat([torch.zeros_like(probs[:, :1]), torch.cumsum(probs, dim=1)[:, :-1]], dim=1)
-            keep = keep & ((before < top_p) | (top_p >= 1) | (rank == 0))
+    keep = keep_prefix(sorted_key, keep, truncation)
     survivors = torch.zeros((batch, vocab), dtype=torch.bool, device=device).scatter_(1, order, keep)
     return survivors if allowed is None else survivors & allowed
 

@@ -162,6 +162,25 @@ def test_no_seed_rank0_draws_and_broadcasts(backend, world):
     assert not torch.equal(ranks[0]["got"][0], ranks[0]["got"][1])
 
 
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_truncation_equals_single_process_op(backend, world):
+    ranks = results(backend, world, "scenario_truncation")
+    for name, entry in ranks[0].items():
+        if name == "top_p_alone":
+            assert all(r[name] and "top_k" in r[name] for r in ranks), [r[name] for r in ranks]
+            continue
+        got, expected = entry["got"], entry["expected"]
+        for r, res in enumerate(ranks[1:], start=1):
+            torch.testing.assert_close(res[name]["got"], got, rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{name}: rank {r} differs")
+        if isinstance(got, dict):  # SampleOutput: tokens exact, log-probabilities to fp32 rounding
+            assert torch.equal(got["tokens"], expected["tokens"]), name
+            torch.testing.assert_close(got["logprobs"], expected["logprobs"], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got["logsumexp"], expected["logsumexp"], rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
+
+
 def _tokens(x):
     return x["tokens"] if isinstance(x, dict) else x
 

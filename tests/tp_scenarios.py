@@ -240,8 +240,44 @@ def scenario_no_seed(ctx: Ctx):
     return out
 
 
+def scenario_truncation(ctx: Ctx):
+    """Global top-k (+ top-p / min-p) == the single-process op's truncation; integer logits
+    have many exact ties, which must break by the global id on every rank."""
+    hidden, weight = integer_problem(seed=8)
+    h, w = hidden.bfloat16().to(ctx.device), weight.bfloat16()
+    g = torch.Generator().manual_seed(9)
+    bias = (torch.randint(-2, 3, (VOCAB,), generator=g) / 4).float()
+    mask = random_mask(BATCH, VOCAB, 0.7, seed=10)
+    configs = {
+        "top_k": dict(top_k=5),
+        "top_k_wider_than_shards": dict(top_k=60),
+        "top_k_top_p": dict(top_k=20, top_p=0.8, logit_bias=bias),
+        "top_k_min_p_per_row": dict(top_k=12, min_p=torch.tensor([0.0, 0.1, 0.3, 0.5, 0.9, 1.0]),
+                                    allowed_mask=mask),
+        "logprobs": dict(top_k=9, top_p=0.9, return_logprobs=True),
+    }
+    out = {}
+    for name, cfg in configs.items():
+        common = dict(temperature=0.9, seed=31, offset=2, num_samples=3, **cfg)
+        shard_kwargs = dict(common)
+        for arg, shard_dim in (("logit_bias", 0), ("allowed_mask", 1)):
+            if arg in shard_kwargs:
+                shard_kwargs[arg] = ctx.shard(shard_kwargs[arg], dim=shard_dim)
+        shard_kwargs = {k: ctx.to(v) for k, v in shard_kwargs.items()}
+        entry = {"got": tp.sample(h, ctx.shard(w), vocab_start=ctx.start, **shard_kwargs)}
+        if ctx.rank == 0:
+            entry["expected"] = fs.sample(h, w.to(ctx.device), **{k: ctx.to(v) for k, v in common.items()})
+        out[name] = entry
+    try:
+        tp.sample(h, ctx.shard(w), vocab_start=ctx.start, seed=1, top_p=0.5)
+        out["top_p_alone"] = None
+    except NotImplementedError as exc:
+        out["top_p_alone"] = str(exc)
+    return out
+
+
 SCENARIOS = [scenario_tokens, scenario_masks, scenario_logprobs, scenario_chi_square, scenario_back_to_back,
-             scenario_no_seed]
+             scenario_no_seed, scenario_truncation]
 
 
 def _worker(rank, world, backend, store, out_dir):
