@@ -131,8 +131,28 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_per_call_us(fn, args, device, world, group, runs, iters, warmup):
-    """min over runs of (max over ranks of the mean time of `iters` back-to-back calls)."""
+def _graphed(fn, args, device, warmup):
+    """fn captured in a CUDA graph after `warmup` calls on a side stream (NCCL collectives
+    are captured too; every rank captures the same calls): returns the replay."""
+    stream = torch.cuda.Stream(device=device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn(*args)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    _sync(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    return lambda *_: graph.replay()
+
+
+def time_per_call_us(fn, args, device, world, group, runs, iters, warmup, graph=False):
+    """min over runs of (max over ranks of the mean time of `iters` back-to-back calls);
+    graph=True (CUDA only) times replays of fn captured in a CUDA graph: device time
+    without the host's per-call Python work, as in a CUDA-graph decode step."""
+    if graph and device.type == "cuda":
+        fn = _graphed(fn, args, device, warmup)
     for _ in range(warmup):
         fn(*args)
     _sync(device)
@@ -194,7 +214,7 @@ def _worker(rank, world, cfg, store, out_path):
         for name, fn in contenders.items():
             try:
                 row[name] = time_per_call_us(fn, (hidden, weight), device, world, group, cfg["runs"], cfg["iters"],
-                                             cfg["warmup"])
+                                             cfg["warmup"], graph=cfg["timing"] == "graph")
             except Exception as exc:  # noqa: BLE001 - a failing baseline is reported, not fatal
                 row[name] = None
                 row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -228,7 +248,8 @@ def markdown_table(results: dict) -> str:
     base = {r["B"]: r["ours"] for r in results["rows"] if r["TP"] == 1 and r.get("ours")}
     lines = [f"\n**D={results['D']}, V={results['V']}** ({results['dtype']}, {results['device']}, "
              f"{results['date']}, {results['backend']}), µs per call (min of {results['runs']} runs of "
-             f"{results['iters']} calls, max over ranks)\n"]
+             f"{results['iters']} calls, max over ranks"
+             f"{', CUDA-graph replays' if results.get('timing') == 'graph' else ''})\n"]
     head = ["B", "TP"] + names + ["best baseline / ours", "ours: TP=1 / (TP · TP=k)"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -289,6 +310,8 @@ def main() -> None:
                         help="auto: NCCL on GPUs when there are enough for the largest TP, else gloo on the CPU")
     parser.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
                         help="torch.compile baselines (auto: on for NCCL, off for gloo/CPU)")
+    parser.add_argument("--timing", default="eager", choices=["eager", "graph"],
+                        help="graph: time CUDA-graph replays of each contender (NCCL only; not yet run on GPUs)")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: D=256, V=4099, B 4,16")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
@@ -313,6 +336,7 @@ def main() -> None:
         "warmup": args.warmup if args.warmup is not None else (1 if args.tiny else 5),
         "compile": args.compile == "on" or (args.compile == "auto" and backend == "nccl"),
         "cpu_threads": 1 if args.tiny else (os.cpu_count() or 1),
+        "timing": args.timing,
     }
     device = torch.cuda.get_device_name(0) if backend == "nccl" else f"CPU ({platform.machine()}, gloo)"
     results = {
@@ -328,6 +352,7 @@ def main() -> None:
         "runs": cfg["runs"],
         "iters": cfg["iters"],
         "compiled_baselines": cfg["compile"],
+        "timing": cfg["timing"],
         "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
         "rows": [],
     }
