@@ -3,7 +3,8 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench controls decode" (default: build tests sanitizer bench)
+#   STEPS: any of "build tests sanitizer bench controls decode tp" (default: build tests sanitizer bench);
+#   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
 STEPS=${STEPS:-"build tests sanitizer bench"}
@@ -43,5 +44,11 @@ if [[ $STEPS == *controls* ]]; then
 fi
 if [[ $STEPS == *decode* ]]; then
   python3 benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30
+fi
+if [[ $STEPS == *tp* ]]; then
+  gpus=$(nvidia-smi -L | wc -l)
+  sizes=1; for w in 2 4 8; do [ "$gpus" -ge "$w" ] && sizes="$sizes,$w"; done
+  python3 benchmarks/bench_tp.py --world-sizes "$sizes" --runs 3 --iters 10 --out "$OUT" ${TP_ARGS:-} 2>&1 \
+    | tee "$OUT/tp.log" | grep "^|"
 fi
 printf '%s\n' "${summary[@]}"
