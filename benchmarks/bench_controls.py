@@ -24,15 +24,14 @@ Usage: python benchmarks/bench_controls.py [--dim 4096] [--vocab 151936]
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 import flashsampling_cuda  # noqa: F401  (registers torch.ops.flashsampling)
 from bench_sampler import median_us
+from report import run_header, write_results
 
 VARIANTS = ["plain", "temps", "mask", "logprobs", "bias", "sparse", "row_seeds", "all3", "samples4"]
 
@@ -74,10 +73,7 @@ def run(args) -> dict:
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
     results = {
-        "device": props.name,
-        "date": dt.date.today().isoformat(),
-        "command": " ".join(["python"] + sys.argv),
-        "torch": torch.__version__,
+        **run_header(props.name),
         "D": args.dim,
         "V": args.vocab,
         "timing": args.timing,
@@ -124,12 +120,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_controls.py needs a CUDA GPU")
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"controls_{results['device'].replace(' ', '_')}_{results['date']}"
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
-    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n{table}\n")
+    write_results(args.out, f"controls_{results['device'].replace(' ', '_')}_{results['date']}", results, table)
     print(table)
 
 

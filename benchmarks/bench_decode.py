@@ -28,15 +28,13 @@ Writes decode_<device>_<date>.{json,md,png} under --out and prints the table las
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 
-from plotting import pyplot_or_none
+from report import pyplot_or_none, run_header, write_results
 
 MODELS = {
     # Qwen/Qwen3-1.7B: tied embeddings.
@@ -91,10 +89,7 @@ def run(args) -> dict:
     graphs = on_gpu and not args.no_cuda_graphs
     device_name = torch.cuda.get_device_name(device) if on_gpu else "CPU"
     results = {
-        "device": device_name,
-        "date": dt.date.today().isoformat(),
-        "command": " ".join(["python"] + sys.argv),
-        "torch": torch.__version__,
+        **run_header(device_name),
         "transformers": transformers.__version__,
         "dtype": str(dtype).replace("torch.", ""),
         "prompt_len": args.prompt_len,
@@ -219,13 +214,9 @@ def main() -> None:
     if args.new_tokens < 4:
         parser.error("--new-tokens must be >= 4 (prefill token + 2 warm-up steps + timed steps)")
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"decode_{results['device'].replace(' ', '_')}_{results['date']}" + ("_tiny" if args.tiny else "")
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
-    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n\n{table}\n")
-    plot(results, out / f"{stem}.png")
+    stem = f"decode_{results['device'].replace(' ', '_')}_{results['date']}" + ("_tiny" if args.tiny else "")
+    write_results(args.out, stem, results, table, plot)
     print(table)
 
 

@@ -28,7 +28,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -37,7 +36,7 @@ from pathlib import Path
 import torch
 
 import flashsampling_cuda
-from plotting import pyplot_or_none
+from report import pyplot_or_none, run_header, write_results
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -145,10 +144,7 @@ def run(args) -> dict:
     print(f"[bench] {props.name}: copy {copy_bw / 1e12:.2f} TB/s, {args.dtype} matmul {mm_rate / 1e12:.0f} TFLOP/s")
     baselines = make_baselines(args.temperature, args.fi_topk, args.topk)
     results = {
-        "device": props.name,
-        "date": dt.date.today().isoformat(),
-        "command": " ".join(["python"] + sys.argv),
-        "torch": torch.__version__,
+        **run_header(props.name),
         "dtype": args.dtype,
         "temperature": args.temperature,
         "copy_bandwidth_Bps": copy_bw,
@@ -258,13 +254,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_sampler.py needs a CUDA GPU")
     results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"kernel_{results['device'].replace(' ', '_')}_{results['date']}"
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
-    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n{table}\n")
-    plot(results, out / f"{stem}.png")
+    write_results(args.out, f"kernel_{results['device'].replace(' ', '_')}_{results['date']}", results, table, plot)
     print(table)
 
 

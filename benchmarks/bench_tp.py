@@ -48,7 +48,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402, F401  (registers the op)
 from flashsampling_cuda import distributed as tp  # noqa: E402
-from plotting import pyplot_or_none  # noqa: E402
+from report import pyplot_or_none, run_header, write_results  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONTENDERS = ["ours", "mm+AG+multinomial", "mm+AG+gumbel", "compiled multinomial", "compiled gumbel"]
@@ -340,10 +340,7 @@ def main() -> None:
     }
     device = torch.cuda.get_device_name(0) if backend == "nccl" else f"CPU ({platform.machine()}, gloo)"
     results = {
-        "device": device,
-        "date": dt.date.today().isoformat(),
-        "command": " ".join(["python"] + sys.argv),
-        "torch": torch.__version__,
+        **run_header(device),
         "backend": backend,
         "D": cfg["dim"],
         "V": cfg["vocab"],
@@ -358,15 +355,11 @@ def main() -> None:
     }
     for world in world_sizes:
         results["rows"] += run_world(world, cfg)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     tag = "tp_tiny" if args.tiny else "tp"
-    stem = f"{tag}_{device.split(' (')[0].replace(' ', '_')}_{results['date']}"
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     table = markdown_table(results)
-    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n{table}\n")
-    plot(results, out / f"{stem}.png")
-    print(f"[bench_tp] wrote {out / stem}.{{json,md,png}}")
+    path = write_results(args.out, f"{tag}_{device.split(' (')[0].replace(' ', '_')}_{results['date']}", results,
+                         table, plot)
+    print(f"[bench_tp] wrote {path}.{{json,md,png}}")
     print(table)
 
 

@@ -1,0 +1,49 @@
+"""Shared by the benchmark scripts: the provenance every result file carries, writing a
+run's results (JSON, markdown table, plot), and matplotlib's pyplot with a file-only
+backend, or None (with a note on stderr) where matplotlib is missing, so a benchmark
+never fails on its plot."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def run_header(device: str) -> dict:
+    """Device name, date, command line and torch version of this run."""
+    return {
+        "device": device,
+        "date": dt.date.today().isoformat(),
+        "command": " ".join(["python"] + sys.argv),
+        "torch": torch.__version__,
+    }
+
+
+def write_results(out: str | Path, stem: str, results: dict, table: str,
+                  plot: Callable[[dict, Path], None] | None = None) -> Path:
+    """Writes <out>/<stem>.json (results), .md (the command, then the table) and, with
+    `plot`, .png; returns <out>/<stem>."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
+    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n\n{table.lstrip(chr(10))}\n")
+    if plot is not None:
+        plot(results, out / f"{stem}.png")
+    return out / stem
+
+
+def pyplot_or_none(tag: str = "bench"):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001 - any import problem means: no plot
+        print(f"[{tag}] matplotlib unavailable, no plot: {exc}", file=sys.stderr)
+        return None
+    return plt
