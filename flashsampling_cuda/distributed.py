@@ -279,6 +279,9 @@ def sample(
     user_mask = allowed_mask
     truncation = parse_truncation(top_k, top_p, min_p, hidden)
     if truncation is not None:  # the survivors become this shard's mask
+        # Dicts become the (ids, values) pair once (a host-to-device copy), for both uses.
+        sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
+        sparse_logit_bias = None if sparse_ids is None else (sparse_ids, sparse_values)
         allowed_mask = _truncated_shard_mask(hidden, weight_shard, vocab_start, truncation, temperature, logit_bias,
                                              sparse_logit_bias, allowed_mask, world, group, backend)
     tokens, scores, token_logprobs, logsumexp = sample_with_scores(
