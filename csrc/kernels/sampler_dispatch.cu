@@ -82,10 +82,6 @@ ConfigEntry select_controls(int device_arch, int tile_n) {
   return {nullptr, nullptr, 0};
 }
 
-bool plain_sampling(SamplerParams const& p) {
-  return is_plain_sampling(p.controls, p.noise, p.num_samples, p.logprobs);
-}
-
 // Widest N tile for the controls' loop. Its per-element code is large and the epilogue
 // inlines it once per subtile; narrow tiles re-read W from L2 once per N tile instead.
 // Measured on H200 (benchmarks/NOTES.md, v5e, separate controls kernels, all3 / temps
@@ -115,7 +111,7 @@ int64_t plain_tile_n_cap() {
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   int64_t const columns = sampler_gemm_columns(p);
   bool const bf16 = p.element_type == ElementType::kBFloat16;
-  if (plain_sampling(p)) {
+  if (is_plain_sampling(p.controls, p.noise, p.num_samples, p.logprobs)) {
     int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, plain_tile_n_cap()));
     return bf16 ? select_plain<cutlass::bfloat16_t>(device_arch, tile_n)
                 : select_plain<cutlass::half_t>(device_arch, tile_n);
