@@ -95,9 +95,6 @@ cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, SamplerBuffers const&
 template <class Element, int TileN, bool kControls>
 size_t sampler_gemm_workspace_sm100(SamplerParams const& p);
 
-// Test hook: the epilogue's gumbel_estimate of each element of bits (uint32 values in int64).
-cudaError_t launch_gumbel_estimate(int64_t const* bits, int64_t n, float* out, cudaStream_t stream);
-
 // Before stage 1, with sparse bias: marks (row, v) of every sparse entry in the bitmap.
 cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream);
 
