@@ -230,6 +230,40 @@ def test_compiled_body_same_tokens(fst):
     assert torch.equal(compiled.generate(PROMPTS[:2], **kwargs).new_tokens, two.new_tokens)  # another batch size
 
 
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
+def test_grouped_decode_attention(fst, family):
+    """The decode steps' grouped-query sdpa (no repeat_kv copy of the cache) is the model's
+    attention: same tokens and hidden states (to fp32 rounding) as transformers' sdpa path, it
+    runs in every layer of every step, and the model's config is left as it was."""
+    model = tiny_model(family)
+    calls = []
+
+    def run(grouped):
+        hidden = []
+
+        def sampler(h, seed, offset):
+            hidden.append(h.clone())
+            return fst.FlashSamplingHead(model)(h, temperature=0.9, seed=seed, offset=offset)
+
+        decoder = fst.StaticCacheDecoder(model, cuda_graph=False, grouped_decode_attention=grouped)
+        out = decoder.generate_with_sampler(PROMPTS, sampler=sampler, max_new_tokens=6, seed=4)
+        return out.new_tokens, torch.stack(hidden)
+
+    from transformers import AttentionInterface
+
+    grouped_fn = fst._grouped_decode_sdpa
+    AttentionInterface.register(fst._GROUPED_DECODE_SDPA, lambda *a, **k: calls.append(1) or grouped_fn(*a, **k))
+    try:
+        tokens, hidden = run(True)
+    finally:
+        AttentionInterface.register(fst._GROUPED_DECODE_SDPA, grouped_fn)
+    ref_tokens, ref_hidden = run(False)
+    assert model.config._attn_implementation == "sdpa"
+    assert len(calls) == 5 * model.config.num_hidden_layers  # steps 1..5 (step 0 is the prefill)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(hidden, ref_hidden, rtol=1e-5, atol=1e-5)
+
 def test_truncation(fst):
     """top_k/top_p/min_p reach the op: off values give the plain tokens, top_k = 1 the greedy
     ones, and every top_k = 3 token is among the 3 largest logits of the model at its step."""

@@ -24,7 +24,9 @@ processors.
 Decoding runs on a static KV cache with fixed-shape buffers and no host
 synchronisation inside a step, so on CUDA one decode step (body + sampling + stop
 bookkeeping) is captured once as a CUDA graph and replayed; seeds and offsets are
-device tensors the op reads at run time. Step ``t`` (``t = 0`` is the token sampled
+device tensors the op reads at run time. With ``attn_implementation="sdpa"`` the decode
+steps' attention reads the static cache in place, without transformers' per-layer copy of it to
+every query head (``grouped_decode_attention``). Step ``t`` (``t = 0`` is the token sampled
 from the prompt) draws noise at ``offset + t``, so with a fixed ``seed`` the tokens are
 a pure function of the prompt: for every step, the token equals
 ``argmax_v(logit[v] / T + g(seed, offset + t, stream, 0, v))`` of the model's own logits
@@ -37,6 +39,7 @@ does not.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import time
@@ -85,6 +88,47 @@ _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 
 # A sampler maps (hidden [B, D], seed tensor, offset tensor) to tokens [B] or [B, 1].
 Sampler = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _grouped_decode_sdpa(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                         dropout: float = 0.0, scaling: float | None = None, **kwargs) -> tuple[Tensor, None]:
+    """transformers' ``sdpa`` attention for a one-token query without the K/V copy.
+
+    With a mask, transformers' sdpa path cannot use ``enable_gqa`` on CUDA (masked GQA falls
+    back to the math kernel), so it expands the whole cache ``[B, kv_heads, L, d]`` to
+    ``[B, heads, L, d]`` (``repeat_kv``) in every layer of every step, and the kernel then reads
+    that copy: traffic that grows with B and the cache length. For a single query token the
+    ``group`` query heads that share a KV head are instead stacked as ``group`` query rows of
+    that head, ``[B, kv_heads, group, d]`` against the un-repeated cache, under the same mask
+    (broadcast over the rows): the same scores and outputs per head (head ``h`` reads KV head
+    ``h // group``, as in ``repeat_kv``). Anything else goes to transformers' sdpa function.
+    """
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (query.shape[2] != 1 or groups == 1 or dropout or attention_mask is None or attention_mask.dim() != 4
+            or attention_mask.shape[1] != 1 or attention_mask.shape[2] != 1
+            or any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux", "sinks"))
+            or kwargs.get("output_attentions", False)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    batch, heads, _, dim = query.shape
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.reshape(batch, heads // groups, groups, dim), key, value, attn_mask=attention_mask, scale=scaling)
+    return out.reshape(batch, 1, heads, value.shape[-1]).contiguous(), None
+
+
+# Registered under a name of its own (nothing else changes); the decoder selects it for its
+# decode steps only (StaticCacheDecoder(grouped_decode_attention=True)). None where this
+# transformers version lacks the pieces: the steps then keep the model's sdpa attention.
+try:
+    from transformers import AttentionInterface, AttentionMaskInterface, PretrainedConfig
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    _GROUPED_DECODE_SDPA: str | None = "flashsampling_grouped_decode_sdpa"
+    AttentionInterface.register(_GROUPED_DECODE_SDPA, _grouped_decode_sdpa)
+    AttentionMaskInterface.register(_GROUPED_DECODE_SDPA, sdpa_mask)  # unused: the decoder passes 4-D masks
+except ImportError:  # pragma: no cover
+    _GROUPED_DECODE_SDPA = None
 
 
 class UnsupportedModelError(ValueError):
@@ -312,12 +356,17 @@ class StaticCacheDecoder:
             shapes, so one compilation serves every batch size; the prefill stays eager). It
             fuses the body's many small kernels, which otherwise dominate a small model's
             step even inside a CUDA graph. The first call pays the compilation.
+        grouped_decode_attention: for a model loaded with ``attn_implementation="sdpa"`` and
+            grouped-query attention, the decode steps attend with the query heads grouped per
+            KV head instead of transformers' ``repeat_kv`` copy of the whole static cache in
+            every layer (:func:`_grouped_decode_sdpa`; the same attention, less memory traffic
+            that grows with B). The prefill and the model outside the decoder are unchanged.
     """
 
     warmup_steps = 2
 
     def __init__(self, model: nn.Module, *, cuda_graph: bool = True, check_every: int = 8,
-                 cache_len_multiple: int = 64, compile_body: bool = False):
+                 cache_len_multiple: int = 64, compile_body: bool = False, grouped_decode_attention: bool = True):
         self.model = model
         self.head = FlashSamplingHead(model)
         self.body = model.model
@@ -330,6 +379,13 @@ class StaticCacheDecoder:
                 "with attn_implementation='sdpa' or 'eager' (the decoder passes explicit 4-D masks)"
             )
         self.mask_kind = _MASK_KINDS[impl]
+        # The configs whose attn implementation the decode steps switch (see _step_attention).
+        self._step_configs = []
+        if grouped_decode_attention and impl == "sdpa" and _GROUPED_DECODE_SDPA is not None:
+            configs = {id(c): c for c in [self.config, *(getattr(m, "config", None) for m in self.body.modules())]
+                       if isinstance(c, PretrainedConfig)}
+            self._step_configs = [c for c in configs.values()
+                                  if getattr(c, "_attn_implementation_internal", None) == "sdpa"]
         self.cuda_graph = cuda_graph
         self.check_every = max(1, int(check_every))
         self.cache_len_multiple = max(1, int(cache_len_multiple))
@@ -372,10 +428,24 @@ class StaticCacheDecoder:
         s.offset.add_(1)
         s.step.add_(1)
 
+    @contextlib.contextmanager
+    def _step_attention(self):
+        """Inside, the model's sdpa attention is :func:`_grouped_decode_sdpa` (the configs'
+        implementation name is switched and restored; the name is read at every forward, and
+        a compiled body guards on it)."""
+        for c in self._step_configs:
+            c._attn_implementation_internal = _GROUPED_DECODE_SDPA
+        try:
+            yield
+        finally:
+            for c in self._step_configs:
+                c._attn_implementation_internal = "sdpa"
+
     def _step(self, s: _Session, sampler: Sampler) -> None:
         """One decode step: feed s.ids, sample the next token. No host sync."""
         valid = (s.slots[None, :] >= s.pad[:, None]) & (s.slots[None, :] <= s.kv_pos)
-        hidden = self._forward(s, s.ids, s.pos, valid[:, None, None, :], s.kv_pos, body=self.step_body)
+        with self._step_attention():
+            hidden = self._forward(s, s.ids, s.pos, valid[:, None, None, :], s.kv_pos, body=self.step_body)
         tokens = sampler(hidden[:, -1], s.seed, s.offset)
         s.pos.add_(1)
         s.kv_pos.add_(1)
