@@ -12,10 +12,14 @@ prefilled eagerly, two decode steps run as warm-up (compiling the standard head 
 GPU, the model body: `compile_body=True`, torch.compile with dynamic shapes, shared by both
 paths), then one decode step (body + sampling + bookkeeping) is captured as a CUDA graph
 and replayed for the remaining tokens. Without the compiled body a Qwen3-1.7B step runs
-~1,500 small eager kernels (5.3 ms at B = 1 on an H200), which hides any sampler. TPOT = GPU time of the replayed steps / their number
-(CUDA events; prefill excluded), median over --reps generations, the two paths
-alternating. Models are Qwen3-shaped with random bf16 weights (normal, std 0.02), built
-on the GPU from the configs below; nothing is downloaded.
+~1,500 small eager kernels (5.3 ms at B = 1 on an H200), which hides any sampler. The decode
+steps attend with the query heads grouped per KV head over the un-repeated static cache
+(StaticCacheDecoder(grouped_decode_attention=True), for both paths); --repeat-kv-attention
+keeps transformers' masked sdpa path, which copies the whole cache to all query heads
+(repeat_kv) in every layer of every step: memory traffic that grows with B. TPOT = GPU
+time of the replayed steps / their number (CUDA events; prefill excluded), median over
+--reps generations, the two paths alternating. Models are Qwen3-shaped with random bf16
+weights (normal, std 0.02), built on the GPU from the configs below; nothing is downloaded.
 
 Usage (GPU):
   python benchmarks/bench_decode.py [--models qwen3-1.7b,qwen3-8b] [--batches 1,4,16,32,64]
@@ -87,6 +91,7 @@ def run(args) -> dict:
     compile_head = on_gpu and not args.no_compile
     compile_body = on_gpu and not args.no_compile_body
     graphs = on_gpu and not args.no_cuda_graphs
+    grouped = not args.repeat_kv_attention
     device_name = torch.cuda.get_device_name(device) if on_gpu else "CPU"
     results = {
         **run_header(device_name),
@@ -99,6 +104,7 @@ def run(args) -> dict:
         "cuda_graphs": graphs,
         "standard_head_compiled": compile_head,
         "body_compiled": compile_body,
+        "grouped_decode_attention": grouped,
         "rows": [],
     }
     for name in args.models.split(","):
@@ -109,8 +115,9 @@ def run(args) -> dict:
             gen = torch.Generator().manual_seed(batch)
             prompt = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).to(device)
             # Both compile the same body: the second reuses the first's compilation.
-            ours_dec = FlashSamplingDecoder(model, cuda_graph=graphs, compile_body=compile_body)
-            std_dec = StaticCacheDecoder(model, cuda_graph=graphs, compile_body=compile_body)
+            dec_kwargs = dict(cuda_graph=graphs, compile_body=compile_body, grouped_decode_attention=grouped)
+            ours_dec = FlashSamplingDecoder(model, **dec_kwargs)
+            std_dec = StaticCacheDecoder(model, **dec_kwargs)
 
             def run_ours():
                 return ours_dec.generate(prompt, max_new_tokens=args.new_tokens, temperature=args.temperature,
@@ -154,7 +161,9 @@ def markdown_table(results: dict) -> str:
         f"Decode TPOT, {results['device']}, {results['date']}, {results['dtype']}, prompt {results['prompt_len']} "
         f"tokens, {results['new_tokens']} new tokens, T = {results['temperature']}, CUDA graphs "
         f"{'on' if results['cuda_graphs'] else 'off'} for both, model body "
-        f"{'compiled' if results.get('body_compiled') else 'eager'}, median of {results['reps']} generations",
+        f"{'compiled' if results.get('body_compiled') else 'eager'}"
+        f"{', repeat_kv attention' if results.get('grouped_decode_attention') is False else ''}, "
+        f"median of {results['reps']} generations",
         "",
         "| model | B | standard TPOT (ms) | ours TPOT (ms) | reduction |",
         "|---|---|---|---|---|",
@@ -204,6 +213,8 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="run the standard head eagerly")
     parser.add_argument("--no-compile-body", action="store_true", help="run the model body eagerly in the steps")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps (diagnosis only)")
+    parser.add_argument("--repeat-kv-attention", action="store_true",
+                        help="transformers' sdpa decode attention (repeat_kv copy of the cache; diagnosis only)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     parser.add_argument("--tiny", action="store_true",
                         help="smoke run: --models tiny --batches 1,4 --prompt-len 16 --new-tokens 8 --reps 2")
