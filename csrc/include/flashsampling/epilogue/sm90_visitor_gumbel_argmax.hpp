@@ -359,7 +359,10 @@ struct Sm90GumbelArgmaxRowReduction {
     template <class TiledCopy>
     CUTLASS_DEVICE float* column_best_row(TiledCopy const&) const {
       constexpr bool kOneWarpgroupPerTile = decltype(size(TiledCopy{}))::value == cutlass::NumThreadsPerWarpGroup;
-      return node.column_best_smem + (kOneWarpgroupPerTile ? (cutlass::canonical_warp_group_idx() % 2) * kTileN : 0);
+      // Not canonical_warp_group_idx(): that is a full-warp shuffle, and stage 3 calls this
+      // from lanes of a partial warp.
+      int const warp_group = static_cast<int>(threadIdx.x) / cutlass::NumThreadsPerWarpGroup;
+      return node.column_best_smem + (kOneWarpgroupPerTile ? (warp_group % 2) * kTileN : 0);
     }
 
     // kBoundFilter: the plain loop over one subtile (visit_results holds its logits).
