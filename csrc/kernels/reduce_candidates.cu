@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "flashsampling/epilogue/candidate_math.cuh"
-#include "flashsampling/epilogue/gumbel_estimate.cuh"
 #include "flashsampling/philox_gumbel.h"
 #include "sampler_config.h"
 
@@ -122,18 +121,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   }
 }
 
-__global__ void gumbel_estimate_kernel(int64_t const* __restrict__ bits, int64_t n, float* __restrict__ out) {
-  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = gumbel_estimate(static_cast<uint32_t>(bits[i]));
-}
-
 }  // namespace
-
-cudaError_t launch_gumbel_estimate(int64_t const* bits, int64_t n, float* out, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  gumbel_estimate_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(bits, n, out);
-  return cudaGetLastError();
-}
 
 cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream) {
   SamplingControls const& c = p.controls;

@@ -29,8 +29,6 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_philox4x32_10(Tensor counter, Tensor key) -> Tensor");
   m.def("_logf(Tensor x) -> Tensor");
   m.def("_gumbel_from_bits(Tensor bits) -> Tensor");
-  // CUDA only: the epilogue's fast estimate of _gumbel_from_bits (gumbel_estimate.cuh).
-  m.def("_gumbel_estimate(Tensor bits) -> Tensor");
 }
 
 // `import flashsampling_cuda._C` loads this library (and so runs the registrations

@@ -228,24 +228,8 @@ SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, con
   return result;
 }
 
-at::Tensor gumbel_estimate_cuda(const at::Tensor& bits) {
-  TORCH_CHECK(bits.scalar_type() == at::kLong, "flashsampling._gumbel_estimate: bits must be an int64 tensor, got ",
-              bits.scalar_type());
-  const c10::cuda::CUDAGuard guard(bits.device());
-  const at::Tensor bc = bits.contiguous();
-  at::Tensor out = at::empty(bc.sizes(), bc.options().dtype(at::kFloat));
-  const cudaError_t err = launch_gumbel_estimate(bc.const_data_ptr<int64_t>(), bc.numel(),
-                                                 out.mutable_data_ptr<float>(), c10::cuda::getCurrentCUDAStream());
-  TORCH_CHECK(err == cudaSuccess, "flashsampling._gumbel_estimate: CUDA kernel launch failed: ",
-              cudaGetErrorString(err));
-  return out;
-}
-
 }  // namespace
 
-TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
-  SampleOps<&sample_cuda>::register_impls(m);
-  m.impl("_gumbel_estimate", &gumbel_estimate_cuda);
-}
+TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) { SampleOps<&sample_cuda>::register_impls(m); }
 
 }  // namespace flashsampling

@@ -112,7 +112,4 @@ cudaError_t launch_sampler(const SamplerParams& params, void* workspace, size_t 
 // Which architectures this build compiled kernels for (e.g. "sm90a,sm100a").
 const char* sampler_compiled_archs();
 
-// Test hook: the epilogue's gumbel_estimate of each element of bits (uint32 values in int64).
-cudaError_t launch_gumbel_estimate(int64_t const* bits, int64_t n, float* out, cudaStream_t stream);
-
 }  // namespace flashsampling

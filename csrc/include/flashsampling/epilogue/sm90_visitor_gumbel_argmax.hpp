@@ -31,15 +31,6 @@
 // units and the transformed logit of each column's best candidate, reduced alongside.
 // They are separate kernels because the epilogue inlines visit() once per subtile:
 // code of a loop that is not taken still costs instruction cache (benchmarks/NOTES.md).
-//
-// kBoundFilter (plain loop, sm90) moves the plain loop from visit() to reduce(), which
-// sees the whole subtile: a first pass brackets every element's score with the cheap
-// gumbel_estimate (gumbel_estimate.cuh), a second pass computes the exact noise only
-// for elements whose upper bound reaches the best lower bound of their column. The
-// column bound also carries over tiles: each consumer warpgroup keeps, in shared
-// memory, the best exact score per column of the tiles it already reduced (valid
-// because those candidates reach stage 2). The winner is unchanged; the exact logs
-// then run for a few percent of the elements.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +40,6 @@
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
 
 #include "flashsampling/epilogue/candidate_math.cuh"
-#include "flashsampling/epilogue/gumbel_estimate.cuh"
 #include "flashsampling/philox_gumbel.h"
 #include "flashsampling/sampler_params.h"
 
@@ -116,19 +106,12 @@ constexpr float kLog2e = 1.4426950408889634f;
 // ElementAux; the reduce() stage reuses that epilogue buffer as scratch, as
 // Sm90RowReduction does. Where a D store cannot be switched off (sm100 in CUTLASS
 // 4.2), ElementOutput is the scratch D element and visit() emits zeros.
-template <class CtaTileShapeMNK, class ElementOutput = float, bool kControls = false, bool kBoundFilter = false>
+template <class CtaTileShapeMNK, class ElementOutput = float, bool kControls = false>
 struct Sm90GumbelArgmaxRowReduction {
-  static_assert(!(kControls && kBoundFilter), "the bound filter serves the plain loop only");
   using ElementAux = ElementOutput;
-  static constexpr int kTileN = decltype(size<1>(CtaTileShapeMNK{}))::value;
-  static constexpr bool kNoiseOutOfLine = kTileN >= 64;
+  static constexpr bool kNoiseOutOfLine = decltype(size<1>(CtaTileShapeMNK{}))::value >= 64;
 
-  // Best exact score per tile column over the tiles a consumer warpgroup has reduced
-  // (one row per warpgroup: pingpong warpgroups run different tiles).
-  struct BoundStorage {
-    float column_best[2][kTileN];
-  };
-  using SharedStorage = cute::conditional_t<kBoundFilter, BoundStorage, cute::tuple<>>;
+  struct SharedStorage {};
 
   struct Arguments {
     // Outputs per (vocabulary tile, GEMM column): [ceil(M / CTA_M)][N]. With S samples
@@ -176,18 +159,10 @@ struct Sm90GumbelArgmaxRowReduction {
 
   CUTLASS_HOST_DEVICE Sm90GumbelArgmaxRowReduction() {}
 
-  CUTLASS_HOST_DEVICE Sm90GumbelArgmaxRowReduction(Params const& params, SharedStorage const& shared_storage)
-      : params(params) {
-    if constexpr (kBoundFilter) {
-      column_best_smem = const_cast<BoundStorage&>(shared_storage).column_best[0];
-    }
-  }
+  CUTLASS_HOST_DEVICE Sm90GumbelArgmaxRowReduction(Params const& params, SharedStorage const&)
+      : params(params) {}
 
   Params params;
-  // Per thread, across the tiles of this CTA (the node lives as long as the kernel): which
-  // N tile the warpgroup's column_best row describes; -1 until its first tile is reduced.
-  float* column_best_smem = nullptr;
-  int column_best_n_tile = -1;
 
   CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
   CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
@@ -199,12 +174,11 @@ struct Sm90GumbelArgmaxRowReduction {
 
   template <class ArgsTuple>
   struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(ArgsTuple&& args_tuple, Sm90GumbelArgmaxRowReduction& node)
-        : args_tuple(cute::forward<ArgsTuple>(args_tuple)), params(node.params), node(node) {}
+    CUTLASS_DEVICE ConsumerStoreCallbacks(ArgsTuple&& args_tuple, Params const& params)
+        : args_tuple(cute::forward<ArgsTuple>(args_tuple)), params(params) {}
 
     ArgsTuple args_tuple;
     Params const& params;
-    Sm90GumbelArgmaxRowReduction& node;
     uint64_t seed = 0;
     uint64_t offset = 0;
 
@@ -214,9 +188,8 @@ struct Sm90GumbelArgmaxRowReduction {
     }
 
     CUTLASS_DEVICE void reset_strip() {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCrBound, tCcD, residue_tCcD, problem_mn,
-             lane_layout_MN, lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] =
-          args_tuple;
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       fill(tCrScore, -INFINITY);
       fill(tCrIndex, int32_t{kNoCandidate});
       if (kControls && params.logprobs) {
@@ -251,16 +224,13 @@ struct Sm90GumbelArgmaxRowReduction {
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
                               int epi_n, cutlass::Array<ElementInput, FragmentSize> const& frg_logits) {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCrBound, tCcD, residue_tCcD, problem_mn,
-             lane_layout_MN, lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] =
-          args_tuple;
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      if constexpr (kBoundFilter) {
-        // Nothing per fragment: reduce() scores the whole subtile from visit_results.
-      } else if constexpr (!kControls) {
+      if constexpr (!kControls) {
         // The plain loop (v4): one Philox block holds the noise of 4 consecutive batch rows at one
         // vocab index; accumulator layouts keep neighbouring columns in neighbouring
         // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
@@ -353,118 +323,12 @@ struct Sm90GumbelArgmaxRowReduction {
       }
     }
 
-
-    // This warpgroup's row of BoundStorage::column_best (pingpong: one per warpgroup; cooperative:
-    // both warpgroups reduce the same tile and share row 0).
-    template <class TiledCopy>
-    CUTLASS_DEVICE float* column_best_row(TiledCopy const&) const {
-      constexpr bool kOneWarpgroupPerTile = decltype(size(TiledCopy{}))::value == cutlass::NumThreadsPerWarpGroup;
-      // Not canonical_warp_group_idx(): that is a full-warp shuffle, and stage 3 calls this
-      // from lanes of a partial warp.
-      int const warp_group = static_cast<int>(threadIdx.x) / cutlass::NumThreadsPerWarpGroup;
-      return node.column_best_smem + (kOneWarpgroupPerTile ? (warp_group % 2) * kTileN : 0);
-    }
-
-    // kBoundFilter: the plain loop over one subtile (visit_results holds its logits).
-    // Pass 1 brackets each score with gumbel_estimate and raises its column's bound to the
-    // best lower bound; pass 2 computes the exact noise (the contract's) only where the
-    // upper bound reaches the column's bound. See gumbel_estimate.cuh for why this is exact.
-    template <class VTensor>
-    CUTLASS_DEVICE void score_subtile_bounded(VTensor const& visit_results, int epi_m, int epi_n) {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCrBound, tCcD, residue_tCcD, problem_mn,
-             lane_layout_MN, lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] =
-          args_tuple;
-      using Fragment = typename remove_cvref_t<VTensor>::value_type;
-      constexpr int FragmentSize = Fragment::kElements;
-      constexpr int NumElements = FragmentSize * decltype(size(visit_results))::value;
-      static_assert(NumElements <= 64, "subtile too large for the pending mask");
-      Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
-      int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
-      int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      auto logit_of = [&](int j) { return static_cast<float>(visit_results(j / FragmentSize)[j % FragmentSize]); };
-
-      if (params.greedy) {  // no noise: the logits are the scores
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < NumElements; ++j) {
-          auto const coord = tCcD_mn(j);
-          if (elem_less(coord, residue_tCcD)) {
-            int32_t const vocab_index = static_cast<int32_t>(params.vocab_start + m_origin + get<0>(coord));
-            float const score = logit_of(j);
-            if (fs_candidate_better(score, vocab_index, tCrScore(j), tCrIndex(j))) {
-              tCrScore(j) = score;
-              tCrIndex(j) = vocab_index;
-            }
-          }
-        }
-        return;
-      }
-
-      // A strip starts from the columns' best exact scores of earlier tiles, if any.
-      if (epi_m == 0) {
-        auto [m_tile, n_tile, k_tile, l_tile] = tile_coord_mnkl;
-        bool const have_best = node.column_best_n_tile == static_cast<int>(n_tile);
-        float const* column_best = column_best_row(tiled_copy);
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < NumElements; ++j) {
-          tCrBound(j) = have_best ? column_best[get<1>(tCcD_mn(j))] : -INFINITY;
-        }
-      }
-
-      uint32_t bits[NumElements];
-      float upper[NumElements];
-      uint64_t valid = 0;
-      uint32_t block_vocab = ~0u, block_quad = ~0u;
-      Philox4 block{};
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < NumElements; ++j) {
-        auto const coord = tCcD_mn(j);
-        bits[j] = 0u;
-        upper[j] = 0.0f;
-        if (elem_less(coord, residue_tCcD)) {
-          valid |= uint64_t{1} << j;
-          uint32_t const vocab_index = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
-          uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
-          // One Philox block holds 4 consecutive batch rows: neighbouring slots reuse it.
-          if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
-            block = kNoiseOutOfLine ? noise_block_out_of_line(seed, offset, vocab_index, batch_row >> 2)
-                                    : fs_noise_block(seed, offset, vocab_index, batch_row >> 2);
-            block_vocab = vocab_index;
-            block_quad = batch_row >> 2;
-          }
-          bits[j] = fs_philox_lane(block, batch_row & 3u);
-          float const estimate = fmaf(logit_of(j), params.inv_temperature, gumbel_estimate(bits[j]));
-          float const margin = score_margin(estimate);
-          upper[j] = estimate + margin;
-          tCrBound(j) = fmaxf(tCrBound(j), estimate - margin);
-        }
-      }
-
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < NumElements; ++j) {
-        // NaN bounds compare false and keep the element: only a proven loser is skipped.
-        if (((valid >> j) & 1u) && !(upper[j] < fmaxf(tCrBound(j), tCrScore(j)))) {
-          auto const coord = tCcD_mn(j);
-          int32_t const vocab_index = static_cast<int32_t>(params.vocab_start + m_origin + get<0>(coord));
-          float const gumbel = kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits[j]) : fs_gumbel_from_bits(bits[j]);
-          float const score = fs_perturbed_score(logit_of(j), params.inv_temperature, gumbel);
-          if (fs_candidate_better(score, vocab_index, tCrScore(j), tCrIndex(j))) {
-            tCrScore(j) = score;
-            tCrIndex(j) = vocab_index;
-          }
-        }
-      }
-    }
-
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n,
                                bool is_last_iteration, VTensor visit_results) {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCrBound, tCcD, residue_tCcD, problem_mn,
-             lane_layout_MN, lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] =
-          args_tuple;
+      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
+             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       constexpr int EpiM = decltype(size<3>(tCcD))::value;
-      if constexpr (kBoundFilter) {
-        score_subtile_bounded(visit_results, epi_m, epi_n);
-      }
       // The epilogue walks epi_m fastest: a column strip is complete after its last epi_m.
       if (epi_m != EpiM - 1) {
         return;
@@ -571,7 +435,6 @@ struct Sm90GumbelArgmaxRowReduction {
         sync_fn();
 
         // 3. Reduce over the warps stacked in M and write one candidate per column.
-        bool const have_best = kBoundFilter && node.column_best_n_tile == static_cast<int>(n_tile);
         for (int col = thread_idx; col < EpiTileN; col += size(tiled_copy)) {
           if (col_base + col >= num_cols) {
             continue;
@@ -587,11 +450,6 @@ struct Sm90GumbelArgmaxRowReduction {
             }
           }
           params.ptr_candidates[out_base + col] = best;
-          if constexpr (kBoundFilter) {
-            float& column_best = column_best_row(tiled_copy)[epi_n * EpiTileN + col];
-            float const score = unpack_score(best);  // NaN (no candidate) leaves the bound as it was
-            column_best = have_best ? fmaxf(column_best, score) : score;
-          }
           if (logprobs) {
             params.ptr_candidate_logits[out_base + col] = best_logit;
             float2 lse = sLse(0, col, 0);
@@ -602,13 +460,6 @@ struct Sm90GumbelArgmaxRowReduction {
             }
             params.ptr_lse_parts[out_base + col] = lse;
           }
-        }
-      }
-      if constexpr (kBoundFilter) {
-        constexpr int EpiN = decltype(size<4>(tCcD))::value;
-        sync_fn();  // column_best written: the next tile's first pass reads it
-        if (epi_n == EpiN - 1) {
-          node.column_best_n_tile = static_cast<int>(n_tile);
         }
       }
       reset_strip();
@@ -651,15 +502,13 @@ struct Sm90GumbelArgmaxRowReduction {
     Tensor tCrLogit = make_tensor<float>(strip_layout);
     Tensor tCrLseMax = make_tensor<float>(strip_layout);
     Tensor tCrLseSum = make_tensor<float>(strip_layout);
-    Tensor tCrBound = make_tensor<float>(strip_layout);  // kBoundFilter: best lower bound per column
 
     auto args_tuple = make_tuple(bool_constant<ReferenceSrc>{}, cute::move(tCrScore), cute::move(tCrIndex),
-                                 cute::move(tCrLogit), cute::move(tCrLseMax), cute::move(tCrLseSum),
-                                 cute::move(tCrBound), args.tCcD,
+                                 cute::move(tCrLogit), cute::move(tCrLseMax), cute::move(tCrLseSum), args.tCcD,
                                  args.residue_tCcD, make_coord(int(M), int(N)), lane_layout_MN, lane_mn,
                                  warp_layout_MN, warp_mn, args.tile_coord_mnkl, args.epi_tile, args.tiled_copy,
                                  args.thread_idx);
-    return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), *this);
+    return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
   }
 };
 
