@@ -3,7 +3,7 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench controls decode tp" (default: build tests sanitizer bench);
+#   STEPS: any of "build tests sanitizer bench controls decode ncu tp" (default: build tests sanitizer bench);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
@@ -44,6 +44,12 @@ if [[ $STEPS == *controls* ]]; then
 fi
 if [[ $STEPS == *decode* ]]; then
   python3 benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30
+fi
+if [[ $STEPS == *ncu* ]]; then  # stall reasons and source counters of the plain kernel (NCU_ARGS: shape)
+  ncu --kernel-name regex:GemmUniversal --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section SourceCounters --section InstructionStats \
+    python3 benchmarks/profile_kernel.py ${NCU_ARGS:---batch 256 --dim 4096} > "$OUT/ncu.txt" 2>&1
+  summary+=("ncu: rc=$? ($(wc -l < "$OUT/ncu.txt") lines in ncu.txt)")
 fi
 if [[ $STEPS == *tp* ]]; then
   gpus=$(nvidia-smi -L | wc -l)

@@ -1,0 +1,36 @@
+"""A handful of plain fused-sampler calls at one shape, for ncu (device_run.sh STEPS=ncu).
+
+  ncu --kernel-name regex:GemmUniversal --launch-skip 2 --launch-count 1 \\
+      --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
+      python3 benchmarks/profile_kernel.py --batch 256 --dim 4096
+
+The first calls warm up (kernel load, workspace); profile a later one.
+"""
+
+import argparse
+
+import torch
+
+import flashsampling_cuda
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--dim", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--calls", type=int, default=4)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_kernel.py profiles the CUDA kernel: no GPU here")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(args.batch, args.dim, device="cuda", generator=gen).to(torch.bfloat16)
+    weight = (torch.randn(args.vocab, args.dim, device="cuda", generator=gen) / args.dim**0.5).to(torch.bfloat16)
+    for call in range(args.calls):
+        tokens = flashsampling_cuda.sample(hidden, weight, seed=call)
+    torch.cuda.synchronize()
+    print(f"B={args.batch} D={args.dim} V={args.vocab}: {args.calls} calls, last tokens[:4] = {tokens[:4, 0].tolist()}")
+
+
+if __name__ == "__main__":
+    main()
