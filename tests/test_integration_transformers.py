@@ -230,7 +230,6 @@ def test_compiled_body_same_tokens(fst):
     assert torch.equal(compiled.generate(PROMPTS[:2], **kwargs).new_tokens, two.new_tokens)  # another batch size
 
 
-
 @pytest.mark.parametrize("family", ["qwen3", "gemma3_text"])
 def test_grouped_decode_attention(fst, family):
     """The decode steps' grouped-query sdpa (no repeat_kv copy of the cache) is the model's
@@ -263,6 +262,7 @@ def test_grouped_decode_attention(fst, family):
     assert len(calls) == 5 * model.config.num_hidden_layers  # steps 1..5 (step 0 is the prefill)
     assert torch.equal(tokens, ref_tokens)
     torch.testing.assert_close(hidden, ref_hidden, rtol=1e-5, atol=1e-5)
+
 
 def test_truncation(fst):
     """top_k/top_p/min_p reach the op: off values give the plain tokens, top_k = 1 the greedy
