@@ -118,6 +118,12 @@ def arch_defines(enabled: list[CudaArch]) -> list[str]:
     return [f"-D{arch.define}" for arch in enabled]
 
 
+def extra_nvcc_flags() -> list[str]:
+    """FLASHSAMPLING_NVCC_EXTRA, split on spaces: flags for profiling builds (e.g. -lineinfo,
+    which lets Nsight Compute attribute stalls to source lines); empty by default."""
+    return os.environ.get("FLASHSAMPLING_NVCC_EXTRA", "").split()
+
+
 def nvcc_command(
     nvcc: str, source: Path, output: Path, enabled: list[CudaArch]
 ) -> list[str] | None:
@@ -129,6 +135,7 @@ def nvcc_command(
     return [
         nvcc,
         *NVCC_FLAGS,
+        *extra_nvcc_flags(),
         *arch_defines(enabled),
         *includes,
         *(arch.gencode for arch in archs),
