@@ -46,7 +46,7 @@ if [[ $STEPS == *decode* ]]; then
   python3 benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30
 fi
 if [[ $STEPS == *ncu* ]]; then  # stall reasons and source counters of the plain kernel (NCU_ARGS: shape)
-  ncu --kernel-name regex:GemmUniversal --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+  ncu --kernel-name device_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
     --section WarpStateStats --section SourceCounters --section InstructionStats \
     python3 benchmarks/profile_kernel.py ${NCU_ARGS:---batch 256 --dim 4096} > "$OUT/ncu.txt" 2>&1
   summary+=("ncu: rc=$? ($(wc -l < "$OUT/ncu.txt") lines in ncu.txt)")

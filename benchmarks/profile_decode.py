@@ -54,9 +54,16 @@ def kind_of(name: str) -> str:
 
 def rewind(s, n: int) -> None:
     """Moves the session back n decode steps (private state of StaticCacheDecoder), so that n
-    more replays write cache slots and token columns that exist; their tokens do not matter."""
+    more replays write cache slots and token columns that exist; their tokens do not matter.
+    Cache layers that keep their own write position (transformers' StaticLayer.cumulative_length
+    where the cache is not given cache_position) move back with it, in place: a captured graph
+    reads those very tensors."""
     for t in (s.kv_pos, s.pos, s.step, s.offset):
         t.sub_(n)
+    for layer in getattr(s.cache, "layers", ()):
+        position = getattr(layer, "cumulative_length", None)
+        if isinstance(position, torch.Tensor):
+            position.sub_(n)
 
 
 def device_events(prof, on_gpu: bool):

@@ -1,10 +1,11 @@
 """A handful of fused-sampler calls at one shape, for ncu (device_run.sh STEPS=ncu).
 
-  ncu --kernel-name regex:GemmUniversal --launch-skip 2 --launch-count 1 \\
+  ncu --kernel-name device_kernel --launch-skip 2 --launch-count 1 \\
       --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
       python3 benchmarks/profile_kernel.py --batch 256 --dim 4096
 
-The first calls warm up (kernel load, workspace); profile a later one. --controls all3 runs
+CUTLASS launches its GEMMs as cutlass::device_kernel<...>, the name ncu matches. The first
+calls warm up (kernel load, workspace); profile a later one. --controls all3 runs
 the controls kernel the way bench_controls.py's "all3" does (per-row temperatures, an
 allowed-token bitmask, log-probabilities).
 """
