@@ -29,6 +29,12 @@
 #define FS_HOST_DEVICE inline
 #endif
 
+#if defined(__CUDA_ARCH__)
+#define FS_PRAGMA_UNROLL _Pragma("unroll")
+#else
+#define FS_PRAGMA_UNROLL
+#endif
+
 namespace flashsampling {
 
 struct Philox4 {
@@ -128,33 +134,70 @@ FS_HOST_DEVICE float fs_uniform_open01(uint32_t bits) {
 // it against float64 over the whole range the noise uses). Range reduction to
 // m in [sqrt(1/2), sqrt(2)), then log(1+f) = 2 atanh(s), s = f / (2 + f), with a
 // degree-8 odd polynomial (the fdlibm/musl logf scheme).
-FS_HOST_DEVICE float fs_logf(float x) {
+//
+// Written over N independent lanes, one step at a time across the lanes: each lane runs
+// exactly the operations of the one-lane form, so every N gives the same bits, and the
+// compiler sees N independent dependency chains side by side. The fused epilogue needs
+// that: its noise is latency-bound (ncu, benchmarks/NOTES.md v7).
+template <int N>
+FS_HOST_DEVICE void fs_logf_lanes(float const (&x)[N], float (&result)[N]) {
   constexpr float kLg1 = 0.66666662693f, kLg2 = 0.40000972152f;
   constexpr float kLg3 = 0.28498786688f, kLg4 = 0.24279078841f;
   constexpr float kLn2Hi = 6.9313812256e-01f, kLn2Lo = 9.0580006145e-06f;
-  uint32_t ix = fs_float_as_uint(x);
-  ix += 0x3f800000u - 0x3f3504f3u;
-  const int k = static_cast<int>(ix >> 23) - 0x7f;
-  ix = (ix & 0x007fffffu) + 0x3f3504f3u;
-  const float f = fs_add(fs_uint_as_float(ix), -1.0f);  // exact (Sterbenz)
-  const float s = fs_div(f, fs_add(2.0f, f));
-  const float z = fs_mul(s, s);
-  const float w = fs_mul(z, z);
-  const float t1 = fs_mul(w, fs_fma(w, kLg4, kLg2));
-  const float t2 = fs_mul(z, fs_fma(w, kLg3, kLg1));
-  const float r = fs_add(t2, t1);
-  const float hfsq = fs_mul(fs_mul(0.5f, f), f);
-  const float dk = static_cast<float>(k);
-  float acc = fs_fma(s, fs_add(hfsq, r), fs_mul(dk, kLn2Lo));
-  acc = fs_add(acc, -hfsq);
-  acc = fs_add(acc, f);
-  return fs_fma(dk, kLn2Hi, acc);
+  float f[N], s[N], dk[N];
+  FS_PRAGMA_UNROLL
+  for (int j = 0; j < N; ++j) {
+    uint32_t ix = fs_float_as_uint(x[j]);
+    ix += 0x3f800000u - 0x3f3504f3u;
+    dk[j] = static_cast<float>(static_cast<int>(ix >> 23) - 0x7f);
+    ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+    f[j] = fs_add(fs_uint_as_float(ix), -1.0f);  // exact (Sterbenz)
+  }
+  FS_PRAGMA_UNROLL
+  for (int j = 0; j < N; ++j) {
+    s[j] = fs_div(f[j], fs_add(2.0f, f[j]));
+  }
+  FS_PRAGMA_UNROLL
+  for (int j = 0; j < N; ++j) {
+    const float z = fs_mul(s[j], s[j]);
+    const float w = fs_mul(z, z);
+    const float t1 = fs_mul(w, fs_fma(w, kLg4, kLg2));
+    const float t2 = fs_mul(z, fs_fma(w, kLg3, kLg1));
+    const float r = fs_add(t2, t1);
+    const float hfsq = fs_mul(fs_mul(0.5f, f[j]), f[j]);
+    float acc = fs_fma(s[j], fs_add(hfsq, r), fs_mul(dk[j], kLn2Lo));
+    acc = fs_add(acc, -hfsq);
+    acc = fs_add(acc, f[j]);
+    result[j] = fs_fma(dk[j], kLn2Hi, acc);
+  }
 }
 
-// Standard Gumbel noise from 32 random bits: g = -log(-log(u)).
+FS_HOST_DEVICE float fs_logf(float x) {
+  const float in[1] = {x};
+  float out[1];
+  fs_logf_lanes<1>(in, out);
+  return out[0];
+}
+
+// Standard Gumbel noise from 32 random bits: g = -log(-log(u)), over N lanes as above.
+template <int N>
+FS_HOST_DEVICE void fs_gumbel_from_bits_lanes(const uint32_t (&bits)[N], float (&gumbel)[N]) {
+  float u[N], log_u[N], minus_log_u[N];
+  FS_PRAGMA_UNROLL
+  for (int j = 0; j < N; ++j) u[j] = fs_uniform_open01(bits[j]);
+  fs_logf_lanes<N>(u, log_u);
+  FS_PRAGMA_UNROLL
+  for (int j = 0; j < N; ++j) minus_log_u[j] = -log_u[j];
+  fs_logf_lanes<N>(minus_log_u, gumbel);
+  FS_PRAGMA_UNROLL
+  for (int j = 0; j < N; ++j) gumbel[j] = -gumbel[j];
+}
+
 FS_HOST_DEVICE float fs_gumbel_from_bits(uint32_t bits) {
-  const float u = fs_uniform_open01(bits);
-  return -fs_logf(-fs_logf(u));
+  const uint32_t in[1] = {bits};
+  float out[1];
+  fs_gumbel_from_bits_lanes<1>(in, out);
+  return out[0];
 }
 
 FS_HOST_DEVICE uint32_t fs_philox_lane(const Philox4& r, uint32_t lane) {

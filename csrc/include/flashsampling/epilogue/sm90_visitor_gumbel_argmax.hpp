@@ -64,6 +64,34 @@ static __device__ __noinline__ Philox4 noise_block_out_of_line(uint64_t seed, ui
 
 static __device__ __noinline__ float gumbel_from_bits_out_of_line(uint32_t bits) { return fs_gumbel_from_bits(bits); }
 
+// The noise of four elements of a thread's fragment at batch-wide seed and offset, each
+// from its (vocab index v_j, batch row r_j), for the plain loop of wide tiles. One element
+// at a time, the noise is a serial chain (Philox rounds, then two logs) and the epilogue,
+// with two warps per scheduler, stalls on it (ncu at B = 128: issue on 31% of cycles, most
+// stalls fixed-latency dependencies). Here two Philox blocks run side by side and the four
+// Gumbel transforms step by step across the elements (fs_gumbel_from_bits_lanes). Element 0
+// and 2 get a block each; 1 and 3 reuse one when they share its (v, r / 4), as the
+// neighbouring columns of the wgmma accumulator layout do, else draw their own. Same bits
+// as fs_gumbel_noise for every element in any fragment order.
+static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
+                                                                  uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3,
+                                                                  uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  Philox4 const block0 = fs_noise_block(seed, offset_plus_sample, v0, r0 >> 2);
+  Philox4 const block2 = fs_noise_block(seed, offset_plus_sample, v2, r2 >> 2);
+  Philox4 block1 = block0, block3 = block2;
+  if (v1 != v0 || (r1 >> 2) != (r0 >> 2)) {
+    block1 = (v1 == v2 && (r1 >> 2) == (r2 >> 2)) ? block2 : fs_noise_block(seed, offset_plus_sample, v1, r1 >> 2);
+  }
+  if (v3 != v2 || (r3 >> 2) != (r2 >> 2)) {
+    block3 = (v3 == v0 && (r3 >> 2) == (r0 >> 2)) ? block0 : fs_noise_block(seed, offset_plus_sample, v3, r3 >> 2);
+  }
+  uint32_t const bits[4] = {fs_philox_lane(block0, r0 & 3u), fs_philox_lane(block1, r1 & 3u),
+                            fs_philox_lane(block2, r2 & 3u), fs_philox_lane(block3, r3 & 3u)};
+  float gumbel[4];
+  fs_gumbel_from_bits_lanes<4>(bits, gumbel);
+  return make_float4(gumbel[0], gumbel[1], gumbel[2], gumbel[3]);
+}
+
 // Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
 // replay sees fresh values), else uses the values.
 CUTLASS_DEVICE void resolve_noise_source(NoiseSource const& src, uint64_t& seed, uint64_t& offset) {
@@ -230,7 +258,47 @@ struct Sm90GumbelArgmaxRowReduction {
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      if constexpr (!kControls) {
+      if constexpr (!kControls && kNoiseOutOfLine && FragmentSize % 4 == 0) {
+        // The plain loop of wide tiles (v7): the noise of four elements per call, their
+        // chains side by side (gumbel_noise_x4_out_of_line); out-of-range elements draw
+        // noise too, and are dropped at the compare.
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; i += 4) {
+          uint32_t vocab_index[4], batch_row[4];
+          bool in_range[4];
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            auto const coord = tCcD_mn(epi_v * FragmentSize + i + j);
+            in_range[j] = elem_less(coord, residue_tCcD);
+            vocab_index[j] = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
+            batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
+          }
+          float gumbel[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          if (!params.greedy) {
+            float4 const g = gumbel_noise_x4_out_of_line(seed, offset, vocab_index[0], vocab_index[1], vocab_index[2],
+                                                         vocab_index[3], batch_row[0], batch_row[1], batch_row[2],
+                                                         batch_row[3]);
+            gumbel[0] = g.x;
+            gumbel[1] = g.y;
+            gumbel[2] = g.z;
+            gumbel[3] = g.w;
+          }
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            int const frg_idx = epi_v * FragmentSize + i + j;
+            float const logit = static_cast<float>(frg_logits[i + j]);
+            float const score =
+                params.greedy ? logit : fs_perturbed_score(logit, params.inv_temperature, gumbel[j]);
+            float& best_score = tCrScore(frg_idx);
+            int32_t& best_index = tCrIndex(frg_idx);
+            if (in_range[j] &&
+                fs_candidate_better(score, static_cast<int32_t>(vocab_index[j]), best_score, best_index)) {
+              best_score = score;
+              best_index = static_cast<int32_t>(vocab_index[j]);
+            }
+          }
+        }
+      } else if constexpr (!kControls) {
         // The plain loop (v4): one Philox block holds the noise of 4 consecutive batch rows at one
         // vocab index; accumulator layouts keep neighbouring columns in neighbouring
         // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
