@@ -64,32 +64,60 @@ static __device__ __noinline__ Philox4 noise_block_out_of_line(uint64_t seed, ui
 
 static __device__ __noinline__ float gumbel_from_bits_out_of_line(uint32_t bits) { return fs_gumbel_from_bits(bits); }
 
-// The noise of four elements of a thread's fragment at batch-wide seed and offset, each
-// from its (vocab index v_j, batch row r_j), for the plain loop of wide tiles. One element
-// at a time, the noise is a serial chain (Philox rounds, then two logs) and the epilogue,
-// with two warps per scheduler, stalls on it (ncu at B = 128: issue on 31% of cycles, most
-// stalls fixed-latency dependencies). Here two Philox blocks run side by side and the four
-// Gumbel transforms step by step across the elements (fs_gumbel_from_bits_lanes). Element 0
-// and 2 get a block each; 1 and 3 reuse one when they share its (v, r / 4), as the
-// neighbouring columns of the wgmma accumulator layout do, else draw their own. Same bits
-// as fs_gumbel_noise for every element in any fragment order.
+// The noise of N elements of a thread's fragment at batch-wide seed and offset, each from
+// its (vocab index v[j], batch row r[j]), for the plain loop of wide tiles. One element at a
+// time, the noise is a serial chain (Philox rounds, then two logs) and the epilogue, with two
+// warps per scheduler, stalls on it (ncu at B = 128: issue on 31% of cycles, most stalls
+// fixed-latency dependencies). Here the Philox blocks of the even elements run side by side
+// and the N Gumbel transforms step by step across the elements (fs_gumbel_from_bits_lanes).
+// An odd element reuses the block of the element before it when they share (v, r / 4), as
+// neighbouring columns of the wgmma accumulator layout do, else draws its own: the same bits
+// as fs_gumbel_noise for every element, in any fragment order.
+template <int N>
+CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t seed, uint64_t offset_plus_sample, uint32_t const (&v)[N],
+                                       uint32_t const (&r)[N], float (&gumbel)[N]) {
+  static_assert(N % 2 == 0, "elements come in pairs");
+  Philox4 block[N];
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < N; j += 2) {
+    block[j] = fs_noise_block(seed, offset_plus_sample, v[j], r[j] >> 2);
+  }
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 1; j < N; j += 2) {
+    block[j] = (v[j] == v[j - 1] && (r[j] >> 2) == (r[j - 1] >> 2))
+                   ? block[j - 1]
+                   : fs_noise_block(seed, offset_plus_sample, v[j], r[j] >> 2);
+  }
+  uint32_t bits[N];
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < N; ++j) {
+    bits[j] = fs_philox_lane(block[j], r[j] & 3u);
+  }
+  fs_gumbel_from_bits_lanes<N>(bits, gumbel);
+}
+
+// Out-of-line entry points (scalars in, registers out: no stack frame).
 static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                                   uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3,
                                                                   uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  Philox4 const block0 = fs_noise_block(seed, offset_plus_sample, v0, r0 >> 2);
-  Philox4 const block2 = fs_noise_block(seed, offset_plus_sample, v2, r2 >> 2);
-  Philox4 block1 = block0, block3 = block2;
-  if (v1 != v0 || (r1 >> 2) != (r0 >> 2)) {
-    block1 = (v1 == v2 && (r1 >> 2) == (r2 >> 2)) ? block2 : fs_noise_block(seed, offset_plus_sample, v1, r1 >> 2);
-  }
-  if (v3 != v2 || (r3 >> 2) != (r2 >> 2)) {
-    block3 = (v3 == v0 && (r3 >> 2) == (r0 >> 2)) ? block0 : fs_noise_block(seed, offset_plus_sample, v3, r3 >> 2);
-  }
-  uint32_t const bits[4] = {fs_philox_lane(block0, r0 & 3u), fs_philox_lane(block1, r1 & 3u),
-                            fs_philox_lane(block2, r2 & 3u), fs_philox_lane(block3, r3 & 3u)};
-  float gumbel[4];
-  fs_gumbel_from_bits_lanes<4>(bits, gumbel);
-  return make_float4(gumbel[0], gumbel[1], gumbel[2], gumbel[3]);
+  uint32_t const v[4] = {v0, v1, v2, v3}, r[4] = {r0, r1, r2, r3};
+  float g[4];
+  gumbel_noise_lanes<4>(seed, offset_plus_sample, v, r, g);
+  return make_float4(g[0], g[1], g[2], g[3]);
+}
+
+struct GumbelNoise8 {
+  float4 lo, hi;
+};
+
+static __device__ __noinline__ GumbelNoise8 gumbel_noise_x8_out_of_line(
+    uint64_t seed, uint64_t offset_plus_sample, uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3, uint32_t v4,
+    uint32_t v5, uint32_t v6, uint32_t v7, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, uint32_t r4,
+    uint32_t r5, uint32_t r6, uint32_t r7) {
+  uint32_t const v[8] = {v0, v1, v2, v3, v4, v5, v6, v7}, r[8] = {r0, r1, r2, r3, r4, r5, r6, r7};
+  float g[8];
+  gumbel_noise_lanes<8>(seed, offset_plus_sample, v, r, g);
+  return GumbelNoise8{make_float4(g[0], g[1], g[2], g[3]), make_float4(g[4], g[5], g[6], g[7])};
 }
 
 // Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
@@ -259,32 +287,37 @@ struct Sm90GumbelArgmaxRowReduction {
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
       if constexpr (!kControls && kNoiseOutOfLine && FragmentSize % 4 == 0) {
-        // The plain loop of wide tiles (v7): the noise of four elements per call, their
-        // chains side by side (gumbel_noise_x4_out_of_line); out-of-range elements draw
-        // noise too, and are dropped at the compare.
+        // The plain loop of wide tiles (v7): the noise of kGroup elements per call, their
+        // chains side by side (gumbel_noise_lanes); out-of-range elements draw noise too,
+        // and are dropped at the compare.
+        constexpr int kGroup = FragmentSize % 8 == 0 ? 8 : 4;
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; i += 4) {
-          uint32_t vocab_index[4], batch_row[4];
-          bool in_range[4];
+        for (int i = 0; i < FragmentSize; i += kGroup) {
+          uint32_t vocab_index[kGroup], batch_row[kGroup];
+          bool in_range[kGroup];
           CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < 4; ++j) {
+          for (int j = 0; j < kGroup; ++j) {
             auto const coord = tCcD_mn(epi_v * FragmentSize + i + j);
             in_range[j] = elem_less(coord, residue_tCcD);
             vocab_index[j] = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
             batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
           }
-          float gumbel[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          float4 g_lo = make_float4(0.0f, 0.0f, 0.0f, 0.0f), g_hi = g_lo;
           if (!params.greedy) {
-            float4 const g = gumbel_noise_x4_out_of_line(seed, offset, vocab_index[0], vocab_index[1], vocab_index[2],
-                                                         vocab_index[3], batch_row[0], batch_row[1], batch_row[2],
-                                                         batch_row[3]);
-            gumbel[0] = g.x;
-            gumbel[1] = g.y;
-            gumbel[2] = g.z;
-            gumbel[3] = g.w;
+            uint32_t const* v = vocab_index;
+            uint32_t const* r = batch_row;
+            if constexpr (kGroup == 8) {
+              GumbelNoise8 const g = gumbel_noise_x8_out_of_line(seed, offset, v[0], v[1], v[2], v[3], v[4], v[5], v[6],
+                                                                 v[7], r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
+              g_lo = g.lo;
+              g_hi = g.hi;
+            } else {
+              g_lo = gumbel_noise_x4_out_of_line(seed, offset, v[0], v[1], v[2], v[3], r[0], r[1], r[2], r[3]);
+            }
           }
+          float const gumbel[8] = {g_lo.x, g_lo.y, g_lo.z, g_lo.w, g_hi.x, g_hi.y, g_hi.z, g_hi.w};
           CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < 4; ++j) {
+          for (int j = 0; j < kGroup; ++j) {
             int const frg_idx = epi_v * FragmentSize + i + j;
             float const logit = static_cast<float>(frg_logits[i + j]);
             float const score =
