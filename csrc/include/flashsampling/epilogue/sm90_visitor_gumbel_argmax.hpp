@@ -96,7 +96,8 @@ CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t seed, uint64_t offset_plus_sampl
   fs_gumbel_from_bits_lanes<N>(bits, gumbel);
 }
 
-// Out-of-line entry points (scalars in, registers out: no stack frame).
+// Out of line: scalars in, registers out (no stack frame). Four elements per call measured
+// better than eight (H200, D = 8192, B = 256: 1084 vs 1200 us; benchmarks/NOTES.md v7).
 static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                                   uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3,
                                                                   uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
@@ -104,20 +105,6 @@ static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed,
   float g[4];
   gumbel_noise_lanes<4>(seed, offset_plus_sample, v, r, g);
   return make_float4(g[0], g[1], g[2], g[3]);
-}
-
-struct GumbelNoise8 {
-  float4 lo, hi;
-};
-
-static __device__ __noinline__ GumbelNoise8 gumbel_noise_x8_out_of_line(
-    uint64_t seed, uint64_t offset_plus_sample, uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3, uint32_t v4,
-    uint32_t v5, uint32_t v6, uint32_t v7, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3, uint32_t r4,
-    uint32_t r5, uint32_t r6, uint32_t r7) {
-  uint32_t const v[8] = {v0, v1, v2, v3, v4, v5, v6, v7}, r[8] = {r0, r1, r2, r3, r4, r5, r6, r7};
-  float g[8];
-  gumbel_noise_lanes<8>(seed, offset_plus_sample, v, r, g);
-  return GumbelNoise8{make_float4(g[0], g[1], g[2], g[3]), make_float4(g[4], g[5], g[6], g[7])};
 }
 
 // Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
@@ -287,10 +274,10 @@ struct Sm90GumbelArgmaxRowReduction {
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
       if constexpr (!kControls && kNoiseOutOfLine && FragmentSize % 4 == 0) {
-        // The plain loop of wide tiles (v7): the noise of kGroup elements per call, their
+        // The plain loop of wide tiles (v7): the noise of four elements per call, their
         // chains side by side (gumbel_noise_lanes); out-of-range elements draw noise too,
         // and are dropped at the compare.
-        constexpr int kGroup = FragmentSize % 8 == 0 ? 8 : 4;
+        constexpr int kGroup = 4;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < FragmentSize; i += kGroup) {
           uint32_t vocab_index[kGroup], batch_row[kGroup];
@@ -302,20 +289,13 @@ struct Sm90GumbelArgmaxRowReduction {
             vocab_index[j] = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
             batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
           }
-          float4 g_lo = make_float4(0.0f, 0.0f, 0.0f, 0.0f), g_hi = g_lo;
+          float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           if (!params.greedy) {
             uint32_t const* v = vocab_index;
             uint32_t const* r = batch_row;
-            if constexpr (kGroup == 8) {
-              GumbelNoise8 const g = gumbel_noise_x8_out_of_line(seed, offset, v[0], v[1], v[2], v[3], v[4], v[5], v[6],
-                                                                 v[7], r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]);
-              g_lo = g.lo;
-              g_hi = g.hi;
-            } else {
-              g_lo = gumbel_noise_x4_out_of_line(seed, offset, v[0], v[1], v[2], v[3], r[0], r[1], r[2], r[3]);
-            }
+            g = gumbel_noise_x4_out_of_line(seed, offset, v[0], v[1], v[2], v[3], r[0], r[1], r[2], r[3]);
           }
-          float const gumbel[8] = {g_lo.x, g_lo.y, g_lo.z, g_lo.w, g_hi.x, g_hi.y, g_hi.z, g_hi.w};
+          float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kGroup; ++j) {
             int const frg_idx = epi_v * FragmentSize + i + j;
