@@ -96,8 +96,9 @@ CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t seed, uint64_t offset_plus_sampl
   fs_gumbel_from_bits_lanes<N>(bits, gumbel);
 }
 
-// Out of line: scalars in, registers out (no stack frame). Four elements per call measured
-// better than eight (H200, D = 8192, B = 256: 1084 vs 1200 us; benchmarks/NOTES.md v7).
+// Out of line: scalars in, registers out (no stack frame). Eight elements per call measured
+// no faster than four (H200, B = 256: 739 / 1200 us against 734 / 1188 at D = 4096 / 8192;
+// benchmarks/NOTES.md v7), so the loop takes four.
 static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                                   uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3,
                                                                   uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
