@@ -64,47 +64,73 @@ static __device__ __noinline__ Philox4 noise_block_out_of_line(uint64_t seed, ui
 
 static __device__ __noinline__ float gumbel_from_bits_out_of_line(uint32_t bits) { return fs_gumbel_from_bits(bits); }
 
-// The noise of N elements of a thread's fragment at batch-wide seed and offset, each from
-// its (vocab index v[j], batch row r[j]), for the plain loop of wide tiles. One element at a
-// time, the noise is a serial chain (Philox rounds, then two logs) and the epilogue, with two
-// warps per scheduler, stalls on it (ncu at B = 128: issue on 31% of cycles, most stalls
-// fixed-latency dependencies). Here the Philox blocks of the even elements run side by side
-// and the N Gumbel transforms step by step across the elements (fs_gumbel_from_bits_lanes).
-// An odd element reuses the block of the element before it when they share (v, r / 4), as
-// neighbouring columns of the wgmma accumulator layout do, else draws its own: the same bits
-// as fs_gumbel_noise for every element, in any fragment order.
+// The noise of N elements of a thread's fragment, element j keyed by (seed[j], offset +
+// sample[j], vocab index v[j], stream[j]) as in fs_gumbel_noise, for the loops of the wide
+// plain tiles and of the controls kernels. One element at a time the noise is a serial chain
+// (Philox rounds, then two logs) and the epilogue, with two warps per scheduler, stalls on it
+// (ncu at B = 128: issue on 31% of cycles, most stalls fixed-latency dependencies). Here the
+// Philox blocks of the even elements run side by side, then (when any odd element needs its
+// own) those of the odd elements, and the N Gumbel transforms step by step across the
+// elements (fs_gumbel_from_bits_lanes). An odd element reuses the block of the element
+// before it when they share every key but stream & 3, as neighbouring columns of the wgmma
+// accumulator layout do at a batch-wide seed: the same bits as fs_gumbel_noise for every
+// element, in any fragment order.
 template <int N>
-CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t seed, uint64_t offset_plus_sample, uint32_t const (&v)[N],
-                                       uint32_t const (&r)[N], float (&gumbel)[N]) {
+CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t const (&seed)[N], uint64_t const (&offset_plus_sample)[N],
+                                       uint32_t const (&v)[N], uint32_t const (&stream)[N], float (&gumbel)[N]) {
   static_assert(N % 2 == 0, "elements come in pairs");
   Philox4 block[N];
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < N; j += 2) {
-    block[j] = fs_noise_block(seed, offset_plus_sample, v[j], r[j] >> 2);
+    block[j] = fs_noise_block(seed[j], offset_plus_sample[j], v[j], stream[j] >> 2);
   }
+  bool shares[N];
+  bool all_share = true;
   CUTLASS_PRAGMA_UNROLL
   for (int j = 1; j < N; j += 2) {
-    block[j] = (v[j] == v[j - 1] && (r[j] >> 2) == (r[j - 1] >> 2))
-                   ? block[j - 1]
-                   : fs_noise_block(seed, offset_plus_sample, v[j], r[j] >> 2);
+    shares[j] = seed[j] == seed[j - 1] && offset_plus_sample[j] == offset_plus_sample[j - 1] && v[j] == v[j - 1] &&
+                (stream[j] >> 2) == (stream[j - 1] >> 2);
+    all_share = all_share && shares[j];
+  }
+  if (all_share) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 1; j < N; j += 2) block[j] = block[j - 1];
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 1; j < N; j += 2) {
+      block[j] = shares[j] ? block[j - 1] : fs_noise_block(seed[j], offset_plus_sample[j], v[j], stream[j] >> 2);
+    }
   }
   uint32_t bits[N];
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < N; ++j) {
-    bits[j] = fs_philox_lane(block[j], r[j] & 3u);
+    bits[j] = fs_philox_lane(block[j], stream[j] & 3u);
   }
   fs_gumbel_from_bits_lanes<N>(bits, gumbel);
 }
 
 // Out of line: scalars in, registers out (no stack frame). Eight elements per call measured
 // no faster than four (H200, B = 256: 739 / 1200 us against 734 / 1188 at D = 4096 / 8192;
-// benchmarks/NOTES.md v7), so the loop takes four.
+// benchmarks/NOTES.md v7), so the loops take four.
 static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                                   uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3,
                                                                   uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  uint64_t const seeds[4] = {seed, seed, seed, seed};
+  uint64_t const offsets[4] = {offset_plus_sample, offset_plus_sample, offset_plus_sample, offset_plus_sample};
   uint32_t const v[4] = {v0, v1, v2, v3}, r[4] = {r0, r1, r2, r3};
   float g[4];
-  gumbel_noise_lanes<4>(seed, offset_plus_sample, v, r, g);
+  gumbel_noise_lanes<4>(seeds, offsets, v, r, g);
+  return make_float4(g[0], g[1], g[2], g[3]);
+}
+
+// The same with a key per element (per-row seeds / offsets, several samples per pass).
+static __device__ __noinline__ float4 gumbel_noise_keyed_x4_out_of_line(
+    uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3, uint64_t o0, uint64_t o1, uint64_t o2, uint64_t o3,
+    uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3) {
+  uint64_t const seeds[4] = {s0, s1, s2, s3}, offsets[4] = {o0, o1, o2, o3};
+  uint32_t const v[4] = {v0, v1, v2, v3}, streams[4] = {t0, t1, t2, t3};
+  float g[4];
+  gumbel_noise_lanes<4>(seeds, offsets, v, streams, g);
   return make_float4(g[0], g[1], g[2], g[3]);
 }
 
@@ -346,6 +372,73 @@ struct Sm90GumbelArgmaxRowReduction {
             if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
               best_score = score;
               best_index = static_cast<int32_t>(vocab_index);
+            }
+          }
+        }
+      } else if constexpr (FragmentSize % 4 == 0) {
+        // The controls loop (v8), four elements at a time like the plain loop of wide tiles:
+        // transform and per-row values of the four, one noise call for them (skipped when none
+        // is kept or all are greedy), then log-sum-exp and compare.
+        SamplingControls const& controls = params.controls;
+        NoiseSource const& src = params.noise;
+        bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
+        constexpr int kGroup = 4;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; i += kGroup) {
+          uint32_t vocab_index[kGroup], stream[kGroup];
+          uint64_t row_seed[kGroup], row_offset[kGroup];
+          float x[kGroup], inv_temperature[kGroup];
+          bool keep[kGroup], greedy[kGroup];
+          bool any_noise = false;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kGroup; ++j) {
+            auto const coord = tCcD_mn(epi_v * FragmentSize + i + j);
+            bool const in_range = elem_less(coord, residue_tCcD);
+            uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
+            vocab_index[j] = params.vocab_start + vocab_local;
+            uint32_t const column = static_cast<uint32_t>(n_origin + get<1>(coord));
+            uint32_t const sample = params.num_samples == 1 ? 0u : column / params.batch_size;
+            // Out-of-range elements read row 0's values (never past the arrays) and are not kept.
+            uint32_t const batch_row = in_range ? column - sample * params.batch_size : 0u;
+            x[j] = static_cast<float>(frg_logits[i + j]);
+            keep[j] = in_range && (!transform || transform_logit(controls, batch_row, vocab_local, vocab_index[j], x[j]));
+            inv_temperature[j] = params.inv_temperature;
+            greedy[j] = params.greedy;
+            if (controls.inv_temperatures) {
+              inv_temperature[j] = __ldg(controls.inv_temperatures + batch_row);
+              greedy[j] = inv_temperature[j] == 0.0f;
+            }
+            row_seed[j] = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + batch_row)) : seed;
+            row_offset[j] = (src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + batch_row)) : offset) + sample;
+            stream[j] = src.row_seeds ? 0u : batch_row;
+            any_noise = any_noise || (keep[j] && !greedy[j]);
+          }
+          float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (any_noise) {
+            g = gumbel_noise_keyed_x4_out_of_line(row_seed[0], row_seed[1], row_seed[2], row_seed[3], row_offset[0],
+                                                  row_offset[1], row_offset[2], row_offset[3], vocab_index[0],
+                                                  vocab_index[1], vocab_index[2], vocab_index[3], stream[0], stream[1],
+                                                  stream[2], stream[3]);
+          }
+          float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kGroup; ++j) {
+            if (!keep[j]) {
+              continue;  // out of range, or masked out: no candidate, no probability mass
+            }
+            int const frg_idx = epi_v * FragmentSize + i + j;
+            // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
+            float const y = greedy[j] ? x[j] : fs_mul(x[j], inv_temperature[j]);
+            if (params.logprobs) {
+              lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e);
+            }
+            float const score = greedy[j] ? x[j] : fs_perturbed_score(x[j], inv_temperature[j], gumbel[j]);
+            float& best_score = tCrScore(frg_idx);
+            int32_t& best_index = tCrIndex(frg_idx);
+            if (fs_candidate_better(score, static_cast<int32_t>(vocab_index[j]), best_score, best_index)) {
+              best_score = score;
+              best_index = static_cast<int32_t>(vocab_index[j]);
+              tCrLogit(frg_idx) = y;
             }
           }
         }
