@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 
 #include "cutlass/numeric_types.h"
 #include "sampler_config.h"
@@ -32,10 +33,20 @@ ConfigEntry sm100_entry() {
 }
 #endif
 
+// FLASHSAMPLING_PLAIN_SCHEDULE=pingpong runs the 128-wide plain tile with the pingpong
+// schedule instead of the cooperative one (for A/B runs; sm90 only).
+bool plain_wide_tile_pingpong() {
+  static bool const pingpong = [] {
+    char const* env = std::getenv("FLASHSAMPLING_PLAIN_SCHEDULE");
+    return env != nullptr && std::string_view(env) == "pingpong";
+  }();
+  return pingpong;
+}
+
 // Plain sampling, one config per batch bucket. Measured on H200 (benchmarks/NOTES.md):
 // narrow tiles are memory-bound and gain from pingpong, whose epilogue overlaps the
-// other warpgroup's mainloop; the 128-wide tile measured 13-30% faster cooperative (not
-// yet profiled why).
+// other warpgroup's mainloop; the 128-wide tile measured 13-30% faster cooperative with
+// the v3 epilogue (not profiled why; the pingpong 128 kernel stays for A/B runs).
 template <class Element>
 ConfigEntry select_plain(int device_arch, int tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -44,7 +55,9 @@ ConfigEntry select_plain(int device_arch, int tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
       case 32: return sm90_entry<Element, 32, true, false>();
       case 64: return sm90_entry<Element, 64, true, false>();
-      default: return sm90_entry<Element, 128, false, false>();
+      default:
+        return plain_wide_tile_pingpong() ? sm90_entry<Element, 128, true, false>()
+                                          : sm90_entry<Element, 128, false, false>();
     }
   }
 #endif
