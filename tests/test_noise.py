@@ -101,6 +101,20 @@ def test_uniforms_strictly_inside_unit_interval():
     assert torch.equal(as_bits(g_cpp[some]), as_bits(noise.gumbel_from_bits(grid[some])))
 
 
+def test_gumbel_lanes_equal_one_lane():
+    # _gumbel_from_bits runs fs_gumbel_from_bits_lanes<4> (the fused epilogue's form) on groups
+    # of four and the one-lane form on the tail: every element must come out the same in any
+    # lane, and as a single element.
+    g = torch.Generator().manual_seed(3)
+    bits = torch.randint(0, 2**32, (4099,), generator=g)
+    grouped = ops._gumbel_from_bits(bits)
+    shifted = ops._gumbel_from_bits(bits[1:])  # every element in another lane, or in the tail
+    singles = torch.cat([ops._gumbel_from_bits(bits[i : i + 1]) for i in range(0, 4099, 97)])
+    assert torch.equal(as_bits(grouped[1:]), as_bits(shifted))
+    assert torch.equal(as_bits(grouped[::97]), as_bits(singles))
+    assert torch.equal(as_bits(grouped), as_bits(noise.gumbel_from_bits(bits)))
+
+
 def test_gumbel_noise_cpp_equals_python():
     g = torch.Generator().manual_seed(2)
     stream = torch.randint(0, 2**32, (64, 1), generator=g)

@@ -103,8 +103,20 @@ at::Tensor gumbel_from_bits_cpu(const at::Tensor& bits) {
   at::Tensor out = at::empty(bc.sizes(), bc.options().dtype(at::kFloat));
   const int64_t* bp = bc.const_data_ptr<int64_t>();
   float* op = out.mutable_data_ptr<float>();
-  parallel_elements(out.numel(), [&](int64_t i) {
-    op[i] = fs_gumbel_from_bits(static_cast<uint32_t>(bp[i]));
+  // Four lanes at a time, the form the fused epilogue uses (fs_gumbel_from_bits_lanes<4>), so
+  // tests/test_noise.py checks it bit for bit against the reference too; the tail one by one.
+  const int64_t n = out.numel();
+  parallel_elements((n + 3) / 4, [&](int64_t group) {
+    const int64_t first = 4 * group;
+    if (first + 4 <= n) {
+      const uint32_t bits[4] = {static_cast<uint32_t>(bp[first]), static_cast<uint32_t>(bp[first + 1]),
+                                static_cast<uint32_t>(bp[first + 2]), static_cast<uint32_t>(bp[first + 3])};
+      float gumbel[4];
+      fs_gumbel_from_bits_lanes<4>(bits, gumbel);
+      for (int j = 0; j < 4; ++j) op[first + j] = gumbel[j];
+    } else {
+      for (int64_t i = first; i < n; ++i) op[i] = fs_gumbel_from_bits(static_cast<uint32_t>(bp[i]));
+    }
   });
   return out;
 }
