@@ -46,7 +46,8 @@ bool plain_wide_tile_pingpong() {
 // Plain sampling, one config per batch bucket. Measured on H200 (benchmarks/NOTES.md):
 // narrow tiles are memory-bound and gain from pingpong, whose epilogue overlaps the
 // other warpgroup's mainloop; the 128-wide tile measured 13-30% faster cooperative with
-// the v3 epilogue (not profiled why; the pingpong 128 kernel stays for A/B runs).
+// the v3 epilogue (not profiled why). A pingpong 128 kernel is built for A/B runs against
+// the shorter v7 epilogue (plain_wide_tile_pingpong).
 template <class Element>
 ConfigEntry select_plain(int device_arch, int tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)

@@ -1,6 +1,6 @@
-// CPU kernels exposing the noise of philox_gumbel.h element by element, so tests can
-// check the header (known answers, log accuracy) and compare it bit for bit with the
-// pure-PyTorch port in flashsampling_cuda/noise.py.
+// CPU kernels exposing the noise of philox_gumbel.h (per element; _gumbel_from_bits in the
+// four-lane form the fused epilogue uses), so tests can check the header (known answers, log
+// accuracy) and compare it bit for bit with the pure-PyTorch port in flashsampling_cuda/noise.py.
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>

@@ -21,8 +21,9 @@
 // of once per tile, so each thread keeps state only for the columns of one
 // strip; that keeps the register budget flat at batch 256.
 //
-// kControls selects which of two element loops the node is compiled with. The plain
-// loop (kControls = false) serves one sample with a batch-wide temperature and seed and
+// kControls selects which of two kinds of element loop the node is compiled with (each
+// takes four fragment elements per noise call where the fragment allows, else one at a
+// time). The plain loop (kControls = false) serves one sample with a batch-wide temperature and seed and
 // nothing else. The controls loop serves everything else: logit bias, sparse per-row
 // bias, allowed-token mask and per-row temperatures transform each logit before the
 // noise; several samples are extra GEMM columns (column s * B + b draws sample s of
@@ -52,11 +53,12 @@ using cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks;
 using cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks;
 using cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue;
 
-// Out-of-line noise for wide tiles: the collective unrolls every epilogue subtile of
-// the CTA tile, so an inlined Philox + two logs per element grows the kernel with the
-// tile's N extent. Calling it out of line halved B = 128 / 256 times on H200 (the inlined
-// N = 128 kernel issued on 13% of cycles); N = 64 measured the same either way.
-// benchmarks/NOTES.md has the numbers.
+// Out-of-line noise of one element, for the one-at-a-time loops (fragments whose size is
+// not a multiple of four; the four-element calls are below): the collective unrolls every
+// epilogue subtile of the CTA tile, so an inlined Philox + two logs per element grows the
+// kernel with the tile's N extent. Calling it out of line halved B = 128 / 256 times on H200
+// (v3: the inlined N = 128 kernel issued on 13% of cycles); N = 64 measured the same either
+// way. benchmarks/NOTES.md has the numbers.
 static __device__ __noinline__ Philox4 noise_block_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                         uint32_t vocab_index, uint32_t stream_quad) {
   return fs_noise_block(seed, offset_plus_sample, vocab_index, stream_quad);
@@ -339,7 +341,8 @@ struct Sm90GumbelArgmaxRowReduction {
           }
         }
       } else if constexpr (!kControls) {
-        // The plain loop (v4): one Philox block holds the noise of 4 consecutive batch rows at one
+        // The plain loop (v4) of narrow tiles (noise inlined) and of fragments not a multiple of
+        // four: one Philox block holds the noise of 4 consecutive batch rows at one
         // vocab index; accumulator layouts keep neighbouring columns in neighbouring
         // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
         uint64_t const offset_plus_sample = offset;
