@@ -34,7 +34,7 @@ def main() -> None:
     if args.controls == "all3":
         temperatures = torch.rand(args.batch, device="cuda", generator=gen) + 0.5
         words = (args.vocab + 31) // 32
-        # Every token allowed except a sparse random set: the mask is read, little changes.
+        # Every token allowed except bit 31 of every 7th word: the mask is read, little changes.
         mask = torch.full((args.batch, words), -1, dtype=torch.int32, device="cuda")
         mask[:, ::7] = 0x7FFFFFFF
         options = dict(temperature=temperatures, allowed_mask=mask, return_logprobs=True)
