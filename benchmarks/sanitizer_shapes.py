@@ -1,6 +1,7 @@
 """A few odd shapes for compute-sanitizer (memcheck, racecheck) on the CUDA sampler:
 partial vocabulary tiles, a prime V, B not a multiple of any N tile, B > 256, fp16; each
-shape plain (num_samples = 2: two GEMM column blocks) and with every control on (per-row
+shape plain (one sample: the plain kernels of every N bucket), with num_samples = 2 (two
+GEMM column blocks, the controls kernels) and with every control on (per-row
 temperatures, logit bias, sparse bias, bitmask, per-row seeds, vocab_start, logprobs)."""
 
 import torch
@@ -13,11 +14,15 @@ SHAPES = [  # (B, V, D, dtype)
     (17, 32003, 136, torch.bfloat16),
     (257, 4099, 64, torch.bfloat16),
     (65, 129, 2880, torch.float16),
+    (200, 151937, 64, torch.bfloat16),
 ]
 
 for batch, vocab, dim, dtype in SHAPES:
     hidden = torch.randn(batch, dim, device="cuda", dtype=dtype)
     weight = torch.randn(vocab, dim, device="cuda", dtype=dtype)
+    tokens = flashsampling_cuda.sample(hidden, weight, seed=7)
+    torch.cuda.synchronize()
+    assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
     tokens = flashsampling_cuda.sample(hidden, weight, seed=7, num_samples=2)
     torch.cuda.synchronize()
     assert tokens.shape == (batch, 2) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "cutlass/numeric_types.h"
 #include "sampler_config.h"
@@ -18,10 +19,11 @@ struct ConfigEntry {
 };
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
-template <class Element, int TileN, bool kPingpong, bool kControls>
+template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM = 1>
 ConfigEntry sm90_entry() {
-  return {run_sampler_gemm_sm90<Element, TileN, kPingpong, kControls>,
-          sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kControls>, SamplerTileConfig<TileN, kPingpong>::kTileM};
+  return {run_sampler_gemm_sm90<Element, TileN, kPingpong, kControls, kClusterM>,
+          sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kControls, kClusterM>,
+          SamplerTileConfig<TileN, kPingpong>::kTileM};
 }
 #endif
 
@@ -43,6 +45,16 @@ bool plain_wide_tile_pingpong() {
   return pingpong;
 }
 
+// FLASHSAMPLING_PLAIN_CLUSTER_M=2 runs the bf16 plain tiles of N = 64 and 128 in clusters of
+// two CTAs that multicast the hidden tile (for A/B runs; sm90 only).
+bool plain_cluster_pair() {
+  static bool const pair = [] {
+    char const* env = std::getenv("FLASHSAMPLING_PLAIN_CLUSTER_M");
+    return env != nullptr && std::string_view(env) == "2";
+  }();
+  return pair;
+}
+
 // Plain sampling, one config per batch bucket. Measured on H200 (benchmarks/NOTES.md):
 // narrow tiles are memory-bound and gain from pingpong, whose epilogue overlaps the
 // other warpgroup's mainloop; the 128-wide tile measured 13-30% faster cooperative with
@@ -55,8 +67,18 @@ ConfigEntry select_plain(int device_arch, int tile_n) {
     switch (tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
       case 32: return sm90_entry<Element, 32, true, false>();
-      case 64: return sm90_entry<Element, 64, true, false>();
+      case 64:
+        if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+          if (plain_cluster_pair()) return sm90_entry<Element, 64, true, false, 2>();
+        }
+        return sm90_entry<Element, 64, true, false>();
       default:
+        if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+          if (plain_cluster_pair()) {
+            return plain_wide_tile_pingpong() ? sm90_entry<Element, 128, true, false, 2>()
+                                              : sm90_entry<Element, 128, false, false, 2>();
+          }
+        }
         return plain_wide_tile_pingpong() ? sm90_entry<Element, 128, true, false>()
                                           : sm90_entry<Element, 128, false, false>();
     }

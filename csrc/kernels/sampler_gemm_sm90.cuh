@@ -16,11 +16,13 @@
 
 namespace flashsampling {
 
-template <class Element, int TileN, bool kPingpong, bool kControls>
+// kClusterM = 2: two CTAs on neighbouring vocabulary tiles form a cluster and receive
+// each hidden tile by TMA multicast, halving its L2 -> SM traffic (A/B kernels only).
+template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM = 1>
 struct SamplerGemmSm90 {
   using Config = SamplerTileConfig<TileN, kPingpong>;
   using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
@@ -50,20 +52,25 @@ struct SamplerGemmSm90 {
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
 
-template <class Element, int TileN, bool kPingpong, bool kControls>
+template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm90<Element, TileN, kPingpong, kControls>::Launcher::run(p, buffers, gemm_workspace, stream);
+  return SamplerGemmSm90<Element, TileN, kPingpong, kControls, kClusterM>::Launcher::run(p, buffers, gemm_workspace,
+                                                                                        stream);
 }
 
-template <class Element, int TileN, bool kPingpong, bool kControls>
+template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p) {
-  return SamplerGemmSm90<Element, TileN, kPingpong, kControls>::Launcher::gemm_workspace_bytes(p);
+  return SamplerGemmSm90<Element, TileN, kPingpong, kControls, kClusterM>::Launcher::gemm_workspace_bytes(p);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong, kControls)                              \
-  template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong, kControls>(                        \
+#define FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(Element, TileN, kPingpong, kControls, kClusterM)            \
+  template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong, kControls, kClusterM>(             \
       SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);                                 \
-  template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kControls>(SamplerParams const&);
+  template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kControls, kClusterM>(           \
+      SamplerParams const&);
+
+#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong, kControls) \
+  FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(Element, TileN, kPingpong, kControls, 1)
 
 }  // namespace flashsampling

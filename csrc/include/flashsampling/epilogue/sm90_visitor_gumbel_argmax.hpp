@@ -21,9 +21,7 @@
 // of once per tile, so each thread keeps state only for the columns of one
 // strip; that keeps the register budget flat at batch 256.
 //
-// kControls selects which of two kinds of element loop the node is compiled with (each
-// takes four fragment elements per noise call where the fragment allows, else one at a
-// time). The plain loop (kControls = false) serves one sample with a batch-wide temperature and seed and
+// kControls selects which of two kinds of element loop the node is compiled with. The plain loop (kControls = false) serves one sample with a batch-wide temperature and seed and
 // nothing else. The controls loop serves everything else: logit bias, sparse per-row
 // bias, allowed-token mask and per-row temperatures transform each logit before the
 // noise; several samples are extra GEMM columns (column s * B + b draws sample s of
@@ -52,19 +50,6 @@ using cutlass::epilogue::fusion::ProducerLoadArgs;
 using cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks;
 using cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks;
 using cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue;
-
-// Out-of-line noise of one element, for the one-at-a-time loops (fragments whose size is
-// not a multiple of four; the four-element calls are below): the collective unrolls every
-// epilogue subtile of the CTA tile, so an inlined Philox + two logs per element grows the
-// kernel with the tile's N extent. Calling it out of line halved B = 128 / 256 times on H200
-// (v3: the inlined N = 128 kernel issued on 13% of cycles); N = 64 measured the same either
-// way. benchmarks/NOTES.md has the numbers.
-static __device__ __noinline__ Philox4 noise_block_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
-                                                        uint32_t vocab_index, uint32_t stream_quad) {
-  return fs_noise_block(seed, offset_plus_sample, vocab_index, stream_quad);
-}
-
-static __device__ __noinline__ float gumbel_from_bits_out_of_line(uint32_t bits) { return fs_gumbel_from_bits(bits); }
 
 // The noise of N elements of a thread's fragment, element j keyed by (seed[j], offset +
 // sample[j], vocab index v[j], stream[j]) as in fs_gumbel_noise, for the loops of the wide
@@ -173,6 +158,16 @@ CUTLASS_DEVICE bool transform_logit(SamplingControls const& c, uint32_t batch_ro
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// A thread's running best of one column: replaced when (score, vocab_index) is better.
+CUTLASS_DEVICE bool keep_better_candidate(float score, uint32_t vocab_index, float& best_score, int32_t& best_index) {
+  if (!fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
+    return false;
+  }
+  best_score = score;
+  best_index = static_cast<int32_t>(vocab_index);
+  return true;
+}
+
 // ElementOutput: what visit() hands on to the collective. With ElementD = void
 // (sm90) nothing is stored and the collective takes its shared-memory element from
 // ElementAux; the reduce() stage reuses that epilogue buffer as scratch, as
@@ -181,6 +176,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <class CtaTileShapeMNK, class ElementOutput = float, bool kControls = false>
 struct Sm90GumbelArgmaxRowReduction {
   using ElementAux = ElementOutput;
+  // Tiles with N >= 64 call the noise out of line: the collective unrolls every epilogue
+  // subtile, so inlined noise grows the kernel with N (v3: out of line halved the B = 128 /
+  // 256 times on H200; N = 64 measured the same either way; benchmarks/NOTES.md).
   static constexpr bool kNoiseOutOfLine = decltype(size<1>(CtaTileShapeMNK{}))::value >= 64;
 
   struct SharedStorage {};
@@ -271,28 +269,6 @@ struct Sm90GumbelArgmaxRowReduction {
       }
     }
 
-    // General loop noise of (batch row, sample, vocab index): with batch-wide seed and
-    // offset one Philox block serves 4 rows and stays cached in `block` (keyed by vocab
-    // index, row quad and sample); per-row seeds (stream 0) or offsets share nothing.
-    CUTLASS_DEVICE float general_gumbel(uint32_t batch_row, uint32_t sample, uint32_t vocab_index, Philox4& block,
-                                        uint32_t& block_vocab, uint32_t& block_quad, uint32_t& block_sample) const {
-      NoiseSource const& src = params.noise;
-      if (src.row_seeds == nullptr && src.row_offsets == nullptr) {
-        if (vocab_index != block_vocab || (batch_row >> 2) != block_quad || sample != block_sample) {
-          block = noise_block_out_of_line(seed, offset + sample, vocab_index, batch_row >> 2);
-          block_vocab = vocab_index;
-          block_quad = batch_row >> 2;
-          block_sample = sample;
-        }
-        return gumbel_from_bits_out_of_line(fs_philox_lane(block, batch_row & 3u));
-      }
-      uint64_t const row_seed = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + batch_row)) : seed;
-      uint64_t const row_offset = src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + batch_row)) : offset;
-      uint32_t const stream = src.row_seeds ? 0u : batch_row;
-      Philox4 const b = noise_block_out_of_line(row_seed, row_offset + sample, vocab_index, stream >> 2);
-      return gumbel_from_bits_out_of_line(fs_philox_lane(b, stream & 3u));
-    }
-
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
                               int epi_n, cutlass::Array<ElementInput, FragmentSize> const& frg_logits) {
@@ -302,10 +278,11 @@ struct Sm90GumbelArgmaxRowReduction {
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      if constexpr (!kControls && kNoiseOutOfLine && FragmentSize % 4 == 0) {
+      if constexpr (!kControls && kNoiseOutOfLine) {
         // The plain loop of wide tiles (v7): the noise of four elements per call, their
         // chains side by side (gumbel_noise_lanes); out-of-range elements draw noise too,
         // and are dropped at the compare.
+        static_assert(FragmentSize % 4 == 0, "the wide tiles' loop takes fragments four elements at a time");
         constexpr int kGroup = 4;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < FragmentSize; i += kGroup) {
@@ -331,20 +308,17 @@ struct Sm90GumbelArgmaxRowReduction {
             float const logit = static_cast<float>(frg_logits[i + j]);
             float const score =
                 params.greedy ? logit : fs_perturbed_score(logit, params.inv_temperature, gumbel[j]);
-            float& best_score = tCrScore(frg_idx);
-            int32_t& best_index = tCrIndex(frg_idx);
-            if (in_range[j] &&
-                fs_candidate_better(score, static_cast<int32_t>(vocab_index[j]), best_score, best_index)) {
-              best_score = score;
-              best_index = static_cast<int32_t>(vocab_index[j]);
+            if (in_range[j]) {
+              keep_better_candidate(score, vocab_index[j], tCrScore(frg_idx), tCrIndex(frg_idx));
             }
           }
         }
       } else if constexpr (!kControls) {
-        // The plain loop (v4) of narrow tiles (noise inlined) and of fragments not a multiple of
-        // four: one Philox block holds the noise of 4 consecutive batch rows at one
-        // vocab index; accumulator layouts keep neighbouring columns in neighbouring
-        // fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
+        // The plain loop (v4) of narrow tiles, noise inlined: one Philox block holds the noise
+        // of 4 consecutive batch rows at one vocab index; accumulator layouts keep
+        // neighbouring columns in neighbouring fragment slots (wgmma: pairs, tcgen05: runs),
+        // so reuse the last block.
+        static_assert(!kNoiseOutOfLine, "wide tiles take the four-element loop (fragments of a multiple of four)");
         uint64_t const offset_plus_sample = offset;
         uint32_t block_vocab = ~0u, block_quad = ~0u;
         Philox4 block{};
@@ -359,29 +333,23 @@ struct Sm90GumbelArgmaxRowReduction {
             float score = logit;
             if (!params.greedy) {
               if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
-                block = kNoiseOutOfLine
-                            ? noise_block_out_of_line(seed, offset_plus_sample, vocab_index, batch_row >> 2)
-                            : fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
+                block = fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
                 block_vocab = vocab_index;
                 block_quad = batch_row >> 2;
               }
               uint32_t const bits = fs_philox_lane(block, batch_row & 3u);
-              float const gumbel = kNoiseOutOfLine ? gumbel_from_bits_out_of_line(bits) : fs_gumbel_from_bits(bits);
+              float const gumbel = fs_gumbel_from_bits(bits);
               score = fs_perturbed_score(logit, params.inv_temperature, gumbel);
             }
             // Registers alias over M (stride-0 modes): rows of one column share a slot.
-            float& best_score = tCrScore(frg_idx);
-            int32_t& best_index = tCrIndex(frg_idx);
-            if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
-              best_score = score;
-              best_index = static_cast<int32_t>(vocab_index);
-            }
+            keep_better_candidate(score, vocab_index, tCrScore(frg_idx), tCrIndex(frg_idx));
           }
         }
-      } else if constexpr (FragmentSize % 4 == 0) {
+      } else {
         // The controls loop (v8), four elements at a time like the plain loop of wide tiles:
         // transform and per-row values of the four, one noise call for them (skipped when none
         // is kept or all are greedy), then log-sum-exp and compare.
+        static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
         SamplingControls const& controls = params.controls;
         NoiseSource const& src = params.noise;
         bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
@@ -436,59 +404,9 @@ struct Sm90GumbelArgmaxRowReduction {
               lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e);
             }
             float const score = greedy[j] ? x[j] : fs_perturbed_score(x[j], inv_temperature[j], gumbel[j]);
-            float& best_score = tCrScore(frg_idx);
-            int32_t& best_index = tCrIndex(frg_idx);
-            if (fs_candidate_better(score, static_cast<int32_t>(vocab_index[j]), best_score, best_index)) {
-              best_score = score;
-              best_index = static_cast<int32_t>(vocab_index[j]);
+            if (keep_better_candidate(score, vocab_index[j], tCrScore(frg_idx), tCrIndex(frg_idx))) {
               tCrLogit(frg_idx) = y;
             }
-          }
-        }
-      } else {
-        SamplingControls const& controls = params.controls;
-        bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
-        uint32_t block_vocab = ~0u, block_quad = ~0u, block_sample = ~0u;
-        Philox4 block{};
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; ++i) {
-          int const frg_idx = epi_v * FragmentSize + i;
-          auto const coord = tCcD_mn(frg_idx);
-          if (!elem_less(coord, residue_tCcD)) {
-            continue;
-          }
-          uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
-          uint32_t const vocab_index = params.vocab_start + vocab_local;
-          uint32_t const column = static_cast<uint32_t>(n_origin + get<1>(coord));
-          uint32_t const sample = params.num_samples == 1 ? 0u : column / params.batch_size;
-          uint32_t const batch_row = column - sample * params.batch_size;
-          float x = static_cast<float>(frg_logits[i]);
-          if (transform && !transform_logit(controls, batch_row, vocab_local, vocab_index, x)) {
-            continue;  // masked out: no candidate, no probability mass
-          }
-          float inv_temperature = params.inv_temperature;
-          bool greedy = params.greedy;
-          if (controls.inv_temperatures) {
-            inv_temperature = __ldg(controls.inv_temperatures + batch_row);
-            greedy = inv_temperature == 0.0f;
-          }
-          // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
-          float const y = greedy ? x : fs_mul(x, inv_temperature);
-          if (params.logprobs) {
-            lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e);
-          }
-          float score = x;
-          if (!greedy) {
-            score = fs_perturbed_score(
-                x, inv_temperature,
-                general_gumbel(batch_row, sample, vocab_index, block, block_vocab, block_quad, block_sample));
-          }
-          float& best_score = tCrScore(frg_idx);
-          int32_t& best_index = tCrIndex(frg_idx);
-          if (fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
-            best_score = score;
-            best_index = static_cast<int32_t>(vocab_index);
-            tCrLogit(frg_idx) = y;
           }
         }
       }
@@ -612,8 +530,11 @@ struct Sm90GumbelArgmaxRowReduction {
         }
         sync_fn();
 
-        // 3. Reduce over the warps stacked in M and write one candidate per column.
-        for (int col = thread_idx; col < EpiTileN; col += size(tiled_copy)) {
+        // 3. Reduce over the warps stacked in M and write one candidate per column. A tile
+        // wholly past the vocabulary (a cluster's tile count is rounded up to the cluster
+        // size) has no row in the workspace.
+        bool const tile_in_problem = static_cast<int>(m_tile) * size<0>(CtaTileShapeMNK{}) < get<0>(problem_mn);
+        for (int col = thread_idx; tile_in_problem && col < EpiTileN; col += size(tiled_copy)) {
           if (col_base + col >= num_cols) {
             continue;
           }

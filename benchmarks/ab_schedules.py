@@ -1,0 +1,84 @@
+"""A/B of the plain kernel's schedules and clusters: ours and cuBLAS mm side by side.
+
+Each variant runs in its own process, since the dispatch reads its knobs once:
+FLASHSAMPLING_PLAIN_SCHEDULE=pingpong (the 128-wide tile with the pingpong schedule) and
+FLASHSAMPLING_PLAIN_CLUSTER_M=2 (the bf16 64- and 128-wide tiles in clusters of two CTAs
+that multicast the hidden tile). Times are medians of CUDA-graph replays (bench_sampler's
+median_us); mm is timed in every process, so each variant has its own reference.
+
+Usage:
+  python benchmarks/ab_schedules.py [--variants default,pingpong,cluster2,pingpong+cluster2]
+      [--shapes 4096x151936,8192x128256] [--batches 64,128,256] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+VARIANT_ENV = {
+    "default": {},
+    "pingpong": {"FLASHSAMPLING_PLAIN_SCHEDULE": "pingpong"},
+    "cluster2": {"FLASHSAMPLING_PLAIN_CLUSTER_M": "2"},
+    "pingpong+cluster2": {"FLASHSAMPLING_PLAIN_SCHEDULE": "pingpong", "FLASHSAMPLING_PLAIN_CLUSTER_M": "2"},
+}
+
+
+def measure(shapes: str, batches: str) -> list[dict]:
+    """Times of ours and mm in this process (its knobs are the environment's)."""
+    import torch
+
+    import flashsampling_cuda
+    from bench_sampler import median_us
+
+    torch.manual_seed(0)
+    rows = []
+    for shape in shapes.split(","):
+        dim, vocab = (int(x) for x in shape.lower().split("x"))
+        weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
+        for batch in (int(b) for b in batches.split(",")):
+            hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
+            ours = median_us(lambda: flashsampling_cuda.sample(hidden, weight, temperature=1.0), graph=True)
+            mm = median_us(lambda: hidden @ weight.T, graph=True)
+            rows.append({"D": dim, "V": vocab, "B": batch, "ours": ours, "mm": mm})
+        del weight
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--variants", default="default,pingpong,cluster2,pingpong+cluster2")
+    parser.add_argument("--shapes", default="4096x151936,8192x128256")
+    parser.add_argument("--batches", default="64,128,256")
+    parser.add_argument("--out", default=None, help="write ab_schedules.json here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.shapes, args.batches)))
+        return
+    results = {}
+    for variant in args.variants.split(","):
+        env = {**os.environ, **VARIANT_ENV[variant]}
+        proc = subprocess.run([sys.executable, __file__, "--child", "--shapes", args.shapes, "--batches", args.batches],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"[ab] {variant} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+            continue
+        results[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "ab_schedules.json").write_text(json.dumps(results, indent=1))
+    print("| variant | D | B | ours µs | mm µs | ours/mm |")
+    print("|---|---|---|---|---|---|")
+    for variant, rows in results.items():
+        for r in rows:
+            print(f"| {variant} | {r['D']} | {r['B']} | {r['ours']:.0f} | {r['mm']:.0f} | {r['ours'] / r['mm']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
