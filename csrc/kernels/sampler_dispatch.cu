@@ -45,8 +45,9 @@ bool plain_wide_tile_pingpong() {
   return pingpong;
 }
 
-// FLASHSAMPLING_PLAIN_CLUSTER_M=2 runs the bf16 plain tiles of N = 64 and 128 in clusters of
-// two CTAs that multicast the hidden tile (for A/B runs; sm90 only).
+// FLASHSAMPLING_PLAIN_CLUSTER_M=2 runs the bf16 plain tiles of N = 32 and 128 in clusters of
+// two CTAs that multicast the hidden tile, as the N = 64 tile always does (for A/B runs;
+// sm90 only).
 bool plain_cluster_pair() {
   static bool const pair = [] {
     char const* env = std::getenv("FLASHSAMPLING_PLAIN_CLUSTER_M");
@@ -58,20 +59,21 @@ bool plain_cluster_pair() {
 // Plain sampling, one config per batch bucket. Measured on H200 (benchmarks/NOTES.md):
 // narrow tiles are memory-bound and gain from pingpong, whose epilogue overlaps the
 // other warpgroup's mainloop; the 128-wide tile measured 13-30% faster cooperative with
-// the v3 epilogue (not profiled why). A pingpong 128 kernel is built for A/B runs against
-// the shorter v7 epilogue (plain_wide_tile_pingpong).
+// the v3 epilogue and no faster pingpong with v7's (v9 A/B: equal at B = 128, 11% slower at
+// B = 256). The N = 64 tile runs in clusters of two CTAs sharing the hidden tile (v9: 3-5%
+// faster at B = 64); at N = 128 that measured mixed (plain_cluster_pair).
 template <class Element>
 ConfigEntry select_plain(int device_arch, int tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
   if (device_arch == 90) {
     switch (tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
-      case 32: return sm90_entry<Element, 32, true, false>();
-      case 64:
+      case 32:
         if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-          if (plain_cluster_pair()) return sm90_entry<Element, 64, true, false, 2>();
+          if (plain_cluster_pair()) return sm90_entry<Element, 32, true, false, 2>();
         }
-        return sm90_entry<Element, 64, true, false>();
+        return sm90_entry<Element, 32, true, false>();
+      case 64: return sm90_entry<Element, 64, true, false, /*kClusterM=*/2>();
       default:
         if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
           if (plain_cluster_pair()) {

@@ -1,0 +1,19 @@
+// Torch-free launchers of the noise transforms of philox_gumbel.h on the GPU
+// (csrc/kernels/noise_transforms.cu), behind the CUDA impls of flashsampling._logf and
+// flashsampling._gumbel_from_bits: tests compare them bit for bit with the CPU ops, over
+// every input the noise can take.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashsampling {
+
+// out[i] = fs_logf(x[i]), four lanes per thread (fs_logf_lanes<4>, as the epilogue runs it).
+cudaError_t launch_logf(float const* x, float* out, int64_t n, cudaStream_t stream);
+
+// out[i] = fs_gumbel_from_bits(uint32(bits[i])), four lanes per thread.
+cudaError_t launch_gumbel_from_bits(int64_t const* bits, float* out, int64_t n, cudaStream_t stream);
+
+}  // namespace flashsampling

@@ -1,0 +1,59 @@
+// The noise transforms of philox_gumbel.h as elementwise GPU kernels (flashsampling._logf and
+// _gumbel_from_bits on CUDA tensors). They run the four-lane forms the fused epilogue calls, so
+// a bit-for-bit comparison with the CPU ops covers the device code of the noise: its
+// branch-free division included (tests/test_noise_cuda.py).
+#include <cstdint>
+
+#include "flashsampling/noise_launch.h"
+#include "flashsampling/philox_gumbel.h"
+
+namespace flashsampling {
+namespace {
+
+constexpr int kLanes = 4;
+constexpr int kThreads = 256;
+
+__global__ void logf_kernel(float const* __restrict__ x, float* __restrict__ out, int64_t n) {
+  int64_t const first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kLanes;
+  float in[kLanes], result[kLanes];
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) in[j] = first + j < n ? x[first + j] : 1.0f;
+  fs_logf_lanes<kLanes>(in, result);
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) {
+    if (first + j < n) out[first + j] = result[j];
+  }
+}
+
+__global__ void gumbel_from_bits_kernel(int64_t const* __restrict__ bits, float* __restrict__ out, int64_t n) {
+  int64_t const first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kLanes;
+  uint32_t in[kLanes];
+  float result[kLanes];
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) in[j] = first + j < n ? static_cast<uint32_t>(bits[first + j]) : 0u;
+  fs_gumbel_from_bits_lanes<kLanes>(in, result);
+#pragma unroll
+  for (int j = 0; j < kLanes; ++j) {
+    if (first + j < n) out[first + j] = result[j];
+  }
+}
+
+unsigned int num_blocks(int64_t n) {
+  return static_cast<unsigned int>((n + int64_t{kThreads} * kLanes - 1) / (int64_t{kThreads} * kLanes));
+}
+
+}  // namespace
+
+cudaError_t launch_logf(float const* x, float* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  logf_kernel<<<num_blocks(n), kThreads, 0, stream>>>(x, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gumbel_from_bits(int64_t const* bits, float* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  gumbel_from_bits_kernel<<<num_blocks(n), kThreads, 0, stream>>>(bits, out, n);
+  return cudaGetLastError();
+}
+
+}  // namespace flashsampling

@@ -1,0 +1,52 @@
+// CUDA impls of flashsampling._logf and _gumbel_from_bits (the CPU ones are in noise_cpu.cpp):
+// the noise transforms as the GPU computes them, for tests that compare the two bit for bit.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "flashsampling/noise_launch.h"
+
+namespace flashsampling {
+namespace {
+
+void check_launch(cudaError_t err, const char* op) {
+  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+at::Tensor logf_cuda(const at::Tensor& x) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "flashsampling._logf: x must be float32, got ", x.scalar_type());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor xc = x.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  check_launch(launch_logf(xc.const_data_ptr<float>(), out.mutable_data_ptr<float>(), xc.numel(),
+                           c10::cuda::getCurrentCUDAStream()),
+               "flashsampling._logf");
+  return out;
+}
+
+at::Tensor gumbel_from_bits_cuda(const at::Tensor& bits) {
+  constexpr const char* kOp = "flashsampling._gumbel_from_bits";
+  TORCH_CHECK(bits.scalar_type() == at::kLong, kOp, ": bits must be an int64 tensor, got ", bits.scalar_type());
+  const c10::cuda::CUDAGuard guard(bits.device());
+  if (bits.numel() > 0) {  // a test op: the host sync of this check is fine
+    const auto [lo, hi] = at::aminmax(bits);
+    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() <= 0xffffffffLL, kOp,
+                ": bits values must lie in [0, 2^32)");
+  }
+  const at::Tensor bc = bits.contiguous();
+  at::Tensor out = at::empty(bc.sizes(), bc.options().dtype(at::kFloat));
+  check_launch(launch_gumbel_from_bits(bc.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(), bc.numel(),
+                                       c10::cuda::getCurrentCUDAStream()),
+               kOp);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
+  m.impl("_logf", &logf_cuda);
+  m.impl("_gumbel_from_bits", &gumbel_from_bits_cuda);
+}
+
+}  // namespace flashsampling

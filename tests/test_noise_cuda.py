@@ -1,0 +1,57 @@
+"""GPU noise == CPU noise, bit for bit, over every input the noise transform can take (run on
+the device machine; skipped without a GPU).
+
+The GPU computes fs_logf with a branch-free division (philox_gumbel.h, fs_div_log_reduced)
+where the CPU divides with IEEE a / b. Every division fs_logf makes has a = m - 1, b = 2 + a
+for a float m in [sqrt(1/2), sqrt(2)), so checking fs_logf on all 2^24 such m covers every
+division; and fs_gumbel_from_bits keeps only 23 of its 32 bits, so its 2^23 distinct inputs
+are checked one by one.
+"""
+
+import math
+
+import pytest
+import torch
+
+import flashsampling_cuda  # noqa: F401 - registers the ops
+
+pytestmark = pytest.mark.requires_cuda
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32)
+
+
+def test_logf_cuda_equals_cpu_on_every_reduced_argument():
+    lo = torch.tensor(math.sqrt(0.5), dtype=torch.float32).view(torch.int32).item()
+    hi = torch.tensor(math.sqrt(2.0), dtype=torch.float32).view(torch.int32).item()
+    x = torch.arange(lo, hi + 1, dtype=torch.int32).view(torch.float32)
+    assert x.numel() >= 2**24
+    cpu = torch.ops.flashsampling._logf(x)
+    gpu = torch.ops.flashsampling._logf(x.cuda()).cpu()
+    differ = (_bits(cpu) != _bits(gpu)).nonzero().flatten()
+    assert differ.numel() == 0, f"{differ.numel()} inputs differ, first x = {x[differ[:4]].tolist()}"
+
+
+def test_logf_cuda_equals_cpu_on_random_positive_floats():
+    generator = torch.Generator().manual_seed(5)
+    bits = torch.randint(0x00800000, 0x7F800000, (1 << 22,), generator=generator, dtype=torch.int32)
+    x = bits.view(torch.float32)  # positive normal floats over the whole range
+    cpu = torch.ops.flashsampling._logf(x)
+    gpu = torch.ops.flashsampling._logf(x.cuda()).cpu()
+    assert torch.equal(_bits(cpu), _bits(gpu))
+
+
+def test_gumbel_from_bits_cuda_equals_cpu_on_every_uniform():
+    k = torch.arange(1 << 23, dtype=torch.int64)
+    bits = (k << 9) | (k & 0x1FF)  # the low 9 bits are dropped; vary them anyway
+    cpu = torch.ops.flashsampling._gumbel_from_bits(bits)
+    gpu = torch.ops.flashsampling._gumbel_from_bits(bits.cuda()).cpu()
+    differ = (_bits(cpu) != _bits(gpu)).nonzero().flatten()
+    assert differ.numel() == 0, f"{differ.numel()} uniforms differ, first k = {k[differ[:4]].tolist()}"
+    assert torch.isfinite(gpu).all()
+
+
+def test_gumbel_from_bits_cuda_rejects_out_of_range_bits():
+    with pytest.raises(RuntimeError, match="bits values must lie in"):
+        torch.ops.flashsampling._gumbel_from_bits(torch.tensor([-1], device="cuda"))
