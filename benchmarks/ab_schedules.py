@@ -61,6 +61,11 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.shapes, args.batches)))
         return
+    import torch
+
+    from report import run_header
+
+    header = run_header(torch.cuda.get_device_name(0))
     results = {}
     for variant in args.variants.split(","):
         env = {**os.environ, **VARIANT_ENV[variant]}
@@ -72,7 +77,7 @@ def main() -> None:
         results[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "ab_schedules.json").write_text(json.dumps(results, indent=1))
+        (Path(args.out) / "ab_schedules.json").write_text(json.dumps({**header, "variants": results}, indent=1))
     print("| variant | D | B | ours µs | mm µs | ours/mm |")
     print("|---|---|---|---|---|---|")
     for variant, rows in results.items():
