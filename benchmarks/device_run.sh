@@ -3,7 +3,7 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench pingpong controls decode ncu tp" (default: build tests sanitizer bench);
+#   STEPS: any of "build tests sanitizer bench ab controls decode ncu tp" (default: build tests sanitizer bench);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
@@ -39,11 +39,9 @@ fi
 if [[ $STEPS == *bench* ]]; then
   python3 benchmarks/bench_sampler.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\] {"
 fi
-if [[ $STEPS == *pingpong* ]]; then  # A/B: the 128-wide plain tile with the pingpong schedule (B > 64)
-  mkdir -p "$OUT/pingpong"
-  FLASHSAMPLING_PLAIN_SCHEDULE=pingpong python3 benchmarks/bench_sampler.py --batches 128,256 --out "$OUT/pingpong" \
-    > "$OUT/pingpong/bench.log" 2>&1
-  summary+=("pingpong A/B: rc=$? ($OUT/pingpong)")
+if [[ $STEPS == *ab* ]]; then  # A/B: the 16-wide plain tile in clusters of two CTAs against the default
+  python3 benchmarks/ab_schedules.py --out "$OUT" > "$OUT/ab.log" 2>&1
+  summary+=("A/B: rc=$? ($OUT/ab.log)")
 fi
 if [[ $STEPS == *controls* ]]; then
   python3 benchmarks/bench_controls.py --out "$OUT" ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls.log" | grep -v "^\[bench\] {"

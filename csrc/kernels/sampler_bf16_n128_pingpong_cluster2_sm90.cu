@@ -1,5 +1,6 @@
-// Fused sampler, sm90a, bf16, CTA tile N = 128, pingpong schedule, clusters of two CTAs along
-// the vocabulary multicasting the hidden tile (A/B only: FLASHSAMPLING_PLAIN_CLUSTER_M=2).
+// Fused sampler, sm90a, bf16, CTA tile N = 128 for 65-128 GEMM columns (one N tile): pingpong
+// schedule, clusters of two CTAs multicasting the hidden tile (7-11% faster at B = 128 on H200
+// than the cooperative tile; slower with two N tiles: benchmarks/NOTES.md, v9).
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {

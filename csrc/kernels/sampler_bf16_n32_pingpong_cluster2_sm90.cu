@@ -1,5 +1,6 @@
-// Fused sampler, sm90a, bf16, CTA tile N = 32, pingpong schedule, clusters of two CTAs along
-// the vocabulary multicasting the hidden tile (A/B only: FLASHSAMPLING_PLAIN_CLUSTER_M=2).
+// Fused sampler, sm90a, bf16, CTA tile N = 32, pingpong schedule, clusters of two CTAs along the
+// vocabulary that receive each hidden tile by TMA multicast (4% faster at B = 32 on H200 than
+// one CTA per cluster: benchmarks/NOTES.md, v9).
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {

@@ -83,8 +83,8 @@ struct SamplerWorkspaceLayout {
 // Per-config entry points (defined in sampler_gemm_<arch>.cuh, instantiated per file).
 // kControls: the epilogue's controls loop (anything but is_plain_sampling); p.controls'
 // sparse_bitmap and inv_temperatures, when needed, already point at the prepared arrays.
-// kClusterM: CTAs per cluster along the vocabulary (1, or 2 for the A/B kernels that
-// multicast the hidden tile).
+// kClusterM: CTAs per cluster along the vocabulary (1, or 2: the pair multicasts each hidden
+// tile).
 template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM = 1>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream);

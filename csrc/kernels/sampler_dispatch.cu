@@ -35,20 +35,9 @@ ConfigEntry sm100_entry() {
 }
 #endif
 
-// FLASHSAMPLING_PLAIN_SCHEDULE=pingpong runs the 128-wide plain tile with the pingpong
-// schedule instead of the cooperative one (for A/B runs; sm90 only).
-bool plain_wide_tile_pingpong() {
-  static bool const pingpong = [] {
-    char const* env = std::getenv("FLASHSAMPLING_PLAIN_SCHEDULE");
-    return env != nullptr && std::string_view(env) == "pingpong";
-  }();
-  return pingpong;
-}
-
-// FLASHSAMPLING_PLAIN_CLUSTER_M=2 runs the bf16 plain tiles of N = 32 and 128 in clusters of
-// two CTAs that multicast the hidden tile, as the N = 64 tile always does (for A/B runs;
-// sm90 only).
-bool plain_cluster_pair() {
+// FLASHSAMPLING_PLAIN_CLUSTER_M=2 runs the bf16 plain tile of N = 16 in clusters of two CTAs
+// that multicast the hidden tile, as the wider pingpong tiles always do (an A/B knob; sm90).
+bool plain_narrow_tile_cluster_pair() {
   static bool const pair = [] {
     char const* env = std::getenv("FLASHSAMPLING_PLAIN_CLUSTER_M");
     return env != nullptr && std::string_view(env) == "2";
@@ -56,33 +45,27 @@ bool plain_cluster_pair() {
   return pair;
 }
 
-// Plain sampling, one config per batch bucket. Measured on H200 (benchmarks/NOTES.md):
-// narrow tiles are memory-bound and gain from pingpong, whose epilogue overlaps the
-// other warpgroup's mainloop; the 128-wide tile measured 13-30% faster cooperative with
-// the v3 epilogue and no faster pingpong with v7's (v9 A/B: equal at B = 128, 11% slower at
-// B = 256). The N = 64 tile runs in clusters of two CTAs sharing the hidden tile (v9: 3-5%
-// faster at B = 64); at N = 128 that measured mixed (plain_cluster_pair).
+// Plain sampling, one config per batch bucket (`columns` GEMM columns, tile_n wide). Measured
+// on H200 (benchmarks/NOTES.md, v9): the pingpong schedule, whose epilogue overlaps the other
+// warpgroup's mainloop, for one N tile, in clusters of two CTAs sharing each hidden tile by
+// multicast from N = 32 on (4% faster at B = 32 and 64, 7-11% at B = 128 than one CTA per
+// cluster and, at B = 128, than the cooperative tile). With more columns than one 128-wide
+// tile, the cooperative schedule, one CTA per cluster: pingpong + clusters measured 16% slower
+// at B = 256, D = 4096 (5% faster at D = 8192).
 template <class Element>
-ConfigEntry select_plain(int device_arch, int tile_n) {
+ConfigEntry select_plain(int device_arch, int tile_n, int64_t columns) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
   if (device_arch == 90) {
     switch (tile_n) {
-      case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
-      case 32:
+      case 16:
         if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-          if (plain_cluster_pair()) return sm90_entry<Element, 32, true, false, 2>();
+          if (plain_narrow_tile_cluster_pair()) return sm90_entry<Element, 16, true, false, 2>();
         }
-        return sm90_entry<Element, 32, true, false>();
-      case 64: return sm90_entry<Element, 64, true, false, /*kClusterM=*/2>();
+        return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
+      case 32: return sm90_entry<Element, 32, true, false, /*kClusterM=*/2>();
+      case 64: return sm90_entry<Element, 64, true, false, 2>();
       default:
-        if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-          if (plain_cluster_pair()) {
-            return plain_wide_tile_pingpong() ? sm90_entry<Element, 128, true, false, 2>()
-                                              : sm90_entry<Element, 128, false, false, 2>();
-          }
-        }
-        return plain_wide_tile_pingpong() ? sm90_entry<Element, 128, true, false>()
-                                          : sm90_entry<Element, 128, false, false>();
+        return columns <= 128 ? sm90_entry<Element, 128, true, false, 2>() : sm90_entry<Element, 128, false, false>();
     }
   }
 #endif
@@ -98,6 +81,7 @@ ConfigEntry select_plain(int device_arch, int tile_n) {
 #endif
   (void)device_arch;
   (void)tile_n;
+  (void)columns;
   return {nullptr, nullptr, 0};
 }
 
@@ -151,8 +135,8 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   bool const bf16 = p.element_type == ElementType::kBFloat16;
   if (is_plain_sampling(p.controls, p.noise, p.num_samples, p.logprobs)) {
     int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, plain_tile_n_cap()));
-    return bf16 ? select_plain<cutlass::bfloat16_t>(device_arch, tile_n)
-                : select_plain<cutlass::half_t>(device_arch, tile_n);
+    return bf16 ? select_plain<cutlass::bfloat16_t>(device_arch, tile_n, columns)
+                : select_plain<cutlass::half_t>(device_arch, tile_n, columns);
   }
   int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, general_tile_n_cap(columns)));
   return bf16 ? select_controls<cutlass::bfloat16_t>(device_arch, tile_n)

@@ -17,7 +17,7 @@
 namespace flashsampling {
 
 // kClusterM = 2: two CTAs on neighbouring vocabulary tiles form a cluster and receive
-// each hidden tile by TMA multicast, halving its L2 -> SM traffic (A/B kernels only).
+// each hidden tile by TMA multicast, halving its L2 -> SM traffic.
 template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM = 1>
 struct SamplerGemmSm90 {
   using Config = SamplerTileConfig<TileN, kPingpong>;

@@ -124,43 +124,10 @@ FS_HOST_DEVICE Philox4 philox4x32_10(Philox4 ctr, uint32_t k0, uint32_t k1) {
   return ctr;
 }
 
-// float(k) - c for an integer k in [0, 2^23) and c in [0, 2^24), exact: 2^23 + k is the float
-// of bits 0x4B000000 | k, and the difference is an integer (or half-integer) that fp32 holds.
-// An integer-to-float conversion would give the same value on a slower GPU pipe.
-FS_HOST_DEVICE float fs_small_uint_minus(uint32_t k, float c) {
-  return fs_add(fs_uint_as_float(0x4B000000u | k), -(8388608.0f + c));
-}
-
 // 23 random bits onto the grid (k + 1/2) / 2^23, k in [0, 2^23): every value is
 // exact in fp32 and lies in [2^-24, 1 - 2^-24], so the noise is always finite.
 FS_HOST_DEVICE float fs_uniform_open01(uint32_t bits) {
-  return fs_mul(fs_small_uint_minus(bits >> 9, -0.5f), 1.1920928955078125e-07f);  // (k + 0.5) / 2^23
-}
-
-// a / b, correctly rounded, for the operands of fs_logf's reduction: a = m - 1 and
-// b = 2 + a with m in [sqrt(1/2), sqrt(2)), so b lies in [1.70, 2.42] and a is 0 or at
-// least 2^-24 in magnitude (no zero, subnormal or infinite case). The host divides. The GPU
-// refines a reciprocal estimate (one Newton step), corrects the quotient once by its exact
-// remainder and then keeps whichever of it and its neighbour towards a / b leaves the smaller
-// remainder: the correctly rounded quotient (a quotient of floats is never a midpoint), with
-// no branch. IEEE division (div.rn) branches to a slow path on every call, which kept the
-// compiler from interleaving the epilogue's four noise chains. Checked against a / b for
-// every m: on the GPU by tests/test_noise_cuda.py, and for reciprocal estimates up to 4 ulp
-// off by emulation (benchmarks/NOTES.md, v9).
-FS_HOST_DEVICE float fs_div_log_reduced(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(b));
-  y = __fmaf_rn(y, __fmaf_rn(-b, y, 1.0f), y);
-  float q = __fmul_rn(a, y);
-  q = __fmaf_rn(__fmaf_rn(-b, q, a), y, q);  // within one ulp of a / b
-  float const r = __fmaf_rn(-b, q, a);       // exact remainder
-  uint32_t const toward = (q >= 0.0f) == (r > 0.0f) ? 1u : 0xffffffffu;
-  float const neighbour = __uint_as_float(__float_as_uint(q) + toward);
-  return fabsf(__fmaf_rn(-b, neighbour, a)) < fabsf(r) ? neighbour : q;
-#else
-  return a / b;
-#endif
+  return fs_mul(fs_add(static_cast<float>(bits >> 9), 0.5f), 1.1920928955078125e-07f);
 }
 
 // Natural log for positive normal floats, |error| < 2 ulp (tests/test_noise.py checks
@@ -182,13 +149,13 @@ FS_HOST_DEVICE void fs_logf_lanes(float const (&x)[N], float (&result)[N]) {
   for (int j = 0; j < N; ++j) {
     uint32_t ix = fs_float_as_uint(x[j]);
     ix += 0x3f800000u - 0x3f3504f3u;
-    dk[j] = fs_small_uint_minus(ix >> 23, 127.0f);  // the exponent, ix >> 23 in [0, 256]
+    dk[j] = static_cast<float>(static_cast<int>(ix >> 23) - 0x7f);
     ix = (ix & 0x007fffffu) + 0x3f3504f3u;
     f[j] = fs_add(fs_uint_as_float(ix), -1.0f);  // exact (Sterbenz)
   }
   FS_PRAGMA_UNROLL
   for (int j = 0; j < N; ++j) {
-    s[j] = fs_div_log_reduced(f[j], fs_add(2.0f, f[j]));
+    s[j] = fs_div(f[j], fs_add(2.0f, f[j]));
   }
   FS_PRAGMA_UNROLL
   for (int j = 0; j < N; ++j) {
