@@ -1,15 +1,14 @@
 """A/B of the plain kernel's dispatch knobs: ours and cuBLAS mm side by side.
 
-Each variant runs in its own process, since the dispatch reads its knobs once. Today's knob:
-FLASHSAMPLING_PLAIN_CLUSTER_M=2 runs the bf16 16-wide tile (B <= 16) in clusters of two CTAs
-that multicast the hidden tile, as the wider tiles do by default. (The v9 A/B of the
-128-wide tile's schedule and clusters used knobs since removed; benchmarks/NOTES.md.) Times
+Each variant runs in its own process, since the dispatch reads its knobs once; VARIANT_ENV
+names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile). The v9 A/B of the 128-wide
+tile's schedule and of 2-CTA clusters used knobs since removed (benchmarks/NOTES.md). Times
 are medians of CUDA-graph replays (bench_sampler's median_us); mm is timed in every process,
 so each variant has its own reference.
 
 Usage:
-  python benchmarks/ab_schedules.py [--variants default,cluster2]
-      [--shapes 4096x151936,8192x128256] [--batches 1,8,16] [--out DIR]
+  python benchmarks/ab_schedules.py [--variants default,tile32,tile64]
+      [--shapes 4096x151936,8192x128256] [--batches 64,128,256] [--out DIR]
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from pathlib import Path
 
 VARIANT_ENV = {
     "default": {},
-    "cluster2": {"FLASHSAMPLING_PLAIN_CLUSTER_M": "2"},
+    "tile32": {"FLASHSAMPLING_PLAIN_TILE_N": "32"},
+    "tile64": {"FLASHSAMPLING_PLAIN_TILE_N": "64"},
 }
 
 
@@ -51,9 +51,9 @@ def measure(shapes: str, batches: str) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variants", default="default,cluster2")
+    parser.add_argument("--variants", default="default,tile64")
     parser.add_argument("--shapes", default="4096x151936,8192x128256")
-    parser.add_argument("--batches", default="1,8,16")
+    parser.add_argument("--batches", default="64,128,256")
     parser.add_argument("--out", default=None, help="write ab_schedules.json here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

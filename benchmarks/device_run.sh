@@ -39,7 +39,7 @@ fi
 if [[ $STEPS == *bench* ]]; then
   python3 benchmarks/bench_sampler.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\] {"
 fi
-if [[ $STEPS == *ab* ]]; then  # A/B: the 16-wide plain tile in clusters of two CTAs against the default
+if [[ $STEPS == *ab* ]]; then  # A/B of dispatch knobs against the default (benchmarks/ab_schedules.py)
   python3 benchmarks/ab_schedules.py --out "$OUT" > "$OUT/ab.log" 2>&1
   summary+=("A/B: rc=$? ($OUT/ab.log)")
 fi

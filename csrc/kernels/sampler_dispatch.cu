@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
-#include <type_traits>
 
 #include "cutlass/numeric_types.h"
 #include "sampler_config.h"
@@ -35,21 +34,12 @@ ConfigEntry sm100_entry() {
 }
 #endif
 
-// FLASHSAMPLING_PLAIN_CLUSTER_M=2 runs the bf16 plain tile of N = 16 in clusters of two CTAs
-// that multicast the hidden tile, as the wider pingpong tiles always do (an A/B knob; sm90).
-bool plain_narrow_tile_cluster_pair() {
-  static bool const pair = [] {
-    char const* env = std::getenv("FLASHSAMPLING_PLAIN_CLUSTER_M");
-    return env != nullptr && std::string_view(env) == "2";
-  }();
-  return pair;
-}
-
 // Plain sampling, one config per batch bucket (`columns` GEMM columns, tile_n wide). Measured
 // on H200 (benchmarks/NOTES.md, v9): the pingpong schedule, whose epilogue overlaps the other
 // warpgroup's mainloop, for one N tile, in clusters of two CTAs sharing each hidden tile by
-// multicast from N = 32 on (4% faster at B = 32 and 64, 7-11% at B = 128 than one CTA per
-// cluster and, at B = 128, than the cooperative tile). With more columns than one 128-wide
+// multicast from N = 32 on (4% faster at B = 32 and 64 than one CTA per cluster; at N = 16
+// clusters were 6-8% slower at B = 1-8; at B = 128, D = 8192, 9-11% faster than the
+// cooperative tile, at D = 4096 0-7%). With more columns than one 128-wide
 // tile, the cooperative schedule, one CTA per cluster: pingpong + clusters measured 16% slower
 // at B = 256, D = 4096 (5% faster at D = 8192).
 template <class Element>
@@ -57,11 +47,7 @@ ConfigEntry select_plain(int device_arch, int tile_n, int64_t columns) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
   if (device_arch == 90) {
     switch (tile_n) {
-      case 16:
-        if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-          if (plain_narrow_tile_cluster_pair()) return sm90_entry<Element, 16, true, false, 2>();
-        }
-        return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
+      case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, false>();
       case 32: return sm90_entry<Element, 32, true, false, /*kClusterM=*/2>();
       case 64: return sm90_entry<Element, 64, true, false, 2>();
       default:
