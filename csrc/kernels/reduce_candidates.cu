@@ -14,7 +14,11 @@
 namespace flashsampling {
 namespace {
 
-constexpr int kReduceThreads = 128;
+// Stage 2 is one block per (row, sample) over ~1-2K vocabulary tiles: latency-bound. 512
+// threads, each issuing its loads four tiles at a time before comparing, keep the loads in
+// flight (benchmarks/NOTES.md, stage 2: 128 threads with one load per step took 7-10 us).
+constexpr int kReduceThreads = 512;
+constexpr int kTilesPerStep = 4;
 constexpr float kLn2 = 0.6931471805599453f;
 
 __global__ void build_sparse_bitmap_kernel(int32_t const* __restrict__ ids, int64_t batch_size, int sparse_k,
@@ -61,15 +65,23 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   PackedCandidate best = 0;
   int64_t best_tile = -1;
   float lse_max = -INFINITY, lse_sum = 0.0f;
-  for (int64_t tile = threadIdx.x; tile < num_tiles; tile += kReduceThreads) {
-    PackedCandidate const c = column[tile * columns];
-    if (c > best) {
-      best = c;
-      best_tile = tile;
+  for (int64_t first = threadIdx.x; first < num_tiles; first += int64_t{kReduceThreads} * kTilesPerStep) {
+    PackedCandidate c[kTilesPerStep];
+    float2 part[kTilesPerStep];
+#pragma unroll
+    for (int u = 0; u < kTilesPerStep; ++u) {  // the loads first, all in flight
+      int64_t const tile = first + int64_t{u} * kReduceThreads;
+      bool const in_range = tile < num_tiles;
+      c[u] = in_range ? column[tile * columns] : PackedCandidate{0};
+      part[u] = p.logprobs && in_range ? buffers.lse_parts[tile * columns + col] : make_float2(-INFINITY, 0.0f);
     }
-    if (p.logprobs) {
-      float2 const part = buffers.lse_parts[tile * columns + col];
-      lse_merge(lse_max, lse_sum, part.x, part.y);
+#pragma unroll
+    for (int u = 0; u < kTilesPerStep; ++u) {
+      if (c[u] > best) {
+        best = c[u];
+        best_tile = first + int64_t{u} * kReduceThreads;
+      }
+      if (p.logprobs) lse_merge(lse_max, lse_sum, part[u].x, part[u].y);
     }
   }
 #pragma unroll
