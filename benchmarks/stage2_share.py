@@ -51,7 +51,7 @@ def main() -> None:
             times = kernel_times_us(lambda: flashsampling_cuda.sample(hidden, weight, seed=1, offset=0))
             gemm = sum(t for name, t in times.items() if "device_kernel" in name)
             stage2 = sum(t for name, t in times.items() if "reduce_candidates" in name)
-            other = sum(times.values()) - gemm - stage2
+            other = max(0.0, sum(times.values()) - gemm - stage2)
             share = stage2 / (gemm + stage2 + other)
             print(f"| {dim} | {vocab} | {batch} | {gemm:.1f} | {stage2:.1f} | {other:.1f} | {share:.1%} |")
         del weight
