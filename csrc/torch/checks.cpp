@@ -64,6 +64,15 @@ void check_extra(const char* name, const at::Tensor& t, std::initializer_list<at
 
 }  // namespace
 
+void check_uint32_values(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.scalar_type() == at::kLong, op, ": ", name, " must be an int64 tensor, got ",
+              t.scalar_type());
+  if (t.numel() == 0) return;
+  const auto [lo, hi] = at::aminmax(t);
+  TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() <= 0xffffffffLL, op, ": ", name,
+              " values must lie in [0, 2^32)");
+}
+
 void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
   TORCH_CHECK(hidden.dim() == 2, "flashsampling.sample: hidden must be 2-D [B, D], got shape ",
               hidden.sizes());

@@ -68,6 +68,10 @@ void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const
 // stream is being captured into a CUDA graph) makes it an error pointing at empty_mask_token.
 void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, bool capturing = false);
 
+// The noise ops' (noise_cpu.cpp, noise_cuda.cpp) uint32 arguments: an int64 tensor whose
+// values lie in [0, 2^32). Reads the values (a host sync on a device tensor; test ops only).
+void check_uint32_values(const char* op, const char* name, const at::Tensor& t);
+
 // True when `seed` holds one seed per batch row (noise stream 0 for every row).
 inline bool has_per_row_seed(const std::optional<at::Tensor>& seed) {
   return seed.has_value() && seed->dim() == 1;

@@ -6,21 +6,13 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "checks.h"
 #include "flashsampling/philox_gumbel.h"
 
 namespace flashsampling {
 namespace {
 
 constexpr int64_t kGrain = 4096;
-
-void check_uint32_values(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.scalar_type() == at::kLong, op, ": ", name, " must be an int64 tensor, got ",
-              t.scalar_type());
-  if (t.numel() == 0) return;
-  const auto [lo, hi] = at::aminmax(t);
-  TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() <= 0xffffffffLL, op, ": ", name,
-              " values must lie in [0, 2^32)");
-}
 
 // Applies fn(i) for i in [0, n) on at::parallel_for threads.
 template <typename Fn>

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "checks.h"
 #include "flashsampling/noise_launch.h"
 
 namespace flashsampling {
@@ -27,13 +28,8 @@ at::Tensor logf_cuda(const at::Tensor& x) {
 
 at::Tensor gumbel_from_bits_cuda(const at::Tensor& bits) {
   constexpr const char* kOp = "flashsampling._gumbel_from_bits";
-  TORCH_CHECK(bits.scalar_type() == at::kLong, kOp, ": bits must be an int64 tensor, got ", bits.scalar_type());
   const c10::cuda::CUDAGuard guard(bits.device());
-  if (bits.numel() > 0) {  // a test op: the host sync of this check is fine
-    const auto [lo, hi] = at::aminmax(bits);
-    TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() <= 0xffffffffLL, kOp,
-                ": bits values must lie in [0, 2^32)");
-  }
+  check_uint32_values(kOp, "bits", bits);
   const at::Tensor bc = bits.contiguous();
   at::Tensor out = at::empty(bc.sizes(), bc.options().dtype(at::kFloat));
   check_launch(launch_gumbel_from_bits(bc.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(), bc.numel(),

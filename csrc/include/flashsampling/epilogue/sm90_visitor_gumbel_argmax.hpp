@@ -21,7 +21,8 @@
 // of once per tile, so each thread keeps state only for the columns of one
 // strip; that keeps the register budget flat at batch 256.
 //
-// kControls selects which of two kinds of element loop the node is compiled with. The plain loop (kControls = false) serves one sample with a batch-wide temperature and seed and
+// kControls selects which of two element loops the node is compiled with. The plain
+// loop (kControls = false) serves one sample with a batch-wide temperature and seed and
 // nothing else. The controls loop serves everything else: logit bias, sparse per-row
 // bias, allowed-token mask and per-row temperatures transform each logit before the
 // noise; several samples are extra GEMM columns (column s * B + b draws sample s of
@@ -297,9 +298,8 @@ struct Sm90GumbelArgmaxRowReduction {
           }
           float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
           if (!params.greedy) {
-            uint32_t const* v = vocab_index;
-            uint32_t const* r = batch_row;
-            g = gumbel_noise_x4_out_of_line(seed, offset, v[0], v[1], v[2], v[3], r[0], r[1], r[2], r[3]);
+            g = gumbel_noise_x4_out_of_line(seed, offset, vocab_index[0], vocab_index[1], vocab_index[2],
+                                            vocab_index[3], batch_row[0], batch_row[1], batch_row[2], batch_row[3]);
           }
           float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
           CUTLASS_PRAGMA_UNROLL
