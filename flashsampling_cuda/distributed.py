@@ -114,18 +114,27 @@ def _shared_seed(generator, device: torch.device, rank: int, world: int, group, 
 
 
 def _encode_keys(tokens: Tensor, scores: Tensor) -> Tensor:
-    """int64 keys whose max is the better candidate: (order-preserving score bits) * 2^32
-    + (2^31 - 1 - token), the order of philox_gumbel.h's fs_candidate_better (the op
-    never reports a NaN score: a row without candidates has -inf and token -1);
-    _KEY_NO_CANDIDATE for token -1, _KEY_SHARD_EMPTY for _SHARD_EMPTY (-2)."""
-    bits = (scores + 0.0).view(torch.int32).to(torch.int64)  # + 0.0 folds -0 into +0
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip the magnitude bits
-    keys = ordered * 2**32 + (0x7FFFFFFF - tokens)
-    return torch.where(tokens < 0, tokens + (_INT64_MIN + 2), keys)  # -2 -> INT64_MIN, -1 -> INT64_MIN + 1
+    """int64 keys whose max is the better candidate (flashsampling/shard_keys.h): (order-
+    preserving score bits) * 2^32 + (2^31 - 1 - token), the order of philox_gumbel.h's
+    fs_candidate_better (the op never reports a NaN score: a row without candidates has -inf
+    and token -1); _KEY_NO_CANDIDATE for token -1, _KEY_SHARD_EMPTY for _SHARD_EMPTY (-2).
+    One kernel (torch.ops.flashsampling._shard_keys)."""
+    return torch.ops.flashsampling._shard_keys(tokens, scores)
 
 
 def _decode_tokens(keys: Tensor) -> Tensor:
     return 0x7FFFFFFF - (keys & 0xFFFFFFFF)
+
+
+@torch.library.register_fake("flashsampling::_shard_keys")
+def _shard_keys_fake(tokens, scores):
+    return torch.empty_like(tokens)
+
+
+@torch.library.register_fake("flashsampling::_merge_shard_keys")
+def _merge_shard_keys_fake(gathered, num_samples, mask_empty_token):
+    shape = (gathered.shape[1], num_samples)
+    return tuple(gathered.new_empty(shape) for _ in range(3))
 
 
 def _gather(summary: Tensor, world: int, group) -> Tensor:
@@ -316,25 +325,23 @@ def sample(
         summary = keys
     gathered = _gather(summary.to(_comm_device(device, backend)), world, group).to(device)  # [W, B, C]
 
-    best, winner = gathered[:, :, :samples].max(dim=0)  # [B, S]: winning key and its rank
-    out_tokens = torch.where(best == _KEY_NO_CANDIDATE, -1, _decode_tokens(best))
-    nothing_allowed = best == _KEY_SHARD_EMPTY  # no shard's mask allows anything in the row
-    if user_mask is None:  # truncation alone keeps every row's top token: never the case
-        out_tokens = torch.where(nothing_allowed, -1, out_tokens)
-    else:
-        if empty_mask_token is None:
-            empty_rows = nothing_allowed[:, 0].nonzero().flatten().cpu()
-            if empty_rows.numel() > 0:  # every rank sees the same gathered keys: all raise
-                first = ", ".join(str(int(r)) for r in empty_rows[:8])
-                raise RuntimeError(
-                    f"flashsampling.sample: allowed_mask allows no token in {empty_rows.numel()} row(s) "
-                    f"(first: {first}) on any of the {world} shards; fix the mask, or pass "
-                    "empty_mask_token to get that token for such rows"
-                )
-        else:
-            out_tokens = torch.where(nothing_allowed, int(empty_mask_token), out_tokens)
+    # [B, S]: the winning key, its first rank, and the token (-1 where no shard has a candidate;
+    # where no shard's mask allows anything: empty_mask_token, else -1 and, with a user mask, an
+    # error below; truncation alone keeps every row's top token, so never the case there).
+    mask_empty_token = -1 if user_mask is None or empty_mask_token is None else int(empty_mask_token)
+    best, winner, out_tokens = torch.ops.flashsampling._merge_shard_keys(gathered, samples, mask_empty_token)
+    if user_mask is not None and empty_mask_token is None:
+        empty_rows = (best[:, 0] == _KEY_SHARD_EMPTY).nonzero().flatten().cpu()
+        if empty_rows.numel() > 0:  # every rank sees the same gathered keys: all raise
+            first = ", ".join(str(int(r)) for r in empty_rows[:8])
+            raise RuntimeError(
+                f"flashsampling.sample: allowed_mask allows no token in {empty_rows.numel()} row(s) "
+                f"(first: {first}) on any of the {world} shards; fix the mask, or pass "
+                "empty_mask_token to get that token for such rows"
+            )
     if not return_logprobs:
         return out_tokens
+    nothing_allowed = best == _KEY_SHARD_EMPTY
 
     floats = gathered[:, :, samples:].view(torch.float32)
     shard_lp = floats[:, :, :samples].double()  # [W, B, S]

@@ -200,6 +200,69 @@ def test_keys_order_like_the_op():
     assert torch.equal(tp._decode_tokens(keys[valid]), tokens[valid])
 
 
+def _random_shard_summaries(world, batch, samples, columns, seed):
+    """[world, batch, columns] int64 summaries: keys of random (token, score) in the first
+    `samples` columns, both sentinels sprinkled in, padding after."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (world, batch, samples)
+    tokens = torch.randint(0, 150000, shape, generator=generator)
+    scores = torch.randn(shape, generator=generator) * 3
+    scores[torch.rand(shape, generator=generator) < 0.05] = -math.inf
+    tokens[torch.rand(shape, generator=generator) < 0.1] = -1
+    tokens[torch.rand(shape, generator=generator) < 0.1] = tp._SHARD_EMPTY
+    scores[:, 0, 0] = 1.5  # an exact tie across ranks: the smaller token wins
+    scores[:, :2, 1:] = -math.inf  # rows without candidates (-1) or with empty masks (-2) everywhere
+    tokens[:, 1, 1:] = -1
+    tokens[:, 0, 1:] = tp._SHARD_EMPTY
+    summary = torch.full((world, batch, columns), 12345, dtype=torch.int64)
+    summary[:, :, :samples] = tp._encode_keys(tokens.flatten(), scores.flatten()).view(shape)
+    return summary
+
+
+def _merge_reference(gathered, samples, mask_empty_token):
+    best, winner = gathered[:, :, :samples].max(dim=0)
+    tokens = torch.where(best == tp._KEY_NO_CANDIDATE, -1, tp._decode_tokens(best))
+    tokens = torch.where(best == tp._KEY_SHARD_EMPTY, mask_empty_token, tokens)
+    return best, tokens
+
+
+@pytest.mark.parametrize("world,batch,samples,columns", [(1, 3, 1, 1), (2, 5, 3, 5), (4, 17, 2, 4), (8, 64, 1, 2)])
+def test_merge_shard_keys_is_the_max_over_ranks(world, batch, samples, columns):
+    gathered = _random_shard_summaries(world, batch, samples, columns, seed=world * 100 + batch)
+    best, winner, tokens = torch.ops.flashsampling._merge_shard_keys(gathered, samples, 7)
+    ref_best, ref_tokens = _merge_reference(gathered, samples, 7)
+    assert torch.equal(best, ref_best) and torch.equal(tokens, ref_tokens)
+    assert torch.equal(gathered[:, :, :samples].gather(0, winner[None])[0], best)
+    # the first rank that holds the best key
+    first = (gathered[:, :, :samples] == best[None]).int().argmax(dim=0)
+    assert torch.equal(winner, first)
+
+
+@pytest.mark.requires_cuda
+def test_shard_key_ops_cuda_equal_cpu():
+    gathered = _random_shard_summaries(4, 300, 3, 5, seed=11)
+    for cpu, gpu in zip(torch.ops.flashsampling._merge_shard_keys(gathered, 3, -1),
+                        torch.ops.flashsampling._merge_shard_keys(gathered.cuda(), 3, -1)):
+        assert torch.equal(cpu, gpu.cpu())
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(-2, 1000, (4096,), generator=generator)
+    scores = torch.randn(4096, generator=generator) * 1e3
+    scores[::7] = -0.0
+    scores[::11] = -math.inf
+    assert torch.equal(tp._encode_keys(tokens, scores), tp._encode_keys(tokens.cuda(), scores.cuda()).cpu())
+
+
+def test_shard_key_ops_name_bad_arguments():
+    with pytest.raises(RuntimeError, match="_shard_keys: scores must be float32"):
+        torch.ops.flashsampling._shard_keys(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="_shard_keys: tokens and scores must have one shape"):
+        torch.ops.flashsampling._shard_keys(torch.zeros(3, dtype=torch.int64), torch.zeros(4))
+    with pytest.raises(RuntimeError, match=r"_merge_shard_keys: gathered must be \[world >= 1, B, C\]"):
+        torch.ops.flashsampling._merge_shard_keys(torch.zeros(3, 4, dtype=torch.int64), 1, -1)
+    with pytest.raises(RuntimeError, match="_merge_shard_keys: num_samples must lie in"):
+        torch.ops.flashsampling._merge_shard_keys(torch.zeros(2, 3, 4, dtype=torch.int64), 5, -1)
+
+
 @pytest.mark.parametrize("start,size", [(0, 1), (0, 32), (5, 27), (31, 1), (32, 64), (37, 100), (200, 3), (45, 158)])
 def test_shard_allowed_mask_matches_bool_slice(start, size):
     mask = random_mask(5, VOCAB, 0.5, seed=start + size)

@@ -73,6 +73,25 @@ void check_uint32_values(const char* op, const char* name, const at::Tensor& t) 
               " values must lie in [0, 2^32)");
 }
 
+void check_shard_keys_args(const at::Tensor& tokens, const at::Tensor& scores) {
+  constexpr const char* kOp = "flashsampling._shard_keys";
+  TORCH_CHECK(tokens.scalar_type() == at::kLong, kOp, ": tokens must be int64, got ", tokens.scalar_type());
+  TORCH_CHECK(scores.scalar_type() == at::kFloat, kOp, ": scores must be float32, got ", scores.scalar_type());
+  TORCH_CHECK(tokens.sizes() == scores.sizes(), kOp, ": tokens and scores must have one shape, got ", tokens.sizes(),
+              " and ", scores.sizes());
+  TORCH_CHECK(tokens.device() == scores.device(), kOp, ": tokens and scores must be on one device, got ",
+              tokens.device(), " and ", scores.device());
+}
+
+void check_merge_shard_keys_args(const at::Tensor& gathered, int64_t num_samples) {
+  constexpr const char* kOp = "flashsampling._merge_shard_keys";
+  TORCH_CHECK(gathered.scalar_type() == at::kLong, kOp, ": gathered must be int64, got ", gathered.scalar_type());
+  TORCH_CHECK(gathered.dim() == 3 && gathered.size(0) >= 1, kOp,
+              ": gathered must be [world >= 1, B, C] (every rank's summary), got shape ", gathered.sizes());
+  TORCH_CHECK(num_samples >= 1 && num_samples <= gathered.size(2), kOp, ": num_samples must lie in [1, C = ",
+              gathered.size(2), "], got ", num_samples);
+}
+
 void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
   TORCH_CHECK(hidden.dim() == 2, "flashsampling.sample: hidden must be 2-D [B, D], got shape ",
               hidden.sizes());

@@ -72,6 +72,12 @@ void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, 
 // values lie in [0, 2^32). Reads the values (a host sync on a device tensor; test ops only).
 void check_uint32_values(const char* op, const char* name, const at::Tensor& t);
 
+// flashsampling._shard_keys(tokens, scores): int64 and float32 tensors of one shape and device.
+void check_shard_keys_args(const at::Tensor& tokens, const at::Tensor& scores);
+
+// flashsampling._merge_shard_keys(gathered, num_samples, ...): int64 [world, B, C], 1 <= S <= C.
+void check_merge_shard_keys_args(const at::Tensor& gathered, int64_t num_samples);
+
 // True when `seed` holds one seed per batch row (noise stream 0 for every row).
 inline bool has_per_row_seed(const std::optional<at::Tensor>& seed) {
   return seed.has_value() && seed->dim() == 1;

@@ -25,6 +25,12 @@ TORCH_LIBRARY(flashsampling, m) {
   // The Gumbel noise g(seed, offset, stream, sample, vocab_index) of philox_gumbel.h;
   // `stream` and `vocab_index` are int64 tensors broadcast together. Returns float32.
   m.def("gumbel_noise(int seed, int offset, Tensor stream, int sample, Tensor vocab_index) -> Tensor");
+  // The tensor-parallel exchange (flashsampling/shard_keys.h, flashsampling_cuda/distributed.py):
+  // int64 keys of a shard's (tokens, scores), and the merge of every rank's keys
+  // gathered [world, B, C] (keys in the first num_samples of C) -> (best key, its first rank,
+  // token) [B, num_samples], mask_empty_token for rows no shard's mask allows anything in.
+  m.def("_shard_keys(Tensor tokens, Tensor scores) -> Tensor");
+  m.def("_merge_shard_keys(Tensor gathered, int num_samples, int mask_empty_token) -> (Tensor, Tensor, Tensor)");
   // Test hooks into philox_gumbel.h (tests/test_noise.py).
   m.def("_philox4x32_10(Tensor counter, Tensor key) -> Tensor");
   m.def("_logf(Tensor x) -> Tensor");
