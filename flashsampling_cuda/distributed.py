@@ -45,7 +45,7 @@ _INT64_MIN = -(2**63)
 # Keys below every candidate's key: a shard whose row has no candidate (all scores NaN)
 # beats a shard whose mask row is empty; both lose to any real candidate.
 _KEY_SHARD_EMPTY = _INT64_MIN
-_KEY_NO_CANDIDATE = _INT64_MIN + 1  # (both are token + INT64_MIN + 2, see _encode_keys)
+_KEY_NO_CANDIDATE = _INT64_MIN + 1  # (kShardKeyMaskEmpty / kShardKeyNoCandidate of shard_keys.h)
 
 
 def vocab_shards(vocab: int, world_size: int) -> list[tuple[int, int]]:
@@ -120,10 +120,6 @@ def _encode_keys(tokens: Tensor, scores: Tensor) -> Tensor:
     and token -1); _KEY_NO_CANDIDATE for token -1, _KEY_SHARD_EMPTY for _SHARD_EMPTY (-2).
     One kernel (torch.ops.flashsampling._shard_keys)."""
     return torch.ops.flashsampling._shard_keys(tokens, scores)
-
-
-def _decode_tokens(keys: Tensor) -> Tensor:
-    return 0x7FFFFFFF - (keys & 0xFFFFFFFF)
 
 
 @torch.library.register_fake("flashsampling::_shard_keys")

@@ -188,6 +188,11 @@ def _tokens(x):
 # ---------------------------------------------------------------- single process (no group)
 
 
+def _decode_tokens(keys):
+    """The token of candidate keys (fs_shard_key_token of shard_keys.h)."""
+    return 0x7FFFFFFF - (keys & 0xFFFFFFFF)
+
+
 def test_keys_order_like_the_op():
     """Max of the int64 keys == best (score, then smaller index); sentinels lose."""
     scores = torch.tensor([1.0, 1.0, -0.0, 0.0, -math.inf, 3e38, -3e38, -math.inf, -math.inf, 2.5])
@@ -197,7 +202,7 @@ def test_keys_order_like_the_op():
         -2 if tokens[i] == -2 else -1 if tokens[i] == -1 else 0, float(scores[i]) + 0.0, -int(tokens[i])))
     assert torch.argsort(keys).tolist() == order
     valid = tokens >= 0
-    assert torch.equal(tp._decode_tokens(keys[valid]), tokens[valid])
+    assert torch.equal(_decode_tokens(keys[valid]), tokens[valid])
 
 
 def _random_shard_summaries(world, batch, samples, columns, seed):
@@ -221,7 +226,7 @@ def _random_shard_summaries(world, batch, samples, columns, seed):
 
 def _merge_reference(gathered, samples, mask_empty_token):
     best, winner = gathered[:, :, :samples].max(dim=0)
-    tokens = torch.where(best == tp._KEY_NO_CANDIDATE, -1, tp._decode_tokens(best))
+    tokens = torch.where(best == tp._KEY_NO_CANDIDATE, -1, _decode_tokens(best))
     tokens = torch.where(best == tp._KEY_SHARD_EMPTY, mask_empty_token, tokens)
     return best, tokens
 

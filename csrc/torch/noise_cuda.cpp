@@ -6,23 +6,20 @@
 #include <torch/library.h>
 
 #include "checks.h"
+#include "cuda_launch_check.h"
 #include "flashsampling/noise_launch.h"
 
 namespace flashsampling {
 namespace {
-
-void check_launch(cudaError_t err, const char* op) {
-  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
-}
 
 at::Tensor logf_cuda(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "flashsampling._logf: x must be float32, got ", x.scalar_type());
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
   at::Tensor out = at::empty_like(xc);
-  check_launch(launch_logf(xc.const_data_ptr<float>(), out.mutable_data_ptr<float>(), xc.numel(),
-                           c10::cuda::getCurrentCUDAStream()),
-               "flashsampling._logf");
+  check_cuda_launch(launch_logf(xc.const_data_ptr<float>(), out.mutable_data_ptr<float>(), xc.numel(),
+                                c10::cuda::getCurrentCUDAStream()),
+                    "flashsampling._logf");
   return out;
 }
 
@@ -32,9 +29,9 @@ at::Tensor gumbel_from_bits_cuda(const at::Tensor& bits) {
   check_uint32_values(kOp, "bits", bits);
   const at::Tensor bc = bits.contiguous();
   at::Tensor out = at::empty(bc.sizes(), bc.options().dtype(at::kFloat));
-  check_launch(launch_gumbel_from_bits(bc.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(), bc.numel(),
-                                       c10::cuda::getCurrentCUDAStream()),
-               kOp);
+  check_cuda_launch(launch_gumbel_from_bits(bc.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(),
+                                            bc.numel(), c10::cuda::getCurrentCUDAStream()),
+                    kOp);
   return out;
 }
 

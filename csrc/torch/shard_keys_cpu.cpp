@@ -1,6 +1,6 @@
 // CPU impls of flashsampling._shard_keys and _merge_shard_keys, the tensor-parallel exchange's
-// key encoding and merge (flashsampling/shard_keys.h; flashsampling_cuda/distributed.py), and
-// their fake impls' shapes. The CUDA impls are in shard_keys_cuda.cpp.
+// key encoding and merge (flashsampling/shard_keys.h; flashsampling_cuda/distributed.py, which
+// also registers their fake impls). The CUDA impls are in shard_keys_cuda.cpp.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
