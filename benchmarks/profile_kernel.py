@@ -7,7 +7,7 @@
 CUTLASS launches its GEMMs as cutlass::device_kernel<...>, the name ncu matches. The first
 calls warm up (kernel load, workspace); profile a later one. --controls all3 runs
 the controls kernel the way bench_controls.py's "all3" does (per-row temperatures, an
-allowed-token bitmask, log-probabilities).
+allowed-token bitmask, log-probabilities); --controls temps with per-row temperatures only.
 """
 
 import argparse
@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--calls", type=int, default=4)
-    parser.add_argument("--controls", choices=["plain", "all3"], default="plain")
+    parser.add_argument("--controls", choices=["plain", "temps", "all3"], default="plain")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("profile_kernel.py profiles the CUDA kernel: no GPU here")
@@ -31,6 +31,8 @@ def main() -> None:
     hidden = torch.randn(args.batch, args.dim, device="cuda", generator=gen).to(torch.bfloat16)
     weight = (torch.randn(args.vocab, args.dim, device="cuda", generator=gen) / args.dim**0.5).to(torch.bfloat16)
     options = {}
+    if args.controls == "temps":
+        options = dict(temperature=torch.rand(args.batch, device="cuda", generator=gen) + 0.5)
     if args.controls == "all3":
         temperatures = torch.rand(args.batch, device="cuda", generator=gen) + 0.5
         words = (args.vocab + 31) // 32

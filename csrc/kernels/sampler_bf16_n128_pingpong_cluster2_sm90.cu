@@ -4,5 +4,5 @@
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(cutlass::bfloat16_t, 128, true, false, 2)
+FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(cutlass::bfloat16_t, 128, true, SamplerLoop::kPlain, 2)
 }  // namespace flashsampling

@@ -81,20 +81,20 @@ struct SamplerWorkspaceLayout {
 };
 
 // Per-config entry points (defined in sampler_gemm_<arch>.cuh, instantiated per file).
-// kControls: the epilogue's controls loop (anything but is_plain_sampling); p.controls'
-// sparse_bitmap and inv_temperatures, when needed, already point at the prepared arrays.
+// kLoop: the epilogue's element loop (sampler_loop_for); p.controls' sparse_bitmap and
+// inv_temperatures, when needed, already point at the prepared arrays.
 // kClusterM: CTAs per cluster along the vocabulary (1, or 2: the pair multicasts each hidden
 // tile).
-template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM = 1>
+template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM = 1>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream);
-template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM = 1>
+template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM = 1>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p);
 
-template <class Element, int TileN, bool kControls>
+template <class Element, int TileN, SamplerLoop kLoop>
 cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                    cudaStream_t stream);
-template <class Element, int TileN, bool kControls>
+template <class Element, int TileN, SamplerLoop kLoop>
 size_t sampler_gemm_workspace_sm100(SamplerParams const& p);
 
 // Before stage 1, with sparse bias: marks (row, v) of every sparse entry in the bitmap.

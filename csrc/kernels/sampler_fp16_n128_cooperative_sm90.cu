@@ -2,5 +2,5 @@
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90(cutlass::half_t, 128, false, false)
+FLASHSAMPLING_INSTANTIATE_SM90(cutlass::half_t, 128, false, SamplerLoop::kPlain)
 }  // namespace flashsampling

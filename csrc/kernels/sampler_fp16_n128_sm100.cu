@@ -2,5 +2,5 @@
 #include "sampler_gemm_sm100.cuh"
 
 namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM100(cutlass::half_t, 128, false)
+FLASHSAMPLING_INSTANTIATE_SM100(cutlass::half_t, 128, SamplerLoop::kPlain)
 }  // namespace flashsampling

@@ -4,5 +4,5 @@
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(cutlass::half_t, 64, true, false, 2)
+FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(cutlass::half_t, 64, true, SamplerLoop::kPlain, 2)
 }  // namespace flashsampling

@@ -15,7 +15,7 @@
 
 namespace flashsampling {
 
-template <class Element, int TileN, bool kControls>
+template <class Element, int TileN, SamplerLoop kLoop>
 struct SamplerGemmSm100 {
   using Config = SamplerTileConfig<TileN, /*kPingpong=*/false>;
   // One 128-row tcgen05 MMA per CTA (1-SM); the vocabulary tile matches sm90.
@@ -25,7 +25,7 @@ struct SamplerGemmSm100 {
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
-      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, SamplerScratchD, kControls>, cutlass::epilogue::fusion::Sm90AccFetch>;
+      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, SamplerScratchD, kLoop>, cutlass::epilogue::fusion::Sm90AccFetch>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -50,20 +50,20 @@ struct SamplerGemmSm100 {
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/true>;
 };
 
-template <class Element, int TileN, bool kControls>
+template <class Element, int TileN, SamplerLoop kLoop>
 cudaError_t run_sampler_gemm_sm100(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm100<Element, TileN, kControls>::Launcher::run(p, buffers, gemm_workspace, stream);
+  return SamplerGemmSm100<Element, TileN, kLoop>::Launcher::run(p, buffers, gemm_workspace, stream);
 }
 
-template <class Element, int TileN, bool kControls>
+template <class Element, int TileN, SamplerLoop kLoop>
 size_t sampler_gemm_workspace_sm100(SamplerParams const& p) {
-  return SamplerGemmSm100<Element, TileN, kControls>::Launcher::gemm_workspace_bytes(p);
+  return SamplerGemmSm100<Element, TileN, kLoop>::Launcher::gemm_workspace_bytes(p);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM100(Element, TileN, kControls)                                        \
-  template cudaError_t run_sampler_gemm_sm100<Element, TileN, kControls>(SamplerParams const&,                  \
+#define FLASHSAMPLING_INSTANTIATE_SM100(Element, TileN, kLoop)                                        \
+  template cudaError_t run_sampler_gemm_sm100<Element, TileN, kLoop>(SamplerParams const&,                  \
                                                                         SamplerBuffers const&, void*, cudaStream_t); \
-  template size_t sampler_gemm_workspace_sm100<Element, TileN, kControls>(SamplerParams const&);
+  template size_t sampler_gemm_workspace_sm100<Element, TileN, kLoop>(SamplerParams const&);
 
 }  // namespace flashsampling

@@ -18,7 +18,7 @@ namespace flashsampling {
 
 // kClusterM = 2: two CTAs on neighbouring vocabulary tiles form a cluster and receive
 // each hidden tile by TMA multicast, halving its L2 -> SM traffic.
-template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM = 1>
+template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM = 1>
 struct SamplerGemmSm90 {
   using Config = SamplerTileConfig<TileN, kPingpong>;
   using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
@@ -27,7 +27,7 @@ struct SamplerGemmSm90 {
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
-      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, kControls>, cutlass::epilogue::fusion::Sm90AccFetch>;
+      epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, kLoop>, cutlass::epilogue::fusion::Sm90AccFetch>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -52,25 +52,25 @@ struct SamplerGemmSm90 {
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
 
-template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM>
+template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,
                                   cudaStream_t stream) {
-  return SamplerGemmSm90<Element, TileN, kPingpong, kControls, kClusterM>::Launcher::run(p, buffers, gemm_workspace,
+  return SamplerGemmSm90<Element, TileN, kPingpong, kLoop, kClusterM>::Launcher::run(p, buffers, gemm_workspace,
                                                                                         stream);
 }
 
-template <class Element, int TileN, bool kPingpong, bool kControls, int kClusterM>
+template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p) {
-  return SamplerGemmSm90<Element, TileN, kPingpong, kControls, kClusterM>::Launcher::gemm_workspace_bytes(p);
+  return SamplerGemmSm90<Element, TileN, kPingpong, kLoop, kClusterM>::Launcher::gemm_workspace_bytes(p);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(Element, TileN, kPingpong, kControls, kClusterM)            \
-  template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong, kControls, kClusterM>(             \
+#define FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(Element, TileN, kPingpong, kLoop, kClusterM)            \
+  template cudaError_t run_sampler_gemm_sm90<Element, TileN, kPingpong, kLoop, kClusterM>(             \
       SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);                                 \
-  template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kControls, kClusterM>(           \
+  template size_t sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kLoop, kClusterM>(           \
       SamplerParams const&);
 
-#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong, kControls) \
-  FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(Element, TileN, kPingpong, kControls, 1)
+#define FLASHSAMPLING_INSTANTIATE_SM90(Element, TileN, kPingpong, kLoop) \
+  FLASHSAMPLING_INSTANTIATE_SM90_CLUSTER(Element, TileN, kPingpong, kLoop, 1)
 
 }  // namespace flashsampling

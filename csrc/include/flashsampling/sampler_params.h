@@ -56,6 +56,22 @@ inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& nois
          noise.row_offsets == nullptr;
 }
 
+// The epilogue's element loops, each compiled into kernels of its own (code of a loop that
+// is not taken still costs instruction cache: benchmarks/NOTES.md, v5 and v13).
+//   kPlain:          is_plain_sampling.
+//   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
+//                    logit bias, allowed-token mask, logprobs: what serving engines send every step.
+//   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples.
+enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2 };
+
+inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const& noise, int num_samples,
+                                    bool logprobs) {
+  if (is_plain_sampling(c, noise, num_samples, logprobs)) return SamplerLoop::kPlain;
+  bool const common = num_samples == 1 && c.sparse_ids == nullptr && noise.row_seeds == nullptr &&
+                      noise.row_offsets == nullptr;
+  return common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
+}
+
 struct SamplerParams {
   // LM head weight [V, D] and hidden states, both with unit stride along D. With
   // num_samples = S > 1, `hidden` holds the batch S times ([S * B, D], sample-major):

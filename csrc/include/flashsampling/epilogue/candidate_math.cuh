@@ -25,27 +25,34 @@ __device__ __forceinline__ float unpack_score(PackedCandidate c) {
   return __uint_as_float((bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits);
 }
 
-// Online log-sum-exp in log2 units: (max, sum of 2^(y2 - max)). -inf terms add
-// nothing; a NaN term makes the sum NaN.
-__device__ __forceinline__ void lse_add(float& max2, float& sum, float y2) {
-  if (y2 > max2) {
-    sum = sum * exp2f(max2 - y2) + 1.0f;
-    max2 = y2;
-  } else if (y2 > -INFINITY) {
-    sum += exp2f(y2 - max2);
-  } else if (y2 != y2) {
-    sum = y2;
-  }
+// 2^x on the MUFU unit: flushes results below 2^-126 to 0 (terms that small do not move
+// a log-sum-exp at the 1e-4 the contract asks for), 2^-inf = 0, 2^NaN = NaN.
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
+// Online log-sum-exp in log2 units: (max, sum of 2^(y2 - max)); empty = (-inf, 0). A part
+// whose max equals the merged max keeps its scale 1, so +inf maxima stay +inf (2^(inf - inf)
+// would be NaN) and two empty parts stay empty; a NaN sum stays NaN. No branches: the
+// epilogue runs lse_add for every element.
 __device__ __forceinline__ void lse_merge(float& max2, float& sum, float other_max2, float other_sum) {
   float const m = fmaxf(max2, other_max2);
-  if (m == -INFINITY) {
-    sum = sum + other_sum;  // both empty (0), or NaN
-    return;
-  }
-  sum = sum * exp2f(max2 - m) + other_sum * exp2f(other_max2 - m);
+  float const scale = exp2_approx(max2 == m ? 0.0f : max2 - m);
+  float const other_scale = exp2_approx(other_max2 == m ? 0.0f : other_max2 - m);
+  sum = fmaf(sum, scale, other_sum * other_scale);
   max2 = m;
+}
+
+// Adds the term 2^y2 when `adds`: y2 = -inf adds nothing, NaN makes the sum NaN, +inf makes
+// the max +inf.
+__device__ __forceinline__ void lse_add(float& max2, float& sum, float y2, bool adds = true) {
+  adds = adds && y2 != -INFINITY;
+  float const m = fmaxf(max2, y2);  // y2 NaN: max2, and the sum turns NaN below
+  float const s = fmaf(sum, exp2_approx(max2 == m ? 0.0f : max2 - m), exp2_approx(y2 == m ? 0.0f : y2 - m));
+  sum = adds ? s : sum;
+  max2 = adds ? m : max2;
 }
 
 }  // namespace flashsampling

@@ -21,16 +21,17 @@
 // of once per tile, so each thread keeps state only for the columns of one
 // strip; that keeps the register budget flat at batch 256.
 //
-// kControls selects which of two element loops the node is compiled with. The plain
-// loop (kControls = false) serves one sample with a batch-wide temperature and seed and
-// nothing else. The controls loop serves everything else: logit bias, sparse per-row
-// bias, allowed-token mask and per-row temperatures transform each logit before the
-// noise; several samples are extra GEMM columns (column s * B + b draws sample s of
-// row b), so the weight tile is read once for all of them; per-row seeds and offsets;
-// with logprobs the node also keeps an online (max, sum of exp) per column in log2
-// units and the transformed logit of each column's best candidate, reduced alongside.
-// They are separate kernels because the epilogue inlines visit() once per subtile:
-// code of a loop that is not taken still costs instruction cache (benchmarks/NOTES.md).
+// kLoop selects which of three element loops the node is compiled with
+// (sampler_params.h, SamplerLoop). The plain loop serves one sample with a batch-wide
+// temperature and seed and nothing else. The common controls' loop adds what serving
+// engines send every step: per-row temperatures (T = 0: greedy), a dense logit bias and the
+// allowed-token mask transform each logit before the noise, and with logprobs the node also
+// keeps an online (max, sum of exp) per column in log2 units and the transformed logit of
+// each column's best candidate, reduced alongside. The loop for all controls adds sparse
+// per-row bias, per-row seeds and offsets and several samples per pass (column s * B + b
+// draws sample s of row b, so the weight tile is read once for all of them).
+// They are separate kernels because the epilogue inlines visit() once per subtile: code of
+// a loop that is not taken still costs instruction cache (benchmarks/NOTES.md, v5, v13).
 #pragma once
 
 #include <cstdint>
@@ -174,7 +175,7 @@ CUTLASS_DEVICE bool keep_better_candidate(float score, uint32_t vocab_index, flo
 // ElementAux; the reduce() stage reuses that epilogue buffer as scratch, as
 // Sm90RowReduction does. Where a D store cannot be switched off (sm100 in CUTLASS
 // 4.2), ElementOutput is the scratch D element and visit() emits zeros.
-template <class CtaTileShapeMNK, class ElementOutput = float, bool kControls = false>
+template <class CtaTileShapeMNK, class ElementOutput = float, SamplerLoop kLoop = SamplerLoop::kPlain>
 struct Sm90GumbelArgmaxRowReduction {
   using ElementAux = ElementOutput;
   // Tiles with N >= 64 call the noise out of line: the collective unrolls every epilogue
@@ -211,9 +212,10 @@ struct Sm90GumbelArgmaxRowReduction {
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) {
-    // The plain loop ignores the controls: refuse a call that needs them.
-    bool const plain = is_plain_sampling(args.controls, args.noise, args.num_samples, args.logprobs);
-    return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.batch_size >= 1 && (kControls || plain) &&
+    // A loop ignores the controls it was not built for: refuse a call that needs them.
+    SamplerLoop const needed = sampler_loop_for(args.controls, args.noise, args.num_samples, args.logprobs);
+    return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.batch_size >= 1 &&
+           static_cast<int>(needed) <= static_cast<int>(kLoop) &&
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
 
@@ -263,7 +265,7 @@ struct Sm90GumbelArgmaxRowReduction {
              lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx] = args_tuple;
       fill(tCrScore, -INFINITY);
       fill(tCrIndex, int32_t{kNoCandidate});
-      if (kControls && params.logprobs) {
+      if (kLoop != SamplerLoop::kPlain && params.logprobs) {
         fill(tCrLogit, 0.0f);
         fill(tCrLseMax, -INFINITY);
         fill(tCrLseSum, 0.0f);
@@ -279,7 +281,7 @@ struct Sm90GumbelArgmaxRowReduction {
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      if constexpr (!kControls && kNoiseOutOfLine) {
+      if constexpr (kLoop == SamplerLoop::kPlain && kNoiseOutOfLine) {
         // The plain loop of wide tiles (v7): the noise of four elements per call, their
         // chains side by side (gumbel_noise_lanes); out-of-range elements draw noise too,
         // and are dropped at the compare.
@@ -313,7 +315,7 @@ struct Sm90GumbelArgmaxRowReduction {
             }
           }
         }
-      } else if constexpr (!kControls) {
+      } else if constexpr (kLoop == SamplerLoop::kPlain) {
         // The plain loop (v4) of narrow tiles, noise inlined: one Philox block holds the noise
         // of 4 consecutive batch rows at one vocab index; accumulator layouts keep
         // neighbouring columns in neighbouring fragment slots (wgmma: pairs, tcgen05: runs),
@@ -345,8 +347,87 @@ struct Sm90GumbelArgmaxRowReduction {
             keep_better_candidate(score, vocab_index, tCrScore(frg_idx), tCrIndex(frg_idx));
           }
         }
+      } else if constexpr (kLoop == SamplerLoop::kCommonControls) {
+        // The common controls' loop (v13): the plain loop of wide tiles plus the controls' few
+        // operations per element, without branches, so that its code stays close to the plain
+        // loop's (the v8 loop at N = 64 was 13.8K SASS instructions against the plain kernel's
+        // 2.7K, and ncu counted 30% of the samples waiting for instructions; benchmarks/NOTES.md).
+        static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
+        SamplingControls const& controls = params.controls;
+        uint32_t const last_row = params.batch_size - 1;
+        uint32_t const last_vocab = static_cast<uint32_t>(get<0>(problem_mn)) - 1;
+        // Per-column values, one load per column: the strip layout aliases the rows of a column
+        // to one slot, so a later element's write makes the earlier load dead. Out-of-range
+        // elements read in-range entries (never past the arrays) and are not kept.
+        Tensor tCrInvT = make_tensor<float>(tCrScore.layout());
+        Tensor tCrMaskRow = make_tensor<uint32_t const*>(tCrScore.layout());
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < FragmentSize; ++k) {
+          int const frg_idx = epi_v * FragmentSize + k;
+          uint32_t const row = min(static_cast<uint32_t>(n_origin + get<1>(tCcD_mn(frg_idx))), last_row);
+          // fl(1 / T) of the row; 0 marks a greedy row.
+          tCrInvT(frg_idx) = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
+                             : params.greedy             ? 0.0f
+                                                         : params.inv_temperature;
+          tCrMaskRow(frg_idx) = controls.allowed_mask + row * controls.mask_words;
+        }
+        // The mask words and biases of the whole fragment, loaded before the first noise call so
+        // that their latency (L2: the mask of a tile is new data) is waited for once per
+        // fragment (ncu: the mask test after each noise call was the top stall).
+        uint32_t mask_word[FragmentSize];
+        float bias[FragmentSize];
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < FragmentSize; ++k) {
+          int const frg_idx = epi_v * FragmentSize + k;
+          uint32_t const v = min(static_cast<uint32_t>(m_origin + get<0>(tCcD_mn(frg_idx))), last_vocab);
+          mask_word[k] = controls.allowed_mask ? __ldg(tCrMaskRow(frg_idx) + (v >> 5)) : ~0u;
+          bias[k] = controls.logit_bias ? __ldg(controls.logit_bias + v) : 0.0f;
+        }
+        constexpr int kGroup = 4;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; i += kGroup) {
+          uint32_t vocab_index[kGroup], batch_row[kGroup];
+          float x[kGroup];
+          bool keep[kGroup];
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kGroup; ++j) {
+            int const frg_idx = epi_v * FragmentSize + i + j;
+            auto const coord = tCcD_mn(frg_idx);
+            uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
+            vocab_index[j] = params.vocab_start + vocab_local;
+            batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
+            x[j] = static_cast<float>(frg_logits[i + j]);
+            if (controls.logit_bias) {
+              x[j] = fs_add(x[j], bias[i + j]);
+            }
+            keep[j] = elem_less(coord, residue_tCcD) && ((mask_word[i + j] >> (vocab_local & 31u)) & 1u);
+          }
+          float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          if (!params.greedy) {  // per-row greedy rows draw noise they do not use
+            g = gumbel_noise_x4_out_of_line(seed, offset, vocab_index[0], vocab_index[1], vocab_index[2],
+                                            vocab_index[3], batch_row[0], batch_row[1], batch_row[2], batch_row[3]);
+          }
+          float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kGroup; ++j) {
+            int const frg_idx = epi_v * FragmentSize + i + j;
+            float const inv_temperature = tCrInvT(frg_idx);
+            bool const greedy = inv_temperature == 0.0f;
+            // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
+            float const y = greedy ? x[j] : fs_mul(x[j], inv_temperature);
+            float score = greedy ? x[j] : fs_perturbed_score(x[j], inv_temperature, gumbel[j]);
+            // Out of range, or masked out: no candidate (a NaN score never wins), no mass.
+            score = keep[j] ? score : __int_as_float(0x7fc00000);
+            if (params.logprobs) {
+              lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e, keep[j]);
+            }
+            if (keep_better_candidate(score, vocab_index[j], tCrScore(frg_idx), tCrIndex(frg_idx))) {
+              tCrLogit(frg_idx) = y;
+            }
+          }
+        }
       } else {
-        // The controls loop (v8), four elements at a time like the plain loop of wide tiles:
+        // The loop for all controls (v8), four elements at a time like the plain loop of wide tiles:
         // transform and per-row values of the four, one noise call for them (skipped when none
         // is kept or all are greedy), then log-sum-exp and compare.
         static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
@@ -437,7 +518,7 @@ struct Sm90GumbelArgmaxRowReduction {
       int const num_cols = get<1>(problem_mn);
       int const col_base = static_cast<int>(n_tile) * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN;
       int64_t const out_base = static_cast<int64_t>(m_tile) * num_cols + col_base;
-      bool const logprobs = kControls && params.logprobs;
+      bool const logprobs = kLoop != SamplerLoop::kPlain && params.logprobs;
 
       // Shared-memory scratch, one entry per (strip column, warp in M): candidates,
       // then the candidates' logits, then the (max2, sum) pairs. Each is a
