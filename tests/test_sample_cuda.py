@@ -238,6 +238,41 @@ def test_every_control_on_every_tile_config(batch, seeding):
     assert not (differ & ~near_tie).any()
 
 
+# The common controls' loop (per-row T with greedy rows, dense bias, mask, logprobs; one
+# sample, batch-wide seed) runs on the plain kernels' tiles: 16 and 32/64/128 pingpong wide,
+# cooperative 128-wide tiles beyond 128 columns (300: three of them, the last one partial).
+COMMON_CONTROL_BATCHES = [1, 20, 50, 100, 200, 300]
+
+
+@pytest.mark.parametrize("batch", COMMON_CONTROL_BATCHES)
+@pytest.mark.parametrize("temperature", ["per_row", "scalar", "greedy"])
+def test_common_controls_on_every_tile_config(batch, temperature):
+    from test_controls import assert_logprobs_close, random_controls
+
+    vocab, dim, vocab_start = 9000, 256, 4096
+    hidden, weight = lm_head(batch, vocab, dim, torch.bfloat16, seed=batch + 1)
+    c = random_controls(batch, vocab, "cuda", vocab_start=vocab_start, seed=batch, density=0.5)
+    gen = torch.Generator().manual_seed(batch)
+    temps = torch.rand(batch, generator=gen) * 1.5 + 0.3
+    temps[::7] = 0.0  # greedy rows
+    temps = {"per_row": temps.cuda(), "scalar": 0.8, "greedy": 0.0}[temperature]
+    kwargs = dict(temperature=temps, seed=torch.tensor(99, device="cuda"), offset=torch.tensor(5, device="cuda"),
+                  vocab_start=vocab_start, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
+    ref = reference_sample(hidden, weight, **kwargs, rtol=GPU_RTOL)
+    mismatches, unexplained = pathwise_mismatches(out.tokens, ref)
+    assert unexplained == 0, f"{unexplained} mismatches outside near ties"
+    assert mismatches <= max(1, out.tokens.numel() // 1000)
+    assert_logprobs_close(out.token_logprobs, out.logsumexp, ref, out.tokens.cpu() == ref.tokens.cpu())
+    allowed = c["allowed_bool"].gather(1, out.tokens - vocab_start)
+    assert allowed.all(), "a masked-out token was sampled"
+    cpu_kwargs = {k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items()}
+    cpu_tokens = flashsampling_cuda.sample(hidden.cpu(), weight.cpu(), **cpu_kwargs)
+    differ = cpu_tokens != out.tokens.cpu()
+    near_tie = (ref.gap.cpu() <= ref.tolerance.cpu()[:, None])
+    assert not (differ & ~near_tie).any()
+
+
 def test_graph_replay_with_per_row_device_seeds_and_all_controls():
     """A captured graph with per-row seeds/offsets in device tensors and every control
     replays with whatever the tensors hold: advancing the offsets gives fresh tokens
