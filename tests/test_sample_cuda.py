@@ -204,38 +204,56 @@ def test_opcheck_and_compile_on_cuda():
 CONTROL_BATCHES = [1, 29, 50, 100, 200, 300]
 
 
-@pytest.mark.parametrize("batch", CONTROL_BATCHES)
-@pytest.mark.parametrize("seeding", ["batch", "per_row"])
-def test_every_control_on_every_tile_config(batch, seeding):
-    from test_controls import assert_logprobs_close, random_controls
+CONTROLS_VOCAB, CONTROLS_DIM, CONTROLS_VOCAB_START = 9000, 256, 4096
 
-    vocab, dim, vocab_start = 9000, 256, 4096
-    hidden, weight = lm_head(batch, vocab, dim, torch.bfloat16, seed=batch)
-    c = random_controls(batch, vocab, "cuda", vocab_start=vocab_start, seed=batch, density=0.5)
+
+def controls_problem(batch, hidden_seed):
+    """The control sweeps' problem: bf16 hidden/weight, every control (random_controls) and
+    per-row temperatures with every 7th row greedy (CPU tensor)."""
+    from test_controls import random_controls
+
+    hidden, weight = lm_head(batch, CONTROLS_VOCAB, CONTROLS_DIM, torch.bfloat16, seed=hidden_seed)
+    c = random_controls(batch, CONTROLS_VOCAB, "cuda", vocab_start=CONTROLS_VOCAB_START, seed=batch, density=0.5)
     gen = torch.Generator().manual_seed(batch)
     temps = torch.rand(batch, generator=gen) * 1.5 + 0.3
     temps[::7] = 0.0  # greedy rows
-    if seeding == "batch":
-        seed, offset = torch.tensor(99, device="cuda"), torch.arange(batch, device="cuda") * 8
-    else:
-        seed, offset = torch.arange(batch, device="cuda") * 31 + 5, torch.tensor(3, device="cuda")
-    kwargs = dict(temperature=temps.cuda(), seed=seed, offset=offset, num_samples=6, vocab_start=vocab_start,
-                  logit_bias=c["logit_bias"], sparse_logit_bias=c["sparse_logit_bias"],
-                  allowed_mask=c["allowed_mask"])
+    return hidden, weight, c, temps
+
+
+def assert_sample_matches_reference_and_cpu(hidden, weight, kwargs):
+    """GPU tokens and logprobs against the float64 reference (pathwise, same noise), and the
+    CPU op token for token outside near ties; returns the GPU result."""
+    from test_controls import assert_logprobs_close
+
     out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
     ref = reference_sample(hidden, weight, **kwargs, rtol=GPU_RTOL)
     mismatches, unexplained = pathwise_mismatches(out.tokens, ref)
     assert unexplained == 0, f"{unexplained} mismatches outside near ties"
     assert mismatches <= max(1, out.tokens.numel() // 1000)
     assert_logprobs_close(out.token_logprobs, out.logsumexp, ref, out.tokens.cpu() == ref.tokens.cpu())
-    # Greedy rows repeat one token; the CPU op agrees token for token.
-    assert (out.tokens[::7] == out.tokens[::7, :1]).all()
     cpu_kwargs = {k: (tuple(t.cpu() for t in v) if isinstance(v, tuple) else v.cpu() if torch.is_tensor(v) else v)
                   for k, v in kwargs.items()}
     cpu_tokens = flashsampling_cuda.sample(hidden.cpu(), weight.cpu(), **cpu_kwargs)
     differ = cpu_tokens != out.tokens.cpu()
     near_tie = (ref.gap.cpu() <= ref.tolerance.cpu()[:, None])
     assert not (differ & ~near_tie).any()
+    return out
+
+
+@pytest.mark.parametrize("batch", CONTROL_BATCHES)
+@pytest.mark.parametrize("seeding", ["batch", "per_row"])
+def test_every_control_on_every_tile_config(batch, seeding):
+    hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch)
+    if seeding == "batch":
+        seed, offset = torch.tensor(99, device="cuda"), torch.arange(batch, device="cuda") * 8
+    else:
+        seed, offset = torch.arange(batch, device="cuda") * 31 + 5, torch.tensor(3, device="cuda")
+    kwargs = dict(temperature=temps.cuda(), seed=seed, offset=offset, num_samples=6,
+                  vocab_start=CONTROLS_VOCAB_START, logit_bias=c["logit_bias"],
+                  sparse_logit_bias=c["sparse_logit_bias"], allowed_mask=c["allowed_mask"])
+    out = assert_sample_matches_reference_and_cpu(hidden, weight, kwargs)
+    # Greedy rows repeat one token.
+    assert (out.tokens[::7] == out.tokens[::7, :1]).all()
 
 
 # The common controls' loop (per-row T with greedy rows, dense bias, mask, logprobs; one
@@ -247,30 +265,13 @@ COMMON_CONTROL_BATCHES = [1, 20, 50, 100, 200, 300]
 @pytest.mark.parametrize("batch", COMMON_CONTROL_BATCHES)
 @pytest.mark.parametrize("temperature", ["per_row", "scalar", "greedy"])
 def test_common_controls_on_every_tile_config(batch, temperature):
-    from test_controls import assert_logprobs_close, random_controls
-
-    vocab, dim, vocab_start = 9000, 256, 4096
-    hidden, weight = lm_head(batch, vocab, dim, torch.bfloat16, seed=batch + 1)
-    c = random_controls(batch, vocab, "cuda", vocab_start=vocab_start, seed=batch, density=0.5)
-    gen = torch.Generator().manual_seed(batch)
-    temps = torch.rand(batch, generator=gen) * 1.5 + 0.3
-    temps[::7] = 0.0  # greedy rows
+    hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + 1)
     temps = {"per_row": temps.cuda(), "scalar": 0.8, "greedy": 0.0}[temperature]
     kwargs = dict(temperature=temps, seed=torch.tensor(99, device="cuda"), offset=torch.tensor(5, device="cuda"),
-                  vocab_start=vocab_start, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
-    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
-    ref = reference_sample(hidden, weight, **kwargs, rtol=GPU_RTOL)
-    mismatches, unexplained = pathwise_mismatches(out.tokens, ref)
-    assert unexplained == 0, f"{unexplained} mismatches outside near ties"
-    assert mismatches <= max(1, out.tokens.numel() // 1000)
-    assert_logprobs_close(out.token_logprobs, out.logsumexp, ref, out.tokens.cpu() == ref.tokens.cpu())
-    allowed = c["allowed_bool"].gather(1, out.tokens - vocab_start)
+                  vocab_start=CONTROLS_VOCAB_START, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+    out = assert_sample_matches_reference_and_cpu(hidden, weight, kwargs)
+    allowed = c["allowed_bool"].gather(1, out.tokens - CONTROLS_VOCAB_START)
     assert allowed.all(), "a masked-out token was sampled"
-    cpu_kwargs = {k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items()}
-    cpu_tokens = flashsampling_cuda.sample(hidden.cpu(), weight.cpu(), **cpu_kwargs)
-    differ = cpu_tokens != out.tokens.cpu()
-    near_tie = (ref.gap.cpu() <= ref.tolerance.cpu()[:, None])
-    assert not (differ & ~near_tie).any()
 
 
 def test_graph_replay_with_per_row_device_seeds_and_all_controls():

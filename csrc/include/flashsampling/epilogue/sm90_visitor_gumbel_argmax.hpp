@@ -112,6 +112,17 @@ static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed,
   return make_float4(g[0], g[1], g[2], g[3]);
 }
 
+// The noise of four elements at the batch-wide seed and offset (GEMM column = batch row = noise
+// stream), for the wide plain loop and the common controls' loop; zeros for a greedy batch.
+CUTLASS_DEVICE float4 batch_noise_x4(bool greedy, uint64_t seed, uint64_t offset, uint32_t const (&vocab_index)[4],
+                                     uint32_t const (&batch_row)[4]) {
+  if (greedy) {
+    return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  return gumbel_noise_x4_out_of_line(seed, offset, vocab_index[0], vocab_index[1], vocab_index[2], vocab_index[3],
+                                     batch_row[0], batch_row[1], batch_row[2], batch_row[3]);
+}
+
 // The same with a key per element (per-row seeds / offsets, several samples per pass).
 static __device__ __noinline__ float4 gumbel_noise_keyed_x4_out_of_line(
     uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3, uint64_t o0, uint64_t o1, uint64_t o2, uint64_t o3,
@@ -298,11 +309,7 @@ struct Sm90GumbelArgmaxRowReduction {
             vocab_index[j] = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
             batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
           }
-          float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (!params.greedy) {
-            g = gumbel_noise_x4_out_of_line(seed, offset, vocab_index[0], vocab_index[1], vocab_index[2],
-                                            vocab_index[3], batch_row[0], batch_row[1], batch_row[2], batch_row[3]);
-          }
+          float4 const g = batch_noise_x4(params.greedy, seed, offset, vocab_index, batch_row);
           float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kGroup; ++j) {
@@ -402,11 +409,8 @@ struct Sm90GumbelArgmaxRowReduction {
             }
             keep[j] = elem_less(coord, residue_tCcD) && ((mask_word[i + j] >> (vocab_local & 31u)) & 1u);
           }
-          float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (!params.greedy) {  // per-row greedy rows draw noise they do not use
-            g = gumbel_noise_x4_out_of_line(seed, offset, vocab_index[0], vocab_index[1], vocab_index[2],
-                                            vocab_index[3], batch_row[0], batch_row[1], batch_row[2], batch_row[3]);
-          }
+          // Per-row greedy rows draw noise they do not use.
+          float4 const g = batch_noise_x4(params.greedy, seed, offset, vocab_index, batch_row);
           float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kGroup; ++j) {
