@@ -8,8 +8,8 @@ One run on one GPU, every contender side by side, for each (D, V) shape and batc
   mm+gumbel       torch.compile(matmul -> fp32 logits / T + Gumbel -> argmax)
   mm+FI           cuBLAS matmul -> flashinfer.sampling.sampling_from_logits (if importable)
   mm+FI top-k/p   cuBLAS matmul -> flashinfer top_k_top_p_sampling_from_logits(50, 0.9)
-With --topk (issue #5): ours with top_k=50, top_p=0.9 and with top_k=1000, and the
-compiled torch equivalent (matmul -> fp32 / T -> top-k 50 -> softmax -> top-p 0.9 -> multinomial).
+With --topk (issue #5): ours with top_k=50, top_p=0.9 (the fused top-k pass; also on the
+materialised path it replaced) and with top_k=1000 (materialised), and the compiled torch equivalent (matmul -> fp32 / T -> top-k 50 -> softmax -> top-p 0.9 -> multinomial).
 
 Floors (measured on the device in the same run): reading W once at the measured
 device-to-device copy bandwidth (bytes read + written / time), and 2*B*V*D FLOPs at
@@ -28,6 +28,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import statistics
 import sys
@@ -119,6 +120,14 @@ def make_baselines(temperature: float, fi_topk: bool, topk: bool = False):
     if topk:
         baselines["ours top-k/p"] = lambda h, w: flashsampling_cuda.sample(
             h, w, temperature=temperature, top_k=50, top_p=0.9)
+        def ours_topk_materialised(h, w):  # the exact fallback path, for the fused pass's gain
+            os.environ["FLASHSAMPLING_FUSED_TOP_K"] = "0"
+            try:
+                return flashsampling_cuda.sample(h, w, temperature=temperature, top_k=50, top_p=0.9)
+            finally:
+                del os.environ["FLASHSAMPLING_FUSED_TOP_K"]
+
+        baselines["ours top-k/p materialised"] = ours_topk_materialised
         baselines["ours top-k 1000"] = lambda h, w: flashsampling_cuda.sample(
             h, w, temperature=temperature, top_k=1000)
         baselines["mm+torch top-k/p"] = torch.compile(mm_topk_topp, dynamic=False)
@@ -189,7 +198,9 @@ def run(args) -> dict:
 
 def markdown_table(results: dict) -> str:
     names = [k for k in ("mm", "mm+multinomial", "mm+gumbel", "mm+FI", "mm+FI top-k/p", "ours top-k/p",
-                         "ours top-k 1000", "mm+torch top-k/p") if any(k in r for r in results["rows"])]
+                         "ours top-k/p materialised", "ours top-k 1000", "mm+torch top-k/p")
+             if any(k in r for r in results["rows"])]
+    topk = "ours top-k/p" in names
     lines = []
     for (dim, vocab) in dict.fromkeys((r["D"], r["V"]) for r in results["rows"]):
         timing = results.get("timing", "eager")
@@ -197,7 +208,7 @@ def markdown_table(results: dict) -> str:
                      f"(median, {'CUDA-graph replays' if timing == 'graph' else 'eager calls'})\n")
         eager_col = timing == "graph" and any("ours eager" in r for r in results["rows"])
         head = ["B", "floor", "ours"] + (["ours eager"] if eager_col else []) + names
-        head += ["ours/floor", "ours/mm", "multinomial/ours"]
+        head += ["ours/floor", "ours/mm", "multinomial/ours"] + (["top-k/p / ours", "FI top-k/p / top-k/p"] if topk else [])
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---|" * len(head))
         for r in results["rows"]:
@@ -209,6 +220,10 @@ def markdown_table(results: dict) -> str:
             cells.append(f"{r['ours'] / r['floor_us']:.3f}")
             cells.append(f"{r['ours'] / r['mm']:.3f}" if "mm" in r else "—")
             cells.append(f"{r['mm+multinomial'] / r['ours']:.2f}×" if "mm+multinomial" in r else "—")
+            if topk:
+                cells.append(f"{r['ours top-k/p'] / r['ours']:.3f}" if "ours top-k/p" in r else "—")
+                cells.append(f"{r['mm+FI top-k/p'] / r['ours top-k/p']:.2f}×"
+                             if "mm+FI top-k/p" in r and "ours top-k/p" in r else "—")
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
-from .truncation import parse_truncation, truncated_allowed_mask
+from .truncation import Truncation, fused_top_k_args, parse_truncation, truncated_allowed_mask
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "pack_allowed_mask", "SampleOutput",
            "ScoredSample"]
@@ -110,10 +110,12 @@ def _seed_arg(name: str, x: int | Tensor | None) -> Tensor | None:
 
 def _op_kwargs(
     hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-    allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None,
+    allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, fused: dict | None = None,
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
-    Truncation that may be on (truncation.py) becomes part of ``allowed_mask``."""
+    Truncation that may be on (truncation.py) becomes part of ``allowed_mask``, unless
+    ``fused`` (a dict) is given and the fused top-k pass takes the call: then ``fused`` receives
+    the truncation arguments of ``torch.ops.flashsampling.sample_top_k``."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -137,8 +139,21 @@ def _op_kwargs(
         if not torch.compiler.is_compiling():
             _check_fake_args(hidden, weight, num_samples, kwargs["temperatures"], kwargs["seed"],
                              kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"])
-        kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation)
+        fused_args = None if fused is None else fused_top_k_args(truncation, hidden, weight, kwargs)
+        if fused_args is not None:
+            fused.update(fused_args)
+        else:
+            kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
+                                                                                        truncation)
     return kwargs
+
+
+def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, fused: dict, return_logprobs: bool):
+    """The op's four outputs: the fused top-k pass when ``fused`` holds its arguments."""
+    if fused:
+        return torch.ops.flashsampling.sample_top_k(hidden, weight, **kwargs, return_logprobs=return_logprobs,
+                                                     **fused)
+    return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
 
 
 def sample(
@@ -174,8 +189,10 @@ def sample(
     :math:`P(\operatorname{argmax}_v(x_v + g_v) = i) = \operatorname{softmax}(x)_i`, every
     token is an exact sample from the categorical distribution of the (biased, masked)
     logits, no approximation. With ``top_k``/``top_p``/``min_p`` it is an exact sample of
-    that distribution truncated and renormalised (the logits are then materialised once
-    to find the survivors: truncation.py).
+    that distribution truncated and renormalised: on CUDA with a host ``top_k <= 64`` in one
+    fused pass (the GEMM keeps each vocabulary tile's 4 best logits, a second kernel truncates
+    and samples), otherwise the logits are materialised once to find the survivors
+    (truncation.py; the README says which inputs take which path).
 
     Args:
         hidden: ``[B, D]`` hidden states, ``torch.bfloat16``, ``torch.float16`` or
@@ -265,16 +282,15 @@ def sample(
         ...                                 sparse_logit_bias=[{50256: -100.0}] * hidden.shape[0])
         >>> out.tokens, out.logprobs, out.logsumexp
     """
+    fused: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, fused,
     )
-    if not return_logprobs:
+    if not return_logprobs and not fused:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
-    tokens, _, logprobs, logsumexp = torch.ops.flashsampling.sample_with_scores(
-        hidden, weight, **kwargs, return_logprobs=True
-    )
-    return SampleOutput(tokens, logprobs, logsumexp)
+    tokens, _, logprobs, logsumexp = _call_op(hidden, weight, kwargs, fused, return_logprobs)
+    return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
 def sample_with_scores(
@@ -309,13 +325,12 @@ def sample_with_scores(
         :class:`ScoredSample` ``(tokens int64 [B, S], scores float32 [B, S],
         token_logprobs float32 [B, S] or [0], logsumexp float32 [B] or [0])``.
     """
+    fused: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, fused,
     )
-    return ScoredSample(
-        *torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
-    )
+    return ScoredSample(*_call_op(hidden, weight, kwargs, fused, return_logprobs))
 
 
 def sample_without_replacement(
@@ -499,3 +514,40 @@ def _sample_with_scores_fake(
         hidden.new_empty(shape if return_logprobs else (0,), dtype=torch.float32),
         hidden.new_empty((batch,) if return_logprobs else (0,), dtype=torch.float32),
     )
+
+
+@torch.library.register_fake("flashsampling::sample_top_k")
+def _sample_top_k_fake(
+    hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
+    generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
+    empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0, top_p=None, top_ps=None, min_p=None,
+    min_ps=None,
+):
+    torch._check(1 <= top_k <= 64, lambda: f"flashsampling.sample_top_k: top_k must be in [1, 64] for the fused "
+                 f"path, got {top_k}")
+    return _sample_with_scores_fake(
+        hidden, weight, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
+        offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
+        sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,
+        vocab_start=vocab_start, return_logprobs=return_logprobs,
+    )
+
+
+@torch.library.register_kernel("flashsampling::sample_top_k", "cpu")
+def _sample_top_k_cpu(
+    hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
+    generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
+    empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0, top_p=None, top_ps=None, min_p=None,
+    min_ps=None,
+):
+    """The op on the CPU: the materialised path (truncation.py), whose logits are the CPU op's
+    bit for bit, so it is the same sample the fused pass computes on the GPU."""
+    torch._check(1 <= top_k <= 64, lambda: f"flashsampling.sample_top_k: top_k must be in [1, 64] for the fused "
+                 f"path, got {top_k}")
+    kwargs = dict(temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
+                  offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
+                  sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask,
+                  empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+    truncation = Truncation(top_k, top_ps if top_ps is not None else top_p, min_ps if min_ps is not None else min_p)
+    kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation)
+    return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)

@@ -27,6 +27,7 @@ host and copied to the device (under capture, pass device tensors).
 from __future__ import annotations
 
 import numbers
+import os
 from typing import NamedTuple
 
 import torch
@@ -34,7 +35,7 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 
-__all__ = ["Truncation", "parse_truncation", "materialized_logits", "transformed_logits", "scaled_logits",
+__all__ = ["Truncation", "parse_truncation", "fused_top_k_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
            "survivor_mask", "truncated_allowed_mask"]
 
 # The vocabulary chunking of the CPU op (csrc/torch/sample_cpu.cpp: kChunkBytes,
@@ -103,6 +104,37 @@ def parse_truncation(top_k, top_p, min_p, hidden: Tensor) -> Truncation | None:
                    "(0: off)", is_off=lambda p: p == 0, hidden=hidden),
     )
     return None if all(parameter is None for parameter in truncation) else truncation
+
+
+# The fused top-k pass (csrc/kernels/truncate_candidates.cu): k up to kMaxFusedTopK, and
+# vocabularies whose candidates fit stage 2's shared memory (4 per 64-token tile, 12 bytes
+# each, plus 12 per tile, in 216 KiB: V <= 229376 on 64-token tiles) and are large enough for the tiles to matter.
+FUSED_TOP_K_MAX = 64
+_FUSED_MIN_VOCAB = 4096
+_FUSED_MAX_VOCAB = 229376
+
+
+def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> dict | None:
+    """The truncation arguments of ``torch.ops.flashsampling.sample_top_k`` when the fused
+    top-k pass takes this call, else None (the materialised path of
+    :func:`truncated_allowed_mask`). Fused: CUDA, bf16/fp16, a host int ``top_k`` in
+    ``[1, 64]`` below V, ``4096 <= V <= 229376``, no sparse bias, and
+    ``FLASHSAMPLING_FUSED_TOP_K`` not ``0``; ``top_p`` / ``min_p`` may be anything (tensors
+    go to the op as float64 ``[B]`` on hidden's device)."""
+    k = truncation.top_k
+    vocab = weight.shape[0]
+    if (os.environ.get("FLASHSAMPLING_FUSED_TOP_K", "1") == "0" or hidden.device.type != "cuda"
+            or hidden.dtype not in (torch.bfloat16, torch.float16) or not isinstance(k, int)
+            or not 1 <= k <= min(FUSED_TOP_K_MAX, vocab - 1) or not _FUSED_MIN_VOCAB <= vocab <= _FUSED_MAX_VOCAB
+            or op_kwargs["sparse_bias_ids"] is not None):
+        return None
+    args = {"top_k": k}
+    for name, value in (("top_p", truncation.top_p), ("min_p", truncation.min_p)):
+        if isinstance(value, Tensor):
+            args[name + "s"] = value.to(device=hidden.device, dtype=torch.float64).expand(hidden.shape[0]).contiguous()
+        elif value is not None:
+            args[name] = float(value)
+    return args
 
 
 def _chunked_fp32_logits(hidden: Tensor, weight: Tensor, chunk: int) -> Tensor:

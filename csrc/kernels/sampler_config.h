@@ -20,8 +20,14 @@ struct SamplerTileConfig {
   static constexpr int kTileK = TileN >= 128 ? 64 : 128;
 };
 
-// GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b).
-inline int64_t sampler_gemm_columns(SamplerParams const& p) { return p.batch_size * p.num_samples; }
+// GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b). The
+// fused top-k pass draws no noise in the GEMM: its samples are drawn in stage 2, one column per row.
+inline int64_t sampler_gemm_columns(SamplerParams const& p) {
+  return p.top_k > 0 ? p.batch_size : p.batch_size * p.num_samples;
+}
+
+// Candidates per (vocabulary tile, GEMM column) in the workspace.
+inline int64_t candidates_per_slot(SamplerParams const& p) { return p.top_k > 0 ? kTopCandidatesPerTile : 1; }
 
 // Batch buckets: the narrowest N tile that covers the GEMM columns, at most 128; more
 // columns run several N tiles (neighbouring CTAs share each W tile through L2). Two
@@ -37,7 +43,7 @@ inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
 
 // Stage-1 outputs in the workspace, per (sample, vocabulary tile, batch row).
 struct SamplerBuffers {
-  PackedCandidate* candidates = nullptr;  // [num_vocab_tiles][S * B]
+  PackedCandidate* candidates = nullptr;  // [num_vocab_tiles][S * B] ([num_vocab_tiles][B][4] for top-k)
   float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs only)
   float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (logprobs only)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
@@ -55,7 +61,7 @@ struct SamplerWorkspaceLayout {
         static_cast<size_t>(num_vocab_tiles(p, vocab_tile)) * static_cast<size_t>(sampler_gemm_columns(p));
     size_t at = 0;
     candidates = at;
-    at += round_up(slots * sizeof(PackedCandidate));
+    at += round_up(slots * static_cast<size_t>(candidates_per_slot(p)) * sizeof(PackedCandidate));
     candidate_logits = at;
     at += p.logprobs ? round_up(slots * sizeof(float)) : 0;
     lse_parts = at;
@@ -107,5 +113,14 @@ cudaError_t launch_inv_temperatures(SamplerParams const& p, float* inv_temperatu
 // and with logprobs the merged log-sum-exp and the token's log-probability.
 cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
                                      cudaStream_t stream);
+
+// Stage 2 of the fused top-k pass (truncate_candidates.cu): per row, the top_k of the
+// candidates (tiles that may hide more are recomputed), top-p / min-p, then the samples of
+// Gumbel-Max over the survivors, with the noise of plain sampling. vocab_tile: M of a tile.
+// Dynamic shared memory stage 2 needs for these tiles (0: more than it may use).
+size_t truncate_candidates_smem_bytes(int64_t num_tiles, int vocab_tile);
+
+cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
+                                       int vocab_tile, cudaStream_t stream);
 
 }  // namespace flashsampling

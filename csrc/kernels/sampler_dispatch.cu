@@ -96,6 +96,32 @@ ConfigEntry select_all_controls(int device_arch, int64_t columns) {
   return {nullptr, nullptr, 0};
 }
 
+// The fused top-k pass: its per-element work (a transform and a 4-key insert, no noise) is
+// lighter than plain sampling's, so fewer configs than the plain table: N = 16 up to 32 rows
+// (two N tiles at 17-32), 64 (pingpong, clusters of two) up to 64, the cooperative 128-wide
+// tile beyond. Measured on H200 (D = 4096, benchmarks/NOTES.md, v14): the 64-wide tile took
+// 359 us at B = 32 against 288 at B = 64.
+template <class Element>
+ConfigEntry select_top_candidates(int device_arch, int64_t columns) {
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+  if (device_arch == 90) {
+    if (columns <= 32) return sm90_entry<Element, 16, /*kPingpong=*/true, SamplerLoop::kTopCandidates>();
+    if (columns <= 64) return sm90_entry<Element, 64, true, SamplerLoop::kTopCandidates, /*kClusterM=*/2>();
+    return sm90_entry<Element, 128, false, SamplerLoop::kTopCandidates>();
+  }
+#endif
+#if defined(FLASHSAMPLING_ENABLE_SM100)
+  if (device_arch == 100) {
+    if (columns <= 32) return sm100_entry<Element, 16, SamplerLoop::kTopCandidates>();
+    if (columns <= 64) return sm100_entry<Element, 64, SamplerLoop::kTopCandidates>();
+    return sm100_entry<Element, 128, SamplerLoop::kTopCandidates>();
+  }
+#endif
+  (void)device_arch;
+  (void)columns;
+  return {nullptr, nullptr, 0};
+}
+
 // FLASHSAMPLING_PLAIN_TILE_N / FLASHSAMPLING_CONTROLS_TILE_N = 16, 32 or 64 cap the N tile of
 // plain / common-controls passes (for A/B runs; wider batches then run several N tiles).
 int64_t tile_n_cap(char const* env_name) {
@@ -109,6 +135,10 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   static int64_t const controls_cap = tile_n_cap("FLASHSAMPLING_CONTROLS_TILE_N");
   int64_t const columns = sampler_gemm_columns(p);
   bool const bf16 = p.element_type == ElementType::kBFloat16;
+  if (p.top_k > 0) {
+    return bf16 ? select_top_candidates<cutlass::bfloat16_t>(device_arch, columns)
+                : select_top_candidates<cutlass::half_t>(device_arch, columns);
+  }
   switch (sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs)) {
     case SamplerLoop::kPlain: {
       int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, plain_cap));
@@ -140,6 +170,12 @@ const char* sampler_compiled_archs() {
 #endif
 }
 
+bool fused_top_k_fits(SamplerParams const& p, int device_arch) {
+  ConfigEntry const entry = select_config(p, device_arch);
+  return entry.run != nullptr &&
+         truncate_candidates_smem_bytes(num_vocab_tiles(p, entry.vocab_tile), entry.vocab_tile) > 0;
+}
+
 size_t sampler_workspace_bytes(SamplerParams const& p, int device_arch) {
   ConfigEntry const entry = select_config(p, device_arch);
   if (entry.run == nullptr) return 0;
@@ -167,6 +203,9 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
   }
   cudaError_t err = entry.run(p, buffers, static_cast<char*>(workspace) + layout.gemm, stream);
   if (err != cudaSuccess) return err;
+  if (p.top_k > 0) {
+    return launch_truncate_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), entry.vocab_tile, stream);
+  }
   return launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
 }
 

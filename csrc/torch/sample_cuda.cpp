@@ -116,8 +116,40 @@ bool current_stream_capturing() {
   return status != cudaStreamCaptureStatusNone;
 }
 
-SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
+// The fused top-k arguments of flashsampling::sample_top_k (ops.cpp).
+struct FusedTopK {
+  int64_t top_k = 0;
+  std::optional<double> top_p, min_p;
+  std::optional<at::Tensor> top_ps, min_ps;
+};
+
+void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const FusedTopK& top) {
+  const char* prefix = "flashsampling.sample_top_k: ";
+  TORCH_CHECK(top.top_k >= 1 && top.top_k <= kMaxFusedTopK, prefix, "top_k must be in [1, ", kMaxFusedTopK,
+              "] for the fused path, got ", top.top_k, " (flashsampling_cuda.sample takes larger k by another path)");
+  TORCH_CHECK(!args.sparse_bias_ids.has_value() || args.sparse_bias_ids->size(1) == 0, prefix,
+              "sparse_bias_ids is not supported by the fused top-k path (flashsampling_cuda.sample routes it to the "
+              "materialised one)");
+  TORCH_CHECK(!top.top_p.has_value() || (*top.top_p > 0.0 && *top.top_p <= 1.0), prefix,
+              "top_p must be in (0, 1], got ", top.top_p.value_or(0.0));
+  TORCH_CHECK(!top.min_p.has_value() || (*top.min_p >= 0.0 && *top.min_p <= 1.0), prefix,
+              "min_p must be in [0, 1], got ", top.min_p.value_or(0.0));
+  const int64_t batch = hidden.size(0);
+  for (auto [name, t] : {std::pair{"top_ps", &top.top_ps}, std::pair{"min_ps", &top.min_ps}}) {
+    if (!t->has_value()) continue;
+    const at::Tensor& v = **t;
+    TORCH_CHECK(v.scalar_type() == at::kDouble, prefix, name, " must be a float64 tensor, got ", v.scalar_type());
+    TORCH_CHECK(v.dim() == 1 && v.size(0) == batch, prefix, name, " must have shape [B] = [", batch, "], got ",
+                v.sizes());
+    TORCH_CHECK(v.device() == hidden.device(), prefix, name, " must be on hidden's device (", hidden.device(),
+                "), got ", v.device());
+  }
+}
+
+SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args,
+                              const FusedTopK* top) {
   check_sample_args(hidden, weight, args);
+  if (top != nullptr) check_fused_top_k(hidden, args, *top);
   c10::cuda::CUDAGuard guard(hidden.device());
   const int64_t batch = hidden.size(0);
   const int64_t dim = hidden.size(1);
@@ -160,7 +192,8 @@ SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, con
   std::vector<at::Tensor> keep_alive;  // device copies the kernels read; freed after the launch (stream-ordered)
   // S samples = S copies of the batch as GEMM columns (sample-major); the copy is
   // S * B * D elements, tiny next to W.
-  const at::Tensor gemm_hidden = num_samples == 1 ? hidden : hidden.repeat({num_samples, 1});
+  // (The fused top-k pass draws its samples in stage 2: one column per row.)
+  const at::Tensor gemm_hidden = num_samples == 1 || top != nullptr ? hidden : hidden.repeat({num_samples, 1});
   keep_alive.push_back(gemm_hidden);
   SamplerParams p;
   p.weight = weight.data_ptr();
@@ -216,11 +249,30 @@ SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, con
     p.logsumexp = result.logsumexp.data_ptr<float>();
   }
   p.empty_mask_token = args.empty_mask_token.value_or(-1);
+  if (top != nullptr) {
+    p.top_k = static_cast<int>(top->top_k);
+    p.top_p = top->top_p.value_or(1.0);
+    p.min_p = top->min_p.value_or(0.0);
+    if (top->top_ps.has_value()) {
+      const at::Tensor t = top->top_ps->contiguous();
+      keep_alive.push_back(t);
+      p.top_ps = t.const_data_ptr<double>();
+    }
+    if (top->min_ps.has_value()) {
+      const at::Tensor t = top->min_ps->contiguous();
+      keep_alive.push_back(t);
+      p.min_ps = t.const_data_ptr<double>();
+    }
+  }
   p.device_sm_count = device.sm_count;
 
   const size_t workspace_bytes = sampler_workspace_bytes(p, arch);
   TORCH_CHECK_NOT_IMPLEMENTED(workspace_bytes > 0, "flashsampling.sample: this build has no kernel for sm_", arch,
                               " (compiled: ", sampler_compiled_archs(), "); rebuild with FLASHSAMPLING_CUDA_ARCHS");
+  if (top != nullptr) {
+    TORCH_CHECK(fused_top_k_fits(p, arch), "flashsampling.sample_top_k: the vocabulary (V=", vocab,
+                ") is too large for the fused top-k pass's stage 2; flashsampling_cuda.sample takes another path");
+  }
   at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, hidden.options().dtype(at::kByte));
   const cudaError_t err =
       launch_sampler(p, workspace.data_ptr(), workspace_bytes, arch, c10::cuda::getCurrentCUDAStream());
@@ -228,8 +280,32 @@ SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, con
   return result;
 }
 
+SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
+  return sample_cuda_impl(hidden, weight, args, nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_top_k_cuda(
+    const at::Tensor& hidden, const at::Tensor& weight, double temperature,
+    const std::optional<at::Tensor>& temperatures, int64_t num_samples, const std::optional<at::Tensor>& seed,
+    const std::optional<at::Tensor>& offset, std::optional<at::Generator> generator,
+    const std::optional<at::Tensor>& logit_bias, const std::optional<at::Tensor>& sparse_bias_ids,
+    const std::optional<at::Tensor>& sparse_bias_values, const std::optional<at::Tensor>& allowed_mask,
+    std::optional<int64_t> empty_mask_token, int64_t vocab_start, bool return_logprobs, int64_t top_k,
+    std::optional<double> top_p, const std::optional<at::Tensor>& top_ps, std::optional<double> min_p,
+    const std::optional<at::Tensor>& min_ps) {
+  const SampleArgs args = SampleOps<&sample_cuda>::make_args(
+      temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias, sparse_bias_ids,
+      sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, return_logprobs);
+  const FusedTopK top{top_k, top_p, min_p, top_ps, min_ps};
+  SampleResult r = sample_cuda_impl(hidden, weight, args, &top);
+  return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) { SampleOps<&sample_cuda>::register_impls(m); }
+TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
+  SampleOps<&sample_cuda>::register_impls(m);
+  m.impl("sample_top_k", &sample_top_k_cuda);
+}
 
 }  // namespace flashsampling

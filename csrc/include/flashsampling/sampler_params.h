@@ -62,7 +62,19 @@ inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& nois
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step.
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples.
-enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2 };
+//   kTopCandidates:  fused top-k (SamplerParams::top_k > 0): no noise in the epilogue; each
+//                    (vocabulary tile, row) keeps its kTopCandidatesPerTile largest transformed
+//                    logits (dense bias and mask applied) and stage 2 (truncate_candidates.cu)
+//                    selects the row's top-k, truncates (top-p, min-p) and samples the survivors.
+enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2, kTopCandidates = 3 };
+
+// Candidates per (vocabulary tile, row) of the fused top-k pass. Exact whatever the data: a
+// row where some tile may hold more than these of the row's top-k is repaired in stage 2
+// (truncate_candidates.cu recomputes that tile's logits).
+constexpr int kTopCandidatesPerTile = 4;
+// Largest top_k the fused path takes (stage 2 keeps the survivors in one warp's registers);
+// larger k takes the materialised path (flashsampling_cuda/truncation.py).
+constexpr int kMaxFusedTopK = 64;
 
 inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const& noise, int num_samples,
                                     bool logprobs) {
@@ -94,6 +106,16 @@ struct SamplerParams {
   NoiseSource noise;
   int num_samples = 1;
 
+  // Fused top-k (kTopCandidates): top_k in [1, kMaxFusedTopK] keeps the row's top_k largest
+  // transformed logits, then top_p and min_p (per-row [B] float64 device arrays win over
+  // the scalars; off: top_p >= 1, min_p <= 0), then samples the survivors with the noise of
+  // plain sampling. 0: off (plain Gumbel-Max over the allowed tokens).
+  int top_k = 0;
+  double top_p = 1.0;
+  double min_p = 0.0;
+  const double* top_ps = nullptr;
+  const double* min_ps = nullptr;
+
   // Outputs. tokens: int64 [B, num_samples]; scores: float [B, num_samples] (optional);
   // with logprobs: token_logprobs float [B, num_samples] and logsumexp float [B].
   int64_t* tokens = nullptr;
@@ -124,6 +146,10 @@ size_t sampler_workspace_bytes(const SamplerParams& params, int device_arch);
 // Returns cudaErrorNotSupported for architectures this build has no kernel for.
 cudaError_t launch_sampler(const SamplerParams& params, void* workspace, size_t workspace_bytes,
                            int device_arch, cudaStream_t stream);
+
+// Whether the fused top-k pass's stage 2 holds this vocabulary's candidates (its shared memory
+// bounds V, ~300K tokens on sm90); false: the caller takes the materialised path.
+bool fused_top_k_fits(const SamplerParams& params, int device_arch);
 
 // Which architectures this build compiled kernels for (e.g. "sm90a,sm100a").
 const char* sampler_compiled_archs();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "flashsampling/philox_gumbel.h"
 #include "flashsampling/sampler_params.h"
 
 namespace flashsampling {
@@ -23,6 +24,60 @@ __device__ __forceinline__ float unpack_score(PackedCandidate c) {
   uint32_t const bits = static_cast<uint32_t>(c >> 32);
   if (bits == 0u) return __uint_as_float(0x7fc00000u);
   return __uint_as_float((bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits);
+}
+
+// The fused top-k pass (SamplerLoop::kTopCandidates) keeps, per (vocabulary tile, row), the
+// kTopCandidatesPerTile largest transformed logits as keys whose unsigned order is the
+// truncation order: larger value first, exact ties to the smaller index. Hi 32 bits:
+// order-preserving bits of the value (-0 folded into +0), 1 for NaN (after every number),
+// 0 for "no token" (excluded by the mask, or past the vocabulary); lo: ~index.
+__host__ __device__ __forceinline__ uint32_t order_bits(float value) {
+  uint32_t const bits = fs_float_as_uint(value + 0.0f);
+  if (value != value) return 1u;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__host__ __device__ __forceinline__ float from_order_bits(uint32_t hi) {
+  if (hi <= 1u) return fs_uint_as_float(0x7fc00000u);
+  return fs_uint_as_float((hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi);
+}
+
+__host__ __device__ __forceinline__ PackedCandidate pack_top_candidate(float value, uint32_t index) {
+  return (static_cast<PackedCandidate>(order_bits(value)) << 32) | static_cast<uint32_t>(~index);
+}
+
+__host__ __device__ __forceinline__ uint32_t top_candidate_index(PackedCandidate key) {
+  return ~static_cast<uint32_t>(key);
+}
+
+// Inserts `key` into the descending list top[0..N): one max / min pair per slot, no branch
+// (the epilogue runs it for every element).
+template <int N>
+__device__ __forceinline__ void insert_top_candidate(PackedCandidate (&top)[N], PackedCandidate key) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    PackedCandidate const hi = top[i] > key ? top[i] : key;
+    key = top[i] > key ? key : top[i];
+    top[i] = hi;
+  }
+}
+
+// The N largest of two descending lists, descending, into `a` (a bitonic merge: the pairwise
+// maxima of a and reversed b are the N largest, in bitonic order; then sort them).
+template <int N>
+__device__ __forceinline__ void merge_top_candidates(PackedCandidate (&a)[N], PackedCandidate const (&b)[N]) {
+  static_assert(N == 4, "the bitonic sort below is written for four");
+#pragma unroll
+  for (int i = 0; i < N; ++i) a[i] = a[i] > b[N - 1 - i] ? a[i] : b[N - 1 - i];
+  auto order = [](PackedCandidate& x, PackedCandidate& y) {
+    PackedCandidate const hi = x > y ? x : y;
+    y = x > y ? y : x;
+    x = hi;
+  };
+  order(a[0], a[2]);
+  order(a[1], a[3]);
+  order(a[0], a[1]);
+  order(a[2], a[3]);
 }
 
 // 2^x on the MUFU unit: flushes results below 2^-126 to 0 (terms that small do not move

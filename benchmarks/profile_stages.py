@@ -1,0 +1,53 @@
+"""Per-kernel device times of one sampling call (torch.profiler), to split the fused pass
+into its stages: the GEMM + epilogue (cutlass device_kernel), the stage-2 kernel
+(reduce_candidates / truncate_candidates) and anything else launched.
+
+  python3 benchmarks/profile_stages.py --batches 1,32,64,128,256 --mode topk
+"""
+
+import argparse
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import flashsampling_cuda
+
+MODES = {
+    "plain": {},
+    "topk": dict(top_k=50, top_p=0.9),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,32,64,128,256")
+    parser.add_argument("--dim", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--mode", choices=sorted(MODES), default="topk")
+    parser.add_argument("--calls", type=int, default=10)
+    args = parser.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weight = (torch.randn(args.vocab, args.dim, device="cuda", generator=gen) / args.dim**0.5).to(torch.bfloat16)
+    for batch in (int(b) for b in args.batches.split(",")):
+        hidden = torch.randn(batch, args.dim, device="cuda", generator=gen).to(torch.bfloat16)
+        call = lambda: flashsampling_cuda.sample(hidden, weight, seed=1, **MODES[args.mode])  # noqa: E731
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.calls):
+                call()
+            torch.cuda.synchronize()
+        totals = defaultdict(float)
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                name = event.name
+                short = ("gemm+epilogue" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:])
+                totals[short] += event.device_time / args.calls
+        parts = ", ".join(f"{name} {us:.1f}" for name, us in sorted(totals.items(), key=lambda kv: -kv[1]))
+        print(f"[{args.mode}] B={batch}: total {sum(totals.values()):.1f} us: {parts}")
+
+
+if __name__ == "__main__":
+    main()

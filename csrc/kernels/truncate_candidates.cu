@@ -1,0 +1,460 @@
+// Stage 2 of the fused top-k pass (SamplerLoop::kTopCandidates): one block per batch row.
+//
+// Stage 1 left, per (vocabulary tile, row), the tile's kTopCandidatesPerTile (C) largest
+// transformed logits x as keys (candidate_math.cuh, pack_top_candidate). The row's top_k by
+// the truncation order (y = fl(x * fl(1 / T)) descending, ties to the smaller index;
+// flashsampling_cuda/truncation.py) lies in the union of the tiles' lists unless some tile
+// holds more than C of them. Here:
+//
+//  1. a lower bound tau on the k-th key: the smallest of k group maxima of the tiles' first
+//     keys (k keys of distinct tiles are >= tau), so only tiles whose first key reaches tau
+//     are read and only their keys >= tau kept (typically a few hundred of C * tiles);
+//  2. the k-th largest key kappa of those (radix select, 8 bits per pass, in shared memory);
+//  3. the certificate: a tile whose C-th key is >= kappa (or ties kappa's y while the scale
+//     x -> y can merge neighbouring x) may hide more of the top_k; such tiles' logits are
+//     recomputed (dot products, fp32) and their full lists take the place of their C keys,
+//     a few tiles per round, keeping the k best after each. Exact whatever the data: the
+//     top_k lie in the union once every tile is either certified or recomputed;
+//  4. top-p and min-p over the <= k survivors (float64 probabilities, as truncation.py), then
+//     for each sample the Gumbel-Max winner among the kept survivors with the noise of plain
+//     sampling (fs_gumbel_noise of the token's global id), and the log-probabilities of the
+//     truncated, renormalised distribution.
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+#include "flashsampling/epilogue/candidate_math.cuh"
+#include "flashsampling/philox_gumbel.h"
+#include "sampler_config.h"
+
+namespace flashsampling {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int C = kTopCandidatesPerTile;
+constexpr int kRepairTiles = 8;  // tiles recomputed per repair round
+// Dynamic shared memory of one block: keys (8 bytes) and x (4 bytes) per working entry, and
+// per tile its last key and the y bits of its first (read once from global memory).
+constexpr size_t kBytesPerEntry = sizeof(PackedCandidate) + sizeof(float);
+constexpr size_t kBytesPerTile = sizeof(PackedCandidate) + sizeof(uint32_t);
+// Up to this many entries are ranked directly (two per thread, every pair compared: cheaper
+// than eight radix passes for the few hundred keys >= tau a row usually has).
+constexpr int kRankDirectly = 2 * kThreads;
+constexpr size_t kMaxDynamicSmem = 216 * 1024;
+
+struct Stage2Shared {
+  unsigned hist[256];
+  PackedCandidate group_max[kMaxFusedTopK];
+  PackedCandidate survivor_key[kMaxFusedTopK];
+  float survivor_x[kMaxFusedTopK];
+  PackedCandidate sorted_key[kMaxFusedTopK];
+  float sorted_x[kMaxFusedTopK];
+  int repair_tiles[kThreads];
+  int count, survivors, repair_count, digit;
+  unsigned remaining;
+};
+
+// The truncation key of a stage-1 key: x -> y = fl(x * inv_t) (greedy rows: y = x), index kept.
+__device__ __forceinline__ PackedCandidate y_key(PackedCandidate x_key, float inv_t, bool greedy) {
+  uint32_t const hi = static_cast<uint32_t>(x_key >> 32);
+  if (hi <= 1u || greedy) return x_key;  // no token, NaN, or y = x
+  float const y = fs_mul(from_order_bits(hi), inv_t);
+  return (static_cast<PackedCandidate>(order_bits(y)) << 32) | static_cast<uint32_t>(x_key);
+}
+
+// The k-th largest of keys[0, n) (block-wide; 0 when n < k): eight passes of an 8-bit digit
+// histogram, each narrowing the prefix of the k-th key.
+__device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n, int k, Stage2Shared& sh) {
+  if (n < k) return 0;
+  PackedCandidate prefix = 0, prefix_mask = 0;
+  unsigned remaining = static_cast<unsigned>(k);
+  for (int shift = 56; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += kThreads) sh.hist[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      PackedCandidate const key = keys[i];
+      if ((key & prefix_mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      // Lane l holds digits 255 - 8l .. 248 - 8l, from the top: the first lane whose running
+      // count reaches `remaining` holds the k-th key's digit.
+      int const lane = threadIdx.x;
+      unsigned count[8], total = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        count[j] = sh.hist[255 - 8 * lane - j];
+        total += count[j];
+      }
+      unsigned inclusive = total;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        unsigned const other = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
+        if (lane >= d) inclusive += other;
+      }
+      int const owner = __ffs(__ballot_sync(0xFFFFFFFFu, inclusive >= remaining)) - 1;
+      if (lane == owner) {
+        unsigned before = inclusive - total;
+        for (int j = 0; j < 8; ++j) {
+          if (before + count[j] >= remaining) {
+            sh.digit = 255 - 8 * lane - j;
+            sh.remaining = remaining - before;
+            break;
+          }
+          before += count[j];
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<PackedCandidate>(sh.digit) << shift;
+    prefix_mask |= PackedCandidate{0xFF} << shift;
+    remaining = sh.remaining;
+    __syncthreads();
+  }
+  return prefix;
+}
+
+// Keeps the entries of keys/xs[0, n) with key >= threshold and not `excluded`, at the front
+// (through the survivor arrays: at most kMaxFusedTopK of them). Returns their count.
+template <class Excluded>
+__device__ int block_keep_at_least(PackedCandidate* keys, float* xs, int n, PackedCandidate threshold,
+                                   Excluded const& excluded, Stage2Shared& sh) {
+  if (threadIdx.x == 0) sh.survivors = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    PackedCandidate const key = keys[i];
+    if (key != 0 && key >= threshold && !excluded(key)) {
+      int const at = atomicAdd(&sh.survivors, 1);
+      if (at < kMaxFusedTopK) {
+        sh.survivor_key[at] = key;
+        sh.survivor_x[at] = xs[i];
+      }
+    }
+  }
+  __syncthreads();
+  int const kept = min(sh.survivors, kMaxFusedTopK);
+  for (int i = threadIdx.x; i < kept; i += kThreads) {
+    keys[i] = sh.survivor_key[i];
+    xs[i] = sh.survivor_x[i];
+  }
+  __syncthreads();
+  return kept;
+}
+
+__device__ __forceinline__ float element_to_float(uint16_t bits, ElementType type) {
+  return type == ElementType::kBFloat16 ? __uint_as_float(static_cast<uint32_t>(bits) << 16)
+                                        : __half2float(__ushort_as_half(bits));
+}
+
+// fp32 dot product of weight row v and hidden row `row` (warp-wide; D is a multiple of 8 and
+// rows are 16-byte aligned, as the GEMM's TMA requires).
+__device__ float warp_dot(SamplerParams const& p, int64_t v, int64_t row) {
+  int const lane = threadIdx.x % 32;
+  auto const* w = reinterpret_cast<uint16_t const*>(p.weight) + v * p.weight_row_stride;
+  auto const* h = reinterpret_cast<uint16_t const*>(p.hidden) + row * p.hidden_row_stride;
+  float sum = 0.0f;
+  for (int64_t d = int64_t{lane} * 8; d < p.hidden_dim; d += 32 * 8) {
+    uint4 const wv = *reinterpret_cast<uint4 const*>(w + d);
+    uint4 const hv = *reinterpret_cast<uint4 const*>(h + d);
+    uint32_t const wa[4] = {wv.x, wv.y, wv.z, wv.w}, ha[4] = {hv.x, hv.y, hv.z, hv.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      sum = fmaf(element_to_float(static_cast<uint16_t>(wa[j]), p.element_type),
+                 element_to_float(static_cast<uint16_t>(ha[j]), p.element_type), sum);
+      sum = fmaf(element_to_float(static_cast<uint16_t>(wa[j] >> 16), p.element_type),
+                 element_to_float(static_cast<uint16_t>(ha[j] >> 16), p.element_type), sum);
+    }
+  }
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, delta);
+  return sum;
+}
+
+__global__ void __launch_bounds__(kThreads)
+truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates, int64_t num_tiles,
+                           int vocab_tile) {
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  __shared__ Stage2Shared sh;
+  int64_t const row = blockIdx.x;
+  int64_t const batch = p.batch_size;
+  int const k = p.top_k;
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  SamplingControls const& controls = p.controls;
+  float const inv_t = controls.inv_temperatures ? controls.inv_temperatures[row]
+                      : controls.temperatures   ? fs_inv_temperature(controls.temperatures[row])
+                                                : p.inv_temperature;
+  bool const greedy = inv_t == 0.0f;
+  bool const invalid_temperature = inv_t != inv_t;
+  // y = x * inv_t can map two x to one y (then tiles may tie kappa's y with a smaller index).
+  bool const scale_exact = greedy || inv_t == 1.0f;
+  auto key_at = [&](int64_t tile, int j) { return candidates[(tile * batch + row) * C + j]; };
+  auto row_y_key = [&](PackedCandidate x_key) { return y_key(x_key, inv_t, greedy); };
+
+  PackedCandidate* keys = reinterpret_cast<PackedCandidate*>(dynamic_smem);
+  int64_t const capacity = max(num_tiles * C, int64_t{kMaxFusedTopK} + int64_t{kRepairTiles} * vocab_tile);
+  PackedCandidate* tile_last = keys + capacity;
+  float* xs = reinterpret_cast<float*>(tile_last + num_tiles);
+  uint32_t* tile_first_y = reinterpret_cast<uint32_t*>(xs + capacity);
+
+  // 1. tau: the smallest of k group maxima of the tiles' first keys (0: no bound).
+  bool const bounded = num_tiles >= 2 * int64_t{k};
+  for (int g = threadIdx.x; g < k; g += kThreads) sh.group_max[g] = 0;
+  if (threadIdx.x == 0) sh.count = 0;
+  __syncthreads();
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+    PackedCandidate const first = row_y_key(key_at(t, 0));
+    tile_last[t] = row_y_key(key_at(t, C - 1));
+    tile_first_y[t] = static_cast<uint32_t>(first >> 32);
+    if (bounded) atomicMax(&sh.group_max[t * k / num_tiles], first);
+  }
+  __syncthreads();
+  PackedCandidate tau = 0;
+  if (bounded) {
+    tau = ~PackedCandidate{0};
+    for (int g = 0; g < k; ++g) tau = min(tau, sh.group_max[g]);
+  }
+  uint32_t const tau_y = static_cast<uint32_t>(tau >> 32);
+
+  // The keys >= tau, with their x. A tile's keys have y <= its first key's y.
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+    if (tile_first_y[t] < tau_y) continue;
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      PackedCandidate const x_key = key_at(t, j);
+      PackedCandidate const key = row_y_key(x_key);
+      if (key != 0 && key >= tau) {
+        int const at = atomicAdd(&sh.count, 1);
+        keys[at] = key;
+        xs[at] = from_order_bits(static_cast<uint32_t>(x_key >> 32));
+      }
+    }
+  }
+  __syncthreads();
+  int n = sh.count;
+
+  // 2. kappa: by ranking every entry when there are few (the top k land sorted in
+  // sh.sorted_key), else by radix select.
+  bool const ranked = n <= kRankDirectly;
+  if (ranked) {
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      PackedCandidate const key = keys[i];
+      int rank = 0;
+      for (int j = 0; j < n; ++j) rank += keys[j] > key;
+      if (rank < k) {
+        sh.sorted_key[rank] = key;
+        sh.sorted_x[rank] = xs[i];
+      }
+    }
+    __syncthreads();
+  }
+  PackedCandidate const kappa = ranked ? (n >= k ? sh.sorted_key[k - 1] : PackedCandidate{0})
+                                       : block_kth_largest(keys, n, k, sh);
+
+  // 3. The certificate, and the repair of the tiles it does not cover.
+  auto tile_may_hide = [&](int64_t t) {
+    PackedCandidate const last = tile_last[t];
+    if (last == 0) return false;  // fewer than C tokens: the tile's list is complete
+    if (kappa == 0 || last >= kappa) return true;
+    if (!scale_exact && static_cast<uint32_t>(last >> 32) == static_cast<uint32_t>(kappa >> 32)) {
+      // A token past the list with x below the C-th but y equal to kappa's, and a smaller index.
+      return static_cast<uint32_t>(p.vocab_start + t * vocab_tile) < top_candidate_index(kappa);
+    }
+    return false;
+  };
+  int any_hidden = 0;
+  for (int64_t t = threadIdx.x; t < num_tiles && !any_hidden; t += kThreads) any_hidden = tile_may_hide(t);
+  bool const repaired = __syncthreads_or(any_hidden);
+  if (repaired) {
+    // Keep the entries >= kappa outside the tiles to recompute (<= k), then add those tiles.
+    n = block_keep_at_least(keys, xs, n, kappa,
+                            [&](PackedCandidate key) {
+                              return tile_may_hide((top_candidate_index(key) - p.vocab_start) / vocab_tile);
+                            },
+                            sh);
+    for (int64_t base = 0; base < num_tiles; base += kThreads) {
+      if (threadIdx.x == 0) sh.repair_count = 0;
+      __syncthreads();
+      int64_t const t = base + threadIdx.x;
+      if (t < num_tiles && tile_may_hide(t)) sh.repair_tiles[atomicAdd(&sh.repair_count, 1)] = static_cast<int>(t);
+      __syncthreads();
+      int const repair_count = sh.repair_count;
+      for (int first = 0; first < repair_count; first += kRepairTiles) {
+        int const tiles = min(kRepairTiles, repair_count - first);
+        if (threadIdx.x == 0) sh.count = n;
+        __syncthreads();
+        for (int e = warp; e < tiles * vocab_tile; e += kWarps) {
+          int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
+          if (v >= p.vocab_size) continue;
+          float x = warp_dot(p, v, row);
+          if (lane != 0) continue;
+          if (controls.allowed_mask &&
+              !((controls.allowed_mask[row * controls.mask_words + (v >> 5)] >> (v & 31)) & 1u)) {
+            continue;
+          }
+          if (controls.logit_bias) x = fs_add(x, controls.logit_bias[v]);
+          int const at = atomicAdd(&sh.count, 1);
+          keys[at] = row_y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)));
+          xs[at] = x;
+        }
+        __syncthreads();
+        n = sh.count;
+        PackedCandidate const kappa_now = block_kth_largest(keys, n, k, sh);
+        n = block_keep_at_least(keys, xs, n, kappa_now, [](PackedCandidate) { return false; }, sh);
+      }
+      __syncthreads();  // every thread has read repair_count before the next batch resets it
+    }
+  }
+
+  // 4. The survivors of top_k (<= k keys), sorted: already, when ranked and not repaired.
+  int m = min(n, k);
+  if (repaired || !ranked) {
+    PackedCandidate const kappa_final = block_kth_largest(keys, n, k, sh);
+    m = block_keep_at_least(keys, xs, n, kappa_final, [](PackedCandidate) { return false; }, sh);
+    if (warp == 0) {
+      for (int i = lane; i < m; i += 32) {
+        PackedCandidate const key = keys[i];
+        int rank = 0;
+        for (int j = 0; j < m; ++j) rank += keys[j] > key;
+        sh.sorted_key[rank] = key;
+        sh.sorted_x[rank] = xs[i];
+      }
+    }
+  }
+  if (warp != 0) return;
+  __syncwarp();
+
+  // Lane l holds survivors l and l + 32 (in order).
+  bool valid[2];
+  double y[2], ratio[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int const i = lane + 32 * h;
+    valid[h] = i < m;
+    uint32_t const hi = valid[h] ? static_cast<uint32_t>(sh.sorted_key[i] >> 32) : 1u;
+    y[h] = hi <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi));  // NaN y: no mass
+  }
+  double const y0 = __shfl_sync(0xFFFFFFFFu, y[0], 0);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) ratio[h] = valid[h] ? exp(y[h] - y0) : 0.0;  // NaN when y0 is +-inf
+  bool keep[2] = {valid[0], valid[1]};
+  bool const min_p_on = p.min_ps != nullptr || p.min_p > 0.0;
+  if (min_p_on) {
+    double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) keep[h] = keep[h] && (ratio[h] >= min_p || lane + 32 * h == 0);
+  }
+  // The mass of the top_k survivors, and the probability ahead of each (an exclusive sum).
+  double total = ratio[0] + ratio[1];
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) total += __shfl_xor_sync(0xFFFFFFFFu, total, delta);
+  bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
+  if (top_p_on) {
+    double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+    double const prob[2] = {ratio[0] / total, ratio[1] / total};
+    double inclusive = prob[0];
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      double const other = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
+      if (lane >= d) inclusive += other;
+    }
+    double const first_half = __shfl_sync(0xFFFFFFFFu, inclusive, 31);
+    double const before0 = inclusive - prob[0];
+    double inclusive1 = prob[1];
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      double const other = __shfl_up_sync(0xFFFFFFFFu, inclusive1, d);
+      if (lane >= d) inclusive1 += other;
+    }
+    double const before1 = first_half + (inclusive1 - prob[1]);
+    keep[0] = keep[0] && (before0 < top_p || top_p >= 1.0 || lane == 0);
+    keep[1] = keep[1] && (before1 < top_p || top_p >= 1.0);
+  }
+  // Survivors keep a prefix of the order: its length is the first position not kept.
+  unsigned const kept0 = __ballot_sync(0xFFFFFFFFu, keep[0]), kept1 = __ballot_sync(0xFFFFFFFFu, keep[1]);
+  int const lead0 = __ffs(~kept0) == 0 ? 32 : __ffs(~kept0) - 1;
+  int const lead1 = __ffs(~kept1) == 0 ? 32 : __ffs(~kept1) - 1;
+  int const n_keep = lead0 < 32 ? lead0 : 32 + lead1;
+
+  // Log-sum-exp of the kept survivors' y (float64).
+  double kept_mass = (lane < n_keep ? ratio[0] : 0.0) + (lane + 32 < n_keep ? ratio[1] : 0.0);
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) kept_mass += __shfl_xor_sync(0xFFFFFFFFu, kept_mass, delta);
+  double const lse = m == 0 ? -INFINITY : y0 + log(kept_mass);
+
+  // Noise coordinates: batch-wide seed (stream = row) or the row's own (stream 0).
+  NoiseSource const& src = p.noise;
+  uint64_t seed = src.seed_device ? static_cast<uint64_t>(*src.seed_device) : src.seed;
+  uint64_t offset = src.offset_device ? static_cast<uint64_t>(*src.offset_device) + src.offset_device_add : src.offset;
+  uint32_t stream = static_cast<uint32_t>(row);
+  if (src.row_seeds) {
+    seed = static_cast<uint64_t>(src.row_seeds[row]);
+    stream = 0;
+  }
+  if (src.row_offsets) offset = static_cast<uint64_t>(src.row_offsets[row]);
+
+  for (int s = 0; s < p.num_samples; ++s) {
+    float best_score = -INFINITY;
+    int32_t best_index = kNoCandidate;
+    double best_y = 0.0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int const i = lane + 32 * h;
+      if (i >= n_keep || invalid_temperature) continue;
+      uint32_t const index = top_candidate_index(sh.sorted_key[i]);
+      float const x = sh.sorted_x[i];
+      float const score =
+          greedy ? x : fs_perturbed_score(x, inv_t, fs_gumbel_noise(seed, offset, stream, static_cast<uint32_t>(s), index));
+      if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
+        best_score = score;
+        best_index = static_cast<int32_t>(index);
+        best_y = y[h];
+      }
+    }
+#pragma unroll
+    for (int delta = 16; delta > 0; delta >>= 1) {
+      float const other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, delta);
+      int32_t const other_index = __shfl_xor_sync(0xFFFFFFFFu, best_index, delta);
+      double const other_y = __shfl_xor_sync(0xFFFFFFFFu, best_y, delta);
+      if (fs_candidate_better(other_score, other_index, best_score, best_index)) {
+        best_score = other_score;
+        best_index = other_index;
+        best_y = other_y;
+      }
+    }
+    if (lane != 0) continue;
+    bool const found = best_index != kNoCandidate;
+    int64_t const out = row * p.num_samples + s;
+    p.tokens[out] = found ? best_index : (m == 0 && controls.allowed_mask) ? p.empty_mask_token : -1;
+    if (p.scores) p.scores[out] = found ? best_score : -INFINITY;
+    if (p.logprobs) p.token_logprobs[out] = found ? static_cast<float>(best_y - lse) : __uint_as_float(0x7fc00000u);
+  }
+  if (lane == 0 && p.logprobs) {
+    p.logsumexp[row] = invalid_temperature ? __uint_as_float(0x7fc00000u) : static_cast<float>(lse);
+  }
+}
+
+}  // namespace
+
+size_t truncate_candidates_smem_bytes(int64_t num_tiles, int vocab_tile) {
+  int64_t const capacity = std::max(num_tiles * C, int64_t{kMaxFusedTopK} + int64_t{kRepairTiles} * vocab_tile);
+  size_t const smem = static_cast<size_t>(capacity) * kBytesPerEntry + static_cast<size_t>(num_tiles) * kBytesPerTile;
+  return smem > kMaxDynamicSmem ? 0 : smem;
+}
+
+cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
+                                       int vocab_tile, cudaStream_t stream) {
+  if (p.batch_size == 0) return cudaSuccess;
+  if (p.top_k < 1 || p.top_k > kMaxFusedTopK) return cudaErrorInvalidValue;
+  size_t const smem = truncate_candidates_smem_bytes(num_tiles, vocab_tile);
+  if (smem == 0) return cudaErrorInvalidValue;
+  cudaError_t err =
+      cudaFuncSetAttribute(truncate_candidates_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  truncate_candidates_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(p, buffers.candidates,
+                                                                                              num_tiles, vocab_tile);
+  return cudaGetLastError();
+}
+
+}  // namespace flashsampling
