@@ -26,12 +26,14 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--mode", choices=sorted(MODES), default="topk")
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--top-k", type=int, default=50, help="top_k of --mode topk (with top_p=0.9)")
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     weight = (torch.randn(args.vocab, args.dim, device="cuda", generator=gen) / args.dim**0.5).to(torch.bfloat16)
     for batch in (int(b) for b in args.batches.split(",")):
         hidden = torch.randn(batch, args.dim, device="cuda", generator=gen).to(torch.bfloat16)
-        call = lambda: flashsampling_cuda.sample(hidden, weight, seed=1, **MODES[args.mode])  # noqa: E731
+        options = dict(MODES[args.mode], **({"top_k": args.top_k} if args.mode == "topk" else {}))
+        call = lambda: flashsampling_cuda.sample(hidden, weight, seed=1, **options)  # noqa: E731
         for _ in range(3):
             call()
         torch.cuda.synchronize()
@@ -46,7 +48,8 @@ def main() -> None:
                 short = ("gemm+epilogue" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:])
                 totals[short] += event.device_time / args.calls
         parts = ", ".join(f"{name} {us:.1f}" for name, us in sorted(totals.items(), key=lambda kv: -kv[1]))
-        print(f"[{args.mode}] B={batch}: total {sum(totals.values()):.1f} us: {parts}")
+        label = f"topk k={args.top_k}" if args.mode == "topk" else args.mode
+        print(f"[{label}] B={batch}: total {sum(totals.values()):.1f} us: {parts}")
 
 
 if __name__ == "__main__":
