@@ -182,9 +182,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   int const k = p.top_k;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   SamplingControls const& controls = p.controls;
-  float const inv_t = controls.inv_temperatures ? controls.inv_temperatures[row]
-                      : controls.temperatures   ? fs_inv_temperature(controls.temperatures[row])
-                                                : p.inv_temperature;
+  // launch_sampler has filled inv_temperatures (fs_inv_temperature) whenever temperatures are given.
+  float const inv_t = controls.inv_temperatures ? controls.inv_temperatures[row] : p.inv_temperature;
   bool const greedy = inv_t == 0.0f;
   bool const invalid_temperature = inv_t != inv_t;
   // y = x * inv_t can map two x to one y (then tiles may tie kappa's y with a smaller index).
@@ -385,8 +384,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
 
   // Noise coordinates: batch-wide seed (stream = row) or the row's own (stream 0).
   NoiseSource const& src = p.noise;
-  uint64_t seed = src.seed_device ? static_cast<uint64_t>(*src.seed_device) : src.seed;
-  uint64_t offset = src.offset_device ? static_cast<uint64_t>(*src.offset_device) + src.offset_device_add : src.offset;
+  uint64_t seed = 0, offset = 0;
+  resolve_noise_source(src, seed, offset);
   uint32_t stream = static_cast<uint32_t>(row);
   if (src.row_seeds) {
     seed = static_cast<uint64_t>(src.row_seeds[row]);

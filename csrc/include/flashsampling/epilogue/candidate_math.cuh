@@ -10,6 +10,15 @@
 
 namespace flashsampling {
 
+// Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
+// replay sees fresh values), else uses the values. Stage 1 and stage 2 of the fused top-k
+// pass both draw noise, so both resolve it here.
+__device__ __forceinline__ void resolve_noise_source(NoiseSource const& src, uint64_t& seed, uint64_t& offset) {
+  seed = src.seed_device ? static_cast<uint64_t>(*src.seed_device) : src.seed;
+  offset = src.offset_device ? static_cast<uint64_t>(*src.offset_device) + src.offset_device_add
+                             : src.offset;
+}
+
 // Packs a candidate so that unsigned max == "better" of philox_gumbel.h.
 __device__ __forceinline__ PackedCandidate pack_candidate(float score, int32_t index) {
   // +0.0f folds -0 into +0: the two compare equal as floats, so must as keys.

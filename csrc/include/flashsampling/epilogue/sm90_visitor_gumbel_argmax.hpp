@@ -134,14 +134,6 @@ static __device__ __noinline__ float4 gumbel_noise_keyed_x4_out_of_line(
   return make_float4(g[0], g[1], g[2], g[3]);
 }
 
-// Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
-// replay sees fresh values), else uses the values.
-CUTLASS_DEVICE void resolve_noise_source(NoiseSource const& src, uint64_t& seed, uint64_t& offset) {
-  seed = src.seed_device ? static_cast<uint64_t>(*src.seed_device) : src.seed;
-  offset = src.offset_device ? static_cast<uint64_t>(*src.offset_device) + src.offset_device_add
-                             : src.offset;
-}
-
 CUTLASS_DEVICE bool bitmap_test(uint32_t const* bitmap, int64_t row_words, uint32_t row, uint32_t index) {
   return (__ldg(bitmap + row * row_words + (index >> 5)) >> (index & 31u)) & 1u;
 }
