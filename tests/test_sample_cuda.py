@@ -100,6 +100,23 @@ def test_greedy_is_argmax_of_fp32_logits():
     assert pathwise_mismatches(tokens, ref)[1] == 0
 
 
+# Beyond 128 GEMM columns the plain kernel draws the noise in its mainloop and adds it into the
+# accumulators (gemm/sm90_mma_gumbel_noise.hpp): greedy batches, a vocabulary offset (a TP
+# shard), a short K (fewer k tiles than noise pairs) and a tail tile in M and N.
+@pytest.mark.parametrize(
+    "batch,vocab,dim,temperature,vocab_start",
+    [(129, 5003, 64, 0.7, 0), (300, 32000, 2880, 0.0, 0), (256, 9000, 1024, 1.3, 4096), (1000, 3001, 8192, 0.9, 77)],
+)
+def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vocab_start):
+    hidden, weight = lm_head(batch, vocab, dim, torch.bfloat16, seed=batch + dim)
+    tokens = flashsampling_cuda.sample(hidden, weight, temperature=temperature, seed=11, offset=5,
+                                       vocab_start=vocab_start)
+    ref = reference_sample(hidden, weight, temperature, seed=11, offset=5, vocab_start=vocab_start, rtol=GPU_RTOL)
+    total, unexplained = pathwise_mismatches(tokens, ref)
+    assert unexplained == 0
+    assert total <= max(1, batch // 1000)
+
+
 def test_default_generator_reproducible_and_advancing():
     hidden, weight = lm_head(64, 32000, 256, torch.bfloat16, seed=4)
     torch.manual_seed(0)
