@@ -19,36 +19,37 @@ __device__ __forceinline__ void resolve_noise_source(NoiseSource const& src, uin
                              : src.offset;
 }
 
-// Packs a candidate so that unsigned max == "better" of philox_gumbel.h.
+// Order-preserving bits of a number: unsigned order of the bits = numeric order of the floats.
+// +0.0f folds -0 into +0: the two compare equal as floats, so must as keys. NaN has no place in
+// that order; each key below gives it a code of its own under every number's bits (>= 2).
+__host__ __device__ __forceinline__ uint32_t number_order_bits(float value) {
+  uint32_t const bits = fs_float_as_uint(value + 0.0f);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Inverse of number_order_bits; NaN for the codes 0 and 1.
+__host__ __device__ __forceinline__ float from_order_bits(uint32_t hi) {
+  if (hi <= 1u) return fs_uint_as_float(0x7fc00000u);
+  return fs_uint_as_float((hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi);
+}
+
+// Packs a candidate so that unsigned max == "better" of philox_gumbel.h: NaN scores get 0 and
+// lose to everything, like fs_candidate_better.
 __device__ __forceinline__ PackedCandidate pack_candidate(float score, int32_t index) {
-  // +0.0f folds -0 into +0: the two compare equal as floats, so must as keys.
-  uint32_t bits = __float_as_uint(score + 0.0f);
-  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-  bits = (score != score) ? 0u : bits;  // NaN loses to everything, like fs_candidate_better
+  uint32_t const bits = (score != score) ? 0u : number_order_bits(score);
   return (static_cast<PackedCandidate>(bits) << 32) | static_cast<uint32_t>(~index);
 }
 
-// Inverse of pack_candidate's score bits (NaN for the "no candidate" key 0).
-__device__ __forceinline__ float unpack_score(PackedCandidate c) {
-  uint32_t const bits = static_cast<uint32_t>(c >> 32);
-  if (bits == 0u) return __uint_as_float(0x7fc00000u);
-  return __uint_as_float((bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits);
-}
+// The score of a packed candidate (NaN for the "no candidate" key 0).
+__device__ __forceinline__ float unpack_score(PackedCandidate c) { return from_order_bits(static_cast<uint32_t>(c >> 32)); }
 
 // The fused top-k pass (SamplerLoop::kTopCandidates) keeps, per (vocabulary tile, row), the
 // kTopCandidatesPerTile largest transformed logits as keys whose unsigned order is the
 // truncation order: larger value first, exact ties to the smaller index. Hi 32 bits:
-// order-preserving bits of the value (-0 folded into +0), 1 for NaN (after every number),
-// 0 for "no token" (excluded by the mask, or past the vocabulary); lo: ~index.
+// number_order_bits of the value, 1 for NaN (after every number), 0 for "no token" (excluded
+// by the mask, or past the vocabulary); lo: ~index.
 __host__ __device__ __forceinline__ uint32_t order_bits(float value) {
-  uint32_t const bits = fs_float_as_uint(value + 0.0f);
-  if (value != value) return 1u;
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-__host__ __device__ __forceinline__ float from_order_bits(uint32_t hi) {
-  if (hi <= 1u) return fs_uint_as_float(0x7fc00000u);
-  return fs_uint_as_float((hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi);
+  return (value != value) ? 1u : number_order_bits(value);
 }
 
 __host__ __device__ __forceinline__ PackedCandidate pack_top_candidate(float value, uint32_t index) {
