@@ -10,7 +10,7 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
-from .truncation import Truncation, fused_top_k_args, parse_truncation, truncated_allowed_mask
+from .truncation import FUSED_TOP_K_MAX, Truncation, fused_top_k_args, parse_truncation, truncated_allowed_mask
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "pack_allowed_mask", "SampleOutput",
            "ScoredSample"]
@@ -516,6 +516,12 @@ def _sample_with_scores_fake(
     )
 
 
+def _check_fused_top_k(top_k: int) -> None:
+    """The op's bound on top_k (sample_cuda.cpp: check_fused_top_k), for its fake and CPU kernels."""
+    torch._check(1 <= top_k <= FUSED_TOP_K_MAX, lambda: f"flashsampling.sample_top_k: top_k must be in "
+                 f"[1, {FUSED_TOP_K_MAX}] for the fused path, got {top_k}")
+
+
 @torch.library.register_fake("flashsampling::sample_top_k")
 def _sample_top_k_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
@@ -523,8 +529,7 @@ def _sample_top_k_fake(
     empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0, top_p=None, top_ps=None, min_p=None,
     min_ps=None,
 ):
-    torch._check(1 <= top_k <= 64, lambda: f"flashsampling.sample_top_k: top_k must be in [1, 64] for the fused "
-                 f"path, got {top_k}")
+    _check_fused_top_k(top_k)
     return _sample_with_scores_fake(
         hidden, weight, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
         offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
@@ -542,8 +547,7 @@ def _sample_top_k_cpu(
 ):
     """The op on the CPU: the materialised path (truncation.py), whose logits are the CPU op's
     bit for bit, so it is the same sample the fused pass computes on the GPU."""
-    torch._check(1 <= top_k <= 64, lambda: f"flashsampling.sample_top_k: top_k must be in [1, 64] for the fused "
-                 f"path, got {top_k}")
+    _check_fused_top_k(top_k)
     kwargs = dict(temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
                   offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
                   sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask,

@@ -35,8 +35,8 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 
-__all__ = ["Truncation", "parse_truncation", "fused_top_k_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
-           "survivor_mask", "truncated_allowed_mask"]
+__all__ = ["Truncation", "parse_truncation", "fused_top_k_args", "FUSED_TOP_K_MAX", "materialized_logits",
+           "transformed_logits", "scaled_logits", "survivor_mask", "truncated_allowed_mask"]
 
 # The vocabulary chunking of the CPU op (csrc/torch/sample_cpu.cpp: kChunkBytes,
 # kMinVocabChunk, kMaxVocabChunk, kTile): the logits are computed by at::mm calls of the
