@@ -1,7 +1,9 @@
 """A/B of the plain kernel's dispatch knobs: ours and cuBLAS mm side by side.
 
 Each variant runs in its own process, since the dispatch reads its knobs once; VARIANT_ENV
-names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile). The v9 A/B of the 128-wide
+names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile,
+FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs plain passes of more than 64 columns on v9's
+CUTLASS schedules instead of v16's kernel). The v9 A/B of the 128-wide
 tile's schedule and of 2-CTA clusters used knobs since removed (benchmarks/NOTES.md). Times
 are medians of CUDA-graph replays (bench_sampler's median_us); mm is timed in every process,
 so each variant has its own reference.
@@ -24,10 +26,13 @@ VARIANT_ENV = {
     "default": {},
     "tile32": {"FLASHSAMPLING_PLAIN_TILE_N": "32"},
     "tile64": {"FLASHSAMPLING_PLAIN_TILE_N": "64"},
+    # v16: more than 64 columns run the kernel with epilogue warpgroups of its own by default;
+    # "cutlass" runs the CUTLASS schedules of v9 instead
+    "cutlass": {"FLASHSAMPLING_PLAIN_WIDE_SCHEDULE": "cutlass"},
 }
 
 
-def measure(shapes: str, batches: str) -> list[dict]:
+def measure(shapes: str, batches: str, greedy: bool = False) -> list[dict]:
     """Times of ours and mm in this process (its knobs are the environment's)."""
     import torch
 
@@ -43,7 +48,11 @@ def measure(shapes: str, batches: str) -> list[dict]:
             hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
             ours = median_us(lambda: flashsampling_cuda.sample(hidden, weight, temperature=1.0), graph=True)
             mm = median_us(lambda: hidden @ weight.T, graph=True)
-            rows.append({"D": dim, "V": vocab, "B": batch, "ours": ours, "mm": mm})
+            row = {"D": dim, "V": vocab, "B": batch, "ours": ours, "mm": mm}
+            if greedy:  # the same kernel with the epilogue's noise off (T = 0): how long is the rest?
+                row["ours_greedy"] = median_us(
+                    lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.0), graph=True)
+            rows.append(row)
         del weight
         torch.cuda.empty_cache()
     return rows
@@ -55,10 +64,11 @@ def main() -> None:
     parser.add_argument("--shapes", default="4096x151936,8192x128256")
     parser.add_argument("--batches", default="64,128,256")
     parser.add_argument("--out", default=None, help="write ab_schedules.json here")
+    parser.add_argument("--greedy", action="store_true", help="also time T = 0 (no noise)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.shapes, args.batches)))
+        print(json.dumps(measure(args.shapes, args.batches, args.greedy)))
         return
     import torch
 
@@ -68,8 +78,8 @@ def main() -> None:
     results = {}
     for variant in args.variants.split(","):
         env = {**os.environ, **VARIANT_ENV[variant]}
-        proc = subprocess.run([sys.executable, __file__, "--child", "--shapes", args.shapes, "--batches", args.batches],
-                              env=env, capture_output=True, text=True)
+        command = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--batches", args.batches]
+        proc = subprocess.run(command + (["--greedy"] if args.greedy else []), env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"[ab] {variant} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
             continue
@@ -77,11 +87,12 @@ def main() -> None:
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "ab_schedules.json").write_text(json.dumps({**header, "variants": results}, indent=1))
-    print("| variant | D | B | ours µs | mm µs | ours/mm |")
-    print("|---|---|---|---|---|---|")
+    print("| variant | D | B | ours µs | mm µs | ours/mm |" + (" ours T=0 µs |" if args.greedy else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.greedy else ""))
     for variant, rows in results.items():
         for r in rows:
-            print(f"| {variant} | {r['D']} | {r['B']} | {r['ours']:.0f} | {r['mm']:.0f} | {r['ours'] / r['mm']:.3f} |")
+            greedy = f" {r['ours_greedy']:.0f} |" if args.greedy else ""
+            print(f"| {variant} | {r['D']} | {r['B']} | {r['ours']:.0f} | {r['mm']:.0f} | {r['ours'] / r['mm']:.3f} |{greedy}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 against the nvidia-cutlass headers, for sm_90a and/or sm_100a as its name says
 (tools/build_config.py: the same command setup.py builds with).
 
-Each fused GEMM translation unit takes about a minute on CI's two cores and there are 56, so
+Each fused GEMM translation unit takes about a minute on CI's two cores and there are 58, so
 by default the check compiles every other source (5) plus one GEMM unit per (epilogue loop,
 architecture, schedule family) (REPRESENTATIVE_GEMMS): the units differ only in template
 arguments of the same headers. FLASHSAMPLING_COMPILE_CHECK=all compiles every unit (the
@@ -22,11 +22,13 @@ import build_config as cfg  # noqa: E402
 NVCC = cfg.find_nvcc()
 ALL_ARCHS = list(cfg.CUDA_ARCHS.values())
 # Plain narrow (inlined noise) and wide (out-of-line noise) loops, the common and the all
-# controls' loops, the top-k pass; pingpong, clusters and cooperative on sm90; bf16 only (the
+# controls' loops, the top-k pass; pingpong, clusters, cooperative and the kernel with epilogue
+# warpgroups on sm90; bf16 only (the
 # fp16 units instantiate the same code with another element type).
 REPRESENTATIVE_GEMMS = {
     "sampler_bf16_n16_pingpong_sm90.cu",
     "sampler_bf16_n128_cooperative_sm90.cu",
+    "sampler_bf16_n128_epilogue_warpgroups_sm90.cu",
     "sampler_bf16_n64_controls_pingpong_cluster2_sm90.cu",
     "sampler_bf16_n32_all_controls_pingpong_sm90.cu",
     "sampler_bf16_n128_topk_cooperative_sm90.cu",

@@ -26,11 +26,34 @@ ConfigEntry sm90_entry() {
 }
 #endif
 
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+template <class Element, int TileN>
+ConfigEntry sm90_epilogue_warpgroups_entry() {
+  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN>, [](SamplerParams const&) { return size_t{0}; },
+          kEpilogueWarpGroupsVocabTile};
+}
+#endif
+
 #if defined(FLASHSAMPLING_ENABLE_SM100)
 template <class Element, int TileN, SamplerLoop kLoop>
 ConfigEntry sm100_entry() {
   return {run_sampler_gemm_sm100<Element, TileN, kLoop>, sampler_gemm_workspace_sm100<Element, TileN, kLoop>,
           SamplerTileConfig<TileN, false>::kTileM};
+}
+#endif
+
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+// Plain passes of more than 64 columns on sm90 run the kernel with epilogue warpgroups of its
+// own: measured on H200 (benchmarks/NOTES.md, v16) 11-14% faster than v9's CUTLASS schedules at
+// B = 96-128 (D = 4096; equal at D = 8192) and 12-21% at B = 256. A/B knob:
+// FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs those (pingpong clusters up to 128 columns,
+// cooperative beyond).
+bool plain_wide_on_cutlass_schedules() {
+  static bool const on = [] {
+    char const* env = std::getenv("FLASHSAMPLING_PLAIN_WIDE_SCHEDULE");
+    return env != nullptr && std::string_view(env) == "cutlass";
+  }();
+  return on;
 }
 #endif
 
@@ -41,11 +64,15 @@ ConfigEntry sm100_entry() {
 // at B = 32 and 64 than one CTA per cluster; at N = 16 clusters were 6-8% slower at B = 1-8; at
 // B = 128, D = 8192, 9-11% faster than the cooperative tile, at D = 4096 0-7%). With more
 // columns than one 128-wide tile, the cooperative schedule, one CTA per cluster: pingpong +
-// clusters measured 16% slower at B = 256, D = 4096 (5% faster at D = 8192).
+// clusters measured 16% slower at B = 256, D = 4096 (5% faster at D = 8192). The plain loop
+// beyond 64 columns runs the kernel with epilogue warpgroups instead (above).
 template <class Element, SamplerLoop kLoop>
 ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
   if (device_arch == 90) {
+    if (kLoop == SamplerLoop::kPlain && tile_n == 128 && !plain_wide_on_cutlass_schedules()) {
+      return sm90_epilogue_warpgroups_entry<Element, 128>();
+    }
     switch (tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, kLoop>();
       case 32: return sm90_entry<Element, 32, true, kLoop, /*kClusterM=*/2>();

@@ -24,6 +24,50 @@ using SamplerScratchD = uint8_t;
 
 inline int64_t scratch_d_leading_dim(SamplerParams const& p) { return (p.vocab_size + 15) / 16 * 16; }
 
+// The GEMM's (M, N, K, L): vocabulary x GEMM columns x hidden. N = S * B columns: p.hidden
+// holds the batch repeated num_samples times.
+inline cute::Shape<int, int, int, int> sampler_problem_shape(SamplerParams const& p) {
+  return {static_cast<int>(p.vocab_size), static_cast<int>(sampler_gemm_columns(p)), static_cast<int>(p.hidden_dim),
+          1};
+}
+
+// A = W, B = h: pointers and strides (K-major both).
+template <class Element, class GemmKernel, class MainloopArguments>
+void fill_sampler_mainloop_arguments(MainloopArguments& mainloop, SamplerParams const& p) {
+  using StrideA = typename GemmKernel::StrideA;
+  using StrideB = typename GemmKernel::StrideB;
+  mainloop.ptr_A = static_cast<Element const*>(p.weight);
+  mainloop.dA = StrideA{p.weight_row_stride, cute::_1{}, int64_t(0)};
+  mainloop.ptr_B = static_cast<Element const*>(p.hidden);
+  mainloop.dB = StrideB{p.hidden_row_stride, cute::_1{}, int64_t(0)};
+}
+
+// The Gumbel-argmax node's arguments (epilogue/sm90_visitor_gumbel_argmax.hpp).
+template <class NodeArguments>
+void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, SamplerBuffers const& buffers) {
+  node = {};
+  node.ptr_candidates = buffers.candidates;
+  node.ptr_candidate_logits = buffers.candidate_logits;
+  node.ptr_lse_parts = buffers.lse_parts;
+  node.noise = p.noise;
+  node.controls = p.controls;
+  node.inv_temperature = p.inv_temperature;
+  node.greedy = p.greedy;
+  node.logprobs = p.logprobs;
+  node.num_samples = p.num_samples;
+  node.batch_size = static_cast<uint32_t>(p.batch_size);
+  node.vocab_start = static_cast<uint32_t>(p.vocab_start);
+}
+
+// Persistent grid over the device's SMs; neighbouring CTAs take the N tiles of one vocabulary
+// tile, so W is read from HBM once even when the columns span several N tiles.
+template <class KernelArguments>
+void fill_sampler_schedule_arguments(KernelArguments& args, SamplerParams const& p) {
+  args.hw_info.device_id = 0;
+  args.hw_info.sm_count = p.device_sm_count;
+  args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
+}
+
 template <class Gemm, class Element, int kVocabTile, bool kScratchD>
 struct SamplerGemmLauncher {
   static size_t scratch_d_bytes(SamplerParams const& p) {
@@ -32,41 +76,18 @@ struct SamplerGemmLauncher {
 
   static typename Gemm::Arguments make_arguments(SamplerParams const& p, SamplerBuffers const& buffers,
                                                  void* scratch_d = nullptr) {
-    using StrideA = typename Gemm::GemmKernel::StrideA;
-    using StrideB = typename Gemm::GemmKernel::StrideB;
     typename Gemm::Arguments args{};
     args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
-    // N = S * B columns: p.hidden holds the batch repeated num_samples times.
-    args.problem_shape = {static_cast<int>(p.vocab_size), static_cast<int>(sampler_gemm_columns(p)),
-                          static_cast<int>(p.hidden_dim), 1};
-    args.mainloop.ptr_A = static_cast<Element const*>(p.weight);
-    args.mainloop.dA = StrideA{p.weight_row_stride, cute::_1{}, int64_t(0)};
-    args.mainloop.ptr_B = static_cast<Element const*>(p.hidden);
-    args.mainloop.dB = StrideB{p.hidden_row_stride, cute::_1{}, int64_t(0)};
-
-    auto& node = args.epilogue.thread.op_1;  // Tree arguments nest as { child args..., node args }.
-    node = {};
-    node.ptr_candidates = buffers.candidates;
-    node.ptr_candidate_logits = buffers.candidate_logits;
-    node.ptr_lse_parts = buffers.lse_parts;
-    node.noise = p.noise;
-    node.controls = p.controls;
-    node.inv_temperature = p.inv_temperature;
-    node.greedy = p.greedy;
-    node.logprobs = p.logprobs;
-    node.num_samples = p.num_samples;
-    node.batch_size = static_cast<uint32_t>(p.batch_size);
-    node.vocab_start = static_cast<uint32_t>(p.vocab_start);
+    args.problem_shape = sampler_problem_shape(p);
+    fill_sampler_mainloop_arguments<Element, typename Gemm::GemmKernel>(args.mainloop, p);
+    // Tree arguments nest as { child args..., node args }.
+    fill_sampler_node_arguments(args.epilogue.thread.op_1, p, buffers);
     if constexpr (kScratchD) {
       using StrideD = typename Gemm::GemmKernel::StrideD;
       args.epilogue.ptr_D = static_cast<SamplerScratchD*>(scratch_d);
       args.epilogue.dD = StrideD{cute::_1{}, scratch_d_leading_dim(p), int64_t(0)};
     }
-    args.hw_info.device_id = 0;
-    args.hw_info.sm_count = p.device_sm_count;
-    // Neighbouring CTAs take the N tiles of one vocabulary tile, so W is read from
-    // HBM once even when the columns span several N tiles.
-    args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
+    fill_sampler_schedule_arguments(args, p);
     return args;
   }
 

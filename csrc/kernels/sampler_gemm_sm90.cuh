@@ -11,7 +11,10 @@
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
+#include "cutlass/device_kernel.h"
+
 #include "flashsampling/epilogue/sm90_visitor_gumbel_argmax.hpp"
+#include "flashsampling/kernel/sm90_sampler_epilogue_warpgroups.hpp"
 #include "sampler_gemm_common.cuh"
 
 namespace flashsampling {
@@ -51,6 +54,56 @@ struct SamplerGemmSm90 {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
+
+// The plain loop on a kernel of our own with two epilogue warpgroups beside the two MMA
+// warpgroups (kernel/sm90_sampler_epilogue_warpgroups.hpp): 128 x TileN tiles, candidates per
+// 64-row half tile.
+template <class Element, int TileN>
+struct SamplerGemmSm90EpilogueWarpGroups {
+  using TileShape = cute::Shape<cute::_128, cute::Int<TileN>, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  static constexpr int kAlignment = 16 / sizeof(Element);
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
+      SamplerLayoutB, kAlignment, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(kernel::EpilogueWarpGroupsStorage<TileN>))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using GemmKernel = kernel::Sm90SamplerEpilogueWarpGroups<CollectiveMainloop>;
+  static_assert(GemmKernel::kHalfM == kEpilogueWarpGroupsVocabTile, "stage 2 reads candidates per half tile");
+
+  static cudaError_t run(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {
+    typename GemmKernel::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = sampler_problem_shape(p);
+    fill_sampler_mainloop_arguments<Element, GemmKernel>(args.mainloop, p);
+    fill_sampler_node_arguments(args.node, p, buffers);
+    fill_sampler_schedule_arguments(args, p);
+    if (!GemmKernel::can_implement(args)) {
+      return cudaErrorInvalidValue;
+    }
+    auto const params = GemmKernel::to_underlying_arguments(args, nullptr);
+    auto* kernel_fn = &cutlass::device_kernel<GemmKernel>;
+    cudaError_t err = cudaFuncSetAttribute(kernel_fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           GemmKernel::SharedStorageSize);
+    if (err != cudaSuccess) {
+      return err;
+    }
+    kernel_fn<<<GemmKernel::get_grid_shape(params), GemmKernel::get_block_shape(), GemmKernel::SharedStorageSize,
+                stream>>>(params);
+    return cudaGetLastError();
+  }
+};
+
+template <class Element, int TileN>
+cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups(SamplerParams const& p, SamplerBuffers const& buffers,
+                                                      void* /*gemm_workspace*/, cudaStream_t stream) {
+  return SamplerGemmSm90EpilogueWarpGroups<Element, TileN>::run(p, buffers, stream);
+}
+
+#define FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(Element, TileN)                            \
+  template cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN>(                    \
+      SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);
 
 template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,

@@ -1,0 +1,363 @@
+// The fused sampling GEMM for Hopper with epilogue warpgroups of its own (plain loop, wide
+// batches).
+//
+// CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
+// the tile's mainloop, so at B = 256 the noise (~190 instructions per logit, latency-bound)
+// adds to the GEMM instead of overlapping it (benchmarks/NOTES.md, v7-v15). Here five
+// warpgroups split the work:
+//
+//   warpgroup 0      producer: TMA loads of W and h tiles (CUTLASS's mainloop collective)
+//   warpgroups 1, 2  MMA: wgmma over K (the same collective), then each hands its 64 x N
+//                    accumulator half to shared memory and goes on with the next tile
+//   warpgroups 3, 4  epilogue: warpgroup 3 + w takes MMA warpgroup 1 + w's half: once its
+//                    logits are in shared memory it draws their noise, keeps the best
+//                    (score, index) of every column of its 64 vocabulary rows, frees the
+//                    buffer and writes one candidate per column, while the MMA warps already
+//                    run the next tile's mainloop.
+//
+// Each (MMA, epilogue) pair shares one accumulator buffer and two mbarriers (full / empty);
+// the epilogue warpgroup thread t reads exactly what MMA thread t wrote, so it knows the
+// coordinates of each value from the MMA's own partition. Candidates are written per
+// 64-row half tile: the candidate table has ceil(V / 64) rows and stage 2 reduces it as
+// for any other tile height.
+//
+// The structure follows CUTLASS's sm90_gemm_tma_warpspecialized_cooperative.hpp (roles by
+// warpgroup, one persistent tile scheduler walked by every role, setmaxnreg per role).
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/gemm.h"
+#include "cutlass/gemm/kernel/tile_scheduler.hpp"
+#include "cutlass/kernel_hardware_info.hpp"
+#include "cutlass/pipeline/pipeline.hpp"
+
+#include "flashsampling/epilogue/candidate_math.cuh"
+#include "flashsampling/epilogue/sm90_visitor_gumbel_argmax.hpp"
+
+namespace flashsampling::kernel {
+
+using namespace cute;
+
+// Shared memory of the hand-over, outside the mainloop's (its size sets the mainloop's
+// stage count: StageCountAutoCarveout).
+template <int kTileN>
+struct EpilogueWarpGroupsStorage {
+  static constexpr int kHalves = 2;                        // one per MMA warpgroup
+  static constexpr int kValuesPerThread = 64 * kTileN / 128;  // a 64 x N half over 128 threads
+  // accumulators[w][q][t]: values 4q .. 4q + 3 of MMA thread t of warpgroup w (16-byte
+  // stores, a warp's 32 consecutive: no bank conflicts).
+  alignas(128) float4 accumulators[kHalves][kValuesPerThread / 4][128];
+  // best[w][parity][warp][column]: each warp's best per column, by tile parity (so one
+  // named barrier per tile orders writers and readers).
+  alignas(16) PackedCandidate best[kHalves][2][4][kTileN];
+  alignas(8) uint64_t full[kHalves];   // logits of half w are in shared memory
+  alignas(8) uint64_t empty[kHalves];  // half w's buffer may be overwritten
+};
+
+template <class CollectiveMainloop_>
+class Sm90SamplerEpilogueWarpGroups {
+ public:
+  using CollectiveMainloop = CollectiveMainloop_;
+  using TileShape = typename CollectiveMainloop::TileShape;
+  using TiledMma = typename CollectiveMainloop::TiledMma;
+  using ArchTag = typename CollectiveMainloop::ArchTag;
+  using ClusterShape = typename CollectiveMainloop::DispatchPolicy::ClusterShape;
+  using ProblemShape = Shape<int, int, int, int>;
+  using StrideA = typename CollectiveMainloop::StrideA;
+  using StrideB = typename CollectiveMainloop::StrideB;
+  using MainloopArguments = typename CollectiveMainloop::Arguments;
+  using MainloopParams = typename CollectiveMainloop::Params;
+  using MainloopPipeline = typename CollectiveMainloop::MainloopPipeline;
+  using TileScheduler = typename cutlass::gemm::kernel::detail::TileSchedulerSelector<
+      cutlass::gemm::PersistentScheduler, ArchTag, TileShape, ClusterShape>::Scheduler;
+  using TileSchedulerArguments = typename TileScheduler::Arguments;
+  using TileSchedulerParams = typename TileScheduler::Params;
+  // The plain loop's arguments (candidates, noise source, temperature, greedy, offsets).
+  using NodeArguments =
+      typename epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, SamplerLoop::kPlain>::Arguments;
+
+  static constexpr int kTileM = size<0>(TileShape{});
+  static constexpr int kTileN = size<1>(TileShape{});
+  static constexpr int kHalfM = 64;
+  using HandOver = EpilogueWarpGroupsStorage<kTileN>;
+  static constexpr int kValuesPerThread = HandOver::kValuesPerThread;
+  static_assert(kTileM == 128 && size(TiledMma{}) == 256, "two MMA warpgroups of 64 rows each (cooperative MMA)");
+  static_assert(kTileN <= 128 && kValuesPerThread % 4 == 0, "one epilogue thread per column");
+  static constexpr int kBlocksPerThread = kValuesPerThread / 4;  // blocks of 8 columns (4 values)
+  static constexpr int kBlocksPerStep = 2;
+  static_assert(kBlocksPerThread % kBlocksPerStep == 0, "whole steps");
+  static constexpr int kEpilogueWarpGroups = HandOver::kHalves;
+  static_assert(size<0>(ClusterShape{}) * size<1>(ClusterShape{}) == 1, "one CTA per cluster");
+
+  static constexpr uint32_t NumThreadsPerWarpGroup = cutlass::NumThreadsPerWarpGroup;
+  static constexpr uint32_t MaxThreadsPerBlock = (3 + kEpilogueWarpGroups) * NumThreadsPerWarpGroup;
+  static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
+  // Registers per thread: ptxas compiles the whole kernel for the launch count (65536 / 640 in
+  // units of 8 = 96; it does not raise it after setmaxnreg, and wgmma over 64 fp32 accumulators
+  // needs 90, so there is no room for more warpgroups). The producer gives back what it does not
+  // need; nobody takes it (setmaxnreg.inc could only take what the CTA's own warps gave back).
+  static constexpr uint32_t kLaunchRegisters = (65536 / MaxThreadsPerBlock) / 8 * 8;
+  static constexpr uint32_t kLoadRegisters = 40;
+
+  struct SharedStorage {
+    struct PipelineStorage : aligned_struct<16, _1> {
+      alignas(16) typename CollectiveMainloop::PipelineStorage mainloop;
+    } pipelines;
+    struct TensorStorage : aligned_struct<128, _1> {
+      typename CollectiveMainloop::TensorStorage mainloop;
+      HandOver hand_over;
+    } tensors;
+  };
+  static constexpr int SharedStorageSize = sizeof(SharedStorage);
+
+  struct Arguments {
+    cutlass::gemm::GemmUniversalMode mode{};
+    ProblemShape problem_shape{};
+    MainloopArguments mainloop{};
+    NodeArguments node{};
+    cutlass::KernelHardwareInfo hw_info{};
+    TileSchedulerArguments scheduler{};
+  };
+
+  struct Params {
+    ProblemShape problem_shape{};
+    MainloopParams mainloop{};
+    NodeArguments node{};
+    cutlass::KernelHardwareInfo hw_info{};
+    TileSchedulerParams scheduler{};
+  };
+
+  static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
+    auto problem_shape_mnkl = append<4>(args.problem_shape, 1);
+    return {args.problem_shape,
+            CollectiveMainloop::to_underlying_arguments(args.problem_shape, args.mainloop, nullptr),
+            args.node,
+            args.hw_info,
+            TileScheduler::to_underlying_arguments(problem_shape_mnkl, TileShape{}, ClusterShape{}, args.hw_info,
+                                                   args.scheduler, nullptr)};
+  }
+
+  static bool can_implement(Arguments const& args) {
+    return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
+           CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
+           args.node.ptr_candidates != nullptr && args.node.num_samples == 1 && args.node.batch_size >= 1 &&
+           is_plain_sampling(args.node.controls, args.node.noise, args.node.num_samples, args.node.logprobs);
+  }
+
+  static size_t get_workspace_size(Arguments const&) { return 0; }
+
+  static dim3 get_grid_shape(Params const& params) {
+    TileSchedulerArguments args{};
+    args.raster_order = params.scheduler.raster_order_ == TileScheduler::RasterOrder::AlongN
+                            ? TileScheduler::RasterOrderOptions::AlongN
+                            : TileScheduler::RasterOrderOptions::AlongM;
+    return TileScheduler::get_grid_shape(params.scheduler, append<4>(params.problem_shape, 1), TileShape{},
+                                         ClusterShape{}, params.hw_info, args);
+  }
+
+  static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
+
+  CUTLASS_DEVICE void operator()(Params const& params, char* smem_buf) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    enum class Role { kProducer = 0, kMma = 1, kEpilogue = 2 };
+    SharedStorage& storage = *reinterpret_cast<SharedStorage*>(smem_buf);
+    HandOver& hand_over = storage.tensors.hand_over;
+    int const thread_idx = static_cast<int>(threadIdx.x);
+    int const warp_group = cutlass::canonical_warp_group_idx();
+    int const warp_idx = cutlass::canonical_warp_idx_sync();
+    Role const role = warp_group == 0 ? Role::kProducer : warp_group <= 2 ? Role::kMma : Role::kEpilogue;
+    int const lane_predicate = cute::elect_one_sync();
+
+    if (warp_idx == 0 && lane_predicate) {
+      CollectiveMainloop::prefetch_tma_descriptors(params.mainloop);
+    }
+
+    typename MainloopPipeline::Params pipeline_params;
+    if (role == Role::kProducer && warp_idx == 0) {
+      pipeline_params.role = MainloopPipeline::ThreadCategory::Producer;
+    }
+    if (role == Role::kMma) {
+      pipeline_params.role = MainloopPipeline::ThreadCategory::Consumer;
+    }
+    pipeline_params.is_leader = thread_idx % NumThreadsPerWarpGroup == 0;
+    pipeline_params.num_consumers = size(TiledMma{});
+    pipeline_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+    MainloopPipeline pipeline(storage.pipelines.mainloop, pipeline_params, ClusterShape{});
+
+    if (warp_idx == 1 && lane_predicate) {
+      for (int w = 0; w < HandOver::kHalves; ++w) {
+        cutlass::arch::ClusterBarrier::init(&hand_over.full[w], NumThreadsPerWarpGroup);
+        cutlass::arch::ClusterBarrier::init(&hand_over.empty[w], NumThreadsPerWarpGroup);
+      }
+    }
+    cutlass::arch::fence_barrier_init();
+    __syncthreads();
+
+    auto problem_shape_mnkl = append<4>(params.problem_shape, Int<1>{});
+    CollectiveMainloop collective_mainloop;
+    TileScheduler scheduler{params.scheduler};
+    auto work = scheduler.initial_work_tile_info(ClusterShape{});
+    int const k_tile_count = TileScheduler::get_work_k_tile_count(work, problem_shape_mnkl, TileShape{});
+
+    if (role == Role::kProducer) {
+      cutlass::arch::warpgroup_reg_dealloc<kLoadRegisters>();
+      if (warp_idx != 0) {
+        return;
+      }
+      auto load_inputs = collective_mainloop.load_init(problem_shape_mnkl, params.mainloop);
+      Tensor gA_mkl = get<0>(load_inputs);
+      Tensor gB_nkl = get<1>(load_inputs);
+      auto write_state = cutlass::make_producer_start_state<MainloopPipeline>();
+      while (work.is_valid()) {
+        auto blk_coord = make_coord(idx2crd(work.M_idx, shape<2>(gA_mkl)), idx2crd(work.N_idx, shape<2>(gB_nkl)), _,
+                                    idx2crd(work.L_idx, shape<4>(gB_nkl)));
+        auto k_tile_iter = make_coord_iterator(idx2crd(0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
+        collective_mainloop.load(params.mainloop, pipeline, write_state, load_inputs, blk_coord, k_tile_iter,
+                                 k_tile_count, cutlass::canonical_lane_idx(), /*block_rank_in_cluster=*/0u,
+                                 storage.tensors.mainloop);
+        write_state.advance(k_tile_count);
+        work = get<0>(scheduler.fetch_next_work(work));
+      }
+      collective_mainloop.load_tail(pipeline, write_state);
+    } else if (role == Role::kMma) {
+      int const mma_thread_idx = thread_idx - NumThreadsPerWarpGroup;
+      int const half = mma_thread_idx / NumThreadsPerWarpGroup;
+      int const t = mma_thread_idx % NumThreadsPerWarpGroup;
+      TiledMma tiled_mma;
+      typename CollectiveMainloop::PipelineState read_state;
+      uint32_t empty_phase = 1;  // a fresh buffer counts as emptied
+      while (work.is_valid()) {
+        auto accumulators = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));  // (MMA, MMA_M, MMA_N)
+        static_assert(decltype(size(accumulators))::value == kValuesPerThread, "a 64 x N half per warpgroup");
+        collective_mainloop.mma(pipeline, read_state, accumulators, k_tile_count, mma_thread_idx,
+                                storage.tensors.mainloop, params.mainloop);
+        collective_mainloop.mma_tail(pipeline, read_state, k_tile_count);
+        read_state.advance(k_tile_count);
+
+        cutlass::arch::ClusterBarrier::wait(&hand_over.empty[half], empty_phase);
+        empty_phase ^= 1;
+        CUTLASS_PRAGMA_UNROLL
+        for (int q = 0; q < kValuesPerThread / 4; ++q) {
+          hand_over.accumulators[half][q][t] = make_float4(accumulators(4 * q), accumulators(4 * q + 1),
+                                                           accumulators(4 * q + 2), accumulators(4 * q + 3));
+        }
+        cutlass::arch::ClusterBarrier::arrive(&hand_over.full[half]);
+        work = get<0>(scheduler.fetch_next_work(work));
+      }
+    } else {
+      run_epilogue(params, hand_over, scheduler, work, warp_group - 3, thread_idx % NumThreadsPerWarpGroup);
+    }
+#endif
+  }
+
+ private:
+  CUTLASS_DEVICE static PackedCandidate key_max(PackedCandidate a, PackedCandidate b) { return a > b ? a : b; }
+
+  // One epilogue warpgroup: for each tile of the schedule, the plain loop over the 64 x N half
+  // that MMA warpgroup `half` computed, then one candidate per column.
+  template <class WorkTileInfo>
+  CUTLASS_DEVICE static void run_epilogue(Params const& params, HandOver& hand_over, TileScheduler& scheduler,
+                                          WorkTileInfo work, int half, int t) {
+    NodeArguments const& node = params.node;
+    int const lane = t % 32;
+    int const warp = t / 32;
+    // Coordinates (m, n) in the tile of each value, as MMA thread (half, t) holds them. In the
+    // wgmma accumulator layout values 4q .. 4q + 3 are (m, n), (m, n + 1), (m + 8, n),
+    // (m + 8, n + 1) with n even: four elements on two vocabulary rows and one batch quad,
+    // the noise call's shape, and 4q / 4q + 2 (4q + 1 / 4q + 3) share a column.
+    TiledMma tiled_mma;
+    Tensor tCcAcc = tiled_mma.get_slice(half * NumThreadsPerWarpGroup + t)
+                        .partition_C(make_identity_tensor(take<0, 2>(TileShape{})));  // (MMA, MMA_M, MMA_N)
+    int const num_rows = get<0>(params.problem_shape);
+    int const num_cols = get<1>(params.problem_shape);
+    uint64_t seed = 0, offset = 0;
+    resolve_noise_source(node.noise, seed, offset);
+    PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
+    uint32_t full_phase = 0;
+    int parity = 0;
+    while (work.is_valid()) {
+      int const m_origin = work.M_idx * kTileM;
+      int const n_origin = work.N_idx * kTileN;
+      cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
+      full_phase ^= 1;
+      // Two blocks (eight elements: four Philox chains, eight logs) per step, inlined so the
+      // compiler interleaves their chains; a rolled loop keeps the code small.
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
+        constexpr int N = 4 * kBlocksPerStep;
+        float x[N], gumbel[N];
+        uint64_t seeds[N], offsets[N];
+        uint32_t vocab_index[N], batch_row[N];
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < kBlocksPerStep; ++s) {
+          float4 const logit = hand_over.accumulators[half][q0 + s][t];
+          x[4 * s] = logit.x;
+          x[4 * s + 1] = logit.y;
+          x[4 * s + 2] = logit.z;
+          x[4 * s + 3] = logit.w;
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < N; ++e) {
+          auto const coord = tCcAcc(4 * q0 + e);
+          vocab_index[e] = node.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
+          batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
+          seeds[e] = seed;
+          offsets[e] = offset;
+          gumbel[e] = 0.0f;
+        }
+        if (!node.greedy) {
+          epilogue::gumbel_noise_lanes<N>(seeds, offsets, vocab_index, batch_row, gumbel);
+        }
+        // Per block: the thread's two rows of each of its two columns, then the eight lanes of
+        // the column (lane bits 2-4); lanes 0-3 keep their warp's result for the step below.
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < kBlocksPerStep; ++s) {
+          PackedCandidate key[4];
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            int const e = 4 * s + j;
+            float const score = node.greedy ? x[e] : fs_perturbed_score(x[e], node.inv_temperature, gumbel[e]);
+            bool const in_range = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
+            key[j] = in_range ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
+          }
+          PackedCandidate column_key[2] = {key_max(no_candidate, key_max(key[0], key[2])),
+                                           key_max(no_candidate, key_max(key[1], key[3]))};
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int delta = 4; delta < 32; delta *= 2) {
+              column_key[c] = key_max(column_key[c], __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta));
+            }
+          }
+          if (lane < 4) {
+            int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
+            hand_over.best[half][parity][warp][column] = column_key[0];
+            hand_over.best[half][parity][warp][column + 1] = column_key[1];
+          }
+        }
+      }
+      cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[half]);
+      cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
+      int const candidate_row = work.M_idx * (kTileM / kHalfM) + half;
+      int const column = t;
+      if (t < kTileN && n_origin + column < num_cols && candidate_row * kHalfM < num_rows) {
+        PackedCandidate best = hand_over.best[half][parity][0][column];
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 1; w < 4; ++w) {
+          best = key_max(best, hand_over.best[half][parity][w][column]);
+        }
+        node.ptr_candidates[static_cast<int64_t>(candidate_row) * num_cols + n_origin + column] = best;
+      }
+      parity ^= 1;
+      work = get<0>(scheduler.fetch_next_work(work));
+    }
+  }
+};
+
+}  // namespace flashsampling::kernel
