@@ -266,6 +266,9 @@ def main() -> None:
                         help="also time ours with top_k=50, top_p=0.9 (and top_k=1000) and the compiled torch equivalent")
     parser.add_argument("--fi-topk", action="store_true", help="also time FlashInfer top-k/top-p sampling")
     args = parser.parse_args()
+    # One compiled graph per (shape, batch): 18 of them by default, over dynamo's default limit
+    # of 8 recompiles per function, past which the baselines would silently run eager.
+    torch._dynamo.config.recompile_limit = 64
     if not torch.cuda.is_available():
         sys.exit("bench_sampler.py needs a CUDA GPU")
     results = run(args)
