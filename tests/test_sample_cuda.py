@@ -100,9 +100,9 @@ def test_greedy_is_argmax_of_fp32_logits():
     assert pathwise_mismatches(tokens, ref)[1] == 0
 
 
-# Beyond 128 GEMM columns the plain kernel draws the noise in its mainloop and adds it into the
-# accumulators (gemm/sm90_mma_gumbel_noise.hpp): greedy batches, a vocabulary offset (a TP
-# shard), a short K (fewer k tiles than noise pairs) and a tail tile in M and N.
+# Beyond 64 GEMM columns the plain pass runs the kernel with epilogue warpgroups on sm90
+# (kernel/sm90_sampler_epilogue_warpgroups.hpp): greedy batches, a vocabulary offset (a TP
+# shard), a short K and a tail tile in M and N.
 @pytest.mark.parametrize(
     "batch,vocab,dim,temperature,vocab_start",
     [(129, 5003, 64, 0.7, 0), (300, 32000, 2880, 0.0, 0), (256, 9000, 1024, 1.3, 4096), (1000, 3001, 8192, 0.9, 77)],
@@ -115,6 +115,43 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
     total, unexplained = pathwise_mismatches(tokens, ref)
     assert unexplained == 0
     assert total <= max(1, batch // 1000)
+
+
+PAD_PROBE = r"""
+import sys, torch, flashsampling_cuda
+gen = torch.Generator(device="cuda").manual_seed(5)
+out = []
+for batch, k in ((33, 0), (65, 0), (129, 0), (5, 3), (40, 50)):
+    hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(torch.bfloat16)
+    weight = (torch.randn(5003, 256, device="cuda", generator=gen) * 0.2).to(torch.bfloat16)
+    temperature = torch.rand(batch, device="cuda", generator=gen) + 0.5
+    if k == 0:
+        out.append(flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=9))
+        out.append(flashsampling_cuda.sample(hidden, weight, temperature=temperature, seed=9, return_logprobs=True).tokens)
+    elif k == 3:
+        out.append(flashsampling_cuda.sample(hidden, weight, seed=9, num_samples=k))
+    else:
+        out.append(flashsampling_cuda.sample(hidden, weight, seed=9, top_k=k, top_p=0.9))
+torch.save([t.cpu() for t in out], sys.argv[1])
+"""
+
+
+def test_padding_hidden_rows_changes_no_token(tmp_path):
+    """launch_sampler pads the hidden rows to whole N tiles (FLASHSAMPLING_PAD_COLUMNS, read once
+    per process): the same calls with and without it give the same tokens (plain, per-row T with
+    logprobs, several samples, fused top-k)."""
+    import os
+    import subprocess
+    import sys
+
+    results = {}
+    for pad in ("1", "0"):
+        path = tmp_path / f"pad{pad}.pt"
+        env = {**os.environ, "FLASHSAMPLING_PAD_COLUMNS": pad}
+        subprocess.run([sys.executable, "-c", PAD_PROBE, str(path)], env=env, check=True)
+        results[pad] = torch.load(path)
+    for padded, ragged in zip(results["1"], results["0"]):
+        assert torch.equal(padded, ragged)
 
 
 def test_default_generator_reproducible_and_advancing():

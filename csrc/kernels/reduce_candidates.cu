@@ -57,7 +57,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   int64_t const row = blockIdx.x;
   int const sample = blockIdx.y;
   // GEMM column s * B + b holds (sample s, row b); tiles are `columns` apart.
-  int64_t const columns = p.batch_size * p.num_samples;
+  int64_t const columns = sampler_gemm_columns(p);
   int64_t const col = static_cast<int64_t>(sample) * p.batch_size + row;
   PackedCandidate const* column = buffers.candidates + col;
 

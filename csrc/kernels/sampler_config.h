@@ -22,8 +22,20 @@ struct SamplerTileConfig {
 
 // GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b). The
 // fused top-k pass draws no noise in the GEMM: its samples are drawn in stage 2, one column per row.
-inline int64_t sampler_gemm_columns(SamplerParams const& p) {
+#if defined(__CUDACC__)
+#define FLASHSAMPLING_HOST_DEVICE __host__ __device__ inline
+#else
+#define FLASHSAMPLING_HOST_DEVICE inline
+#endif
+
+FLASHSAMPLING_HOST_DEVICE int64_t sampler_unpadded_columns(SamplerParams const& p) {
   return p.top_k > 0 ? p.batch_size : p.batch_size * p.num_samples;
+}
+
+// The GEMM's N: the columns above, or more when launch_sampler pads the hidden rows to a whole
+// number of N tiles (the extra columns are zero rows; their candidates are never read).
+FLASHSAMPLING_HOST_DEVICE int64_t sampler_gemm_columns(SamplerParams const& p) {
+  return p.padded_columns > 0 ? p.padded_columns : sampler_unpadded_columns(p);
 }
 
 // Candidates per (vocabulary tile, GEMM column) in the workspace.
@@ -50,10 +62,11 @@ struct SamplerBuffers {
   float* inv_temperatures = nullptr;      // [B] (per-row temperatures only)
 };
 
-// Byte offsets of SamplerBuffers in the workspace (each 256-aligned), then the GEMM's own.
+// Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
+// hidden rows (when padded), then the GEMM's own.
 struct SamplerWorkspaceLayout {
-  size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, inv_temperatures = 0, gemm = 0,
-         total = 0;
+  size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, inv_temperatures = 0,
+         padded_hidden = 0, gemm = 0, total = 0;
 
   SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
     auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -70,6 +83,8 @@ struct SamplerWorkspaceLayout {
     at += p.controls.sparse_ids ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 4) : 0;
     inv_temperatures = at;
     at += p.controls.temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
+    padded_hidden = at;
+    at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * 2) : 0;  // 16-bit
     gemm = at;
     total = at + gemm_bytes;
   }

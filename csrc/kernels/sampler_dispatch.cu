@@ -14,7 +14,8 @@ namespace {
 struct ConfigEntry {
   cudaError_t (*run)(SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);
   size_t (*gemm_workspace)(SamplerParams const&);
-  int vocab_tile;  // M extent of one candidate row
+  int vocab_tile;   // M extent of one candidate row
+  int column_tile;  // N extent of the CTA tile
 };
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -22,7 +23,7 @@ template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClus
 ConfigEntry sm90_entry() {
   return {run_sampler_gemm_sm90<Element, TileN, kPingpong, kLoop, kClusterM>,
           sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kLoop, kClusterM>,
-          SamplerTileConfig<TileN, kPingpong>::kTileM};
+          SamplerTileConfig<TileN, kPingpong>::kTileM, TileN};
 }
 #endif
 
@@ -30,7 +31,7 @@ ConfigEntry sm90_entry() {
 template <class Element, int TileN>
 ConfigEntry sm90_epilogue_warpgroups_entry() {
   return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN>, [](SamplerParams const&) { return size_t{0}; },
-          kEpilogueWarpGroupsVocabTile};
+          kEpilogueWarpGroupsVocabTile, TileN};
 }
 #endif
 
@@ -38,7 +39,7 @@ ConfigEntry sm90_epilogue_warpgroups_entry() {
 template <class Element, int TileN, SamplerLoop kLoop>
 ConfigEntry sm100_entry() {
   return {run_sampler_gemm_sm100<Element, TileN, kLoop>, sampler_gemm_workspace_sm100<Element, TileN, kLoop>,
-          SamplerTileConfig<TileN, false>::kTileM};
+          SamplerTileConfig<TileN, false>::kTileM, TileN};
 }
 #endif
 
@@ -96,7 +97,7 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
   (void)device_arch;
   (void)tile_n;
   (void)columns;
-  return {nullptr, nullptr, 0};
+  return {nullptr, nullptr, 0, 0};
 }
 
 // The loop for all controls is compiled for N = 16 and 32 only: its per-element code is large
@@ -120,7 +121,7 @@ ConfigEntry select_all_controls(int device_arch, int64_t columns) {
 #endif
   (void)device_arch;
   (void)narrow;
-  return {nullptr, nullptr, 0};
+  return {nullptr, nullptr, 0, 0};
 }
 
 // The fused top-k pass: its per-element work (a transform and a 4-key insert, no noise) is
@@ -146,7 +147,7 @@ ConfigEntry select_top_candidates(int device_arch, int64_t columns) {
 #endif
   (void)device_arch;
   (void)columns;
-  return {nullptr, nullptr, 0};
+  return {nullptr, nullptr, 0, 0};
 }
 
 // FLASHSAMPLING_PLAIN_TILE_N / FLASHSAMPLING_CONTROLS_TILE_N = 16, 32 or 64 cap the N tile of
@@ -183,6 +184,41 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   }
 }
 
+// The hidden rows padded with zero rows to a whole number of N tiles where the last tile's TMA
+// box would reach far past the last hidden row. Measured on H200 (D = 4096, benchmarks/NOTES.md,
+// v17), ragged / padded, µs: B = 33 388 / 320, 40 359 / 319 (64-wide tile), 65 490 / 379,
+// 96 399 / 386 (128-wide), 129 1001 / 627 (two 128-wide tiles); but 200 688 / 695 and
+// 255 693 / 776. So: one N tile, always; several, when the last one is at most half full. The
+// padding costs a copy and a memset node. FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
+SamplerParams with_padded_columns(SamplerParams const& params, ConfigEntry const& entry) {
+  static bool const pad = [] {
+    char const* env = std::getenv("FLASHSAMPLING_PAD_COLUMNS");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  SamplerParams p = params;
+  int64_t const columns = sampler_unpadded_columns(p);
+  int64_t const tile = entry.column_tile;
+  int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;
+  bool const ragged = last_tile_rows != 0 && (columns < tile || 2 * last_tile_rows <= tile);
+  p.padded_columns = pad && ragged ? (columns + tile - 1) / tile * tile : 0;
+  return p;
+}
+
+// Copies the hidden rows into the padded buffer (row stride D) and zeroes the rows after them.
+cudaError_t pad_hidden_rows(SamplerParams& p, void* padded_hidden, cudaStream_t stream) {
+  size_t const row_bytes = static_cast<size_t>(p.hidden_dim) * 2;  // bf16 / fp16
+  int64_t const rows = sampler_unpadded_columns(p);
+  cudaError_t err = cudaMemcpy2DAsync(padded_hidden, row_bytes, p.hidden, static_cast<size_t>(p.hidden_row_stride) * 2,
+                                      row_bytes, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream);
+  if (err != cudaSuccess) return err;
+  err = cudaMemsetAsync(static_cast<char*>(padded_hidden) + rows * row_bytes, 0,
+                        static_cast<size_t>(p.padded_columns - rows) * row_bytes, stream);
+  if (err != cudaSuccess) return err;
+  p.hidden = padded_hidden;
+  p.hidden_row_stride = p.hidden_dim;
+  return cudaSuccess;
+}
+
 }  // namespace
 
 const char* sampler_compiled_archs() {
@@ -203,9 +239,10 @@ bool fused_top_k_fits(SamplerParams const& p, int device_arch) {
          truncate_candidates_smem_bytes(num_vocab_tiles(p, entry.vocab_tile), entry.vocab_tile) > 0;
 }
 
-size_t sampler_workspace_bytes(SamplerParams const& p, int device_arch) {
-  ConfigEntry const entry = select_config(p, device_arch);
+size_t sampler_workspace_bytes(SamplerParams const& params, int device_arch) {
+  ConfigEntry const entry = select_config(params, device_arch);
   if (entry.run == nullptr) return 0;
+  SamplerParams const p = with_padded_columns(params, entry);
   return SamplerWorkspaceLayout(p, entry.vocab_tile, entry.gemm_workspace(p)).total;
 }
 
@@ -214,10 +251,14 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
   ConfigEntry const entry = select_config(params, device_arch);
   if (entry.run == nullptr) return cudaErrorNotSupported;
   if (params.batch_size == 0) return cudaSuccess;
-  SamplerWorkspaceLayout const layout(params, entry.vocab_tile, entry.gemm_workspace(params));
+  SamplerParams p = with_padded_columns(params, entry);
+  SamplerWorkspaceLayout const layout(p, entry.vocab_tile, entry.gemm_workspace(p));
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
-  SamplerBuffers const buffers = layout.buffers(params, workspace);
-  SamplerParams p = params;
+  SamplerBuffers const buffers = layout.buffers(p, workspace);
+  if (p.padded_columns > 0) {
+    cudaError_t err = pad_hidden_rows(p, static_cast<char*>(workspace) + layout.padded_hidden, stream);
+    if (err != cudaSuccess) return err;
+  }
   if (buffers.sparse_bitmap != nullptr) {
     cudaError_t err = launch_build_sparse_bitmap(p, buffers.sparse_bitmap, stream);
     if (err != cudaSuccess) return err;

@@ -178,7 +178,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ Stage2Shared sh;
   int64_t const row = blockIdx.x;
-  int64_t const batch = p.batch_size;
+  int64_t const columns = sampler_gemm_columns(p);  // tiles are `columns` apart
   int const k = p.top_k;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   SamplingControls const& controls = p.controls;
@@ -188,7 +188,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   bool const invalid_temperature = inv_t != inv_t;
   // y = x * inv_t can map two x to one y (then tiles may tie kappa's y with a smaller index).
   bool const scale_exact = greedy || inv_t == 1.0f;
-  auto key_at = [&](int64_t tile, int j) { return candidates[(tile * batch + row) * C + j]; };
+  auto key_at = [&](int64_t tile, int j) { return candidates[(tile * columns + row) * C + j]; };
   auto row_y_key = [&](PackedCandidate x_key) { return y_key(x_key, inv_t, greedy); };
 
   PackedCandidate* keys = reinterpret_cast<PackedCandidate*>(dynamic_smem);

@@ -129,6 +129,10 @@ struct SamplerParams {
 
   // Multiprocessors of the running GPU (sizes the persistent grid).
   int device_sm_count = 0;
+
+  // Set by launch_sampler, not by callers: GEMM columns after padding the hidden rows to a
+  // multiple of the CTA's N tile (0: not padded; see sampler_dispatch.cu).
+  int64_t padded_columns = 0;
 };
 
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max
