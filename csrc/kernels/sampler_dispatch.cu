@@ -187,9 +187,10 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 // The hidden rows padded with zero rows to a whole number of N tiles where the last tile's TMA
 // box would reach far past the last hidden row. Measured on H200 (D = 4096, benchmarks/NOTES.md,
 // v17), ragged / padded, µs: B = 33 388 / 320, 40 359 / 319 (64-wide tile), 65 490 / 379,
-// 96 399 / 386 (128-wide), 129 1001 / 627 (two 128-wide tiles); but 200 688 / 695 and
-// 255 693 / 776. So: one N tile, always; several, when the last one is at most half full. The
-// padding costs a copy and a memset node. FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
+// 96 399 / 386 (128-wide), 129 1001 / 627 (two 128-wide tiles); no gain at 200 (688 / 695) or
+// 255 (~700 or ~780 either way, from one process to the next). So: one N tile, always; several,
+// when the last one is at most half full. The padding costs a copy and a memset node.
+// FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
 SamplerParams with_padded_columns(SamplerParams const& params, ConfigEntry const& entry) {
   static bool const pad = [] {
     char const* env = std::getenv("FLASHSAMPLING_PAD_COLUMNS");
