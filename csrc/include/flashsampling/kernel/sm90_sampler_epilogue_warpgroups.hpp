@@ -22,7 +22,8 @@
 // for any other tile height.
 //
 // The structure follows CUTLASS's sm90_gemm_tma_warpspecialized_cooperative.hpp (roles by
-// warpgroup, one persistent tile scheduler walked by every role, setmaxnreg per role).
+// warpgroup, one persistent tile scheduler walked by every role, the producer's registers
+// given back with setmaxnreg).
 #pragma once
 
 #include <cstdint>
@@ -104,6 +105,7 @@ class Sm90SamplerEpilogueWarpGroups {
   // need; nobody takes it (setmaxnreg.inc could only take what the CTA's own warps gave back).
   static constexpr uint32_t kLaunchRegisters = (65536 / MaxThreadsPerBlock) / 8 * 8;
   static constexpr uint32_t kLoadRegisters = 40;
+  static_assert(kLoadRegisters <= kLaunchRegisters, "the producer only gives registers back");
 
   struct SharedStorage {
     struct PipelineStorage : aligned_struct<16, _1> {
