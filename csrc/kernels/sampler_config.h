@@ -20,14 +20,14 @@ struct SamplerTileConfig {
   static constexpr int kTileK = TileN >= 128 ? 64 : 128;
 };
 
-// GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b). The
-// fused top-k pass draws no noise in the GEMM: its samples are drawn in stage 2, one column per row.
 #if defined(__CUDACC__)
 #define FLASHSAMPLING_HOST_DEVICE __host__ __device__ inline
 #else
 #define FLASHSAMPLING_HOST_DEVICE inline
 #endif
 
+// GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b). The
+// fused top-k pass draws no noise in the GEMM: its samples are drawn in stage 2, one column per row.
 FLASHSAMPLING_HOST_DEVICE int64_t sampler_unpadded_columns(SamplerParams const& p) {
   return p.top_k > 0 ? p.batch_size : p.batch_size * p.num_samples;
 }
@@ -84,7 +84,7 @@ struct SamplerWorkspaceLayout {
     inv_temperatures = at;
     at += p.controls.temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
     padded_hidden = at;
-    at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * 2) : 0;  // 16-bit
+    at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
     gemm = at;
     total = at + gemm_bytes;
   }

@@ -207,9 +207,10 @@ SamplerParams with_padded_columns(SamplerParams const& params, ConfigEntry const
 
 // Copies the hidden rows into the padded buffer (row stride D) and zeroes the rows after them.
 cudaError_t pad_hidden_rows(SamplerParams& p, void* padded_hidden, cudaStream_t stream) {
-  size_t const row_bytes = static_cast<size_t>(p.hidden_dim) * 2;  // bf16 / fp16
+  size_t const row_bytes = static_cast<size_t>(p.hidden_dim) * kElementBytes;
   int64_t const rows = sampler_unpadded_columns(p);
-  cudaError_t err = cudaMemcpy2DAsync(padded_hidden, row_bytes, p.hidden, static_cast<size_t>(p.hidden_row_stride) * 2,
+  cudaError_t err = cudaMemcpy2DAsync(padded_hidden, row_bytes, p.hidden,
+                                      static_cast<size_t>(p.hidden_row_stride) * kElementBytes,
                                       row_bytes, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream);
   if (err != cudaSuccess) return err;
   err = cudaMemsetAsync(static_cast<char*>(padded_hidden) + rows * row_bytes, 0,

@@ -11,6 +11,7 @@
 namespace flashsampling {
 
 enum class ElementType : int { kBFloat16 = 0, kFloat16 = 1 };
+constexpr size_t kElementBytes = 2;  // both element types are 16-bit
 
 // Where the seed and offset of the noise come from. A device pointer, when set,
 // wins over the value and is read by the kernel at run time, so a captured CUDA

@@ -148,7 +148,7 @@ class Sm90SamplerEpilogueWarpGroups {
   static bool can_implement(Arguments const& args) {
     return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
            CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
-           args.node.ptr_candidates != nullptr && args.node.num_samples == 1 && args.node.batch_size >= 1 &&
+           args.node.ptr_candidates != nullptr && args.node.batch_size >= 1 &&
            is_plain_sampling(args.node.controls, args.node.noise, args.node.num_samples, args.node.logprobs);
   }
 
