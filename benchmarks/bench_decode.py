@@ -14,7 +14,10 @@ paths), then one decode step (body + sampling + bookkeeping) is captured as a CU
 and replayed for the remaining tokens. Without the compiled body a Qwen3-1.7B step runs
 ~1,500 small eager kernels (5.3 ms at B = 1 on an H200), which hides any sampler. The decode
 steps attend with the query heads grouped per KV head over the un-repeated static cache
-(StaticCacheDecoder(grouped_decode_attention=True), for both paths); --repeat-kv-attention
+(StaticCacheDecoder(grouped_decode_attention=True), for both paths; compiled, that attention is
+two batched GEMMs and a float32 softmax) and, by default, with each layer's q/k/v and gate/up
+projections fused into one GEMM per group (fuse_projections=True, as serving engines load their
+weights; --no-fuse-projections keeps transformers' seven projection GEMMs per layer); --repeat-kv-attention
 keeps transformers' masked sdpa path, which copies the whole cache to all query heads
 (repeat_kv) in every layer of every step: memory traffic that grows with B. TPOT = GPU
 time of the replayed steps / their number (CUDA events; prefill excluded), median over
@@ -105,10 +108,15 @@ def run(args) -> dict:
         "standard_head_compiled": compile_head,
         "body_compiled": compile_body,
         "grouped_decode_attention": grouped,
+        "fused_projections": not args.no_fuse_projections,
         "rows": [],
     }
     for name in args.models.split(","):
         model = build_model(name, device, dtype)
+        if not args.no_fuse_projections:
+            from flashsampling_cuda.integrations.transformers import fuse_projections
+
+            fuse_projections(model)
         vocab = model.config.vocab_size
         standard = standard_head(model, args.temperature, compile_head)
         for batch in (int(b) for b in args.batches.split(",")):
@@ -162,6 +170,7 @@ def markdown_table(results: dict) -> str:
         f"tokens, {results['new_tokens']} new tokens, T = {results['temperature']}, CUDA graphs "
         f"{'on' if results['cuda_graphs'] else 'off'} for both, model body "
         f"{'compiled' if results.get('body_compiled') else 'eager'}"
+        f"{', fused q/k/v and gate/up projections' if results.get('fused_projections') else ''}"
         f"{', repeat_kv attention' if results.get('grouped_decode_attention') is False else ''}, "
         f"median of {results['reps']} generations",
         "",
@@ -213,6 +222,8 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="run the standard head eagerly")
     parser.add_argument("--no-compile-body", action="store_true", help="run the model body eagerly in the steps")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode steps (diagnosis only)")
+    parser.add_argument("--no-fuse-projections", action="store_true",
+                        help="keep transformers' separate q/k/v and gate/up projection GEMMs")
     parser.add_argument("--repeat-kv-attention", action="store_true",
                         help="transformers' sdpa decode attention (repeat_kv copy of the cache; diagnosis only)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")

@@ -117,6 +117,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15, help="kernels listed per configuration")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default: bf16 on GPU, fp32 on CPU")
     parser.add_argument("--no-compile-body", action="store_true")
+    parser.add_argument("--fuse-projections", action="store_true",
+                        help="fuse each layer's q/k/v and gate/up projections (bench_decode.py's default)")
     parser.add_argument("--tiny", action="store_true", help="smoke run: --model tiny --batches 1,4 --prompt-len 16 "
                                                             "--new-tokens 16 --reps 1 --steps 3")
     args = parser.parse_args()
@@ -141,6 +143,10 @@ def main() -> None:
           f"{str(dtype).replace('torch.', '')}, prompt {args.prompt_len}, {args.new_tokens} new tokens, body "
           f"{'compiled' if compile_body else 'eager'}, CUDA graphs {'on' if on_gpu else 'off'}", flush=True)
     unit = "us/step"
+    if args.fuse_projections:
+        from flashsampling_cuda.integrations.transformers import fuse_projections
+
+        print(f"[profile] fused projection groups: {fuse_projections(model)}", flush=True)
     rows = []
     for attn in args.attn.split(","):
         if attn not in ("grouped", "repeat_kv"):

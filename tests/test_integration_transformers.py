@@ -264,6 +264,53 @@ def test_grouped_decode_attention(fst, family):
     torch.testing.assert_close(hidden, ref_hidden, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])  # q/k/v biases; q/k norms and scaling
+def test_fused_projections_keep_the_model(fst, family):
+    """fuse_projections: one GEMM per q/k/v and gate/up group; the parameters stay the same
+    objects with the same names and values, the outputs the same (to fp32 summation order),
+    in-place updates reach the fused GEMM, and a replaced parameter is used as given."""
+    model = tiny_model(family)
+    ids = torch.tensor(PROMPTS[0])[None]
+    with torch.no_grad():
+        before = model(ids).logits
+        params = list(model.named_parameters())
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        assert fst.fuse_projections(model) == 2 * model.config.num_hidden_layers
+        assert fst.fuse_projections(model) == 0  # already fused
+        assert [(n, id(p)) for n, p in model.named_parameters()] == [(n, id(p)) for n, p in params]
+        assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+        attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+        stacked = attn.q_proj._fs_group.weight
+        assert attn.k_proj.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+        torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
+        assert attn.q_proj._fs_group.pending_input is None  # nothing held between calls
+
+        reference = tiny_model(family)  # the same weights, unfused
+        for m in (model, reference):
+            m.model.layers[0].self_attn.k_proj.weight.mul_(2)  # in place
+            m.model.layers[0].mlp.up_proj.weight.data.mul_(-1)
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
+        attn.v_proj.weight = torch.nn.Parameter(attn.v_proj.weight * 3)  # a new object
+        reference.model.layers[0].self_attn.v_proj.weight.mul_(3)
+        mlp.gate_proj.weight = torch.nn.Parameter(mlp.gate_proj.weight + 0.5)
+        reference.model.layers[0].mlp.gate_proj.weight.add_(0.5)
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_projections_in_the_compiled_decoder(fst):
+    """StaticCacheDecoder(fuse_projections=True, compile_body=True): the same tokens as the
+    plain eager decoder (one graph for the step: no graph break from the groups' hand-over)."""
+    model = tiny_model("qwen3")
+    kwargs = dict(max_new_tokens=6, temperature=0.9, seed=4)
+    plain = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
+    fused = fst.FlashSamplingDecoder(model, cuda_graph=False, compile_body=True, fuse_projections=True)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, fst._GroupedLinear)
+    assert torch.equal(fused.generate(PROMPTS, **kwargs).new_tokens, plain.new_tokens)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model.model)(input_ids=torch.tensor([PROMPTS[1]]))
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
 def test_truncation(fst):
     """top_k/top_p/min_p reach the op: off values give the plain tokens, top_k = 1 the greedy
     ones, and every top_k = 3 token is among the 3 largest logits of the model at its step."""
@@ -361,12 +408,34 @@ def gpu_prompts():
     return [torch.randint(0, QWEN3_1_7B["vocab_size"], (n,), generator=g).tolist() for n in GPU_PROMPT_LENGTHS]
 
 
+@pytest.fixture(scope="module")
+def qwen3_1_7b_fused(fst, qwen3_1_7b):
+    """Its own copy of the model (fuse_projections edits the model), compiled decode steps."""
+    transformers = import_or_skip("transformers")
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.Qwen3Config(**QWEN3_1_7B), dtype=torch.bfloat16, attn_implementation="sdpa")
+    model.load_state_dict(qwen3_1_7b.state_dict())
+    assert fst.fuse_projections(model) == 2 * QWEN3_1_7B["num_hidden_layers"]
+    yield model.eval()
+    del model
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.requires_cuda
+@pytest.mark.parametrize("body", ["eager", "compiled_fused"])
 @torch.no_grad()
-def test_gpu_qwen3_1_7b_tokens_equal_reference_on_own_logits(fst, qwen3_1_7b):
-    model, prompts = qwen3_1_7b, gpu_prompts()
+def test_gpu_qwen3_1_7b_tokens_equal_reference_on_own_logits(fst, qwen3_1_7b, body, request):
+    """compiled_fused: the benchmark's body (fused projections, compiled steps with the
+    grouped GEMM attention), checked against the model's standard forward like the eager one."""
+    prompts = gpu_prompts()
     temperature, seed, offset, steps = 0.7, 77, 1000, 24
-    decoder = fst.FlashSamplingDecoder(model, cuda_graph=False)
+    if body == "eager":
+        model = qwen3_1_7b
+        decoder = fst.FlashSamplingDecoder(model, cuda_graph=False)
+    else:
+        model = request.getfixturevalue("qwen3_1_7b_fused")
+        decoder = fst.FlashSamplingDecoder(model, cuda_graph=False, compile_body=True)
     recorded = []
 
     def recording_sampler(hidden, seed_t, offset_t):
@@ -394,7 +463,8 @@ def test_gpu_qwen3_1_7b_tokens_equal_reference_on_own_logits(fst, qwen3_1_7b):
         totals[1] += int((differ & (gap.cpu() >= tol.cpu())).sum())
         hf_mismatch += int(differ.sum())
     assert totals[0] == 0 and totals[1] == 0, totals
-    print(f"\n[qwen3-1.7b bf16] {steps} steps x {len(prompts)} rows: {hf_mismatch} near-tie mismatches vs bf16 logits")
+    print(f"\n[qwen3-1.7b bf16, {body}] {steps} steps x {len(prompts)} rows: {hf_mismatch} near-tie mismatches "
+          "vs bf16 logits")
 
     # The model's standard forward (no cache, its own masks) over the generated sequences:
     # its logits must agree with ours to bf16 accuracy, and its tokens with ours but for
@@ -411,9 +481,28 @@ def test_gpu_qwen3_1_7b_tokens_equal_reference_on_own_logits(fst, qwen3_1_7b):
         worst = max(worst, float((delta / (ours.abs().amax(dim=1) + 1)).max()))
         tok, gap, tol = fst.reference_sample_from_logits(theirs, temperature, seed, off)
         unexplained += int(((tok != tokens[:, 0]) & (gap >= 2 * delta / temperature + tol)).sum())
-    print(f"[qwen3-1.7b bf16] standard forward vs decoder logits: max relative difference {worst:.2e}")
+    print(f"[qwen3-1.7b bf16, {body}] standard forward vs decoder logits: max relative difference {worst:.2e}")
     assert worst < 0.05, "the decoder's hidden states differ from the model's standard forward"
     assert unexplained == 0
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("batch,length", [(1, 384), (5, 200), (32, 448)])
+def test_gpu_grouped_decode_matmul_attention(fst, batch, length):
+    """The compiled decode steps' attention (two GEMMs, float32 scores and softmax) against a
+    float64 reference, bf16 inputs, ragged masks (a row may see one slot only)."""
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    q, k, v = (torch.randn(batch, 8, n, 128, device="cuda", generator=g).to(torch.bfloat16)
+               for n in (2, length, length))
+    lengths = torch.randint(1, length + 1, (batch,), device="cuda", generator=g)
+    lengths[0] = 1
+    mask = (torch.arange(length, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+    out = torch.compile(fst._grouped_decode_matmul_attention, dynamic=True)(q, k, v, mask, 0.088)
+    scores = (q.double() @ k.double().transpose(-1, -2) * 0.088).masked_fill(~mask, float("-inf"))
+    ref = torch.softmax(scores, dim=-1) @ v.double()
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    torch.testing.assert_close(out.double(), ref, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out[0].double(), v[0, :, :1].double().expand(8, 2, 128))  # one slot: its value
 
 
 @pytest.mark.requires_cuda
