@@ -268,7 +268,7 @@ def test_grouped_decode_attention(fst, family):
 def test_fused_projections_keep_the_model(fst, family):
     """fuse_projections: one GEMM per q/k/v and gate/up group; the parameters stay the same
     objects with the same names and values, the outputs the same (to fp32 summation order),
-    in-place updates reach the fused GEMM, and a replaced parameter is used as given."""
+    and in-place updates reach the fused GEMM."""
     model = tiny_model(family)
     ids = torch.tensor(PROMPTS[0])[None]
     with torch.no_grad():
@@ -279,21 +279,57 @@ def test_fused_projections_keep_the_model(fst, family):
         assert fst.fuse_projections(model) == 0  # already fused
         assert [(n, id(p)) for n, p in model.named_parameters()] == [(n, id(p)) for n, p in params]
         assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
-        attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-        stacked = attn.q_proj._fs_group.weight
-        assert attn.k_proj.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+        attn = model.model.layers[0].self_attn
+        group = attn.q_proj._fs_group
+        assert attn.k_proj.weight.untyped_storage().data_ptr() == group.weight.untyped_storage().data_ptr()
+        assert group.fusable()
         torch.testing.assert_close(model(ids).logits, before, rtol=1e-5, atol=1e-5)
-        assert attn.q_proj._fs_group.pending_input is None  # nothing held between calls
+        assert group.pending_input is None  # nothing held between calls
 
         reference = tiny_model(family)  # the same weights, unfused
         for m in (model, reference):
             m.model.layers[0].self_attn.k_proj.weight.mul_(2)  # in place
             m.model.layers[0].mlp.up_proj.weight.data.mul_(-1)
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
-        attn.v_proj.weight = torch.nn.Parameter(attn.v_proj.weight * 3)  # a new object
-        reference.model.layers[0].self_attn.v_proj.weight.mul_(3)
-        mlp.gate_proj.weight = torch.nn.Parameter(mlp.gate_proj.weight + 0.5)
-        reference.model.layers[0].mlp.gate_proj.weight.add_(0.5)
+        assert group.fusable()
+
+
+@pytest.mark.parametrize("change", ["new_parameter", "data_assignment", "to_float64", "gradients"])
+def test_fused_projections_fall_back_where_the_stack_is_stale(fst, change):
+    """Where the stacked weights would no longer be the members' parameters (a parameter
+    replaced, its data moved, the model converted) or autograd records (the stacked tensors are
+    not the parameters it knows), every member computes its own GEMM: outputs and gradients
+    equal the unfused model's."""
+    model, reference = tiny_model("qwen2"), tiny_model("qwen2")
+    fst.fuse_projections(model)
+    ids = torch.tensor(PROMPTS[0])[None]
+
+    def layer0(m):
+        return m.model.layers[0].self_attn, m.model.layers[0].mlp
+
+    group = layer0(model)[0].q_proj._fs_group
+    with torch.no_grad():
+        if change == "new_parameter":
+            for m in (model, reference):
+                attn, mlp = layer0(m)
+                attn.v_proj.weight = torch.nn.Parameter(attn.v_proj.weight * 3)
+                mlp.gate_proj.bias = None if mlp.gate_proj.bias is None else torch.nn.Parameter(mlp.gate_proj.bias + 1)
+        elif change == "data_assignment":
+            for m in (model, reference):
+                layer0(m)[0].k_proj.weight.data = layer0(m)[0].k_proj.weight * 0.5
+        elif change == "to_float64":
+            model.double()
+            reference.double()
+    if change == "gradients":
+        assert group.fusable() is False  # grad mode on, parameters require grad
+        model(ids).logits.square().sum().backward()
+        reference(ids).logits.square().sum().backward()
+        for name in ("q_proj", "k_proj", "v_proj"):
+            torch.testing.assert_close(getattr(layer0(model)[0], name).weight.grad,
+                                       getattr(layer0(reference)[0], name).weight.grad, rtol=1e-5, atol=1e-6)
+        return
+    with torch.no_grad():
+        assert not group.fusable()
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-5, atol=1e-5)
 
 
@@ -307,7 +343,8 @@ def test_fused_projections_in_the_compiled_decoder(fst):
     assert isinstance(model.model.layers[0].self_attn.q_proj, fst._GroupedLinear)
     assert torch.equal(fused.generate(PROMPTS, **kwargs).new_tokens, plain.new_tokens)
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model.model)(input_ids=torch.tensor([PROMPTS[1]]))
+    with torch.no_grad():  # the decoder's mode: the fused path (with grad, every member's own GEMM)
+        explained = torch._dynamo.explain(model.model)(input_ids=torch.tensor([PROMPTS[1]]))
     assert explained.graph_break_count == 0, explained.break_reasons
 
 

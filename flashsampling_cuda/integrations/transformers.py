@@ -172,8 +172,8 @@ class _ProjectionGroup:
     the stacked weight streams the same bytes with more blocks and fewer launches. The members'
     parameters stay the model's parameters (same objects, names and values); their storage
     becomes a slice of the stacked weight, so in-place updates (``load_state_dict``,
-    ``param.data.copy_``) reach the fused GEMM. A member whose parameter object was replaced
-    computes its own GEMM again (:class:`_GroupedLinear`).
+    ``param.data.copy_``) reach the fused GEMM. Where that no longer holds (:meth:`fusable`),
+    every member computes its own GEMM again (:class:`_GroupedLinear`).
     """
 
     def __init__(self, linears: Sequence[nn.Linear]):
@@ -181,13 +181,15 @@ class _ProjectionGroup:
             self.weight = torch.cat([lin.weight for lin in linears])
             has_bias = linears[0].bias is not None
             self.bias = torch.cat([lin.bias for lin in linears]) if has_bias else None
-        self.members, self.splits, start = [], [], 0
+        self.linears = list(linears)
+        self.members, self.pointers, self.splits, start = [], [], [], 0
         for index, lin in enumerate(linears):
             end = start + lin.out_features
             lin.weight.data = self.weight[start:end]
             if has_bias:
                 lin.bias.data = self.bias[start:end]
             self.members.append((lin.weight, lin.bias))
+            self.pointers.append((lin.weight.data_ptr(), lin.bias.data_ptr() if has_bias else 0))
             self.splits.append(lin.out_features)
             lin.__class__ = _GroupedLinear
             lin._fs_group, lin._fs_index = self, index
@@ -195,19 +197,39 @@ class _ProjectionGroup:
         self.pending_input: Tensor | None = None  # set by member 0, taken by the others
         self.pending_outputs: list[Tensor | None] = []
 
+    def fusable(self) -> bool:
+        """Whether the stacked GEMM computes what the members' own parameters would: every
+        member still holds the parameter objects recorded here, with the stacked tensors'
+        dtype and device (``module.to(...)`` moves a parameter's data) and, outside
+        torch.compile, on their very storage (a ``.data`` assignment moves it); and no gradient
+        is being recorded for them (autograd does not know the stacked tensors)."""
+        grad = torch.is_grad_enabled()
+        compiling = torch.compiler.is_compiling()
+        for lin, (weight, bias), (weight_ptr, bias_ptr) in zip(self.linears, self.members, self.pointers):
+            if lin.weight is not weight or lin.bias is not bias:
+                return False
+            if weight.dtype != self.weight.dtype or weight.device != self.weight.device:
+                return False
+            if grad and (weight.requires_grad or (bias is not None and bias.requires_grad)):
+                return False
+            if not compiling and (weight.data_ptr() != weight_ptr or (bias is not None and bias.data_ptr() != bias_ptr)):
+                return False
+        return True
+
 
 class _GroupedLinear(nn.Linear):
     """An ``nn.Linear`` member of a :class:`_ProjectionGroup`: member 0 computes the whole
     group's GEMM and keeps the other members' outputs for their calls on the same input
     tensor (the model's forward calls them in order: q, k, v; gate, up). Anything else (another
-    input, a replaced parameter) is a plain linear of the member's own weight."""
+    input, a group that is not :meth:`~_ProjectionGroup.fusable`) is a plain linear of the
+    member's own parameters."""
 
     def forward(self, x: Tensor) -> Tensor:
         group, index = self._fs_group, self._fs_index
-        weight, bias = group.members[index]
-        if self.weight is not weight or self.bias is not bias:
-            return nn.functional.linear(x, self.weight, self.bias)
         if index == 0:
+            if not group.fusable():
+                group.pending_input, group.pending_outputs = None, []
+                return nn.functional.linear(x, self.weight, self.bias)
             outputs = list(nn.functional.linear(x, group.weight, group.bias).split(group.splits, dim=-1))
             group.pending_input, group.pending_outputs = x, outputs
             return outputs[0]
@@ -482,9 +504,11 @@ class StaticCacheDecoder:
             gate/up projections run as one GEMM per group (what serving engines do with their
             weights). This changes the model in place: its parameters keep their objects, names
             and values, but their storage moves into the stacked weights (in-place updates reach
-            the fused GEMMs; a parameter replaced by a new object makes its projection a GEMM of
-            its own again). Outputs differ from the unfused model only by the GEMMs' summation
-            order. Off by default because it edits the user's model.
+            the fused GEMMs). Outputs differ from the unfused model only by the GEMMs' summation
+            order. Where the stack would be stale (a parameter replaced, converted, or given new
+            storage) or while autograd records, the projections run one by one again
+            (:meth:`_ProjectionGroup.fusable`). A captured CUDA graph reads the weights' memory
+            as captured: update weights in place. Off by default because it edits the model.
     """
 
     warmup_steps = 2
