@@ -26,10 +26,11 @@ synchronisation inside a step, so on CUDA one decode step (body + sampling + sto
 bookkeeping) is captured once as a CUDA graph and replayed; seeds and offsets are
 device tensors the op reads at run time. With ``attn_implementation="sdpa"`` the decode
 steps' attention reads the static cache in place, without transformers' per-layer copy of it to
-every query head (``grouped_decode_attention``). :func:`fuse_projections` (opt-in, it edits the
-model in place) runs each layer's q/k/v and gate/up projections as one GEMM per group. Step ``t`` (``t = 0`` is the token sampled
-from the prompt) draws noise at ``offset + t``, so with a fixed ``seed`` the tokens are
-a pure function of the prompt: for every step, the token equals
+every query head (``grouped_decode_attention``). :func:`fuse_projections` (opt-in, it edits
+the model in place) runs each layer's q/k/v and gate/up projections as one GEMM per group.
+Step ``t`` (``t = 0`` is the token sampled from the prompt) draws noise at ``offset + t``,
+so with a fixed ``seed`` the tokens are a pure function of the prompt: for every step, the
+token equals
 ``argmax_v(logit[v] / T + g(seed, offset + t, stream, 0, v))`` of the model's own logits
 (:func:`reference_generate` is that reference, on the model's standard forward), up to
 near ties of fp32/bf16 rounding.
@@ -134,9 +135,9 @@ def _grouped_decode_matmul_attention(query: Tensor, key: Tensor, value: Tensor, 
 
     For a one-token step the G query rows per KV head are a handful against the cache's L
     slots; the fused sdpa kernels run a prefill-sized tile for them (~14 us per layer on an
-    H100 at the Qwen3-1.7B shape and B = 1, against ~9 us here, compiled). Scores are accumulated and
-    kept in float32 (``out_dtype``), the probabilities enter the value GEMM in the cache's
-    dtype, as the fused kernels do."""
+    H100 at the Qwen3-1.7B shape and B = 1, against ~9 us here, compiled). Scores are
+    accumulated and kept in float32 (``out_dtype``), the probabilities enter the value GEMM in
+    the cache's dtype, as the fused kernels do."""
     batch, kv_heads, rows, dim = query.shape
     length, value_dim = key.shape[2], value.shape[-1]
     scale = dim ** -0.5 if scaling is None else scaling
@@ -212,7 +213,9 @@ class _ProjectionGroup:
                 return False
             if grad and (weight.requires_grad or (bias is not None and bias.requires_grad)):
                 return False
-            if not compiling and (weight.data_ptr() != weight_ptr or (bias is not None and bias.data_ptr() != bias_ptr)):
+            if compiling:  # data pointers cannot be traced; identity, dtype and device are guarded
+                continue
+            if weight.data_ptr() != weight_ptr or (bias is not None and bias.data_ptr() != bias_ptr):
                 return False
         return True
 
