@@ -56,6 +56,17 @@ bool plain_wide_on_cutlass_schedules() {
   }();
   return on;
 }
+
+// A/B knob, not measured yet: FLASHSAMPLING_PLAIN_N64_SCHEDULE=epilogue_warpgroups runs plain
+// passes of 33-64 columns (the 64-wide tile) on the epilogue-warpgroup kernel too, instead of
+// the pingpong cluster schedule.
+bool plain_n64_on_epilogue_warpgroups() {
+  static bool const on = [] {
+    char const* env = std::getenv("FLASHSAMPLING_PLAIN_N64_SCHEDULE");
+    return env != nullptr && std::string_view(env) == "epilogue_warpgroups";
+  }();
+  return on;
+}
 #endif
 
 // One config per batch bucket (`columns` GEMM columns, tile_n wide), the same table for the
@@ -73,6 +84,9 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
   if (device_arch == 90) {
     if (kLoop == SamplerLoop::kPlain && tile_n == 128 && !plain_wide_on_cutlass_schedules()) {
       return sm90_epilogue_warpgroups_entry<Element, 128>();
+    }
+    if (kLoop == SamplerLoop::kPlain && tile_n == 64 && plain_n64_on_epilogue_warpgroups()) {
+      return sm90_epilogue_warpgroups_entry<Element, 64>();
     }
     switch (tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, kLoop>();
