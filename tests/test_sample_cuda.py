@@ -180,6 +180,8 @@ def test_plain_n64_on_epilogue_warpgroups_matches_float64_reference(tmp_path, pa
         "    out.append((hidden.cpu(), weight.cpu(), tokens.cpu()))\n"
         "torch.save(out, sys.argv[1])\n"
     )
+    assert "EpilogueWarpGroups" in stage1_kernel_names({"FLASHSAMPLING_PLAIN_N64_SCHEDULE": "epilogue_warpgroups"}, 48,
+                                                       "plain")
     path = tmp_path / "n64.pt"
     env = {**os.environ, "FLASHSAMPLING_PLAIN_N64_SCHEDULE": "epilogue_warpgroups", "FLASHSAMPLING_PAD_COLUMNS": pad}
     subprocess.run([sys.executable, "-c", probe], env=env, check=True)
@@ -363,6 +365,55 @@ def test_common_controls_on_every_tile_config(batch, temperature):
     out = assert_sample_matches_reference_and_cpu(hidden, weight, kwargs)
     allowed = c["allowed_bool"].gather(1, out.tokens - CONTROLS_VOCAB_START)
     assert allowed.all(), "a masked-out token was sampled"
+
+
+KERNEL_NAMES_PROBE = r"""
+import sys, torch, flashsampling_cuda
+from torch.profiler import ProfilerActivity, profile
+batch = int(sys.argv[1])
+hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
+weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
+kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda")) if sys.argv[2] == "controls" else {}
+flashsampling_cuda.sample(hidden, weight, **kwargs)
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    flashsampling_cuda.sample(hidden, weight, **kwargs)
+    torch.cuda.synchronize()
+print("\n".join(e.name for e in prof.events() if e.device_type.name == "CUDA"))
+"""
+
+
+def stage1_kernel_names(env, batch, loop):
+    """Names of the CUDA kernels one sample() call runs in a process with `env` (the dispatch
+    knobs are read once per process)."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", KERNEL_NAMES_PROBE, str(batch), loop], env={**os.environ, **env},
+                         check=True, capture_output=True, text=True).stdout
+    return out
+
+
+def test_common_controls_on_epilogue_warpgroups():
+    """FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups (an A/B knob, read once per process)
+    runs common-controls passes of 33 columns and up on the epilogue-warpgroup kernel with the
+    common controls' loop: the kernel is the one called, and the common-controls sweep (pathwise
+    against the float64 reference, logprobs within 1e-4, the CPU op, masks, greedy rows, tiles of
+    64 and 128 columns, several N tiles) passes in such a process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {"FLASHSAMPLING_CONTROLS_SCHEDULE": "epilogue_warpgroups"}
+    assert "EpilogueWarpGroups" in stage1_kernel_names(env, 100, "controls")
+    assert "EpilogueWarpGroups" not in stage1_kernel_names({}, 100, "controls")
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider", "-k",
+         "test_common_controls_on_every_tile_config"],
+        env={**os.environ, **env}, cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
 def test_graph_replay_with_per_row_device_seeds_and_all_controls():

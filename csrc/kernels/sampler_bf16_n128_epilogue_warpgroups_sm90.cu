@@ -2,5 +2,5 @@
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(cutlass::bfloat16_t, 128)
+FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(cutlass::bfloat16_t, 128, SamplerLoop::kPlain)
 }  // namespace flashsampling

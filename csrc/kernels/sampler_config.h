@@ -112,10 +112,10 @@ cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& 
 template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM = 1>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p);
 
-// The plain loop on sm90 with epilogue warpgroups of their own (no GEMM workspace); its
-// candidates come per 64-row half tile (kEpilogueWarpGroupsVocabTile).
+// The plain loop (or the common controls' loop) on sm90 with epilogue warpgroups of their own
+// (no GEMM workspace); its candidates come per 64-row half tile (kEpilogueWarpGroupsVocabTile).
 constexpr int kEpilogueWarpGroupsVocabTile = 64;
-template <class Element, int TileN>
+template <class Element, int TileN, SamplerLoop kLoop>
 cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups(SamplerParams const& p, SamplerBuffers const& buffers,
                                                       void* gemm_workspace, cudaStream_t stream);
 

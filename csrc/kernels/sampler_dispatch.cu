@@ -28,10 +28,10 @@ ConfigEntry sm90_entry() {
 #endif
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
-template <class Element, int TileN>
+template <class Element, int TileN, SamplerLoop kLoop = SamplerLoop::kPlain>
 ConfigEntry sm90_epilogue_warpgroups_entry() {
-  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN>, [](SamplerParams const&) { return size_t{0}; },
-          kEpilogueWarpGroupsVocabTile, TileN};
+  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop>,
+          [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsVocabTile, TileN};
 }
 #endif
 
@@ -67,6 +67,17 @@ bool plain_n64_on_epilogue_warpgroups() {
   }();
   return on;
 }
+
+// A/B knob, not measured yet: FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups runs common-
+// controls passes whose tile is 64 or 128 wide (33 columns and up) on the epilogue-warpgroup
+// kernel with the common controls' loop, instead of the CUTLASS schedules of v13.
+bool controls_on_epilogue_warpgroups() {
+  static bool const on = [] {
+    char const* env = std::getenv("FLASHSAMPLING_CONTROLS_SCHEDULE");
+    return env != nullptr && std::string_view(env) == "epilogue_warpgroups";
+  }();
+  return on;
+}
 #endif
 
 // One config per batch bucket (`columns` GEMM columns, tile_n wide), the same table for the
@@ -87,6 +98,10 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
     }
     if (kLoop == SamplerLoop::kPlain && tile_n == 64 && plain_n64_on_epilogue_warpgroups()) {
       return sm90_epilogue_warpgroups_entry<Element, 64>();
+    }
+    if (kLoop == SamplerLoop::kCommonControls && tile_n >= 64 && controls_on_epilogue_warpgroups()) {
+      return tile_n == 64 ? sm90_epilogue_warpgroups_entry<Element, 64, SamplerLoop::kCommonControls>()
+                          : sm90_epilogue_warpgroups_entry<Element, 128, SamplerLoop::kCommonControls>();
     }
     switch (tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, kLoop>();

@@ -55,21 +55,21 @@ struct SamplerGemmSm90 {
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
 
-// The plain loop on a kernel of our own with two epilogue warpgroups beside the two MMA
-// warpgroups (kernel/sm90_sampler_epilogue_warpgroups.hpp): 128 x TileN tiles, candidates per
-// 64-row half tile.
-template <class Element, int TileN>
+// The plain loop (or the common controls' loop) on a kernel of our own with two epilogue
+// warpgroups beside the two MMA warpgroups (kernel/sm90_sampler_epilogue_warpgroups.hpp):
+// 128 x TileN tiles, candidates per 64-row half tile.
+template <class Element, int TileN, SamplerLoop kLoop>
 struct SamplerGemmSm90EpilogueWarpGroups {
+  using HandOver = kernel::EpilogueWarpGroupsStorage<TileN, kLoop == SamplerLoop::kCommonControls>;
   using TileShape = cute::Shape<cute::_128, cute::Int<TileN>, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
       SamplerLayoutB, kAlignment, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(kernel::EpilogueWarpGroupsStorage<TileN>))>,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(HandOver))>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using GemmKernel = kernel::Sm90SamplerEpilogueWarpGroups<CollectiveMainloop>;
+  using GemmKernel = kernel::Sm90SamplerEpilogueWarpGroups<CollectiveMainloop, kLoop>;
   static_assert(GemmKernel::kHalfM == kEpilogueWarpGroupsVocabTile, "stage 2 reads candidates per half tile");
 
   static cudaError_t run(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {
@@ -95,14 +95,14 @@ struct SamplerGemmSm90EpilogueWarpGroups {
   }
 };
 
-template <class Element, int TileN>
+template <class Element, int TileN, SamplerLoop kLoop>
 cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups(SamplerParams const& p, SamplerBuffers const& buffers,
                                                       void* /*gemm_workspace*/, cudaStream_t stream) {
-  return SamplerGemmSm90EpilogueWarpGroups<Element, TileN>::run(p, buffers, stream);
+  return SamplerGemmSm90EpilogueWarpGroups<Element, TileN, kLoop>::run(p, buffers, stream);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(Element, TileN)                            \
-  template cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN>(                    \
+#define FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(Element, TileN, kLoop)                     \
+  template cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop>(             \
       SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);
 
 template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM>

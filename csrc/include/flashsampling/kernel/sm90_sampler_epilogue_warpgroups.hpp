@@ -1,5 +1,5 @@
-// The fused sampling GEMM for Hopper with epilogue warpgroups of its own (plain loop, wide
-// batches).
+// The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop for
+// wide batches; the common controls' loop behind an A/B knob, sampler_dispatch.cu).
 //
 // CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
 // the tile's mainloop, so at B = 256 the noise (~190 instructions per logit, latency-bound)
@@ -47,7 +47,17 @@ using namespace cute;
 
 // Shared memory of the hand-over, outside the mainloop's (its size sets the mainloop's
 // stage count: StageCountAutoCarveout).
-template <int kTileN>
+// The common controls' loop also hands each warp's winner's transformed logit and its
+// columns' (max2, sum) log-sum-exp parts to the final merge.
+template <int kTileN, int kHalves, bool kWithLogprobs>
+struct EpilogueWarpGroupsLogprobsStorage {
+  alignas(16) float best_logit[kHalves][2][4][kTileN];
+  alignas(16) float2 lse[kHalves][2][4][kTileN];
+};
+template <int kTileN, int kHalves>
+struct EpilogueWarpGroupsLogprobsStorage<kTileN, kHalves, false> {};
+
+template <int kTileN, bool kWithLogprobs = false>
 struct EpilogueWarpGroupsStorage {
   static constexpr int kHalves = 2;                        // one per MMA warpgroup
   static constexpr int kValuesPerThread = 64 * kTileN / 128;  // a 64 x N half over 128 threads
@@ -57,13 +67,17 @@ struct EpilogueWarpGroupsStorage {
   // best[w][parity][warp][column]: each warp's best per column, by tile parity (so one
   // named barrier per tile orders writers and readers).
   alignas(16) PackedCandidate best[kHalves][2][4][kTileN];
+  EpilogueWarpGroupsLogprobsStorage<kTileN, kHalves, kWithLogprobs> logprobs;
   alignas(8) uint64_t full[kHalves];   // logits of half w are in shared memory
   alignas(8) uint64_t empty[kHalves];  // half w's buffer may be overwritten
 };
 
-template <class CollectiveMainloop_>
+template <class CollectiveMainloop_, SamplerLoop kLoop = SamplerLoop::kPlain>
 class Sm90SamplerEpilogueWarpGroups {
  public:
+  static_assert(kLoop == SamplerLoop::kPlain || kLoop == SamplerLoop::kCommonControls,
+                "the plain loop or the common controls' loop");
+  static constexpr bool kControls = kLoop == SamplerLoop::kCommonControls;
   using CollectiveMainloop = CollectiveMainloop_;
   using TileShape = typename CollectiveMainloop::TileShape;
   using TiledMma = typename CollectiveMainloop::TiledMma;
@@ -79,14 +93,13 @@ class Sm90SamplerEpilogueWarpGroups {
       cutlass::gemm::PersistentScheduler, ArchTag, TileShape, ClusterShape>::Scheduler;
   using TileSchedulerArguments = typename TileScheduler::Arguments;
   using TileSchedulerParams = typename TileScheduler::Params;
-  // The plain loop's arguments (candidates, noise source, temperature, greedy, offsets).
-  using NodeArguments =
-      typename epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, SamplerLoop::kPlain>::Arguments;
+  // The visitor's arguments (candidates, noise source, controls, temperature, greedy, offsets).
+  using NodeArguments = typename epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, kLoop>::Arguments;
 
   static constexpr int kTileM = size<0>(TileShape{});
   static constexpr int kTileN = size<1>(TileShape{});
   static constexpr int kHalfM = 64;
-  using HandOver = EpilogueWarpGroupsStorage<kTileN>;
+  using HandOver = EpilogueWarpGroupsStorage<kTileN, kControls>;
   static constexpr int kValuesPerThread = HandOver::kValuesPerThread;
   static_assert(kTileM == 128 && size(TiledMma{}) == 256, "two MMA warpgroups of 64 rows each (cooperative MMA)");
   static_assert(kTileN <= 128 && kValuesPerThread % 4 == 0, "one epilogue thread per column");
@@ -149,7 +162,9 @@ class Sm90SamplerEpilogueWarpGroups {
     return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
            CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
            args.node.ptr_candidates != nullptr && args.node.batch_size >= 1 &&
-           is_plain_sampling(args.node.controls, args.node.noise, args.node.num_samples, args.node.logprobs);
+           static_cast<int>(sampler_loop_for(args.node.controls, args.node.noise, args.node.num_samples,
+                                             args.node.logprobs)) <= static_cast<int>(kLoop) &&
+           (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
   static size_t get_workspace_size(Arguments const&) { return 0; }
@@ -261,8 +276,143 @@ class Sm90SamplerEpilogueWarpGroups {
  private:
   CUTLASS_DEVICE static PackedCandidate key_max(PackedCandidate a, PackedCandidate b) { return a > b ? a : b; }
 
-  // One epilogue warpgroup: for each tile of the schedule, the plain loop over the 64 x N half
-  // that MMA warpgroup `half` computed, then one candidate per column.
+  static constexpr int kStepElements = 4 * kBlocksPerStep;
+
+  // One step of a half tile: the logits of blocks q0 .. q0 + kBlocksPerStep - 1 from the
+  // hand-over buffer, their global vocabulary indices and batch rows, and their Gumbel noise
+  // (zeros for a greedy batch). Two blocks (eight elements: four Philox chains, eight logs),
+  // inlined so the compiler interleaves their chains.
+  template <class CoordTensor>
+  CUTLASS_DEVICE static void load_step(NodeArguments const& node, HandOver const& hand_over,
+                                       CoordTensor const& tCcAcc, int half, int t, int q0, int m_origin, int n_origin,
+                                       uint64_t seed, uint64_t offset, float (&x)[kStepElements],
+                                       uint32_t (&vocab_index)[kStepElements], uint32_t (&batch_row)[kStepElements],
+                                       float (&gumbel)[kStepElements]) {
+    constexpr int N = kStepElements;
+    uint64_t seeds[N], offsets[N];
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < kBlocksPerStep; ++s) {
+      float4 const logit = hand_over.accumulators[half][q0 + s][t];
+      x[4 * s] = logit.x;
+      x[4 * s + 1] = logit.y;
+      x[4 * s + 2] = logit.z;
+      x[4 * s + 3] = logit.w;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < N; ++e) {
+      auto const coord = tCcAcc(4 * q0 + e);
+      vocab_index[e] = node.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
+      batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
+      seeds[e] = seed;
+      offsets[e] = offset;
+      gumbel[e] = 0.0f;
+    }
+    if (!node.greedy) {
+      epilogue::gumbel_noise_lanes<N>(seeds, offsets, vocab_index, batch_row, gumbel);
+    }
+  }
+
+  // The common controls' loop over one 64 x N half tile (the visitor's kCommonControls loop,
+  // element for element: dense bias, then 1/T per column (0: a greedy row), masked or
+  // out-of-range elements no candidate and no mass), then per column the best key with its
+  // transformed logit y and the (max2, sum) log-sum-exp part, merged over the column's eight
+  // lanes here and over the four warps by the caller.
+  template <class CoordTensor>
+  CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
+                                                CoordTensor const& tCcAcc, int half, int t, int parity,
+                                                int m_origin, int n_origin, int num_rows, uint64_t seed,
+                                                uint64_t offset) {
+    SamplingControls const& controls = node.controls;
+    int const lane = t % 32;
+    int const warp = t / 32;
+    PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
+    uint32_t const last_row = node.batch_size - 1;
+    uint32_t const last_vocab = static_cast<uint32_t>(num_rows) - 1;
+    // The thread's two vocabulary rows (m and m + 8 of every block) and their dense bias. Loads
+    // of out-of-range rows and columns read in-range entries; those elements are not kept.
+    uint32_t vocab_local[2];
+    float row_bias[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      vocab_local[r] = static_cast<uint32_t>(m_origin + get<0>(tCcAcc(2 * r)));
+      row_bias[r] = controls.logit_bias ? __ldg(controls.logit_bias + min(vocab_local[r], last_vocab)) : 0.0f;
+    }
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
+      constexpr int N = kStepElements;
+      float x[N], gumbel[N];
+      uint32_t vocab_index[N], batch_row[N];
+      // (rows made greedy by a per-row T of 0 draw noise they do not use)
+      load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index, batch_row,
+                gumbel);
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kBlocksPerStep; ++s) {
+        PackedCandidate column_key[2];
+        float column_logit[2], column_max2[2], column_sum[2];
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          uint32_t const row = min(batch_row[4 * s + c], last_row);
+          float const inv_temperature = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
+                                        : node.greedy                ? 0.0f
+                                                                     : node.inv_temperature;
+          bool const greedy = inv_temperature == 0.0f;
+          uint32_t const* mask_row = controls.allowed_mask + static_cast<int64_t>(row) * controls.mask_words;
+          column_key[c] = no_candidate;
+          column_logit[c] = 0.0f;
+          column_max2[c] = -INFINITY;
+          column_sum[c] = 0.0f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
+            float const xe = controls.logit_bias ? fs_add(x[e], row_bias[r]) : x[e];
+            uint32_t const mask_word =
+                controls.allowed_mask ? __ldg(mask_row + (min(vocab_local[r], last_vocab) >> 5)) : ~0u;
+            bool const keep = vocab_local[r] < static_cast<uint32_t>(num_rows) &&
+                              ((mask_word >> (vocab_local[r] & 31u)) & 1u);
+            float const y = greedy ? xe : fs_mul(xe, inv_temperature);
+            float const score = greedy ? xe : fs_perturbed_score(xe, inv_temperature, gumbel[e]);
+            PackedCandidate const key =
+                keep ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
+            column_logit[c] = key > column_key[c] ? y : column_logit[c];
+            column_key[c] = key_max(column_key[c], key);
+            if (node.logprobs) {
+              lse_add(column_max2[c], column_sum[c], y * epilogue::kLog2e, keep);
+            }
+          }
+        }
+        // The eight lanes of each column (lane bits 2-4); lanes 0-3 keep their warp's result.
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int delta = 4; delta < 32; delta *= 2) {
+            PackedCandidate const other_key = __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta);
+            if (node.logprobs) {
+              float const other_logit = __shfl_xor_sync(0xFFFFFFFF, column_logit[c], delta);
+              float const other_max2 = __shfl_xor_sync(0xFFFFFFFF, column_max2[c], delta);
+              float const other_sum = __shfl_xor_sync(0xFFFFFFFF, column_sum[c], delta);
+              column_logit[c] = other_key > column_key[c] ? other_logit : column_logit[c];
+              lse_merge(column_max2[c], column_sum[c], other_max2, other_sum);
+            }
+            column_key[c] = key_max(column_key[c], other_key);
+          }
+        }
+        if (lane < 4) {
+          int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            hand_over.best[half][parity][warp][column + c] = column_key[c];
+            if (node.logprobs) {
+              hand_over.logprobs.best_logit[half][parity][warp][column + c] = column_logit[c];
+              hand_over.logprobs.lse[half][parity][warp][column + c] = make_float2(column_max2[c], column_sum[c]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // One epilogue warpgroup: for each tile of the schedule, the loop over the 64 x N half that
+  // MMA warpgroup `half` computed, then one candidate per column.
   template <class WorkTileInfo>
   CUTLASS_DEVICE static void run_epilogue(Params const& params, HandOver& hand_over, TileScheduler& scheduler,
                                           WorkTileInfo work, int half, int t) {
@@ -288,59 +438,44 @@ class Sm90SamplerEpilogueWarpGroups {
       int const n_origin = work.N_idx * kTileN;
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
-      // Two blocks (eight elements: four Philox chains, eight logs) per step, inlined so the
-      // compiler interleaves their chains; a rolled loop keeps the code small.
-      CUTLASS_PRAGMA_NO_UNROLL
-      for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
-        constexpr int N = 4 * kBlocksPerStep;
-        float x[N], gumbel[N];
-        uint64_t seeds[N], offsets[N];
-        uint32_t vocab_index[N], batch_row[N];
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < kBlocksPerStep; ++s) {
-          float4 const logit = hand_over.accumulators[half][q0 + s][t];
-          x[4 * s] = logit.x;
-          x[4 * s + 1] = logit.y;
-          x[4 * s + 2] = logit.z;
-          x[4 * s + 3] = logit.w;
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int e = 0; e < N; ++e) {
-          auto const coord = tCcAcc(4 * q0 + e);
-          vocab_index[e] = node.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
-          batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
-          seeds[e] = seed;
-          offsets[e] = offset;
-          gumbel[e] = 0.0f;
-        }
-        if (!node.greedy) {
-          epilogue::gumbel_noise_lanes<N>(seeds, offsets, vocab_index, batch_row, gumbel);
-        }
-        // Per block: the thread's two rows of each of its two columns, then the eight lanes of
-        // the column (lane bits 2-4); lanes 0-3 keep their warp's result for the step below.
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < kBlocksPerStep; ++s) {
-          PackedCandidate key[4];
+      if constexpr (kControls) {
+        controls_half_tile(node, hand_over, tCcAcc, half, t, parity, m_origin, n_origin, num_rows, seed, offset);
+      } else {
+        // Two blocks (eight elements: four Philox chains, eight logs) per step, inlined so the
+        // compiler interleaves their chains; a rolled loop keeps the code small.
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
+          constexpr int N = kStepElements;
+          float x[N], gumbel[N];
+          uint32_t vocab_index[N], batch_row[N];
+          load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
+                    batch_row, gumbel);
+          // Per block: the thread's two rows of each of its two columns, then the eight lanes of
+          // the column (lane bits 2-4); lanes 0-3 keep their warp's result for the step below.
           CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            int const e = 4 * s + j;
-            float const score = node.greedy ? x[e] : fs_perturbed_score(x[e], node.inv_temperature, gumbel[e]);
-            bool const in_range = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
-            key[j] = in_range ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
-          }
-          PackedCandidate column_key[2] = {key_max(no_candidate, key_max(key[0], key[2])),
-                                           key_max(no_candidate, key_max(key[1], key[3]))};
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < 2; ++c) {
+          for (int s = 0; s < kBlocksPerStep; ++s) {
+            PackedCandidate key[4];
             CUTLASS_PRAGMA_UNROLL
-            for (int delta = 4; delta < 32; delta *= 2) {
-              column_key[c] = key_max(column_key[c], __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta));
+            for (int j = 0; j < 4; ++j) {
+              int const e = 4 * s + j;
+              float const score = node.greedy ? x[e] : fs_perturbed_score(x[e], node.inv_temperature, gumbel[e]);
+              bool const in_range = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
+              key[j] = in_range ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
             }
-          }
-          if (lane < 4) {
-            int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
-            hand_over.best[half][parity][warp][column] = column_key[0];
-            hand_over.best[half][parity][warp][column + 1] = column_key[1];
+            PackedCandidate column_key[2] = {key_max(no_candidate, key_max(key[0], key[2])),
+                                             key_max(no_candidate, key_max(key[1], key[3]))};
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+              CUTLASS_PRAGMA_UNROLL
+              for (int delta = 4; delta < 32; delta *= 2) {
+                column_key[c] = key_max(column_key[c], __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta));
+              }
+            }
+            if (lane < 4) {
+              int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
+              hand_over.best[half][parity][warp][column] = column_key[0];
+              hand_over.best[half][parity][warp][column + 1] = column_key[1];
+            }
           }
         }
       }
@@ -349,12 +484,31 @@ class Sm90SamplerEpilogueWarpGroups {
       int const candidate_row = work.M_idx * (kTileM / kHalfM) + half;
       int const column = t;
       if (t < kTileN && n_origin + column < num_cols && candidate_row * kHalfM < num_rows) {
+        int64_t const out = static_cast<int64_t>(candidate_row) * num_cols + n_origin + column;
         PackedCandidate best = hand_over.best[half][parity][0][column];
+        int best_warp = 0;
         CUTLASS_PRAGMA_UNROLL
         for (int w = 1; w < 4; ++w) {
-          best = key_max(best, hand_over.best[half][parity][w][column]);
+          PackedCandidate const other = hand_over.best[half][parity][w][column];
+          if constexpr (kControls) {
+            best_warp = other > best ? w : best_warp;
+          }
+          best = key_max(best, other);
         }
-        node.ptr_candidates[static_cast<int64_t>(candidate_row) * num_cols + n_origin + column] = best;
+        node.ptr_candidates[out] = best;
+        if constexpr (kControls) {
+          if (node.logprobs) {
+            auto const& lp = hand_over.logprobs;
+            node.ptr_candidate_logits[out] = lp.best_logit[half][parity][best_warp][column];
+            float2 lse = lp.lse[half][parity][0][column];
+            CUTLASS_PRAGMA_UNROLL
+            for (int w = 1; w < 4; ++w) {
+              float2 const other = lp.lse[half][parity][w][column];
+              lse_merge(lse.x, lse.y, other.x, other.y);
+            }
+            node.ptr_lse_parts[out] = lse;
+          }
+        }
       }
       parity ^= 1;
       work = get<0>(scheduler.fetch_next_work(work));

@@ -1,0 +1,7 @@
+// Fused sampler, sm90a, bf16, CTA tile N = 128, the common controls' loop on epilogue
+// warpgroups of its own (an A/B candidate: FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups).
+#include "sampler_gemm_sm90.cuh"
+
+namespace flashsampling {
+FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(cutlass::bfloat16_t, 128, SamplerLoop::kCommonControls)
+}  // namespace flashsampling
