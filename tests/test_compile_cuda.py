@@ -2,7 +2,7 @@
 against the nvidia-cutlass headers, for sm_90a and/or sm_100a as its name says
 (tools/build_config.py: the same command setup.py builds with).
 
-Each fused GEMM translation unit takes about a minute on CI's two cores and there are 58, so
+Each fused GEMM translation unit takes about a minute on CI's two cores and there are 64, so
 by default the check compiles every other source (5) plus one GEMM unit per (epilogue loop,
 architecture, schedule family) (REPRESENTATIVE_GEMMS): the units differ only in template
 arguments of the same headers. FLASHSAMPLING_COMPILE_CHECK=all compiles every unit (the
@@ -29,6 +29,7 @@ REPRESENTATIVE_GEMMS = {
     "sampler_bf16_n16_pingpong_sm90.cu",
     "sampler_bf16_n128_cooperative_sm90.cu",
     "sampler_bf16_n128_epilogue_warpgroups_sm90.cu",
+    "sampler_bf16_n128_controls_epilogue_warpgroups_sm90.cu",
     "sampler_bf16_n64_controls_pingpong_cluster2_sm90.cu",
     "sampler_bf16_n32_all_controls_pingpong_sm90.cu",
     "sampler_bf16_n128_topk_cooperative_sm90.cu",

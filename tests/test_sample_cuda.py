@@ -163,7 +163,6 @@ def test_plain_n64_on_epilogue_warpgroups_matches_float64_reference(tmp_path, pa
     runs plain passes of 33-64 columns on the epilogue-warpgroup kernel with a 64-wide tile:
     tokens pathwise equal to the float64 reference (greedy, a vocabulary offset, a short and a
     long K, ragged and padded hidden rows)."""
-    import os
     import subprocess
     import sys
 
@@ -180,11 +179,10 @@ def test_plain_n64_on_epilogue_warpgroups_matches_float64_reference(tmp_path, pa
         "    out.append((hidden.cpu(), weight.cpu(), tokens.cpu()))\n"
         "torch.save(out, sys.argv[1])\n"
     )
-    assert "EpilogueWarpGroups" in stage1_kernel_names({"FLASHSAMPLING_PLAIN_N64_SCHEDULE": "epilogue_warpgroups"}, 48,
-                                                       "plain")
+    knobs = dict(FLASHSAMPLING_PLAIN_N64_SCHEDULE="epilogue_warpgroups", FLASHSAMPLING_PAD_COLUMNS=pad)
+    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 48, "plain"), "plain", 64)
     path = tmp_path / "n64.pt"
-    env = {**os.environ, "FLASHSAMPLING_PLAIN_N64_SCHEDULE": "epilogue_warpgroups", "FLASHSAMPLING_PAD_COLUMNS": pad}
-    subprocess.run([sys.executable, "-c", probe], env=env, check=True)
+    subprocess.run([sys.executable, "-c", probe], env=knob_env(**knobs), check=True)
     for (hidden, weight, tokens), (_, _, _, temperature, vocab_start) in zip(torch.load(path), N64_CASES):
         ref = reference_sample(hidden.cuda(), weight.cuda(), temperature, seed=11, offset=5, vocab_start=vocab_start,
                                rtol=GPU_RTOL)
@@ -367,6 +365,53 @@ def test_common_controls_on_every_tile_config(batch, temperature):
     assert allowed.all(), "a masked-out token was sampled"
 
 
+# The common controls' loop with some inputs absent, special values and a row whose mask allows
+# nothing, bf16 and fp16, on tiles of 64 and 128 columns (also run in a process with
+# FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups, below).
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch", [40, 100])
+@pytest.mark.parametrize("variant", ["no_logprobs", "bias_only", "empty_mask_row", "special_values"])
+def test_common_controls_variants(dtype, batch, variant):
+    import math
+
+    hidden, weight = lm_head(batch, CONTROLS_VOCAB, CONTROLS_DIM, dtype, seed=batch + 7)
+    _, _, c, temps = controls_problem(batch, hidden_seed=batch + 7)
+    kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(99, device="cuda"), offset=torch.tensor(5, device="cuda"),
+                  vocab_start=CONTROLS_VOCAB_START)
+    if variant == "no_logprobs":  # the serving call: tokens only
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+        tokens = flashsampling_cuda.sample(hidden, weight, **kwargs)
+        total, unexplained = pathwise_mismatches(tokens, reference_sample(hidden, weight, **kwargs, rtol=GPU_RTOL))
+        assert unexplained == 0 and total <= 1
+    elif variant == "bias_only":  # no mask, a scalar temperature
+        kwargs.update(temperature=0.8, logit_bias=c["logit_bias"])
+        assert_sample_matches_reference_and_cpu(hidden, weight, kwargs)
+    elif variant == "empty_mask_row":
+        mask = c["allowed_mask"].clone()
+        mask[3] = 0
+        kwargs.update(allowed_mask=mask, empty_mask_token=-7)
+        out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
+        ref = reference_sample(hidden, weight, **kwargs, rtol=GPU_RTOL)
+        total, unexplained = pathwise_mismatches(out.tokens, ref)
+        assert unexplained == 0 and total <= 1
+        assert int(out.tokens[3, 0]) == -7 and out.logsumexp[3] == -math.inf and out.token_logprobs[3].isnan().all()
+        others = torch.arange(batch) != 3
+        same = (out.tokens.cpu() == ref.tokens.cpu()) & others[:, None]
+        torch.testing.assert_close(out.logsumexp.cpu().double()[others], ref.logsumexp.cpu()[others], rtol=1e-4, atol=0)
+        torch.testing.assert_close(out.token_logprobs.cpu().double()[same], ref.logprobs.cpu()[same], rtol=1e-4,
+                                   atol=1e-4)
+    else:  # +inf logit (by the bias) wins every row; a NaN row has no candidate and a NaN logsumexp
+        bias = torch.zeros(CONTROLS_VOCAB, device="cuda")
+        bias[17] = math.inf
+        out = flashsampling_cuda.sample(hidden, weight, **kwargs, logit_bias=bias, return_logprobs=True)
+        assert (out.tokens == CONTROLS_VOCAB_START + 17).all() and (out.logsumexp == math.inf).all()
+        hidden = hidden.clone()
+        hidden[1] = math.nan
+        out = flashsampling_cuda.sample(hidden, weight, **kwargs, return_logprobs=True)
+        assert int(out.tokens[1, 0]) == -1 and out.logsumexp[1].isnan()
+        assert out.logsumexp[torch.arange(batch, device="cuda") != 1].isfinite().all()
+
+
 KERNEL_NAMES_PROBE = r"""
 import sys, torch, flashsampling_cuda
 from torch.profiler import ProfilerActivity, profile
@@ -382,37 +427,58 @@ print("\n".join(e.name for e in prof.events() if e.device_type.name == "CUDA"))
 """
 
 
-def stage1_kernel_names(env, batch, loop):
-    """Names of the CUDA kernels one sample() call runs in a process with `env` (the dispatch
-    knobs are read once per process)."""
+# Dispatch knobs a sub-process must not inherit from the caller's environment.
+DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
+                  "FLASHSAMPLING_PLAIN_N64_SCHEDULE", "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS")
+
+
+def knob_env(**knobs):
     import os
+
+    env = {k: v for k, v in os.environ.items() if k not in DISPATCH_KNOBS}
+    return {**env, **knobs}
+
+
+def stage1_kernel_names(knobs, batch, loop):
+    """Names of the CUDA kernels one sample() call (bf16) runs in a process with exactly these
+    dispatch knobs (read once per process)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", KERNEL_NAMES_PROBE, str(batch), loop], env={**os.environ, **env},
+    out = subprocess.run([sys.executable, "-c", KERNEL_NAMES_PROBE, str(batch), loop], env=knob_env(**knobs),
                          check=True, capture_output=True, text=True).stdout
-    return out
+    return out.splitlines()
 
 
-def test_common_controls_on_epilogue_warpgroups():
+def runs_epilogue_warpgroups(names, loop, tile_n):
+    """Whether one of the kernels is the epilogue-warpgroup kernel with this loop and N tile (its
+    name carries the loop as (flashsampling::SamplerLoop)k and the wgmma atom 64xNx16)."""
+    code = {"plain": 0, "controls": 1}[loop]
+    return any("Sm90SamplerEpilogueWarpGroups" in n and f"SamplerLoop){code}" in n and f"64x{tile_n}x16" in n
+               for n in names)
+
+
+@pytest.mark.parametrize("pad", ["1", "0"])
+def test_common_controls_on_epilogue_warpgroups(pad):
     """FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups (an A/B knob, read once per process)
     runs common-controls passes of 33 columns and up on the epilogue-warpgroup kernel with the
     common controls' loop: the kernel is the one called, and the common-controls sweep (pathwise
     against the float64 reference, logprobs within 1e-4, the CPU op, masks, greedy rows, tiles of
-    64 and 128 columns, several N tiles) passes in such a process."""
-    import os
+    64 and 128 columns, several N tiles, fp16, no logprobs, special values, an empty mask row)
+    passes in such a process, with the hidden rows padded to whole tiles and without."""
     import subprocess
     import sys
     from pathlib import Path
 
-    env = {"FLASHSAMPLING_CONTROLS_SCHEDULE": "epilogue_warpgroups"}
-    assert "EpilogueWarpGroups" in stage1_kernel_names(env, 100, "controls")
-    assert "EpilogueWarpGroups" not in stage1_kernel_names({}, 100, "controls")
+    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="epilogue_warpgroups", FLASHSAMPLING_PAD_COLUMNS=pad)
+    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 50, "controls"), "controls", 64)
+    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 100, "controls"), "controls", 128)
+    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names({}, 100, "controls"))
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider", "-k",
-         "test_common_controls_on_every_tile_config"],
-        env={**os.environ, **env}, cwd=root, capture_output=True, text=True)
+         "test_common_controls_on_every_tile_config or test_common_controls_variants"],
+        env=knob_env(**knobs), cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 

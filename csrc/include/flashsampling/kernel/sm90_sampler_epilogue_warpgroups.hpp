@@ -328,6 +328,7 @@ class Sm90SamplerEpilogueWarpGroups {
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t const last_row = node.batch_size - 1;
     uint32_t const last_vocab = static_cast<uint32_t>(num_rows) - 1;
+    static_assert(decltype(size<1>(tCcAcc))::value == 1, "one M block per thread: rows m and m + 8 in every block");
     // The thread's two vocabulary rows (m and m + 8 of every block) and their dense bias. Loads
     // of out-of-range rows and columns read in-range entries; those elements are not kept.
     uint32_t vocab_local[2];
