@@ -3,7 +3,9 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench ab controls decode ncu tp" (default: build tests sanitizer bench);
+#   STEPS: any of "build tests sanitizer bench ab controls controls_ab decode ncu tp" (default: build tests
+#   sanitizer bench); controls_ab runs bench_controls.py without and with
+#   FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups (v19, NOTES);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
@@ -18,7 +20,8 @@ export PYTHONPATH=/tmp/site
 if [ -d .fi ]; then bash .fi/setup.sh > /tmp/fi_exports.sh 2> "$OUT/fi_setup.log" && . /tmp/fi_exports.sh; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 summary=()
-if [[ $STEPS == *build* ]]; then
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }  # whole words: "controls_ab" is not "ab" or "controls"
+if has_step build; then
   t0=$(date +%s)
   if ! MAX_JOBS=${MAX_JOBS:-16} FLASHSAMPLING_CUDA_ARCHS=${FLASHSAMPLING_CUDA_ARCHS:-90a} FLASHSAMPLING_WITH_CUDA=1 \
       python3 -m pip install --no-build-isolation --no-deps -v -e . > "$OUT/build.log" 2>&1; then
@@ -26,36 +29,43 @@ if [[ $STEPS == *build* ]]; then
   fi
   summary+=("build: ok in $(( $(date +%s) - t0 )) s")
 fi
-if [[ $STEPS == *tests* ]]; then
+if has_step tests; then
   python3 -m pytest tests -m requires_cuda -q -rs -p no:cacheprovider -s ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests_gpu.log" | tail -40
   summary+=("gpu tests: $(tail -1 "$OUT/tests_gpu.log")")
 fi
-if [[ $STEPS == *sanitizer* ]]; then
+if has_step sanitizer; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 3 python3 benchmarks/sanitizer_shapes.py > "$OUT/sanitizer_$tool.log" 2>&1
     summary+=("compute-sanitizer $tool: rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))")
   done
 fi
-if [[ $STEPS == *bench* ]]; then
+if has_step bench; then
   python3 benchmarks/bench_sampler.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\] {"
 fi
-if [[ $STEPS == *ab* ]]; then  # A/B of dispatch knobs against the default (benchmarks/ab_schedules.py)
-  python3 benchmarks/ab_schedules.py --out "$OUT" > "$OUT/ab.log" 2>&1
+if has_step ab; then  # A/B of dispatch knobs against the default (benchmarks/ab_schedules.py)
+  python3 benchmarks/ab_schedules.py --out "$OUT" ${AB_ARGS:-} > "$OUT/ab.log" 2>&1
   summary+=("A/B: rc=$? ($OUT/ab.log)")
 fi
-if [[ $STEPS == *controls* ]]; then
+if has_step controls; then
   python3 benchmarks/bench_controls.py --out "$OUT" ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls.log" | grep -v "^\[bench\] {"
 fi
-if [[ $STEPS == *decode* ]]; then
+if has_step controls_ab; then
+  for schedule in default epilogue_warpgroups; do
+    mkdir -p "$OUT/controls_$schedule"
+    FLASHSAMPLING_CONTROLS_SCHEDULE=$schedule python3 benchmarks/bench_controls.py --out "$OUT/controls_$schedule" \
+      ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls_$schedule.log" | grep "^|"
+  done
+fi
+if has_step decode; then
   python3 benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30
 fi
-if [[ $STEPS == *ncu* ]]; then  # stall reasons and source counters of the plain kernel (NCU_ARGS: shape)
+if has_step ncu; then  # stall reasons and source counters of the plain kernel (NCU_ARGS: shape)
   ncu --kernel-name device_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
     --section WarpStateStats --section SourceCounters --section InstructionStats \
     python3 benchmarks/profile_kernel.py ${NCU_ARGS:---batch 256 --dim 4096} > "$OUT/ncu.txt" 2>&1
   summary+=("ncu: rc=$? ($(wc -l < "$OUT/ncu.txt") lines in ncu.txt)")
 fi
-if [[ $STEPS == *tp* ]]; then
+if has_step tp; then
   gpus=$(nvidia-smi -L | wc -l)
   sizes=1; for w in 2 4 8; do [ "$gpus" -ge "$w" ] && sizes="$sizes,$w"; done
   python3 benchmarks/bench_tp.py --world-sizes "$sizes" --runs 3 --iters 10 --out "$OUT" ${TP_ARGS:-} 2>&1 \
