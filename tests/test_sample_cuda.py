@@ -117,6 +117,18 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
     assert total <= max(1, batch // 1000)
 
 
+# Dispatch knobs a sub-process must not inherit from the caller's environment.
+DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
+                  "FLASHSAMPLING_PLAIN_N64_SCHEDULE", "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS")
+
+
+def knob_env(**knobs):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in DISPATCH_KNOBS}
+    return {**env, **knobs}
+
+
 PAD_PROBE = r"""
 import sys, torch, flashsampling_cuda
 gen = torch.Generator(device="cuda").manual_seed(5)
@@ -140,15 +152,14 @@ def test_padding_hidden_rows_changes_no_token(tmp_path):
     """launch_sampler pads the hidden rows to whole N tiles (FLASHSAMPLING_PAD_COLUMNS, read once
     per process): the same calls with and without it give the same tokens (plain, per-row T with
     logprobs, several samples, fused top-k)."""
-    import os
     import subprocess
     import sys
 
     results = {}
     for pad in ("1", "0"):
         path = tmp_path / f"pad{pad}.pt"
-        env = {**os.environ, "FLASHSAMPLING_PAD_COLUMNS": pad}
-        subprocess.run([sys.executable, "-c", PAD_PROBE, str(path)], env=env, check=True)
+        subprocess.run([sys.executable, "-c", PAD_PROBE, str(path)], env=knob_env(FLASHSAMPLING_PAD_COLUMNS=pad),
+                       check=True)
         results[pad] = torch.load(path)
     for padded, ragged in zip(results["1"], results["0"]):
         assert torch.equal(padded, ragged)
@@ -374,6 +385,8 @@ def test_common_controls_on_every_tile_config(batch, temperature):
 def test_common_controls_variants(dtype, batch, variant):
     import math
 
+    from test_controls import assert_logprobs_close
+
     hidden, weight = lm_head(batch, CONTROLS_VOCAB, CONTROLS_DIM, dtype, seed=batch + 7)
     _, _, c, temps = controls_problem(batch, hidden_seed=batch + 7)
     kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(99, device="cuda"), offset=torch.tensor(5, device="cuda"),
@@ -395,11 +408,9 @@ def test_common_controls_variants(dtype, batch, variant):
         total, unexplained = pathwise_mismatches(out.tokens, ref)
         assert unexplained == 0 and total <= 1
         assert int(out.tokens[3, 0]) == -7 and out.logsumexp[3] == -math.inf and out.token_logprobs[3].isnan().all()
-        others = torch.arange(batch) != 3
+        others = torch.arange(batch) != 3  # row 3's log-probabilities are NaN on both sides
         same = (out.tokens.cpu() == ref.tokens.cpu()) & others[:, None]
-        torch.testing.assert_close(out.logsumexp.cpu().double()[others], ref.logsumexp.cpu()[others], rtol=1e-4, atol=0)
-        torch.testing.assert_close(out.token_logprobs.cpu().double()[same], ref.logprobs.cpu()[same], rtol=1e-4,
-                                   atol=1e-4)
+        assert_logprobs_close(out.token_logprobs, out.logsumexp, ref, same)
     else:  # +inf logit (by the bias) wins every row; a NaN row has no candidate and a NaN logsumexp
         bias = torch.zeros(CONTROLS_VOCAB, device="cuda")
         bias[17] = math.inf
@@ -425,18 +436,6 @@ with profile(activities=[ProfilerActivity.CUDA]) as prof:
     torch.cuda.synchronize()
 print("\n".join(e.name for e in prof.events() if e.device_type.name == "CUDA"))
 """
-
-
-# Dispatch knobs a sub-process must not inherit from the caller's environment.
-DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
-                  "FLASHSAMPLING_PLAIN_N64_SCHEDULE", "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS")
-
-
-def knob_env(**knobs):
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k not in DISPATCH_KNOBS}
-    return {**env, **knobs}
 
 
 def stage1_kernel_names(knobs, batch, loop):

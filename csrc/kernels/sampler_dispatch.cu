@@ -11,6 +11,13 @@
 namespace flashsampling {
 namespace {
 
+// Whether the environment variable `name` is set to `value` (the dispatch's A/B knobs, each read
+// once per process into a static).
+bool env_is(char const* name, std::string_view value) {
+  char const* env = std::getenv(name);
+  return env != nullptr && std::string_view(env) == value;
+}
+
 struct ConfigEntry {
   cudaError_t (*run)(SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);
   size_t (*gemm_workspace)(SamplerParams const&);
@@ -50,10 +57,7 @@ ConfigEntry sm100_entry() {
 // FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs those (pingpong clusters up to 128 columns,
 // cooperative beyond).
 bool plain_wide_on_cutlass_schedules() {
-  static bool const on = [] {
-    char const* env = std::getenv("FLASHSAMPLING_PLAIN_WIDE_SCHEDULE");
-    return env != nullptr && std::string_view(env) == "cutlass";
-  }();
+  static bool const on = env_is("FLASHSAMPLING_PLAIN_WIDE_SCHEDULE", "cutlass");
   return on;
 }
 
@@ -61,10 +65,7 @@ bool plain_wide_on_cutlass_schedules() {
 // passes of 33-64 columns (the 64-wide tile) on the epilogue-warpgroup kernel too, instead of
 // the pingpong cluster schedule.
 bool plain_n64_on_epilogue_warpgroups() {
-  static bool const on = [] {
-    char const* env = std::getenv("FLASHSAMPLING_PLAIN_N64_SCHEDULE");
-    return env != nullptr && std::string_view(env) == "epilogue_warpgroups";
-  }();
+  static bool const on = env_is("FLASHSAMPLING_PLAIN_N64_SCHEDULE", "epilogue_warpgroups");
   return on;
 }
 
@@ -72,10 +73,7 @@ bool plain_n64_on_epilogue_warpgroups() {
 // controls passes whose tile is 64 or 128 wide (33 columns and up) on the epilogue-warpgroup
 // kernel with the common controls' loop, instead of the CUTLASS schedules of v13.
 bool controls_on_epilogue_warpgroups() {
-  static bool const on = [] {
-    char const* env = std::getenv("FLASHSAMPLING_CONTROLS_SCHEDULE");
-    return env != nullptr && std::string_view(env) == "epilogue_warpgroups";
-  }();
+  static bool const on = env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "epilogue_warpgroups");
   return on;
 }
 #endif
@@ -221,10 +219,7 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 // when the last one is at most half full. The padding costs a copy and a memset node.
 // FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
 SamplerParams with_padded_columns(SamplerParams const& params, ConfigEntry const& entry) {
-  static bool const pad = [] {
-    char const* env = std::getenv("FLASHSAMPLING_PAD_COLUMNS");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
+  static bool const pad = !env_is("FLASHSAMPLING_PAD_COLUMNS", "0");
   SamplerParams p = params;
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
