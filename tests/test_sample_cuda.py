@@ -193,7 +193,7 @@ def test_plain_n64_on_epilogue_warpgroups_matches_float64_reference(tmp_path, pa
     knobs = dict(FLASHSAMPLING_PLAIN_N64_SCHEDULE="epilogue_warpgroups", FLASHSAMPLING_PAD_COLUMNS=pad)
     assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 48, "plain"), "plain", 64)
     path = tmp_path / "n64.pt"
-    subprocess.run([sys.executable, "-c", probe], env=knob_env(**knobs), check=True)
+    subprocess.run([sys.executable, "-c", probe, str(path)], env=knob_env(**knobs), check=True)
     for (hidden, weight, tokens), (_, _, _, temperature, vocab_start) in zip(torch.load(path), N64_CASES):
         ref = reference_sample(hidden.cuda(), weight.cuda(), temperature, seed=11, offset=5, vocab_start=vocab_start,
                                rtol=GPU_RTOL)
@@ -377,8 +377,8 @@ def test_common_controls_on_every_tile_config(batch, temperature):
 
 
 # The common controls' loop with some inputs absent, special values and a row whose mask allows
-# nothing, bf16 and fp16, on tiles of 64 and 128 columns (also run in a process with
-# FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups, below).
+# nothing, bf16 and fp16, on tiles of 64 and 128 columns (also run in processes under each
+# FLASHSAMPLING_CONTROLS_SCHEDULE, below).
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch", [40, 100])
 @pytest.mark.parametrize("variant", ["no_logprobs", "bias_only", "empty_mask_row", "special_values"])
@@ -457,22 +457,33 @@ def runs_epilogue_warpgroups(names, loop, tile_n):
                for n in names)
 
 
-@pytest.mark.parametrize("pad", ["1", "0"])
-def test_common_controls_on_epilogue_warpgroups(pad):
-    """FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups (an A/B knob, read once per process)
-    runs common-controls passes of 33 columns and up on the epilogue-warpgroup kernel with the
-    common controls' loop: the kernel is the one called, and the common-controls sweep (pathwise
-    against the float64 reference, logprobs within 1e-4, the CPU op, masks, greedy rows, tiles of
-    64 and 128 columns, several N tiles, fp16, no logprobs, special values, an empty mask row)
-    passes in such a process, with the hidden rows padded to whole tiles and without."""
+def test_common_controls_schedules_by_tile():
+    """Common-controls passes on a 128-wide tile (more than 64 columns) run the epilogue-warpgroup
+    kernel with the common controls' loop by default, those on a 64-wide tile v13's CUTLASS
+    schedule; FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups moves the 64-wide tile too,
+    =cutlass both back."""
+    assert runs_epilogue_warpgroups(stage1_kernel_names({}, 100, "controls"), "controls", 128)
+    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names({}, 50, "controls"))
+    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="epilogue_warpgroups")
+    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 50, "controls"), "controls", 64)
+    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 100, "controls"), "controls", 128)
+    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass")
+    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names(knobs, 100, "controls"))
+
+
+@pytest.mark.parametrize("schedule,pad", [("epilogue_warpgroups", "0"), ("cutlass", "1")])
+def test_common_controls_sweep_under_schedule_knob(schedule, pad):
+    """The common-controls sweep (pathwise against the float64 reference, logprobs within 1e-4,
+    the CPU op, masks, greedy rows, tiles of 64 and 128 columns, several N tiles, fp16, no
+    logprobs, special values, an empty mask row) also passes in a process whose
+    FLASHSAMPLING_CONTROLS_SCHEDULE (read once per process) puts every tile on the epilogue-
+    warpgroup kernel (with ragged hidden rows) or every tile on v13's CUTLASS schedules; this
+    process runs it with the default split."""
     import subprocess
     import sys
     from pathlib import Path
 
-    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="epilogue_warpgroups", FLASHSAMPLING_PAD_COLUMNS=pad)
-    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 50, "controls"), "controls", 64)
-    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 100, "controls"), "controls", 128)
-    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names({}, 100, "controls"))
+    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE=schedule, FLASHSAMPLING_PAD_COLUMNS=pad)
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider", "-k",

@@ -69,12 +69,28 @@ bool plain_n64_on_epilogue_warpgroups() {
   return on;
 }
 
-// A/B knob, not measured yet: FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups runs common-
-// controls passes whose tile is 64 or 128 wide (33 columns and up) on the epilogue-warpgroup
-// kernel with the common controls' loop, instead of the CUTLASS schedules of v13.
-bool controls_on_epilogue_warpgroups() {
-  static bool const on = env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "epilogue_warpgroups");
-  return on;
+// Common-controls passes whose tile is 128 wide (more than 64 columns) run the epilogue-warpgroup
+// kernel with the common controls' loop: measured on H100 (benchmarks/NOTES.md, v19) all three
+// common controls at B = 128 778 -> 555 us and at B = 256 1283 -> 945 us against v13's CUTLASS
+// schedules (D = 4096), while on the 64-wide tile it was 5% slower at B = 64 (454 -> 477).
+// A/B knob FLASHSAMPLING_CONTROLS_SCHEDULE: "cutlass" runs v13's schedules on every tile,
+// "epilogue_warpgroups" the epilogue-warpgroup kernel on the 64-wide tile too.
+enum class ControlsSchedule { kDefault, kCutlass, kEpilogueWarpGroups };
+
+ControlsSchedule controls_schedule() {
+  static ControlsSchedule const schedule =
+      env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "cutlass")                ? ControlsSchedule::kCutlass
+      : env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "epilogue_warpgroups") ? ControlsSchedule::kEpilogueWarpGroups
+                                                                          : ControlsSchedule::kDefault;
+  return schedule;
+}
+
+bool controls_on_epilogue_warpgroups(int tile_n) {
+  switch (controls_schedule()) {
+    case ControlsSchedule::kCutlass: return false;
+    case ControlsSchedule::kEpilogueWarpGroups: return tile_n >= 64;
+    default: return tile_n == 128;
+  }
 }
 #endif
 
@@ -97,7 +113,7 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
     if (kLoop == SamplerLoop::kPlain && tile_n == 64 && plain_n64_on_epilogue_warpgroups()) {
       return sm90_epilogue_warpgroups_entry<Element, 64>();
     }
-    if (kLoop == SamplerLoop::kCommonControls && tile_n >= 64 && controls_on_epilogue_warpgroups()) {
+    if (kLoop == SamplerLoop::kCommonControls && controls_on_epilogue_warpgroups(tile_n)) {
       return tile_n == 64 ? sm90_epilogue_warpgroups_entry<Element, 64, SamplerLoop::kCommonControls>()
                           : sm90_epilogue_warpgroups_entry<Element, 128, SamplerLoop::kCommonControls>();
     }
