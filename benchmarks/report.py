@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -15,11 +16,13 @@ import torch
 
 
 def run_header(device: str) -> dict:
-    """Device name, date, command line and torch version of this run."""
+    """Device name, date, command line (with the FLASHSAMPLING_* knobs it ran under) and torch
+    version of this run."""
+    knobs = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FLASHSAMPLING_")]
     return {
         "device": device,
         "date": dt.date.today().isoformat(),
-        "command": " ".join(["python"] + sys.argv),
+        "command": " ".join(knobs + ["python"] + sys.argv),
         "torch": torch.__version__,
     }
 

@@ -1,8 +1,10 @@
 """A few odd shapes for compute-sanitizer (memcheck, racecheck) on the CUDA sampler:
 partial vocabulary tiles, a prime V, B not a multiple of any N tile, B > 256, fp16; each
 shape plain (one sample: the plain kernels of every N bucket), with num_samples = 2 (two
-GEMM column blocks, the controls kernels) and with every control on (per-row
-temperatures, logit bias, sparse bias, bitmask, per-row seeds, vocab_start, logprobs)."""
+GEMM column blocks, the controls kernels), with the common controls (per-row temperatures
+with greedy rows, logit bias, bitmask, logprobs: their own kernels, on epilogue warpgroups
+beyond 64 columns) and with every control on (per-row temperatures, logit bias, sparse bias,
+bitmask, per-row seeds, vocab_start, logprobs)."""
 
 import torch
 
@@ -29,6 +31,14 @@ for batch, vocab, dim, dtype in SHAPES:
 
     allowed = torch.rand(batch, vocab, device="cuda") < 0.5
     allowed[:, 0] = True
+    temperatures = torch.rand(batch, device="cuda") + 0.1
+    temperatures[::3] = 0.0
+    out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7,
+                                    logit_bias=torch.randn(vocab, device="cuda"), allowed_mask=allowed,
+                                    return_logprobs=True)
+    torch.cuda.synchronize()
+    assert out.tokens.shape == (batch, 1) and bool(allowed.gather(1, out.tokens).all())
+    assert torch.isfinite(out.logsumexp).all()
     ids = torch.randint(100, 100 + vocab, (batch, 5), device="cuda")
     out = flashsampling_cuda.sample(
         hidden, weight, temperature=torch.rand(batch, device="cuda") + 0.1, num_samples=3,

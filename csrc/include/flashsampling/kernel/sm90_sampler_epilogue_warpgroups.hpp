@@ -1,5 +1,5 @@
-// The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop for
-// wide batches; the common controls' loop behind an A/B knob, sampler_dispatch.cu).
+// The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop and
+// the common controls' loop for batches of more than 64 columns, sampler_dispatch.cu).
 //
 // CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
 // the tile's mainloop, so at B = 256 the noise (~190 instructions per logit, latency-bound)
@@ -11,8 +11,8 @@
 //                    accumulator half to shared memory and goes on with the next tile
 //   warpgroups 3, 4  epilogue: warpgroup 3 + w takes MMA warpgroup 1 + w's half: once its
 //                    logits are in shared memory it draws their noise, keeps the best
-//                    (score, index) of every column of its 64 vocabulary rows, frees the
-//                    buffer and writes one candidate per column, while the MMA warps already
+//                    (score, index) of every column of its 64 vocabulary rows, writes one
+//                    candidate per column and frees the buffer, while the MMA warps already
 //                    run the next tile's mainloop.
 //
 // Each (MMA, epilogue) pair shares one accumulator buffer and two mbarriers (full / empty);
@@ -46,28 +46,18 @@ namespace flashsampling::kernel {
 using namespace cute;
 
 // Shared memory of the hand-over, outside the mainloop's (its size sets the mainloop's
-// stage count: StageCountAutoCarveout).
-// The common controls' loop also hands each warp's winner's transformed logit and its
-// columns' (max2, sum) log-sum-exp parts to the final merge.
-template <int kTileN, int kHalves, bool kWithLogprobs>
-struct EpilogueWarpGroupsLogprobsStorage {
-  alignas(16) float best_logit[kHalves][2][4][kTileN];
-  alignas(16) float2 lse[kHalves][2][4][kTileN];
-};
-template <int kTileN, int kHalves>
-struct EpilogueWarpGroupsLogprobsStorage<kTileN, kHalves, false> {};
-
-template <int kTileN, bool kWithLogprobs = false>
+// stage count: StageCountAutoCarveout). The per-column results of each warp (best keys; for
+// the common controls' loop also the log-sum-exp parts and the winners' logits) go into slots
+// of this buffer that their writers have already read (result_slot below), so the final merge
+// needs no buffer of its own: at N = 128 the mainloop gets 5 stages (v20; 4 with a separate
+// buffer for the plain loop, 3 for the common controls').
+template <int kTileN>
 struct EpilogueWarpGroupsStorage {
   static constexpr int kHalves = 2;                        // one per MMA warpgroup
   static constexpr int kValuesPerThread = 64 * kTileN / 128;  // a 64 x N half over 128 threads
   // accumulators[w][q][t]: values 4q .. 4q + 3 of MMA thread t of warpgroup w (16-byte
   // stores, a warp's 32 consecutive: no bank conflicts).
   alignas(128) float4 accumulators[kHalves][kValuesPerThread / 4][128];
-  // best[w][parity][warp][column]: each warp's best per column, by tile parity (so one
-  // named barrier per tile orders writers and readers).
-  alignas(16) PackedCandidate best[kHalves][2][4][kTileN];
-  EpilogueWarpGroupsLogprobsStorage<kTileN, kHalves, kWithLogprobs> logprobs;
   alignas(8) uint64_t full[kHalves];   // logits of half w are in shared memory
   alignas(8) uint64_t empty[kHalves];  // half w's buffer may be overwritten
 };
@@ -99,7 +89,7 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr int kTileM = size<0>(TileShape{});
   static constexpr int kTileN = size<1>(TileShape{});
   static constexpr int kHalfM = 64;
-  using HandOver = EpilogueWarpGroupsStorage<kTileN, kControls>;
+  using HandOver = EpilogueWarpGroupsStorage<kTileN>;
   static constexpr int kValuesPerThread = HandOver::kValuesPerThread;
   static_assert(kTileM == 128 && size(TiledMma{}) == 256, "two MMA warpgroups of 64 rows each (cooperative MMA)");
   static_assert(kTileN <= 128 && kValuesPerThread % 4 == 0, "one epilogue thread per column");
@@ -276,6 +266,25 @@ class Sm90SamplerEpilogueWarpGroups {
  private:
   CUTLASS_DEVICE static PackedCandidate key_max(PackedCandidate a, PackedCandidate b) { return a > b ? a : b; }
 
+  // Where a warp's results for a column wait for the merge. In the wgmma accumulator layout
+  // block q of lane l holds columns 8q + 2 (l % 4) + {0, 1}, and after the shuffles the eight
+  // lanes of a column pair hold the same results, so lane l < 4 writes the pair's two keys,
+  // lane l + 4 their (max2, sum) parts and lane l + 8 their winners' logits into their own slot
+  // [q][t], which each has read before (load_step). The buffer is given back (empty) only after
+  // the merge has read them.
+  enum ResultSlot { kKeys = 0, kLseParts = 1, kWinnerLogits = 2 };
+  CUTLASS_DEVICE static float4& result_slot(HandOver& hand_over, int half, int column, int warp, ResultSlot kind) {
+    return hand_over.accumulators[half][column / 8][32 * warp + 4 * kind + (column % 8) / 2];
+  }
+  CUTLASS_DEVICE static PackedCandidate result_key(HandOver& hand_over, int half, int column, int warp) {
+    ulonglong2 const keys = reinterpret_cast<ulonglong2 const&>(result_slot(hand_over, half, column, warp, kKeys));
+    return column % 2 ? keys.y : keys.x;
+  }
+  CUTLASS_DEVICE static void write_keys(HandOver& hand_over, int half, int column, int warp, PackedCandidate key0,
+                                        PackedCandidate key1) {
+    reinterpret_cast<ulonglong2&>(result_slot(hand_over, half, column, warp, kKeys)) = make_ulonglong2(key0, key1);
+  }
+
   static constexpr int kStepElements = 4 * kBlocksPerStep;
 
   // One step of a half tile: the logits of blocks q0 .. q0 + kBlocksPerStep - 1 from the
@@ -319,9 +328,8 @@ class Sm90SamplerEpilogueWarpGroups {
   // lanes here and over the four warps by the caller.
   template <class CoordTensor>
   CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
-                                                CoordTensor const& tCcAcc, int half, int t, int parity,
-                                                int m_origin, int n_origin, int num_rows, uint64_t seed,
-                                                uint64_t offset) {
+                                                CoordTensor const& tCcAcc, int half, int t, int m_origin,
+                                                int n_origin, int num_rows, uint64_t seed, uint64_t offset) {
     SamplingControls const& controls = node.controls;
     int const lane = t % 32;
     int const warp = t / 32;
@@ -397,16 +405,15 @@ class Sm90SamplerEpilogueWarpGroups {
             column_key[c] = key_max(column_key[c], other_key);
           }
         }
+        int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
         if (lane < 4) {
-          int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < 2; ++c) {
-            hand_over.best[half][parity][warp][column + c] = column_key[c];
-            if (node.logprobs) {
-              hand_over.logprobs.best_logit[half][parity][warp][column + c] = column_logit[c];
-              hand_over.logprobs.lse[half][parity][warp][column + c] = make_float2(column_max2[c], column_sum[c]);
-            }
-          }
+          write_keys(hand_over, half, column, warp, column_key[0], column_key[1]);
+        } else if (node.logprobs && lane < 8) {
+          result_slot(hand_over, half, column, warp, kLseParts) =
+              make_float4(column_max2[0], column_sum[0], column_max2[1], column_sum[1]);
+        } else if (node.logprobs && lane < 12) {
+          result_slot(hand_over, half, column, warp, kWinnerLogits) =
+              make_float4(column_logit[0], column_logit[1], 0.0f, 0.0f);
         }
       }
     }
@@ -433,14 +440,13 @@ class Sm90SamplerEpilogueWarpGroups {
     resolve_noise_source(node.noise, seed, offset);
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t full_phase = 0;
-    int parity = 0;
     while (work.is_valid()) {
       int const m_origin = work.M_idx * kTileM;
       int const n_origin = work.N_idx * kTileN;
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
-        controls_half_tile(node, hand_over, tCcAcc, half, t, parity, m_origin, n_origin, num_rows, seed, offset);
+        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset);
       } else {
         // Two blocks (eight elements: four Philox chains, eight logs) per step, inlined so the
         // compiler interleaves their chains; a rolled loop keeps the code small.
@@ -473,24 +479,22 @@ class Sm90SamplerEpilogueWarpGroups {
               }
             }
             if (lane < 4) {
-              int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
-              hand_over.best[half][parity][warp][column] = column_key[0];
-              hand_over.best[half][parity][warp][column + 1] = column_key[1];
+              write_keys(hand_over, half, static_cast<int>(batch_row[4 * s]) - n_origin, warp, column_key[0],
+                         column_key[1]);
             }
           }
         }
       }
-      cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[half]);
       cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
       int const candidate_row = work.M_idx * (kTileM / kHalfM) + half;
       int const column = t;
       if (t < kTileN && n_origin + column < num_cols && candidate_row * kHalfM < num_rows) {
         int64_t const out = static_cast<int64_t>(candidate_row) * num_cols + n_origin + column;
-        PackedCandidate best = hand_over.best[half][parity][0][column];
+        PackedCandidate best = result_key(hand_over, half, column, 0);
         int best_warp = 0;
         CUTLASS_PRAGMA_UNROLL
         for (int w = 1; w < 4; ++w) {
-          PackedCandidate const other = hand_over.best[half][parity][w][column];
+          PackedCandidate const other = result_key(hand_over, half, column, w);
           if constexpr (kControls) {
             best_warp = other > best ? w : best_warp;
           }
@@ -499,19 +503,21 @@ class Sm90SamplerEpilogueWarpGroups {
         node.ptr_candidates[out] = best;
         if constexpr (kControls) {
           if (node.logprobs) {
-            auto const& lp = hand_over.logprobs;
-            node.ptr_candidate_logits[out] = lp.best_logit[half][parity][best_warp][column];
-            float2 lse = lp.lse[half][parity][0][column];
+            bool const odd = column % 2;
+            float4 const logits = result_slot(hand_over, half, column, best_warp, kWinnerLogits);
+            node.ptr_candidate_logits[out] = odd ? logits.y : logits.x;
+            float4 parts = result_slot(hand_over, half, column, 0, kLseParts);
+            float2 lse = odd ? make_float2(parts.z, parts.w) : make_float2(parts.x, parts.y);
             CUTLASS_PRAGMA_UNROLL
             for (int w = 1; w < 4; ++w) {
-              float2 const other = lp.lse[half][parity][w][column];
-              lse_merge(lse.x, lse.y, other.x, other.y);
+              parts = result_slot(hand_over, half, column, w, kLseParts);
+              lse_merge(lse.x, lse.y, odd ? parts.z : parts.x, odd ? parts.w : parts.y);
             }
             node.ptr_lse_parts[out] = lse;
           }
         }
       }
-      parity ^= 1;
+      cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[half]);  // after the merge's reads
       work = get<0>(scheduler.fetch_next_work(work));
     }
   }
