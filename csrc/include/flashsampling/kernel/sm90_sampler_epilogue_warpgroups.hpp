@@ -419,6 +419,30 @@ class Sm90SamplerEpilogueWarpGroups {
     }
   }
 
+  // The mask words and dense bias a half tile's loop reads come from HBM (no other tile reads
+  // them) while the W stream keeps HBM busy, and the loop waits for them step by step; asked
+  // into L2 one tile ahead, they are there when the loop needs them.
+  template <class WorkTileInfo>
+  CUTLASS_DEVICE static void prefetch_controls(NodeArguments const& node, WorkTileInfo const& work, int half, int t,
+                                               int num_rows) {
+    SamplingControls const& controls = node.controls;
+    int const vocab_origin = work.M_idx * kTileM + half * kHalfM;
+    int const row = work.N_idx * kTileN + t;
+    if (vocab_origin >= num_rows) {
+      return;
+    }
+    if (controls.allowed_mask && t < kTileN && row < static_cast<int>(node.batch_size)) {
+      // the half tile's 64 bits of this batch row: two words, in one line
+      prefetch_to_l2(controls.allowed_mask + static_cast<int64_t>(row) * controls.mask_words + (vocab_origin >> 5));
+    }
+    if (controls.logit_bias && t < kHalfM / 32 && vocab_origin + 32 * t < num_rows) {
+      prefetch_to_l2(controls.logit_bias + vocab_origin + 32 * t);  // 64 floats: two 128-byte lines
+    }
+  }
+  CUTLASS_DEVICE static void prefetch_to_l2(void const* address) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+  }
+
   // One epilogue warpgroup: for each tile of the schedule, the loop over the 64 x N half that
   // MMA warpgroup `half` computed, then one candidate per column.
   template <class WorkTileInfo>
@@ -440,9 +464,18 @@ class Sm90SamplerEpilogueWarpGroups {
     resolve_noise_source(node.noise, seed, offset);
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t full_phase = 0;
+    if constexpr (kControls) {
+      prefetch_controls(node, work, half, t, num_rows);
+    }
     while (work.is_valid()) {
       int const m_origin = work.M_idx * kTileM;
       int const n_origin = work.N_idx * kTileN;
+      auto const next_work = get<0>(scheduler.fetch_next_work(work));
+      if constexpr (kControls) {
+        if (next_work.is_valid()) {
+          prefetch_controls(node, next_work, half, t, num_rows);
+        }
+      }
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
@@ -518,7 +551,7 @@ class Sm90SamplerEpilogueWarpGroups {
         }
       }
       cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[half]);  // after the merge's reads
-      work = get<0>(scheduler.fetch_next_work(work));
+      work = next_work;
     }
   }
 };
