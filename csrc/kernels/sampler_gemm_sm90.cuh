@@ -60,7 +60,7 @@ struct SamplerGemmSm90 {
 // 128 x TileN tiles, candidates per 64-row half tile.
 template <class Element, int TileN, SamplerLoop kLoop>
 struct SamplerGemmSm90EpilogueWarpGroups {
-  using HandOver = kernel::EpilogueWarpGroupsStorage<TileN>;
+  using HandOver = kernel::EpilogueWarpGroupsStorage<TileN, kLoop == SamplerLoop::kCommonControls>;
   using TileShape = cute::Shape<cute::_128, cute::Int<TileN>, cute::_64>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);

@@ -51,13 +51,16 @@ using namespace cute;
 // of this buffer that their writers have already read (result_slot below), so the final merge
 // needs no buffer of its own: at N = 128 the mainloop gets 5 stages (v20; 4 with a separate
 // buffer for the plain loop, 3 for the common controls').
-template <int kTileN>
+template <int kTileN, bool kControls = false>
 struct EpilogueWarpGroupsStorage {
   static constexpr int kHalves = 2;                        // one per MMA warpgroup
   static constexpr int kValuesPerThread = 64 * kTileN / 128;  // a 64 x N half over 128 threads
   // accumulators[w][q][t]: values 4q .. 4q + 3 of MMA thread t of warpgroup w (16-byte
   // stores, a warp's 32 consecutive: no bank conflicts).
   alignas(128) float4 accumulators[kHalves][kValuesPerThread / 4][128];
+  // The common controls' allowed-token bits of each half's 64 vocabulary rows for every column
+  // of the tile (two words per column), loaded from global memory one tile ahead (v22).
+  uint32_t mask_bits[kHalves][2][kControls ? kTileN : 1];
   alignas(8) uint64_t full[kHalves];   // logits of half w are in shared memory
   alignas(8) uint64_t empty[kHalves];  // half w's buffer may be overwritten
 };
@@ -89,7 +92,7 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr int kTileM = size<0>(TileShape{});
   static constexpr int kTileN = size<1>(TileShape{});
   static constexpr int kHalfM = 64;
-  using HandOver = EpilogueWarpGroupsStorage<kTileN>;
+  using HandOver = EpilogueWarpGroupsStorage<kTileN, kControls>;
   static constexpr int kValuesPerThread = HandOver::kValuesPerThread;
   static_assert(kTileM == 128 && size(TiledMma{}) == 256, "two MMA warpgroups of 64 rows each (cooperative MMA)");
   static_assert(kTileN <= 128 && kValuesPerThread % 4 == 0, "one epilogue thread per column");
@@ -365,7 +368,7 @@ class Sm90SamplerEpilogueWarpGroups {
                                         : node.greedy                ? 0.0f
                                                                      : node.inv_temperature;
           bool const greedy = inv_temperature == 0.0f;
-          uint32_t const* mask_row = controls.allowed_mask + static_cast<int64_t>(row) * controls.mask_words;
+          int const tile_column = static_cast<int>(batch_row[4 * s + c]) - n_origin;
           column_key[c] = no_candidate;
           column_logit[c] = 0.0f;
           column_max2[c] = -INFINITY;
@@ -375,7 +378,7 @@ class Sm90SamplerEpilogueWarpGroups {
             int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
             float const xe = controls.logit_bias ? fs_add(x[e], row_bias[r]) : x[e];
             uint32_t const mask_word =
-                controls.allowed_mask ? __ldg(mask_row + (min(vocab_local[r], last_vocab) >> 5)) : ~0u;
+                controls.allowed_mask ? hand_over.mask_bits[half][(vocab_local[r] >> 5) & 1u][tile_column] : ~0u;
             bool const keep = vocab_local[r] < static_cast<uint32_t>(num_rows) &&
                               ((mask_word >> (vocab_local[r] & 31u)) & 1u);
             float const y = greedy ? xe : fs_mul(xe, inv_temperature);
@@ -420,20 +423,23 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // The mask words and dense bias a half tile's loop reads come from HBM (no other tile reads
-  // them) while the W stream keeps HBM busy, and the loop waits for them step by step; asked
-  // into L2 one tile ahead, they are there when the loop needs them.
+  // them) while the W stream keeps HBM busy. Loads the loop waited for cost a round trip per
+  // step (v20, v21), so thread t loads the two mask words of column t's batch row for the next
+  // tile into registers (stored to shared memory when that tile starts), and the bias, read once
+  // per tile, is asked into L2 one tile ahead.
   template <class WorkTileInfo>
-  CUTLASS_DEVICE static void prefetch_controls(NodeArguments const& node, WorkTileInfo const& work, int half, int t,
-                                               int num_rows) {
+  CUTLASS_DEVICE static void load_controls_ahead(NodeArguments const& node, WorkTileInfo const& work, int half,
+                                                 int t, int num_rows, uint32_t (&mask_bits)[2]) {
     SamplingControls const& controls = node.controls;
     int const vocab_origin = work.M_idx * kTileM + half * kHalfM;
-    int const row = work.N_idx * kTileN + t;
-    if (vocab_origin >= num_rows) {
-      return;
-    }
-    if (controls.allowed_mask && t < kTileN && row < static_cast<int>(node.batch_size)) {
-      // the half tile's 64 bits of this batch row: two words, in one line
-      prefetch_to_l2(controls.allowed_mask + static_cast<int64_t>(row) * controls.mask_words + (vocab_origin >> 5));
+    if (controls.allowed_mask && t < kTileN) {
+      // padding columns and rows past the vocabulary read in-range words; the loop keeps none of them
+      int64_t const row = min(work.N_idx * kTileN + t, static_cast<int>(node.batch_size) - 1);
+      uint32_t const* words = controls.allowed_mask + row * controls.mask_words;
+      int64_t const last_word = controls.mask_words - 1;
+      int64_t const first = min(static_cast<int64_t>(vocab_origin >> 5), last_word);
+      mask_bits[0] = __ldg(words + first);
+      mask_bits[1] = __ldg(words + min(first + 1, last_word));
     }
     if (controls.logit_bias && t < kHalfM / 32 && vocab_origin + 32 * t < num_rows) {
       prefetch_to_l2(controls.logit_bias + vocab_origin + 32 * t);  // 64 floats: two 128-byte lines
@@ -464,16 +470,27 @@ class Sm90SamplerEpilogueWarpGroups {
     resolve_noise_source(node.noise, seed, offset);
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t full_phase = 0;
+    uint32_t next_mask_bits[2] = {~0u, ~0u};
     if constexpr (kControls) {
-      prefetch_controls(node, work, half, t, num_rows);
+      load_controls_ahead(node, work, half, t, num_rows, next_mask_bits);
     }
     while (work.is_valid()) {
       int const m_origin = work.M_idx * kTileM;
       int const n_origin = work.N_idx * kTileN;
       auto const next_work = get<0>(scheduler.fetch_next_work(work));
+      uint32_t const mask_bits[2] = {next_mask_bits[0], next_mask_bits[1]};
       if constexpr (kControls) {
         if (next_work.is_valid()) {
-          prefetch_controls(node, next_work, half, t, num_rows);
+          load_controls_ahead(node, next_work, half, t, num_rows, next_mask_bits);
+        }
+        // Every thread has left the previous tile's loop (the merge's barrier), so its bits may
+        // be overwritten; the barrier after the stores orders them before the loop's reads.
+        if (node.controls.allowed_mask) {
+          if (t < kTileN) {
+            hand_over.mask_bits[half][0][t] = mask_bits[0];
+            hand_over.mask_bits[half][1][t] = mask_bits[1];
+          }
+          cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
         }
       }
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
