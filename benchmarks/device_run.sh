@@ -4,8 +4,8 @@
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
 #   STEPS: any of "build tests sanitizer bench ab controls controls_ab decode ncu tp" (default: build tests
-#   sanitizer bench); controls_ab runs bench_controls.py under each FLASHSAMPLING_CONTROLS_SCHEDULE
-#   (cutlass, the default, epilogue_warpgroups: v19, NOTES);
+#   sanitizer bench); controls_ab runs bench_controls.py with FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass
+#   and with the default (v19-v22, NOTES);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
@@ -50,7 +50,7 @@ if has_step controls; then
   python3 benchmarks/bench_controls.py --out "$OUT" ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls.log" | grep -v "^\[bench\] {"
 fi
 if has_step controls_ab; then
-  for schedule in cutlass default epilogue_warpgroups; do
+  for schedule in cutlass default; do
     mkdir -p "$OUT/controls_$schedule"
     FLASHSAMPLING_CONTROLS_SCHEDULE=$schedule python3 benchmarks/bench_controls.py --out "$OUT/controls_$schedule" \
       ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls_$schedule.log" | grep "^|"

@@ -458,32 +458,31 @@ def runs_epilogue_warpgroups(names, loop, tile_n):
 
 
 def test_common_controls_schedules_by_tile():
-    """Common-controls passes on a 128-wide tile (more than 64 columns) run the epilogue-warpgroup
-    kernel with the common controls' loop by default, those on a 64-wide tile v13's CUTLASS
-    schedule; FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups moves the 64-wide tile too,
-    =cutlass both back."""
+    """Common-controls passes on 64- and 128-wide tiles (more than 32 columns) run the epilogue-
+    warpgroup kernel with the common controls' loop; FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass
+    runs v13's CUTLASS schedules instead."""
+    assert runs_epilogue_warpgroups(stage1_kernel_names({}, 50, "controls"), "controls", 64)
     assert runs_epilogue_warpgroups(stage1_kernel_names({}, 100, "controls"), "controls", 128)
-    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names({}, 50, "controls"))
-    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="epilogue_warpgroups")
-    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 50, "controls"), "controls", 64)
-    assert runs_epilogue_warpgroups(stage1_kernel_names(knobs, 100, "controls"), "controls", 128)
+    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names({}, 20, "controls"))
     knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass")
-    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names(knobs, 100, "controls"))
+    for batch in (50, 100):
+        assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names(knobs, batch, "controls"))
 
 
-@pytest.mark.parametrize("schedule,pad", [("epilogue_warpgroups", "0"), ("cutlass", "1")])
+@pytest.mark.parametrize("schedule,pad", [("default", "0"), ("cutlass", "1")])
 def test_common_controls_sweep_under_schedule_knob(schedule, pad):
     """The common-controls sweep (pathwise against the float64 reference, logprobs within 1e-4,
     the CPU op, masks, greedy rows, tiles of 64 and 128 columns, several N tiles, fp16, no
-    logprobs, special values, an empty mask row) also passes in a process whose
-    FLASHSAMPLING_CONTROLS_SCHEDULE (read once per process) puts every tile on the epilogue-
-    warpgroup kernel (with ragged hidden rows) or every tile on v13's CUTLASS schedules; this
-    process runs it with the default split."""
+    logprobs, special values, an empty mask row) also passes in a process whose hidden rows
+    are not padded to whole tiles, and in one whose FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass (read
+    once per process) runs every tile on v13's CUTLASS schedules."""
     import subprocess
     import sys
     from pathlib import Path
 
-    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE=schedule, FLASHSAMPLING_PAD_COLUMNS=pad)
+    knobs = dict(FLASHSAMPLING_PAD_COLUMNS=pad)
+    if schedule != "default":
+        knobs["FLASHSAMPLING_CONTROLS_SCHEDULE"] = schedule
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run(
         [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider", "-k",

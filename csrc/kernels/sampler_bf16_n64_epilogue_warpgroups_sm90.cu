@@ -1,5 +1,5 @@
 // Fused sampler, sm90a, bf16, CTA tile N = 64, plain loop on epilogue warpgroups of its own
-// (an A/B candidate for 33-64 columns: FLASHSAMPLING_PLAIN_N64_SCHEDULE=epilogue_warpgroups).
+// (A/B knob FLASHSAMPLING_PLAIN_N64_SCHEDULE=epilogue_warpgroups; measured no better, v18).
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {

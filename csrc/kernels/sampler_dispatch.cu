@@ -61,7 +61,8 @@ bool plain_wide_on_cutlass_schedules() {
   return on;
 }
 
-// A/B knob, not measured yet: FLASHSAMPLING_PLAIN_N64_SCHEDULE=epilogue_warpgroups runs plain
+// A/B knob, measured no better (NOTES, v18: H100 3-4% slower at D = 4096, H200 within 2%):
+// FLASHSAMPLING_PLAIN_N64_SCHEDULE=epilogue_warpgroups runs plain
 // passes of 33-64 columns (the 64-wide tile) on the epilogue-warpgroup kernel too, instead of
 // the pingpong cluster schedule.
 bool plain_n64_on_epilogue_warpgroups() {
@@ -69,28 +70,14 @@ bool plain_n64_on_epilogue_warpgroups() {
   return on;
 }
 
-// Common-controls passes whose tile is 128 wide (more than 64 columns) run the epilogue-warpgroup
-// kernel with the common controls' loop: measured on H100 (benchmarks/NOTES.md, v19) all three
-// common controls at B = 128 778 -> 555 us and at B = 256 1283 -> 945 us against v13's CUTLASS
-// schedules (D = 4096), while on the 64-wide tile it was 5% slower at B = 64 (454 -> 477).
-// A/B knob FLASHSAMPLING_CONTROLS_SCHEDULE: "cutlass" runs v13's schedules on every tile,
-// "epilogue_warpgroups" the epilogue-warpgroup kernel on the 64-wide tile too.
-enum class ControlsSchedule { kDefault, kCutlass, kEpilogueWarpGroups };
-
-ControlsSchedule controls_schedule() {
-  static ControlsSchedule const schedule =
-      env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "cutlass")                ? ControlsSchedule::kCutlass
-      : env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "epilogue_warpgroups") ? ControlsSchedule::kEpilogueWarpGroups
-                                                                          : ControlsSchedule::kDefault;
-  return schedule;
-}
-
+// Common-controls passes of more than 32 columns (tiles 64 and 128 wide) run the epilogue-
+// warpgroup kernel with the common controls' loop (benchmarks/NOTES.md, v19-v22): on H200
+// (D = 4096) all three common controls at B = 64 / 128 / 256 take 324 / 469 / 848 us there
+// against 384 / 694 / 1222 on v13's CUTLASS schedules; on H100 461 / 500 / 866 against
+// 460 / 771 / 1299. A/B knob: FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs v13's schedules.
 bool controls_on_epilogue_warpgroups(int tile_n) {
-  switch (controls_schedule()) {
-    case ControlsSchedule::kCutlass: return false;
-    case ControlsSchedule::kEpilogueWarpGroups: return tile_n >= 64;
-    default: return tile_n == 128;
-  }
+  static bool const cutlass_schedules = env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "cutlass");
+  return tile_n >= 64 && !cutlass_schedules;
 }
 #endif
 

@@ -1,5 +1,5 @@
 // Fused sampler, sm90a, fp16, CTA tile N = 64, the common controls' loop on epilogue
-// warpgroups of its own (an A/B candidate: FLASHSAMPLING_CONTROLS_SCHEDULE=epilogue_warpgroups).
+// warpgroups of its own (the default for common-controls passes of 33-64 columns).
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {
