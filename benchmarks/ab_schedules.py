@@ -4,9 +4,8 @@ Each variant runs in its own process, since the dispatch reads its knobs once; V
 names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile,
 FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs plain passes of more than 64 columns on v9's
 CUTLASS schedules instead of v16's kernel, FLASHSAMPLING_PAD_COLUMNS=0 does not pad the hidden
-rows to whole N tiles, FLASHSAMPLING_PLAIN_N64_SCHEDULE=epilogue_warpgroups runs 33-64 columns on
-v16's kernel with a 64-wide tile). The v9 A/B of the 128-wide
-tile's schedule and of 2-CTA clusters used knobs since removed (benchmarks/NOTES.md). Times
+rows to whole N tiles). The v9 A/B of the 128-wide tile's schedule and of 2-CTA clusters and
+v18's 64-wide tile on v16's kernel used knobs since removed (benchmarks/NOTES.md). Times
 are medians of CUDA-graph replays (bench_sampler's median_us); mm is timed in every process,
 so each variant has its own reference.
 
@@ -33,8 +32,6 @@ VARIANT_ENV = {
     "cutlass": {"FLASHSAMPLING_PLAIN_WIDE_SCHEDULE": "cutlass"},
     # v17: hidden rows padded to whole N tiles by default; "nopad" leaves the TMA boxes ragged
     "nopad": {"FLASHSAMPLING_PAD_COLUMNS": "0"},
-    # v18 candidate: 33-64 columns on the epilogue-warpgroup kernel with a 64-wide tile
-    "ewg64": {"FLASHSAMPLING_PLAIN_N64_SCHEDULE": "epilogue_warpgroups"},
 }
 
 

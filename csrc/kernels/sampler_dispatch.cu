@@ -61,15 +61,6 @@ bool plain_wide_on_cutlass_schedules() {
   return on;
 }
 
-// A/B knob, measured no better (NOTES, v18: H100 3-4% slower at D = 4096, H200 within 2%):
-// FLASHSAMPLING_PLAIN_N64_SCHEDULE=epilogue_warpgroups runs plain
-// passes of 33-64 columns (the 64-wide tile) on the epilogue-warpgroup kernel too, instead of
-// the pingpong cluster schedule.
-bool plain_n64_on_epilogue_warpgroups() {
-  static bool const on = env_is("FLASHSAMPLING_PLAIN_N64_SCHEDULE", "epilogue_warpgroups");
-  return on;
-}
-
 // Common-controls passes of more than 32 columns (tiles 64 and 128 wide) run the epilogue-
 // warpgroup kernel with the common controls' loop (benchmarks/NOTES.md, v19-v22): on H200
 // (D = 4096) all three common controls at B = 64 / 128 / 256 take 324 / 469 / 848 us there
@@ -96,9 +87,6 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
   if (device_arch == 90) {
     if (kLoop == SamplerLoop::kPlain && tile_n == 128 && !plain_wide_on_cutlass_schedules()) {
       return sm90_epilogue_warpgroups_entry<Element, 128>();
-    }
-    if (kLoop == SamplerLoop::kPlain && tile_n == 64 && plain_n64_on_epilogue_warpgroups()) {
-      return sm90_epilogue_warpgroups_entry<Element, 64>();
     }
     if (kLoop == SamplerLoop::kCommonControls && controls_on_epilogue_warpgroups(tile_n)) {
       return tile_n == 64 ? sm90_epilogue_warpgroups_entry<Element, 64, SamplerLoop::kCommonControls>()
