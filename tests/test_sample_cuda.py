@@ -392,7 +392,7 @@ from torch.profiler import ProfilerActivity, profile
 batch = int(sys.argv[1])
 hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
 weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
-kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda")) if sys.argv[2] == "controls" else {}
+kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda"))  # per-row T: the common controls
 flashsampling_cuda.sample(hidden, weight, **kwargs)
 with profile(activities=[ProfilerActivity.CUDA]) as prof:
     flashsampling_cuda.sample(hidden, weight, **kwargs)
@@ -401,22 +401,22 @@ print("\n".join(e.name for e in prof.events() if e.device_type.name == "CUDA"))
 """
 
 
-def stage1_kernel_names(knobs, batch, loop):
-    """Names of the CUDA kernels one sample() call (bf16) runs in a process with exactly these
-    dispatch knobs (read once per process)."""
+def controls_kernel_names(knobs, batch):
+    """Names of the CUDA kernels one common-controls sample() call (bf16, per-row temperatures)
+    runs in a process with exactly these dispatch knobs (read once per process)."""
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", KERNEL_NAMES_PROBE, str(batch), loop], env=knob_env(**knobs),
+    out = subprocess.run([sys.executable, "-c", KERNEL_NAMES_PROBE, str(batch)], env=knob_env(**knobs),
                          check=True, capture_output=True, text=True).stdout
     return out.splitlines()
 
 
-def runs_epilogue_warpgroups(names, loop, tile_n):
-    """Whether one of the kernels is the epilogue-warpgroup kernel with this loop and N tile (its
-    name carries the loop as (flashsampling::SamplerLoop)k and the wgmma atom 64xNx16)."""
-    code = {"plain": 0, "controls": 1}[loop]
-    return any("Sm90SamplerEpilogueWarpGroups" in n and f"SamplerLoop){code}" in n and f"64x{tile_n}x16" in n
+def runs_controls_on_epilogue_warpgroups(names, tile_n):
+    """Whether one of the kernels is the epilogue-warpgroup kernel with the common controls' loop
+    and this N tile (its name carries the loop as (flashsampling::SamplerLoop)1 and the wgmma atom
+    64xNx16)."""
+    return any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)1" in n and f"64x{tile_n}x16" in n
                for n in names)
 
 
@@ -424,12 +424,12 @@ def test_common_controls_schedules_by_tile():
     """Common-controls passes on 64- and 128-wide tiles (more than 32 columns) run the epilogue-
     warpgroup kernel with the common controls' loop; FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass
     runs v13's CUTLASS schedules instead."""
-    assert runs_epilogue_warpgroups(stage1_kernel_names({}, 50, "controls"), "controls", 64)
-    assert runs_epilogue_warpgroups(stage1_kernel_names({}, 100, "controls"), "controls", 128)
-    assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names({}, 20, "controls"))
+    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 50), 64)
+    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 100), 128)
+    assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names({}, 20))
     knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass")
     for batch in (50, 100):
-        assert not any("EpilogueWarpGroups" in n for n in stage1_kernel_names(knobs, batch, "controls"))
+        assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names(knobs, batch))
 
 
 @pytest.mark.parametrize("schedule,pad", [("default", "0"), ("cutlass", "1")])
