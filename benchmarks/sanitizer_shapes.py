@@ -4,7 +4,8 @@ shape plain (one sample: the plain kernels of every N bucket), with num_samples 
 GEMM column blocks, the controls kernels), with the common controls (per-row temperatures
 with greedy rows, logit bias, bitmask, logprobs: their own kernels, on epilogue warpgroups
 beyond 64 columns) and with every control on (per-row temperatures, logit bias, sparse bias,
-bitmask, per-row seeds, vocab_start, logprobs)."""
+bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the epilogue-warpgroup
+kernels many tiles per SM, so their exact skip (global floors, atomics) runs too."""
 
 import torch
 

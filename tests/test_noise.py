@@ -156,3 +156,9 @@ def test_gumbel_noise_rejects_out_of_range_coordinates():
         ops.gumbel_noise(0, 0, torch.tensor([-1]), 0, torch.tensor([0]))
     with pytest.raises(RuntimeError, match="vocab_index"):
         ops.gumbel_noise(0, 0, torch.tensor([0]), 0, torch.tensor([2**32]))
+
+
+def test_gumbel_upper_bound_is_gpu_only():
+    with pytest.raises(RuntimeError, match="_gumbel_upper_bound: bits must be a CUDA tensor"):
+        ops._gumbel_upper_bound(torch.tensor([1 << 9]))
+

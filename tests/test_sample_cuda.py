@@ -119,7 +119,7 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
 
 # Dispatch knobs a sub-process must not inherit from the caller's environment.
 DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
-                  "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS")
+                  "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS", "FLASHSAMPLING_NOISE_SKIP")
 
 
 def knob_env(**knobs):
@@ -163,6 +163,50 @@ def test_padding_hidden_rows_changes_no_token(tmp_path):
         results[pad] = torch.load(path)
     for padded, ragged in zip(results["1"], results["0"]):
         assert torch.equal(padded, ragged)
+
+
+NOISE_SKIP_PROBE = r"""
+import sys, torch, flashsampling_cuda
+op = torch.ops.flashsampling.sample_with_scores
+gen = torch.Generator(device="cuda").manual_seed(6)
+out = []
+# Batches on the epilogue-warpgroup kernels (plain: > 64 columns; common controls: > 32), one to
+# three N tiles, ~2-8 vocabulary tiles per SM so that later tiles skip against earlier ones.
+for batch, vocab, dtype, vocab_start in ((65, 64000, torch.bfloat16, 0), (128, 100003, torch.float16, 7),
+                                         (257, 64000, torch.bfloat16, 0), (48, 151936, torch.bfloat16, 0)):
+    hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
+    weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
+    temps = torch.rand(batch, device="cuda", generator=gen) * 1.5 + 0.05
+    temps[::5] = 0.0  # greedy rows
+    mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), device="cuda", generator=gen,
+                         dtype=torch.int64).to(torch.int32) | 0x10  # token 4 of every word always allowed
+    bias = torch.randn(vocab, device="cuda", generator=gen)
+    for kwargs in (dict(temperature=0.7), dict(temperature=0.05), dict(temperatures=temps),
+                   dict(temperatures=temps, allowed_mask=mask, logit_bias=bias, return_logprobs=True)):
+        result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), vocab_start=vocab_start, **kwargs)
+        out.extend(t for t in result if isinstance(t, torch.Tensor))
+torch.save([t.cpu() for t in out], sys.argv[1])
+"""
+
+
+def test_noise_skip_changes_no_token(tmp_path):
+    """The epilogue-warpgroup kernels skip the exact noise of elements whose score bound lies below
+    their column's best (FLASHSAMPLING_NOISE_SKIP, read once per process): with and without it the
+    same tokens, scores and log-probabilities, bit for bit (low and per-row temperatures, greedy
+    rows, mask, bias, fp16, several N tiles)."""
+    import subprocess
+    import sys
+
+    results = {}
+    for skip in ("1", "0"):
+        path = tmp_path / f"skip{skip}.pt"
+        subprocess.run([sys.executable, "-c", NOISE_SKIP_PROBE, str(path)],
+                       env=knob_env(FLASHSAMPLING_NOISE_SKIP=skip), check=True)
+        results[skip] = torch.load(path)
+    assert len(results["1"]) == len(results["0"]) > 0
+    for skipped, exact in zip(results["1"], results["0"]):
+        assert torch.equal(skipped.view(torch.int32) if skipped.is_floating_point() else skipped,
+                           exact.view(torch.int32) if exact.is_floating_point() else exact)
 
 
 def test_default_generator_reproducible_and_advancing():

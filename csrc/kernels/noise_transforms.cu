@@ -4,6 +4,7 @@
 // (tests/test_noise_cuda.py).
 #include <cstdint>
 
+#include "flashsampling/epilogue/gumbel_bound.cuh"
 #include "flashsampling/noise_launch.h"
 #include "flashsampling/philox_gumbel.h"
 
@@ -38,6 +39,11 @@ __global__ void gumbel_from_bits_kernel(int64_t const* __restrict__ bits, float*
   }
 }
 
+__global__ void gumbel_upper_bound_kernel(int64_t const* __restrict__ bits, float* __restrict__ out, int64_t n) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = epilogue::gumbel_upper_bound_from_bits(static_cast<uint32_t>(bits[i]));
+}
+
 unsigned int num_blocks(int64_t n) {
   return static_cast<unsigned int>((n + int64_t{kThreads} * kLanes - 1) / (int64_t{kThreads} * kLanes));
 }
@@ -53,6 +59,13 @@ cudaError_t launch_logf(float const* x, float* out, int64_t n, cudaStream_t stre
 cudaError_t launch_gumbel_from_bits(int64_t const* bits, float* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   gumbel_from_bits_kernel<<<num_blocks(n), kThreads, 0, stream>>>(bits, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gumbel_upper_bound(int64_t const* bits, float* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  gumbel_upper_bound_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      bits, out, n);
   return cudaGetLastError();
 }
 

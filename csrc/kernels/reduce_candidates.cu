@@ -1,10 +1,11 @@
 // Small kernels around the fused GEMM:
-//  - before it, the sparse-bias bitmap (which (row, token) pairs have a sparse entry)
-//    and the rows' fl(1 / T);
+//  - before it, the sparse-bias bitmap (which (row, token) pairs have a sparse entry),
+//    the rows' fl(1 / T) and the zeroed floors of the exact skip;
 //  - after it, stage 2: per (batch row, sample) the best packed candidate over all
 //    vocabulary tiles, decoded to a token id and score, plus (logprobs) the merged
 //    log-sum-exp and the token's log-probability. Candidates are tiny
 //    ([samples][tiles][B] x 8 bytes, ~2.4 MB at B=256, V=152k) and still in L2.
+#include <algorithm>
 #include <cstdint>
 
 #include "flashsampling/epilogue/candidate_math.cuh"
@@ -33,10 +34,14 @@ __global__ void build_sparse_bitmap_kernel(int32_t const* __restrict__ ids, int6
   }
 }
 
-__global__ void inv_temperatures_kernel(float const* __restrict__ temperatures, int64_t batch_size,
-                                        float* __restrict__ inv_temperatures) {
-  int64_t const row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row < batch_size) inv_temperatures[row] = fs_inv_temperature(temperatures[row]);
+// The rows' fl(1 / T) (per-row temperatures) and the zeroed floors of the exact skip (v24): one
+// small kernel before the GEMM rather than a kernel and a memset (a graph node each).
+__global__ void prepare_gemm_inputs_kernel(float const* __restrict__ temperatures, int64_t batch_size,
+                                           float* __restrict__ inv_temperatures, uint32_t* __restrict__ noise_floors,
+                                           int64_t num_floors) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (inv_temperatures != nullptr && i < batch_size) inv_temperatures[i] = fs_inv_temperature(temperatures[i]);
+  if (noise_floors != nullptr && i < num_floors) noise_floors[i] = 0u;
 }
 
 // Whether row `row` of the allowed mask allows no token of [0, V) (block-wide).
@@ -147,10 +152,13 @@ cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap,
   return cudaGetLastError();
 }
 
-cudaError_t launch_inv_temperatures(SamplerParams const& p, float* inv_temperatures, cudaStream_t stream) {
+cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {
+  int64_t const num_floors = buffers.noise_floors != nullptr ? sampler_gemm_columns(p) : 0;
+  int64_t const threads_needed = std::max(buffers.inv_temperatures != nullptr ? p.batch_size : 0, num_floors);
+  if (threads_needed == 0) return cudaSuccess;
   int const threads = 256;
-  inv_temperatures_kernel<<<static_cast<unsigned>((p.batch_size + threads - 1) / threads), threads, 0, stream>>>(
-      p.controls.temperatures, p.batch_size, inv_temperatures);
+  prepare_gemm_inputs_kernel<<<static_cast<unsigned>((threads_needed + threads - 1) / threads), threads, 0, stream>>>(
+      p.controls.temperatures, p.batch_size, buffers.inv_temperatures, buffers.noise_floors, num_floors);
   return cudaGetLastError();
 }
 

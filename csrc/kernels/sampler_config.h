@@ -60,13 +60,14 @@ struct SamplerBuffers {
   float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (logprobs only)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
   float* inv_temperatures = nullptr;      // [B] (per-row temperatures only)
+  uint32_t* noise_floors = nullptr;       // [S * B] zeroed (skip_unreachable_noise only)
 };
 
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
 // hidden rows (when padded), then the GEMM's own.
 struct SamplerWorkspaceLayout {
   size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, inv_temperatures = 0,
-         padded_hidden = 0, gemm = 0, total = 0;
+         noise_floors = 0, padded_hidden = 0, gemm = 0, total = 0;
 
   SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
     auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -83,6 +84,8 @@ struct SamplerWorkspaceLayout {
     at += p.controls.sparse_ids ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 4) : 0;
     inv_temperatures = at;
     at += p.controls.temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
+    noise_floors = at;
+    at += p.skip_unreachable_noise ? round_up(static_cast<size_t>(sampler_gemm_columns(p)) * sizeof(uint32_t)) : 0;
     padded_hidden = at;
     at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
     gemm = at;
@@ -97,6 +100,7 @@ struct SamplerWorkspaceLayout {
     b.lse_parts = p.logprobs ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
     b.sparse_bitmap = p.controls.sparse_ids ? reinterpret_cast<uint32_t*>(base + sparse_bitmap) : nullptr;
     b.inv_temperatures = p.controls.temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
+    b.noise_floors = p.skip_unreachable_noise ? reinterpret_cast<uint32_t*>(base + noise_floors) : nullptr;
     return b;
   }
 };
@@ -128,8 +132,9 @@ size_t sampler_gemm_workspace_sm100(SamplerParams const& p);
 // Before stage 1, with sparse bias: marks (row, v) of every sparse entry in the bitmap.
 cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream);
 
-// Before stage 1, with per-row temperatures: inv_temperatures[b] = fs_inv_temperature(T_b).
-cudaError_t launch_inv_temperatures(SamplerParams const& p, float* inv_temperatures, cudaStream_t stream);
+// Before stage 1, one kernel for what the buffers ask: with per-row temperatures
+// inv_temperatures[b] = fs_inv_temperature(T_b); with the exact skip the zeroed noise floors.
+cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream);
 
 // Stage 2: per (row, sample) the best candidate over vocabulary tiles -> token, score,
 // and with logprobs the merged log-sum-exp and the token's log-probability.

@@ -23,6 +23,7 @@ struct ConfigEntry {
   size_t (*gemm_workspace)(SamplerParams const&);
   int vocab_tile;   // M extent of one candidate row
   int column_tile;  // N extent of the CTA tile
+  bool skips_unreachable_noise = false;  // the epilogue-warpgroup kernels (v24)
 };
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -38,7 +39,8 @@ ConfigEntry sm90_entry() {
 template <class Element, int TileN, SamplerLoop kLoop = SamplerLoop::kPlain>
 ConfigEntry sm90_epilogue_warpgroups_entry() {
   return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop>,
-          [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsVocabTile, TileN};
+          [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsVocabTile, TileN,
+          /*skips_unreachable_noise=*/true};
 }
 #endif
 
@@ -209,9 +211,15 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 // 255 (~700 or ~780 either way, from one process to the next). So: one N tile, always; several,
 // when the last one is at most half full. The padding costs a copy and a memset node.
 // FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
-SamplerParams with_padded_columns(SamplerParams const& params, ConfigEntry const& entry) {
+//
+// And the exact skip of the epilogue-warpgroup kernels (benchmarks/NOTES.md, v24): elements that
+// cannot reach their column's best score so far draw no exact noise; the same tokens with it or
+// without. FLASHSAMPLING_NOISE_SKIP=0 turns it off (A/B knob, tests).
+SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entry) {
   static bool const pad = !env_is("FLASHSAMPLING_PAD_COLUMNS", "0");
+  static bool const skip = !env_is("FLASHSAMPLING_NOISE_SKIP", "0");
   SamplerParams p = params;
+  p.skip_unreachable_noise = skip && entry.skips_unreachable_noise && !p.greedy;
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;
@@ -259,7 +267,7 @@ bool fused_top_k_fits(SamplerParams const& p, int device_arch) {
 size_t sampler_workspace_bytes(SamplerParams const& params, int device_arch) {
   ConfigEntry const entry = select_config(params, device_arch);
   if (entry.run == nullptr) return 0;
-  SamplerParams const p = with_padded_columns(params, entry);
+  SamplerParams const p = launch_params(params, entry);
   return SamplerWorkspaceLayout(p, entry.vocab_tile, entry.gemm_workspace(p)).total;
 }
 
@@ -268,7 +276,7 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
   ConfigEntry const entry = select_config(params, device_arch);
   if (entry.run == nullptr) return cudaErrorNotSupported;
   if (params.batch_size == 0) return cudaSuccess;
-  SamplerParams p = with_padded_columns(params, entry);
+  SamplerParams p = launch_params(params, entry);
   SamplerWorkspaceLayout const layout(p, entry.vocab_tile, entry.gemm_workspace(p));
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   SamplerBuffers const buffers = layout.buffers(p, workspace);
@@ -281,8 +289,8 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
     if (err != cudaSuccess) return err;
     p.controls.sparse_bitmap = buffers.sparse_bitmap;
   }
-  if (buffers.inv_temperatures != nullptr) {
-    cudaError_t err = launch_inv_temperatures(p, buffers.inv_temperatures, stream);
+  if (buffers.inv_temperatures != nullptr || buffers.noise_floors != nullptr) {
+    cudaError_t err = launch_prepare_gemm_inputs(p, buffers, stream);
     if (err != cudaSuccess) return err;
     p.controls.inv_temperatures = buffers.inv_temperatures;
   }

@@ -79,6 +79,7 @@ struct SamplerGemmSm90EpilogueWarpGroups {
     fill_sampler_mainloop_arguments<Element, GemmKernel>(args.mainloop, p);
     fill_sampler_node_arguments(args.node, p, buffers);
     fill_sampler_schedule_arguments(args, p);
+    args.noise_floors = buffers.noise_floors;
     if (!GemmKernel::can_implement(args)) {
       return cudaErrorInvalidValue;
     }

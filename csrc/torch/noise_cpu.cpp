@@ -113,6 +113,11 @@ at::Tensor gumbel_from_bits_cpu(const at::Tensor& bits) {
   return out;
 }
 
+at::Tensor gumbel_upper_bound_cpu(const at::Tensor& bits) {
+  TORCH_CHECK(false, "flashsampling._gumbel_upper_bound: bits must be a CUDA tensor (the bound is the fused GPU ",
+              "kernels' and uses the GPU's lg2.approx), got one on ", bits.device());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashsampling, CPU, m) {
@@ -120,6 +125,7 @@ TORCH_LIBRARY_IMPL(flashsampling, CPU, m) {
   m.impl("_philox4x32_10", &philox4x32_10_cpu);
   m.impl("_logf", &logf_cpu);
   m.impl("_gumbel_from_bits", &gumbel_from_bits_cpu);
+  m.impl("_gumbel_upper_bound", &gumbel_upper_bound_cpu);
 }
 
 }  // namespace flashsampling

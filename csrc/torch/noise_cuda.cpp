@@ -1,5 +1,6 @@
 // CUDA impls of flashsampling._logf and _gumbel_from_bits (the CPU ones are in noise_cpu.cpp):
-// the noise transforms as the GPU computes them, for tests that compare the two bit for bit.
+// the noise transforms as the GPU computes them, for tests that compare the two bit for bit;
+// and _gumbel_upper_bound, the fused kernels' skip bound (GPU only: it uses lg2.approx).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -23,16 +24,25 @@ at::Tensor logf_cuda(const at::Tensor& x) {
   return out;
 }
 
-at::Tensor gumbel_from_bits_cuda(const at::Tensor& bits) {
-  constexpr const char* kOp = "flashsampling._gumbel_from_bits";
+// A float per uint32 value of `bits` (int64), by `launch`.
+template <class Launch>
+at::Tensor map_bits_cuda(const at::Tensor& bits, const char* op, Launch launch) {
   const c10::cuda::CUDAGuard guard(bits.device());
-  check_uint32_values(kOp, "bits", bits);
+  check_uint32_values(op, "bits", bits);
   const at::Tensor bc = bits.contiguous();
   at::Tensor out = at::empty(bc.sizes(), bc.options().dtype(at::kFloat));
-  check_cuda_launch(launch_gumbel_from_bits(bc.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(),
-                                            bc.numel(), c10::cuda::getCurrentCUDAStream()),
-                    kOp);
+  check_cuda_launch(launch(bc.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(), bc.numel(),
+                           c10::cuda::getCurrentCUDAStream()),
+                    op);
   return out;
+}
+
+at::Tensor gumbel_from_bits_cuda(const at::Tensor& bits) {
+  return map_bits_cuda(bits, "flashsampling._gumbel_from_bits", launch_gumbel_from_bits);
+}
+
+at::Tensor gumbel_upper_bound_cuda(const at::Tensor& bits) {
+  return map_bits_cuda(bits, "flashsampling._gumbel_upper_bound", launch_gumbel_upper_bound);
 }
 
 }  // namespace
@@ -40,6 +50,7 @@ at::Tensor gumbel_from_bits_cuda(const at::Tensor& bits) {
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
   m.impl("_logf", &logf_cuda);
   m.impl("_gumbel_from_bits", &gumbel_from_bits_cuda);
+  m.impl("_gumbel_upper_bound", &gumbel_upper_bound_cuda);
 }
 
 }  // namespace flashsampling

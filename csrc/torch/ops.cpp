@@ -44,6 +44,8 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_philox4x32_10(Tensor counter, Tensor key) -> Tensor");
   m.def("_logf(Tensor x) -> Tensor");
   m.def("_gumbel_from_bits(Tensor bits) -> Tensor");
+  // The skip bound of the epilogue-warpgroup kernels (epilogue/gumbel_bound.cuh): CUDA only.
+  m.def("_gumbel_upper_bound(Tensor bits) -> Tensor");
 }
 
 // `import flashsampling_cuda._C` loads this library (and so runs the registrations

@@ -134,6 +134,10 @@ struct SamplerParams {
   // Set by launch_sampler, not by callers: GEMM columns after padding the hidden rows to a
   // multiple of the CTA's N tile (0: not padded; see sampler_dispatch.cu).
   int64_t padded_columns = 0;
+  // Set by launch_sampler, not by callers: whether the kernel skips the exact noise of elements
+  // that cannot reach their column's best score (the epilogue-warpgroup kernels, v24; the tokens
+  // are the same either way). It then gets a zeroed [columns] buffer of the best scores so far.
+  bool skip_unreachable_noise = false;
 };
 
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max

@@ -63,10 +63,11 @@ using cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue;
 // elements (fs_gumbel_from_bits_lanes). An odd element reuses the block of the element
 // before it when they share every key but stream & 3, as neighbouring columns of the wgmma
 // accumulator layout do at a batch-wide seed: the same bits as fs_gumbel_noise for every
-// element, in any fragment order.
+// element, in any fragment order. noise_bits_lanes stops at the Philox bits (the
+// epilogue-warpgroup loops bound the noise from them before deciding to draw it exactly).
 template <int N>
-CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t const (&seed)[N], uint64_t const (&offset_plus_sample)[N],
-                                       uint32_t const (&v)[N], uint32_t const (&stream)[N], float (&gumbel)[N]) {
+CUTLASS_DEVICE void noise_bits_lanes(uint64_t const (&seed)[N], uint64_t const (&offset_plus_sample)[N],
+                                     uint32_t const (&v)[N], uint32_t const (&stream)[N], uint32_t (&bits)[N]) {
   static_assert(N % 2 == 0, "elements come in pairs");
   Philox4 block[N];
   CUTLASS_PRAGMA_UNROLL
@@ -90,11 +91,17 @@ CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t const (&seed)[N], uint64_t const
       block[j] = shares[j] ? block[j - 1] : fs_noise_block(seed[j], offset_plus_sample[j], v[j], stream[j] >> 2);
     }
   }
-  uint32_t bits[N];
   CUTLASS_PRAGMA_UNROLL
   for (int j = 0; j < N; ++j) {
     bits[j] = fs_philox_lane(block[j], stream[j] & 3u);
   }
+}
+
+template <int N>
+CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t const (&seed)[N], uint64_t const (&offset_plus_sample)[N],
+                                       uint32_t const (&v)[N], uint32_t const (&stream)[N], float (&gumbel)[N]) {
+  uint32_t bits[N];
+  noise_bits_lanes<N>(seed, offset_plus_sample, v, stream, bits);
   fs_gumbel_from_bits_lanes<N>(bits, gumbel);
 }
 

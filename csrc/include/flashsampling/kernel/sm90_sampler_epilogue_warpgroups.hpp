@@ -15,6 +15,12 @@
 //                    candidate per column and frees the buffer, while the MMA warps already
 //                    run the next tile's mainloop.
 //
+// The epilogue draws the contract's exact noise (Philox, two logs) only where it can matter:
+// each column's best score so far (its floor, raised by every CTA through a small global array)
+// rules out elements whose score with an upper bound of their noise stays below it, and a step
+// of eight elements per thread in which no lane of the warp has such an element keeps no
+// candidate (v24, epilogue/gumbel_bound.cuh; the same tokens as drawing everything).
+//
 // Each (MMA, epilogue) pair shares one accumulator buffer and two mbarriers (full / empty);
 // the epilogue warpgroup thread t reads exactly what MMA thread t wrote, so it knows the
 // coordinates of each value from the MMA's own partition. Candidates are written per
@@ -25,6 +31,8 @@
 // warpgroup, one persistent tile scheduler walked by every role, the producer's registers
 // given back with setmaxnreg).
 #pragma once
+
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -39,6 +47,7 @@
 #include "cutlass/pipeline/pipeline.hpp"
 
 #include "flashsampling/epilogue/candidate_math.cuh"
+#include "flashsampling/epilogue/gumbel_bound.cuh"
 #include "flashsampling/epilogue/sm90_visitor_gumbel_argmax.hpp"
 
 namespace flashsampling::kernel {
@@ -61,6 +70,10 @@ struct EpilogueWarpGroupsStorage {
   // The common controls' allowed-token bits of each half's 64 vocabulary rows for every column
   // of the tile (two words per column), loaded from global memory one tile ahead (v22).
   uint32_t mask_bits[kHalves][2][kControls ? kTileN : 1];
+  // The floors of the exact skip (v24, gumbel_bound.cuh) for the tile's columns, rounded down to
+  // bf16: the best exact score each column has drawn so far, here or on any SM. Any score a
+  // column really drew is a valid floor, and so is anything below it.
+  alignas(4) __nv_bfloat16 score_floor[kHalves][kTileN];
   alignas(8) uint64_t full[kHalves];   // logits of half w are in shared memory
   alignas(8) uint64_t empty[kHalves];  // half w's buffer may be overwritten
 };
@@ -131,6 +144,9 @@ class Sm90SamplerEpilogueWarpGroups {
     NodeArguments node{};
     cutlass::KernelHardwareInfo hw_info{};
     TileSchedulerArguments scheduler{};
+    // [N] zeroed order codes (number_order_bits) of each GEMM column's best score so far, raised
+    // with atomicMax by every CTA: the exact skip (v24, gumbel_bound.cuh); nullptr: no skip.
+    uint32_t* noise_floors = nullptr;
   };
 
   struct Params {
@@ -139,6 +155,7 @@ class Sm90SamplerEpilogueWarpGroups {
     NodeArguments node{};
     cutlass::KernelHardwareInfo hw_info{};
     TileSchedulerParams scheduler{};
+    uint32_t* noise_floors = nullptr;
   };
 
   static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
@@ -148,7 +165,8 @@ class Sm90SamplerEpilogueWarpGroups {
             args.node,
             args.hw_info,
             TileScheduler::to_underlying_arguments(problem_shape_mnkl, TileShape{}, ClusterShape{}, args.hw_info,
-                                                   args.scheduler, nullptr)};
+                                                   args.scheduler, nullptr),
+            args.noise_floors};
   }
 
   static bool can_implement(Arguments const& args) {
@@ -291,15 +309,15 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr int kStepElements = 4 * kBlocksPerStep;
 
   // One step of a half tile: the logits of blocks q0 .. q0 + kBlocksPerStep - 1 from the
-  // hand-over buffer, their global vocabulary indices and batch rows, and their Gumbel noise
-  // (zeros for a greedy batch). Two blocks (eight elements: four Philox chains, eight logs),
-  // inlined so the compiler interleaves their chains.
+  // hand-over buffer, their global vocabulary indices and batch rows, and the Philox bits of
+  // their noise (none for a greedy batch). Two blocks (eight elements: four Philox chains),
+  // inlined so the compiler interleaves their chains; the logs follow in exact_noise_needed.
   template <class CoordTensor>
   CUTLASS_DEVICE static void load_step(NodeArguments const& node, HandOver const& hand_over,
                                        CoordTensor const& tCcAcc, int half, int t, int q0, int m_origin, int n_origin,
                                        uint64_t seed, uint64_t offset, float (&x)[kStepElements],
                                        uint32_t (&vocab_index)[kStepElements], uint32_t (&batch_row)[kStepElements],
-                                       float (&gumbel)[kStepElements]) {
+                                       uint32_t (&bits)[kStepElements]) {
     constexpr int N = kStepElements;
     uint64_t seeds[N], offsets[N];
     CUTLASS_PRAGMA_UNROLL
@@ -317,10 +335,53 @@ class Sm90SamplerEpilogueWarpGroups {
       batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
       seeds[e] = seed;
       offsets[e] = offset;
-      gumbel[e] = 0.0f;
+      bits[e] = 0u;
     }
     if (!node.greedy) {
-      epilogue::gumbel_noise_lanes<N>(seeds, offsets, vocab_index, batch_row, gumbel);
+      epilogue::noise_bits_lanes<N>(seeds, offsets, vocab_index, batch_row, bits);
+    }
+  }
+
+  // The exact skip (v24): the floors of a block's column pair (n, n + 1).
+  CUTLASS_DEVICE static float2 column_floors(HandOver const& hand_over, int half, int column) {
+    return __bfloat1622float2(reinterpret_cast<__nv_bfloat162 const&>(hand_over.score_floor[half][column]));
+  }
+
+  // A score from its order code (number_order_bits); codes at or below -inf's (0: nothing yet) -inf.
+  CUTLASS_DEVICE static float score_from_code(uint32_t code) {
+    return code <= number_order_bits(-INFINITY) ? -INFINITY : from_order_bits(code);
+  }
+
+  // Whether the warp needs the step's exact noise: some lane has an element that is kept and
+  // whose score bound (its score with the noise's upper bound; its exact score where it draws
+  // none) is not below its column's floor. If so, the contract's noise of the whole step
+  // (eight elements, the two logs of each side by side); if not, no element of the step can be
+  // its column's sample and the step keeps no candidate. Warp-uniform.
+  CUTLASS_DEVICE static bool exact_noise_needed(bool any_reachable, uint32_t const (&bits)[kStepElements],
+                                                float (&gumbel)[kStepElements]) {
+    if (!__any_sync(0xFFFFFFFF, any_reachable)) {
+      return false;
+    }
+    fs_gumbel_from_bits_lanes<kStepElements>(bits, gumbel);
+    return true;
+  }
+
+  // Floors of the exact skip, thread t (< N) for column t. At the start of a tile: the best of the
+  // half's own floor (when it belongs to the same N tile) and the global one, loaded a tile ahead.
+  CUTLASS_DEVICE static void refresh_floor(HandOver& hand_over, int half, int t, int n_origin, int& floor_n_origin,
+                                           uint32_t global_code) {
+    float const own = floor_n_origin == n_origin ? __bfloat162float(hand_over.score_floor[half][t]) : -INFINITY;
+    hand_over.score_floor[half][t] = __float2bfloat16_rd(fmaxf(own, score_from_code(global_code)));
+    floor_n_origin = n_origin;
+  }
+  // After the tile's merge: a best score above the floor raises it, here and globally.
+  CUTLASS_DEVICE static void raise_floor(HandOver& hand_over, uint32_t* noise_floors, int half, int t, int column,
+                                         PackedCandidate best) {
+    float const floor = __bfloat162float(hand_over.score_floor[half][t]);
+    float const score = unpack_score(best);  // -inf for "no candidate"
+    if (score > floor) {
+      hand_over.score_floor[half][t] = __float2bfloat16_rd(score);
+      atomicMax(noise_floors + column, number_order_bits(score));
     }
   }
 
@@ -332,7 +393,8 @@ class Sm90SamplerEpilogueWarpGroups {
   template <class CoordTensor>
   CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
                                                 CoordTensor const& tCcAcc, int half, int t, int m_origin,
-                                                int n_origin, int num_rows, uint64_t seed, uint64_t offset) {
+                                                int n_origin, int num_rows, uint64_t seed, uint64_t offset,
+                                                bool skip) {
     SamplingControls const& controls = node.controls;
     int const lane = t % 32;
     int const warp = t / 32;
@@ -353,57 +415,104 @@ class Sm90SamplerEpilogueWarpGroups {
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
       constexpr int N = kStepElements;
       float x[N], gumbel[N];
-      uint32_t vocab_index[N], batch_row[N];
+      uint32_t vocab_index[N], batch_row[N], bits[N];
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
       load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index, batch_row,
-                gumbel);
+                bits);
+      // The transformed inputs of the step: biased logits, each column's 1/T, the kept elements.
+      float inv_temperature[kBlocksPerStep][2];
+      bool keep[N];
+      bool any_reachable = !skip;
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kBlocksPerStep; ++s) {
+        int const tile_column = static_cast<int>(batch_row[4 * s]) - n_origin;
+        float2 const floors = skip ? column_floors(hand_over, half, tile_column) : float2{};
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          uint32_t const row = min(batch_row[4 * s + c], last_row);
+          inv_temperature[s][c] = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
+                                  : node.greedy                ? 0.0f
+                                                               : node.inv_temperature;
+          bool const greedy = inv_temperature[s][c] == 0.0f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
+            x[e] = controls.logit_bias ? fs_add(x[e], row_bias[r]) : x[e];
+            uint32_t const mask_word =
+                controls.allowed_mask ? hand_over.mask_bits[half][(vocab_local[r] >> 5) & 1u][tile_column + c] : ~0u;
+            keep[e] = vocab_local[r] < static_cast<uint32_t>(num_rows) && ((mask_word >> (vocab_local[r] & 31u)) & 1u);
+            if (skip) {
+              float const bound = greedy ? x[e]
+                                         : fs_perturbed_score(x[e], inv_temperature[s][c],
+                                                              epilogue::gumbel_upper_bound_from_bits(bits[e]));
+              any_reachable = any_reachable || (keep[e] && !(bound < (c ? floors.y : floors.x)));
+            }
+          }
+        }
+      }
+      bool const exact = node.greedy || exact_noise_needed(any_reachable, bits, gumbel);
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
         PackedCandidate column_key[2];
         float column_logit[2], column_max2[2], column_sum[2];
+        float term_y2[2][2];  // y * log2(e) of each element; -inf where it adds no mass
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < 2; ++c) {
-          uint32_t const row = min(batch_row[4 * s + c], last_row);
-          float const inv_temperature = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
-                                        : node.greedy                ? 0.0f
-                                                                     : node.inv_temperature;
-          bool const greedy = inv_temperature == 0.0f;
-          int const tile_column = static_cast<int>(batch_row[4 * s + c]) - n_origin;
+          bool const greedy = inv_temperature[s][c] == 0.0f;
           column_key[c] = no_candidate;
           column_logit[c] = 0.0f;
           column_max2[c] = -INFINITY;
           column_sum[c] = 0.0f;
           CUTLASS_PRAGMA_UNROLL
           for (int r = 0; r < 2; ++r) {
-            int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
-            float const xe = controls.logit_bias ? fs_add(x[e], row_bias[r]) : x[e];
-            uint32_t const mask_word =
-                controls.allowed_mask ? hand_over.mask_bits[half][(vocab_local[r] >> 5) & 1u][tile_column] : ~0u;
-            bool const keep = vocab_local[r] < static_cast<uint32_t>(num_rows) &&
-                              ((mask_word >> (vocab_local[r] & 31u)) & 1u);
-            float const y = greedy ? xe : fs_mul(xe, inv_temperature);
-            float const score = greedy ? xe : fs_perturbed_score(xe, inv_temperature, gumbel[e]);
-            PackedCandidate const key =
-                keep ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
-            column_logit[c] = key > column_key[c] ? y : column_logit[c];
-            column_key[c] = key_max(column_key[c], key);
-            if (node.logprobs) {
-              lse_add(column_max2[c], column_sum[c], y * epilogue::kLog2e, keep);
+            int const e = 4 * s + 2 * r + c;
+            float const y = greedy ? x[e] : fs_mul(x[e], inv_temperature[s][c]);
+            if (exact) {
+              float const score = greedy ? x[e] : fs_perturbed_score(x[e], inv_temperature[s][c], gumbel[e]);
+              PackedCandidate const key =
+                  keep[e] ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
+              column_logit[c] = key > column_key[c] ? y : column_logit[c];
+              column_key[c] = key_max(column_key[c], key);
+            }
+            float const y2 = y * epilogue::kLog2e;
+            term_y2[c][r] = keep[e] ? y2 : -INFINITY;
+            column_max2[c] = fmaxf(column_max2[c], term_y2[c][r]);  // a NaN y2 leaves the max
+          }
+        }
+        // Log-sum-exp parts of each column over its eight lanes with one exp2 per element: the
+        // column's max first (shuffles of fmaxf), then the terms 2^(y2 - max), then their sum
+        // (v23; lse_add per element and lse_merge per shuffle took ~5 exp2 per element). An
+        // element equal to the max adds 1 (a +inf max gives no inf - inf), -inf adds 0, NaN
+        // makes the sum NaN; a column with nothing kept gets (-inf, 0).
+        if (node.logprobs) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int delta = 4; delta < 32; delta *= 2) {
+              column_max2[c] = fmaxf(column_max2[c], __shfl_xor_sync(0xFFFFFFFF, column_max2[c], delta));
+            }
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              float const y2 = term_y2[c][r];
+              float const term = exp2_approx(y2 == column_max2[c] ? 0.0f : y2 - column_max2[c]);
+              column_sum[c] += y2 == -INFINITY ? 0.0f : term;
+            }
+            CUTLASS_PRAGMA_UNROLL
+            for (int delta = 4; delta < 32; delta *= 2) {
+              column_sum[c] += __shfl_xor_sync(0xFFFFFFFF, column_sum[c], delta);
             }
           }
         }
         // The eight lanes of each column (lane bits 2-4); lanes 0-3 keep their warp's result.
+        // Without exact noise every key of the step is "no candidate": nothing to shuffle.
         CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 2; ++c) {
+        for (int c = 0; c < 2 && exact; ++c) {
           CUTLASS_PRAGMA_UNROLL
           for (int delta = 4; delta < 32; delta *= 2) {
             PackedCandidate const other_key = __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta);
             if (node.logprobs) {
               float const other_logit = __shfl_xor_sync(0xFFFFFFFF, column_logit[c], delta);
-              float const other_max2 = __shfl_xor_sync(0xFFFFFFFF, column_max2[c], delta);
-              float const other_sum = __shfl_xor_sync(0xFFFFFFFF, column_sum[c], delta);
               column_logit[c] = other_key > column_key[c] ? other_logit : column_logit[c];
-              lse_merge(column_max2[c], column_sum[c], other_max2, other_sum);
             }
             column_key[c] = key_max(column_key[c], other_key);
           }
@@ -445,6 +554,12 @@ class Sm90SamplerEpilogueWarpGroups {
       prefetch_to_l2(controls.logit_bias + vocab_origin + 32 * t);  // 64 floats: two 128-byte lines
     }
   }
+  // Column t's global floor code for tile `work` (L2: other SMs raise it); 0 past the columns.
+  template <class WorkTileInfo>
+  CUTLASS_DEVICE static uint32_t load_floor_code(Params const& params, WorkTileInfo const& work, int t) {
+    int const column = work.N_idx * kTileN + t;
+    return t < kTileN && column < get<1>(params.problem_shape) ? __ldcg(params.noise_floors + column) : 0u;
+  }
   CUTLASS_DEVICE static void prefetch_to_l2(void const* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
   }
@@ -474,6 +589,14 @@ class Sm90SamplerEpilogueWarpGroups {
     if constexpr (kControls) {
       load_controls_ahead(node, work, half, t, num_rows, next_mask_bits);
     }
+    // The exact skip (v24): column t's global floor code, loaded a tile ahead, and the N tile the
+    // half's own floor of column t belongs to.
+    bool const skip = params.noise_floors != nullptr && !node.greedy;
+    uint32_t next_floor_code = 0;
+    int floor_n_origin = -1;
+    if (skip) {
+      next_floor_code = load_floor_code(params, work, t);
+    }
     while (work.is_valid()) {
       int const m_origin = work.M_idx * kTileM;
       int const n_origin = work.N_idx * kTileN;
@@ -484,19 +607,25 @@ class Sm90SamplerEpilogueWarpGroups {
           load_controls_ahead(node, next_work, half, t, num_rows, next_mask_bits);
         }
         // Every thread has left the previous tile's loop (the merge's barrier), so its bits may
-        // be overwritten; the barrier after the stores orders them before the loop's reads.
-        if (node.controls.allowed_mask) {
-          if (t < kTileN) {
-            hand_over.mask_bits[half][0][t] = mask_bits[0];
-            hand_over.mask_bits[half][1][t] = mask_bits[1];
-          }
-          cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
+        // be overwritten; the barrier below orders them before the loop's reads.
+        if (node.controls.allowed_mask && t < kTileN) {
+          hand_over.mask_bits[half][0][t] = mask_bits[0];
+          hand_over.mask_bits[half][1][t] = mask_bits[1];
         }
       }
+      if (skip && t < kTileN) {
+        uint32_t const floor_code = next_floor_code;
+        if (next_work.is_valid()) {
+          next_floor_code = load_floor_code(params, next_work, t);
+        }
+        refresh_floor(hand_over, half, t, n_origin, floor_n_origin, floor_code);
+      }
+      // Orders this tile's floors (and the mask bits above) before the loop's reads.
+      cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
-        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset);
+        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip);
       } else {
         // Two blocks (eight elements: four Philox chains, eight logs) per step, inlined so the
         // compiler interleaves their chains; a rolled loop keeps the code small.
@@ -504,28 +633,48 @@ class Sm90SamplerEpilogueWarpGroups {
         for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
           constexpr int N = kStepElements;
           float x[N], gumbel[N];
-          uint32_t vocab_index[N], batch_row[N];
+          uint32_t vocab_index[N], batch_row[N], bits[N];
           load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
-                    batch_row, gumbel);
+                    batch_row, bits);
+          bool in_range[N];
+          bool any_reachable = !skip;
+          CUTLASS_PRAGMA_UNROLL
+          for (int s = 0; s < kBlocksPerStep; ++s) {
+            float2 const floors =
+                skip ? column_floors(hand_over, half, static_cast<int>(batch_row[4 * s]) - n_origin) : float2{};
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < 4; ++j) {
+              int const e = 4 * s + j;
+              in_range[e] = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
+              if (skip) {
+                float const bound =
+                    fs_perturbed_score(x[e], node.inv_temperature, epilogue::gumbel_upper_bound_from_bits(bits[e]));
+                any_reachable = any_reachable || (in_range[e] && !(bound < (j % 2 ? floors.y : floors.x)));
+              }
+            }
+          }
+          bool const exact = node.greedy || exact_noise_needed(any_reachable, bits, gumbel);
           // Per block: the thread's two rows of each of its two columns, then the eight lanes of
           // the column (lane bits 2-4); lanes 0-3 keep their warp's result for the step below.
           CUTLASS_PRAGMA_UNROLL
           for (int s = 0; s < kBlocksPerStep; ++s) {
-            PackedCandidate key[4];
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < 4; ++j) {
-              int const e = 4 * s + j;
-              float const score = node.greedy ? x[e] : fs_perturbed_score(x[e], node.inv_temperature, gumbel[e]);
-              bool const in_range = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
-              key[j] = in_range ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
-            }
-            PackedCandidate column_key[2] = {key_max(no_candidate, key_max(key[0], key[2])),
-                                             key_max(no_candidate, key_max(key[1], key[3]))};
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < 2; ++c) {
+            PackedCandidate column_key[2] = {no_candidate, no_candidate};
+            if (exact) {  // (else every key of the step is "no candidate")
+              PackedCandidate key[4];
               CUTLASS_PRAGMA_UNROLL
-              for (int delta = 4; delta < 32; delta *= 2) {
-                column_key[c] = key_max(column_key[c], __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta));
+              for (int j = 0; j < 4; ++j) {
+                int const e = 4 * s + j;
+                float const score = node.greedy ? x[e] : fs_perturbed_score(x[e], node.inv_temperature, gumbel[e]);
+                key[j] = in_range[e] ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
+              }
+              column_key[0] = key_max(no_candidate, key_max(key[0], key[2]));
+              column_key[1] = key_max(no_candidate, key_max(key[1], key[3]));
+              CUTLASS_PRAGMA_UNROLL
+              for (int c = 0; c < 2; ++c) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int delta = 4; delta < 32; delta *= 2) {
+                  column_key[c] = key_max(column_key[c], __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta));
+                }
               }
             }
             if (lane < 4) {
@@ -538,8 +687,7 @@ class Sm90SamplerEpilogueWarpGroups {
       cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
       int const candidate_row = work.M_idx * (kTileM / kHalfM) + half;
       int const column = t;
-      if (t < kTileN && n_origin + column < num_cols && candidate_row * kHalfM < num_rows) {
-        int64_t const out = static_cast<int64_t>(candidate_row) * num_cols + n_origin + column;
+      if (t < kTileN) {
         PackedCandidate best = result_key(hand_over, half, column, 0);
         int best_warp = 0;
         CUTLASS_PRAGMA_UNROLL
@@ -550,21 +698,27 @@ class Sm90SamplerEpilogueWarpGroups {
           }
           best = key_max(best, other);
         }
-        node.ptr_candidates[out] = best;
-        if constexpr (kControls) {
-          if (node.logprobs) {
-            bool const odd = column % 2;
-            float4 const logits = result_slot(hand_over, half, column, best_warp, kWinnerLogits);
-            node.ptr_candidate_logits[out] = odd ? logits.y : logits.x;
-            float4 parts = result_slot(hand_over, half, column, 0, kLseParts);
-            float2 lse = odd ? make_float2(parts.z, parts.w) : make_float2(parts.x, parts.y);
-            CUTLASS_PRAGMA_UNROLL
-            for (int w = 1; w < 4; ++w) {
-              parts = result_slot(hand_over, half, column, w, kLseParts);
-              lse_merge(lse.x, lse.y, odd ? parts.z : parts.x, odd ? parts.w : parts.y);
+        if (n_origin + column < num_cols && candidate_row * kHalfM < num_rows) {
+          int64_t const out = static_cast<int64_t>(candidate_row) * num_cols + n_origin + column;
+          node.ptr_candidates[out] = best;
+          if constexpr (kControls) {
+            if (node.logprobs) {
+              bool const odd = column % 2;
+              float4 const logits = result_slot(hand_over, half, column, best_warp, kWinnerLogits);
+              node.ptr_candidate_logits[out] = odd ? logits.y : logits.x;
+              float4 parts = result_slot(hand_over, half, column, 0, kLseParts);
+              float2 lse = odd ? make_float2(parts.z, parts.w) : make_float2(parts.x, parts.y);
+              CUTLASS_PRAGMA_UNROLL
+              for (int w = 1; w < 4; ++w) {
+                parts = result_slot(hand_over, half, column, w, kLseParts);
+                lse_merge(lse.x, lse.y, odd ? parts.z : parts.x, odd ? parts.w : parts.y);
+              }
+              node.ptr_lse_parts[out] = lse;
             }
-            node.ptr_lse_parts[out] = lse;
           }
+        }
+        if (skip && n_origin + column < num_cols) {
+          raise_floor(hand_over, params.noise_floors, half, t, n_origin + column, best);
         }
       }
       cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[half]);  // after the merge's reads
