@@ -155,7 +155,7 @@ cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap,
 cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {
   int64_t const num_floors = buffers.noise_floors != nullptr ? sampler_gemm_columns(p) : 0;
   int64_t const threads_needed = std::max(buffers.inv_temperatures != nullptr ? p.batch_size : 0, num_floors);
-  if (threads_needed == 0) return cudaSuccess;
+  if (threads_needed == 0) return cudaSuccess;  // nothing asked: no launch
   int const threads = 256;
   prepare_gemm_inputs_kernel<<<static_cast<unsigned>((threads_needed + threads - 1) / threads), threads, 0, stream>>>(
       p.controls.temperatures, p.batch_size, buffers.inv_temperatures, buffers.noise_floors, num_floors);

@@ -289,11 +289,8 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
     if (err != cudaSuccess) return err;
     p.controls.sparse_bitmap = buffers.sparse_bitmap;
   }
-  if (buffers.inv_temperatures != nullptr || buffers.noise_floors != nullptr) {
-    cudaError_t err = launch_prepare_gemm_inputs(p, buffers, stream);
-    if (err != cudaSuccess) return err;
-    p.controls.inv_temperatures = buffers.inv_temperatures;
-  }
+  if (cudaError_t err = launch_prepare_gemm_inputs(p, buffers, stream); err != cudaSuccess) return err;
+  p.controls.inv_temperatures = buffers.inv_temperatures;
   cudaError_t err = entry.run(p, buffers, static_cast<char*>(workspace) + layout.gemm, stream);
   if (err != cudaSuccess) return err;
   if (p.top_k > 0) {

@@ -1,5 +1,5 @@
-// The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop and
-// the common controls' loop for batches of more than 64 columns, sampler_dispatch.cu).
+// The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop beyond
+// 64 columns, the common controls' loop beyond 32; sampler_dispatch.cu).
 //
 // CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
 // the tile's mainloop, so at B = 256 the noise (~190 instructions per logit, latency-bound)
@@ -352,6 +352,16 @@ class Sm90SamplerEpilogueWarpGroups {
     return code <= number_order_bits(-INFINITY) ? -INFINITY : from_order_bits(code);
   }
 
+  // Whether an element may still be its column's sample: it is kept and its score bound (its score
+  // with the noise's upper bound; its exact score on a greedy column, inv_temperature 0) is not
+  // below the column's floor. Strict, so ties go to the exact path; a NaN bound counts as reaching.
+  CUTLASS_DEVICE static bool may_reach_floor(bool kept, float x, float inv_temperature, uint32_t bits, float floor) {
+    float const bound = inv_temperature == 0.0f
+                            ? x
+                            : fs_perturbed_score(x, inv_temperature, epilogue::gumbel_upper_bound_from_bits(bits));
+    return kept && !(bound < floor);
+  }
+
   // Whether the warp needs the step's exact noise: some lane has an element that is kept and
   // whose score bound (its score with the noise's upper bound; its exact score where it draws
   // none) is not below its column's floor. If so, the contract's noise of the whole step
@@ -433,7 +443,6 @@ class Sm90SamplerEpilogueWarpGroups {
           inv_temperature[s][c] = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
                                   : node.greedy                ? 0.0f
                                                                : node.inv_temperature;
-          bool const greedy = inv_temperature[s][c] == 0.0f;
           CUTLASS_PRAGMA_UNROLL
           for (int r = 0; r < 2; ++r) {
             int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
@@ -442,10 +451,8 @@ class Sm90SamplerEpilogueWarpGroups {
                 controls.allowed_mask ? hand_over.mask_bits[half][(vocab_local[r] >> 5) & 1u][tile_column + c] : ~0u;
             keep[e] = vocab_local[r] < static_cast<uint32_t>(num_rows) && ((mask_word >> (vocab_local[r] & 31u)) & 1u);
             if (skip) {
-              float const bound = greedy ? x[e]
-                                         : fs_perturbed_score(x[e], inv_temperature[s][c],
-                                                              epilogue::gumbel_upper_bound_from_bits(bits[e]));
-              any_reachable = any_reachable || (keep[e] && !(bound < (c ? floors.y : floors.x)));
+              any_reachable = any_reachable ||
+                              may_reach_floor(keep[e], x[e], inv_temperature[s][c], bits[e], c ? floors.y : floors.x);
             }
           }
         }
@@ -601,8 +608,8 @@ class Sm90SamplerEpilogueWarpGroups {
       int const m_origin = work.M_idx * kTileM;
       int const n_origin = work.N_idx * kTileN;
       auto const next_work = get<0>(scheduler.fetch_next_work(work));
-      uint32_t const mask_bits[2] = {next_mask_bits[0], next_mask_bits[1]};
       if constexpr (kControls) {
+        uint32_t const mask_bits[2] = {next_mask_bits[0], next_mask_bits[1]};
         if (next_work.is_valid()) {
           load_controls_ahead(node, next_work, half, t, num_rows, next_mask_bits);
         }
@@ -627,8 +634,8 @@ class Sm90SamplerEpilogueWarpGroups {
       if constexpr (kControls) {
         controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip);
       } else {
-        // Two blocks (eight elements: four Philox chains, eight logs) per step, inlined so the
-        // compiler interleaves their chains; a rolled loop keeps the code small.
+        // Two blocks (eight elements: four Philox chains, eight logs where drawn) per step, inlined
+        // so the compiler interleaves their chains; a rolled loop keeps the code small.
         CUTLASS_PRAGMA_NO_UNROLL
         for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
           constexpr int N = kStepElements;
@@ -647,9 +654,8 @@ class Sm90SamplerEpilogueWarpGroups {
               int const e = 4 * s + j;
               in_range[e] = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
               if (skip) {
-                float const bound =
-                    fs_perturbed_score(x[e], node.inv_temperature, epilogue::gumbel_upper_bound_from_bits(bits[e]));
-                any_reachable = any_reachable || (in_range[e] && !(bound < (j % 2 ? floors.y : floors.x)));
+                any_reachable = any_reachable || may_reach_floor(in_range[e], x[e], node.inv_temperature, bits[e],
+                                                                 j % 2 ? floors.y : floors.x);
               }
             }
           }
