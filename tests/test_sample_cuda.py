@@ -119,7 +119,8 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
 
 # Dispatch knobs a sub-process must not inherit from the caller's environment.
 DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
-                  "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS", "FLASHSAMPLING_NOISE_SKIP")
+                  "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS", "FLASHSAMPLING_NOISE_SKIP",
+                  "FLASHSAMPLING_EWG_CLUSTER")
 
 
 def knob_env(**knobs):
@@ -127,6 +128,23 @@ def knob_env(**knobs):
 
     env = {k: v for k, v in os.environ.items() if k not in DISPATCH_KNOBS}
     return {**env, **knobs}
+
+
+def run_probe(tmp_path, probe, name, **knobs):
+    """The tensors `probe` saves, run in a sub-process with the given dispatch knobs."""
+    import subprocess
+    import sys
+
+    path = tmp_path / f"{name}.pt"
+    subprocess.run([sys.executable, "-c", probe, str(path)], env=knob_env(**knobs), check=True)
+    return torch.load(path)
+
+
+def assert_bitwise_equal(results, reference):
+    assert len(results) == len(reference) > 0
+    for got, want in zip(results, reference):
+        assert torch.equal(got.view(torch.int32) if got.is_floating_point() else got,
+                           want.view(torch.int32) if want.is_floating_point() else want)
 
 
 PAD_PROBE = r"""
@@ -152,17 +170,9 @@ def test_padding_hidden_rows_changes_no_token(tmp_path):
     """launch_sampler pads the hidden rows to whole N tiles (FLASHSAMPLING_PAD_COLUMNS, read once
     per process): the same calls with and without it give the same tokens (plain, per-row T with
     logprobs, several samples, fused top-k)."""
-    import subprocess
-    import sys
-
-    results = {}
-    for pad in ("1", "0"):
-        path = tmp_path / f"pad{pad}.pt"
-        subprocess.run([sys.executable, "-c", PAD_PROBE, str(path)], env=knob_env(FLASHSAMPLING_PAD_COLUMNS=pad),
-                       check=True)
-        results[pad] = torch.load(path)
-    for padded, ragged in zip(results["1"], results["0"]):
-        assert torch.equal(padded, ragged)
+    padded = run_probe(tmp_path, PAD_PROBE, "pad1", FLASHSAMPLING_PAD_COLUMNS="1")
+    ragged = run_probe(tmp_path, PAD_PROBE, "pad0", FLASHSAMPLING_PAD_COLUMNS="0")
+    assert_bitwise_equal(padded, ragged)
 
 
 NOISE_SKIP_PROBE = r"""
@@ -173,7 +183,8 @@ out = []
 # Batches on the epilogue-warpgroup kernels (plain: > 64 columns; common controls: > 32), one to
 # three N tiles, ~2-8 vocabulary tiles per SM so that later tiles skip against earlier ones.
 for batch, vocab, dtype, vocab_start in ((65, 64000, torch.bfloat16, 0), (128, 100003, torch.float16, 7),
-                                         (257, 64000, torch.bfloat16, 0), (48, 151936, torch.bfloat16, 0)):
+                                         (257, 64000, torch.bfloat16, 0), (48, 151936, torch.bfloat16, 0),
+                                         (256, 50001, torch.bfloat16, 3)):
     hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
     weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
     temps = torch.rand(batch, device="cuda", generator=gen) * 1.5 + 0.05
@@ -194,19 +205,20 @@ def test_noise_skip_changes_no_token(tmp_path):
     their column's best (FLASHSAMPLING_NOISE_SKIP, read once per process): with and without it the
     same tokens, scores and log-probabilities, bit for bit (low and per-row temperatures, greedy
     rows, mask, bias, fp16, several N tiles)."""
-    import subprocess
-    import sys
+    skipped = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip1", FLASHSAMPLING_NOISE_SKIP="1")
+    exact = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip0", FLASHSAMPLING_NOISE_SKIP="0")
+    assert_bitwise_equal(skipped, exact)
 
-    results = {}
-    for skip in ("1", "0"):
-        path = tmp_path / f"skip{skip}.pt"
-        subprocess.run([sys.executable, "-c", NOISE_SKIP_PROBE, str(path)],
-                       env=knob_env(FLASHSAMPLING_NOISE_SKIP=skip), check=True)
-        results[skip] = torch.load(path)
-    assert len(results["1"]) == len(results["0"]) > 0
-    for skipped, exact in zip(results["1"], results["0"]):
-        assert torch.equal(skipped.view(torch.int32) if skipped.is_floating_point() else skipped,
-                           exact.view(torch.int32) if exact.is_floating_point() else exact)
+
+@pytest.mark.parametrize("cluster", ["m2", "n2"])
+def test_epilogue_warpgroup_clusters_change_no_token(tmp_path, cluster):
+    """The epilogue-warpgroup kernels in clusters of two CTAs (FLASHSAMPLING_EWG_CLUSTER: m2 shares
+    each hidden tile, n2 each W tile by TMA multicast; bf16) compute the same tiles: the same
+    tokens, scores and log-probabilities as one CTA per cluster, bit for bit, also where the
+    cluster rounds the tile count up (an odd number of vocabulary or column tiles)."""
+    clustered = run_probe(tmp_path, NOISE_SKIP_PROBE, cluster, FLASHSAMPLING_EWG_CLUSTER=cluster)
+    single = run_probe(tmp_path, NOISE_SKIP_PROBE, "single")
+    assert_bitwise_equal(clustered, single)
 
 
 def test_default_generator_reproducible_and_advancing():

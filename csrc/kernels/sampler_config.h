@@ -118,8 +118,9 @@ size_t sampler_gemm_workspace_sm90(SamplerParams const& p);
 
 // The plain loop (or the common controls' loop) on sm90 with epilogue warpgroups of their own
 // (no GEMM workspace); its candidates come per 64-row half tile (kEpilogueWarpGroupsVocabTile).
+// kClusterM / kClusterN: 2 for clusters of two CTAs along the vocabulary / the columns.
 constexpr int kEpilogueWarpGroupsVocabTile = 64;
-template <class Element, int TileN, SamplerLoop kLoop>
+template <class Element, int TileN, SamplerLoop kLoop, int kClusterM = 1, int kClusterN = 1>
 cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups(SamplerParams const& p, SamplerBuffers const& buffers,
                                                       void* gemm_workspace, cudaStream_t stream);
 

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 #include "cutlass/numeric_types.h"
 #include "sampler_config.h"
@@ -36,9 +37,9 @@ ConfigEntry sm90_entry() {
 #endif
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
-template <class Element, int TileN, SamplerLoop kLoop = SamplerLoop::kPlain>
+template <class Element, int TileN, SamplerLoop kLoop = SamplerLoop::kPlain, int kClusterM = 1, int kClusterN = 1>
 ConfigEntry sm90_epilogue_warpgroups_entry() {
-  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop>,
+  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop, kClusterM, kClusterN>,
           [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsVocabTile, TileN,
           /*skips_unreachable_noise=*/true};
 }
@@ -72,6 +73,34 @@ bool controls_on_epilogue_warpgroups(int tile_n) {
   static bool const cutlass_schedules = env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "cutlass");
   return tile_n >= 64 && !cutlass_schedules;
 }
+
+// v25 A/B (bf16 only): FLASHSAMPLING_EWG_CLUSTER=m2 runs the epilogue-warpgroup kernels in
+// clusters of two CTAs on neighbouring vocabulary tiles (the hidden tile multicast), =n2 in
+// clusters of two on neighbouring column tiles (the W tile multicast; where there are two or more).
+enum class EwgCluster { kNone, kM2, kN2 };
+EwgCluster epilogue_warpgroups_cluster() {
+  static EwgCluster const cluster = env_is("FLASHSAMPLING_EWG_CLUSTER", "m2")   ? EwgCluster::kM2
+                                    : env_is("FLASHSAMPLING_EWG_CLUSTER", "n2") ? EwgCluster::kN2
+                                                                                : EwgCluster::kNone;
+  return cluster;
+}
+
+template <class Element, int TileN, SamplerLoop kLoop>
+ConfigEntry sm90_epilogue_warpgroups_entry_for(int64_t columns) {
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    EwgCluster const cluster = epilogue_warpgroups_cluster();
+    if (cluster == EwgCluster::kM2 && (TileN == 128 || kLoop == SamplerLoop::kCommonControls)) {
+      return sm90_epilogue_warpgroups_entry<Element, TileN, kLoop, 2, 1>();
+    }
+    if constexpr (TileN == 128) {
+      if (cluster == EwgCluster::kN2 && columns > TileN) {
+        return sm90_epilogue_warpgroups_entry<Element, TileN, kLoop, 1, 2>();
+      }
+    }
+  }
+  (void)columns;
+  return sm90_epilogue_warpgroups_entry<Element, TileN, kLoop>();
+}
 #endif
 
 // One config per batch bucket (`columns` GEMM columns, tile_n wide), the same table for the
@@ -88,11 +117,11 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
   if (device_arch == 90) {
     if (kLoop == SamplerLoop::kPlain && tile_n == 128 && !plain_wide_on_cutlass_schedules()) {
-      return sm90_epilogue_warpgroups_entry<Element, 128>();
+      return sm90_epilogue_warpgroups_entry_for<Element, 128, SamplerLoop::kPlain>(columns);
     }
     if (kLoop == SamplerLoop::kCommonControls && controls_on_epilogue_warpgroups(tile_n)) {
-      return tile_n == 64 ? sm90_epilogue_warpgroups_entry<Element, 64, SamplerLoop::kCommonControls>()
-                          : sm90_epilogue_warpgroups_entry<Element, 128, SamplerLoop::kCommonControls>();
+      return tile_n == 64 ? sm90_epilogue_warpgroups_entry_for<Element, 64, SamplerLoop::kCommonControls>(columns)
+                          : sm90_epilogue_warpgroups_entry_for<Element, 128, SamplerLoop::kCommonControls>(columns);
     }
     switch (tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, kLoop>();

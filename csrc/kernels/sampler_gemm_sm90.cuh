@@ -11,6 +11,7 @@
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
+#include "cutlass/cluster_launch.hpp"
 #include "cutlass/device_kernel.h"
 
 #include "flashsampling/epilogue/sm90_visitor_gumbel_argmax.hpp"
@@ -57,12 +58,13 @@ struct SamplerGemmSm90 {
 
 // The plain loop (or the common controls' loop) on a kernel of our own with two epilogue
 // warpgroups beside the two MMA warpgroups (kernel/sm90_sampler_epilogue_warpgroups.hpp):
-// 128 x TileN tiles, candidates per 64-row half tile.
-template <class Element, int TileN, SamplerLoop kLoop>
+// 128 x TileN tiles, candidates per 64-row half tile. kClusterM / kClusterN = 2: two CTAs on
+// neighbouring vocabulary / column tiles share each hidden / W tile by TMA multicast.
+template <class Element, int TileN, SamplerLoop kLoop, int kClusterM = 1, int kClusterN = 1>
 struct SamplerGemmSm90EpilogueWarpGroups {
   using HandOver = kernel::EpilogueWarpGroupsStorage<TileN, kLoop == SamplerLoop::kCommonControls>;
   using TileShape = cute::Shape<cute::_128, cute::Int<TileN>, cute::_64>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
@@ -90,21 +92,33 @@ struct SamplerGemmSm90EpilogueWarpGroups {
     if (err != cudaSuccess) {
       return err;
     }
-    kernel_fn<<<GemmKernel::get_grid_shape(params), GemmKernel::get_block_shape(), GemmKernel::SharedStorageSize,
-                stream>>>(params);
-    return cudaGetLastError();
+    if constexpr (kClusterM * kClusterN == 1) {
+      kernel_fn<<<GemmKernel::get_grid_shape(params), GemmKernel::get_block_shape(), GemmKernel::SharedStorageSize,
+                  stream>>>(params);
+      return cudaGetLastError();
+    } else {
+      void* kernel_params[] = {const_cast<void*>(static_cast<void const*>(&params))};
+      cutlass::Status const status = cutlass::ClusterLauncher::launch(
+          GemmKernel::get_grid_shape(params), dim3(kClusterM, kClusterN, 1), GemmKernel::get_block_shape(),
+          GemmKernel::SharedStorageSize, stream, reinterpret_cast<void const*>(kernel_fn), kernel_params);
+      cudaError_t const err = cudaGetLastError();
+      return status == cutlass::Status::kSuccess ? err : (err == cudaSuccess ? cudaErrorLaunchFailure : err);
+    }
   }
 };
 
-template <class Element, int TileN, SamplerLoop kLoop>
+template <class Element, int TileN, SamplerLoop kLoop, int kClusterM, int kClusterN>
 cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups(SamplerParams const& p, SamplerBuffers const& buffers,
                                                       void* /*gemm_workspace*/, cudaStream_t stream) {
-  return SamplerGemmSm90EpilogueWarpGroups<Element, TileN, kLoop>::run(p, buffers, stream);
+  return SamplerGemmSm90EpilogueWarpGroups<Element, TileN, kLoop, kClusterM, kClusterN>::run(p, buffers, stream);
 }
 
-#define FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(Element, TileN, kLoop)                     \
-  template cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop>(             \
+#define FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS_CLUSTER(Element, TileN, kLoop, kClusterM, kClusterN)     \
+  template cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop, kClusterM, kClusterN>( \
       SamplerParams const&, SamplerBuffers const&, void*, cudaStream_t);
+
+#define FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(Element, TileN, kLoop) \
+  FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS_CLUSTER(Element, TileN, kLoop, 1, 1)
 
 template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM>
 cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& buffers, void* gemm_workspace,

@@ -113,7 +113,11 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr int kBlocksPerStep = 2;
   static_assert(kBlocksPerThread % kBlocksPerStep == 0, "whole steps");
   static constexpr int kEpilogueWarpGroups = HandOver::kHalves;
-  static_assert(size<0>(ClusterShape{}) * size<1>(ClusterShape{}) == 1, "one CTA per cluster");
+  // Clusters of two CTAs (v25) share one operand tile by TMA multicast: along M the hidden tile
+  // (two vocabulary tiles, the same columns), along N the W tile (one vocabulary tile, two column
+  // tiles). Only the mainloop sees the cluster; each CTA's epilogue is its own.
+  static constexpr int kClusterSize = size(ClusterShape{});
+  static_assert(kClusterSize <= 2 && size<2>(ClusterShape{}) == 1, "one CTA, or two along M or N");
 
   static constexpr uint32_t NumThreadsPerWarpGroup = cutlass::NumThreadsPerWarpGroup;
   static constexpr uint32_t MaxThreadsPerBlock = (3 + kEpilogueWarpGroups) * NumThreadsPerWarpGroup;
@@ -225,7 +229,14 @@ class Sm90SamplerEpilogueWarpGroups {
       }
     }
     cutlass::arch::fence_barrier_init();
-    __syncthreads();
+    // The pipeline's barriers must be initialised in both CTAs of a cluster before either's TMA
+    // multicast or consumer release reaches them.
+    if constexpr (kClusterSize > 1) {
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    } else {
+      __syncthreads();
+    }
 
     auto problem_shape_mnkl = append<4>(params.problem_shape, Int<1>{});
     CollectiveMainloop collective_mainloop;
@@ -247,7 +258,7 @@ class Sm90SamplerEpilogueWarpGroups {
                                     idx2crd(work.L_idx, shape<4>(gB_nkl)));
         auto k_tile_iter = make_coord_iterator(idx2crd(0, shape<3>(gA_mkl)), shape<3>(gA_mkl));
         collective_mainloop.load(params.mainloop, pipeline, write_state, load_inputs, blk_coord, k_tile_iter,
-                                 k_tile_count, cutlass::canonical_lane_idx(), /*block_rank_in_cluster=*/0u,
+                                 k_tile_count, cutlass::canonical_lane_idx(), cute::block_rank_in_cluster(),
                                  storage.tensors.mainloop);
         write_state.advance(k_tile_count);
         work = get<0>(scheduler.fetch_next_work(work));
