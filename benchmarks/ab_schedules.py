@@ -37,6 +37,7 @@ VARIANT_ENV = {
     # (the hidden tile multicast) or along the columns (the W tile multicast, two or more N tiles)
     "cluster_m2": {"FLASHSAMPLING_EWG_CLUSTER": "m2"},
     "cluster_n2": {"FLASHSAMPLING_EWG_CLUSTER": "n2"},
+    "nopair": {"FLASHSAMPLING_PAIR_NOISE": "0"},  # TEMPORARY v26
 }
 
 

@@ -63,8 +63,7 @@ using cutlass::epilogue::fusion::detail::sm90_partition_for_epilogue;
 // elements (fs_gumbel_from_bits_lanes). An odd element reuses the block of the element
 // before it when they share every key but stream & 3, as neighbouring columns of the wgmma
 // accumulator layout do at a batch-wide seed: the same bits as fs_gumbel_noise for every
-// element, in any fragment order. noise_bits_lanes stops at the Philox bits (the
-// epilogue-warpgroup loops bound the noise from them before deciding to draw it exactly).
+// element, in any fragment order. noise_bits_lanes stops at the Philox bits.
 template <int N>
 CUTLASS_DEVICE void noise_bits_lanes(uint64_t const (&seed)[N], uint64_t const (&offset_plus_sample)[N],
                                      uint32_t const (&v)[N], uint32_t const (&stream)[N], uint32_t (&bits)[N]) {

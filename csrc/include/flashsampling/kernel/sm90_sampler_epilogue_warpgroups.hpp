@@ -151,6 +151,7 @@ class Sm90SamplerEpilogueWarpGroups {
     // [N] zeroed order codes (number_order_bits) of each GEMM column's best score so far, raised
     // with atomicMax by every CTA: the exact skip (v24, gumbel_bound.cuh); nullptr: no skip.
     uint32_t* noise_floors = nullptr;
+    bool pair_noise = true;  // TEMPORARY v26 A/B knob
   };
 
   struct Params {
@@ -160,6 +161,7 @@ class Sm90SamplerEpilogueWarpGroups {
     cutlass::KernelHardwareInfo hw_info{};
     TileSchedulerParams scheduler{};
     uint32_t* noise_floors = nullptr;
+    bool pair_noise = true;  // TEMPORARY v26 A/B knob
   };
 
   static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
@@ -170,7 +172,7 @@ class Sm90SamplerEpilogueWarpGroups {
             args.hw_info,
             TileScheduler::to_underlying_arguments(problem_shape_mnkl, TileShape{}, ClusterShape{}, args.hw_info,
                                                    args.scheduler, nullptr),
-            args.noise_floors};
+            args.noise_floors, args.pair_noise};
   }
 
   static bool can_implement(Arguments const& args) {
@@ -319,18 +321,44 @@ class Sm90SamplerEpilogueWarpGroups {
 
   static constexpr int kStepElements = 4 * kBlocksPerStep;
 
+  // The Philox bits of a step's blocks at the batch-wide seed (stream = batch row). Lanes l and
+  // l ^ 1 hold the same vocabulary rows m, m + 8 and the two halves of one batch quad (columns
+  // 4k .. 4k + 3: the even lane 4k, 4k + 1, the odd lane 4k + 2, 4k + 3), and the contract draws a
+  // quad's four streams at one vocabulary index from one Philox block. So each lane computes one
+  // block of the pair's two (the even lane row m's, the odd lane row m + 8's) and hands its
+  // partner the two words the partner's columns take: one Philox call per four elements instead
+  // of two (v26), the same bits.
+  CUTLASS_DEVICE static void step_noise_bits(int t, uint64_t seed, uint64_t offset,
+                                             uint32_t const (&vocab_index)[kStepElements],
+                                             uint32_t const (&batch_row)[kStepElements],
+                                             uint32_t (&bits)[kStepElements]) {
+    bool const odd = t % 2;  // MMA thread t's lane parity
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < kBlocksPerStep; ++s) {
+      // values 4s .. 4s + 3: (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1), n = 4k (+ 2 if odd)
+      uint32_t const own_row = odd ? vocab_index[4 * s + 2] : vocab_index[4 * s];  // a select, not an index
+      Philox4 const own = fs_noise_block(seed, offset, own_row, batch_row[4 * s] >> 2);
+      uint32_t const got0 = __shfl_xor_sync(0xFFFFFFFF, odd ? own.x : own.z, 1);
+      uint32_t const got1 = __shfl_xor_sync(0xFFFFFFFF, odd ? own.y : own.w, 1);
+      bits[4 * s] = odd ? got0 : own.x;
+      bits[4 * s + 1] = odd ? got1 : own.y;
+      bits[4 * s + 2] = odd ? own.z : got0;
+      bits[4 * s + 3] = odd ? own.w : got1;
+    }
+  }
+
   // One step of a half tile: the logits of blocks q0 .. q0 + kBlocksPerStep - 1 from the
   // hand-over buffer, their global vocabulary indices and batch rows, and the Philox bits of
-  // their noise (none for a greedy batch). Two blocks (eight elements: four Philox chains),
-  // inlined so the compiler interleaves their chains; the logs follow in exact_noise_needed.
+  // their noise (none for a greedy batch). Two blocks (eight elements, two Philox chains per
+  // thread), inlined so the compiler interleaves their chains; the logs follow in
+  // exact_noise_needed.
   template <class CoordTensor>
   CUTLASS_DEVICE static void load_step(NodeArguments const& node, HandOver const& hand_over,
                                        CoordTensor const& tCcAcc, int half, int t, int q0, int m_origin, int n_origin,
                                        uint64_t seed, uint64_t offset, float (&x)[kStepElements],
                                        uint32_t (&vocab_index)[kStepElements], uint32_t (&batch_row)[kStepElements],
-                                       uint32_t (&bits)[kStepElements]) {
+                                       uint32_t (&bits)[kStepElements], bool pair_noise = true) {
     constexpr int N = kStepElements;
-    uint64_t seeds[N], offsets[N];
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kBlocksPerStep; ++s) {
       float4 const logit = hand_over.accumulators[half][q0 + s][t];
@@ -344,11 +372,13 @@ class Sm90SamplerEpilogueWarpGroups {
       auto const coord = tCcAcc(4 * q0 + e);
       vocab_index[e] = node.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
       batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
-      seeds[e] = seed;
-      offsets[e] = offset;
       bits[e] = 0u;
     }
-    if (!node.greedy) {
+    if (!node.greedy && pair_noise) {  // warp-uniform: both lanes of every pair take the shuffles
+      step_noise_bits(t, seed, offset, vocab_index, batch_row, bits);
+    } else if (!node.greedy) {
+      uint64_t seeds[N], offsets[N];
+      for (int e = 0; e < N; ++e) { seeds[e] = seed; offsets[e] = offset; }
       epilogue::noise_bits_lanes<N>(seeds, offsets, vocab_index, batch_row, bits);
     }
   }
@@ -415,7 +445,7 @@ class Sm90SamplerEpilogueWarpGroups {
   CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
                                                 CoordTensor const& tCcAcc, int half, int t, int m_origin,
                                                 int n_origin, int num_rows, uint64_t seed, uint64_t offset,
-                                                bool skip) {
+                                                bool skip, bool pair_noise) {
     SamplingControls const& controls = node.controls;
     int const lane = t % 32;
     int const warp = t / 32;
@@ -439,7 +469,7 @@ class Sm90SamplerEpilogueWarpGroups {
       uint32_t vocab_index[N], batch_row[N], bits[N];
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
       load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index, batch_row,
-                bits);
+                bits, pair_noise);
       // The transformed inputs of the step: biased logits, each column's 1/T, the kept elements.
       float inv_temperature[kBlocksPerStep][2];
       bool keep[N];
@@ -643,7 +673,8 @@ class Sm90SamplerEpilogueWarpGroups {
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
-        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip);
+        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip,
+                           params.pair_noise);
       } else {
         // Two blocks (eight elements: four Philox chains, eight logs where drawn) per step, inlined
         // so the compiler interleaves their chains; a rolled loop keeps the code small.
@@ -653,7 +684,7 @@ class Sm90SamplerEpilogueWarpGroups {
           float x[N], gumbel[N];
           uint32_t vocab_index[N], batch_row[N], bits[N];
           load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
-                    batch_row, bits);
+                    batch_row, bits, params.pair_noise);
           bool in_range[N];
           bool any_reachable = !skip;
           CUTLASS_PRAGMA_UNROLL
