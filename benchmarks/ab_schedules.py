@@ -12,7 +12,7 @@ so each variant has its own reference.
 
 Usage:
   python benchmarks/ab_schedules.py [--variants default,tile32,tile64]
-      [--shapes 4096x151936,8192x128256] [--batches 64,128,256] [--out DIR]
+      [--shapes 4096x151936,8192x128256] [--batches 64,128,256] [--rounds 3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ VARIANT_ENV = {
     # (the hidden tile multicast) or along the columns (the W tile multicast, two or more N tiles)
     "cluster_m2": {"FLASHSAMPLING_EWG_CLUSTER": "m2"},
     "cluster_n2": {"FLASHSAMPLING_EWG_CLUSTER": "n2"},
-    "nopair": {"FLASHSAMPLING_PAIR_NOISE": "0"},  # TEMPORARY v26
 }
 
 
@@ -74,35 +73,49 @@ def main() -> None:
     parser.add_argument("--batches", default="64,128,256")
     parser.add_argument("--out", default=None, help="write ab_schedules.json here")
     parser.add_argument("--greedy", action="store_true", help="also time T = 0 (no noise)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the variants this many times, interleaved (A B A B ...), and report each "
+                             "cell's median: at large B the GPU runs at its power cap and its clock drifts "
+                             "from one process to the next (benchmarks/NOTES.md, v26)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.shapes, args.batches, args.greedy)))
         return
+    import statistics
+
     import torch
 
     from report import run_header
 
     header = run_header(torch.cuda.get_device_name(0))
-    results = {}
-    for variant in args.variants.split(","):
-        env = {**os.environ, **VARIANT_ENV[variant]}
-        command = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--batches", args.batches]
-        proc = subprocess.run(command + (["--greedy"] if args.greedy else []), env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"[ab] {variant} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
-            continue
-        results[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
+    runs: dict[str, list[list[dict]]] = {}
+    for _ in range(args.rounds):
+        for variant in args.variants.split(","):
+            env = {**os.environ, **VARIANT_ENV[variant]}
+            command = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--batches", args.batches]
+            proc = subprocess.run(command + (["--greedy"] if args.greedy else []), env=env, capture_output=True,
+                                  text=True)
+            if proc.returncode != 0:
+                print(f"[ab] {variant} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
+                continue
+            runs.setdefault(variant, []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    # Each cell's median over the rounds (a run's rows come in the same order every time).
+    results = {
+        variant: [{key: statistics.median(run[i][key] for run in rounds) if key not in ("D", "V", "B")
+                   else rounds[0][i][key] for key in rounds[0][i]} for i in range(len(rounds[0]))]
+        for variant, rounds in runs.items()
+    }
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "ab_schedules.json").write_text(json.dumps({**header, "variants": results}, indent=1))
+        (Path(args.out) / "ab_schedules.json").write_text(
+            json.dumps({**header, "rounds": args.rounds, "variants": results, "runs": runs}, indent=1))
     print("| variant | D | B | ours µs | mm µs | ours/mm |" + (" ours T=0 µs |" if args.greedy else ""))
     print("|---|---|---|---|---|---|" + ("---|" if args.greedy else ""))
     for variant, rows in results.items():
         for r in rows:
             greedy = f" {r['ours_greedy']:.0f} |" if args.greedy else ""
             print(f"| {variant} | {r['D']} | {r['B']} | {r['ours']:.0f} | {r['mm']:.0f} | {r['ours'] / r['mm']:.3f} |{greedy}")
-
 
 if __name__ == "__main__":
     main()

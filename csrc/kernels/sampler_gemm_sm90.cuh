@@ -11,8 +11,6 @@
 #include "cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 
-#include <cstdlib>
-
 #include "cutlass/cluster_launch.hpp"
 #include "cutlass/device_kernel.h"
 
@@ -84,10 +82,6 @@ struct SamplerGemmSm90EpilogueWarpGroups {
     fill_sampler_node_arguments(args.node, p, buffers);
     fill_sampler_schedule_arguments(args, p);
     args.noise_floors = buffers.noise_floors;
-    {  // TEMPORARY v26 A/B knob
-      char const* env = std::getenv("FLASHSAMPLING_PAIR_NOISE");
-      args.pair_noise = !(env != nullptr && env[0] == '0');
-    }
     if (!GemmKernel::can_implement(args)) {
       return cudaErrorInvalidValue;
     }

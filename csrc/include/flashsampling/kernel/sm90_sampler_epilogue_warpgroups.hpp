@@ -151,7 +151,6 @@ class Sm90SamplerEpilogueWarpGroups {
     // [N] zeroed order codes (number_order_bits) of each GEMM column's best score so far, raised
     // with atomicMax by every CTA: the exact skip (v24, gumbel_bound.cuh); nullptr: no skip.
     uint32_t* noise_floors = nullptr;
-    bool pair_noise = true;  // TEMPORARY v26 A/B knob
   };
 
   struct Params {
@@ -161,7 +160,6 @@ class Sm90SamplerEpilogueWarpGroups {
     cutlass::KernelHardwareInfo hw_info{};
     TileSchedulerParams scheduler{};
     uint32_t* noise_floors = nullptr;
-    bool pair_noise = true;  // TEMPORARY v26 A/B knob
   };
 
   static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
@@ -172,7 +170,7 @@ class Sm90SamplerEpilogueWarpGroups {
             args.hw_info,
             TileScheduler::to_underlying_arguments(problem_shape_mnkl, TileShape{}, ClusterShape{}, args.hw_info,
                                                    args.scheduler, nullptr),
-            args.noise_floors, args.pair_noise};
+            args.noise_floors};
   }
 
   static bool can_implement(Arguments const& args) {
@@ -357,7 +355,7 @@ class Sm90SamplerEpilogueWarpGroups {
                                        CoordTensor const& tCcAcc, int half, int t, int q0, int m_origin, int n_origin,
                                        uint64_t seed, uint64_t offset, float (&x)[kStepElements],
                                        uint32_t (&vocab_index)[kStepElements], uint32_t (&batch_row)[kStepElements],
-                                       uint32_t (&bits)[kStepElements], bool pair_noise = true) {
+                                       uint32_t (&bits)[kStepElements]) {
     constexpr int N = kStepElements;
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kBlocksPerStep; ++s) {
@@ -374,12 +372,8 @@ class Sm90SamplerEpilogueWarpGroups {
       batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
       bits[e] = 0u;
     }
-    if (!node.greedy && pair_noise) {  // warp-uniform: both lanes of every pair take the shuffles
+    if (!node.greedy) {  // warp-uniform: both lanes of every pair take the shuffles
       step_noise_bits(t, seed, offset, vocab_index, batch_row, bits);
-    } else if (!node.greedy) {
-      uint64_t seeds[N], offsets[N];
-      for (int e = 0; e < N; ++e) { seeds[e] = seed; offsets[e] = offset; }
-      epilogue::noise_bits_lanes<N>(seeds, offsets, vocab_index, batch_row, bits);
     }
   }
 
@@ -445,7 +439,7 @@ class Sm90SamplerEpilogueWarpGroups {
   CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
                                                 CoordTensor const& tCcAcc, int half, int t, int m_origin,
                                                 int n_origin, int num_rows, uint64_t seed, uint64_t offset,
-                                                bool skip, bool pair_noise) {
+                                                bool skip) {
     SamplingControls const& controls = node.controls;
     int const lane = t % 32;
     int const warp = t / 32;
@@ -469,7 +463,7 @@ class Sm90SamplerEpilogueWarpGroups {
       uint32_t vocab_index[N], batch_row[N], bits[N];
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
       load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index, batch_row,
-                bits, pair_noise);
+                bits);
       // The transformed inputs of the step: biased logits, each column's 1/T, the kept elements.
       float inv_temperature[kBlocksPerStep][2];
       bool keep[N];
@@ -673,8 +667,7 @@ class Sm90SamplerEpilogueWarpGroups {
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
-        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip,
-                           params.pair_noise);
+        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip);
       } else {
         // Two blocks (eight elements: four Philox chains, eight logs where drawn) per step, inlined
         // so the compiler interleaves their chains; a rolled loop keeps the code small.
@@ -684,7 +677,7 @@ class Sm90SamplerEpilogueWarpGroups {
           float x[N], gumbel[N];
           uint32_t vocab_index[N], batch_row[N], bits[N];
           load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
-                    batch_row, bits, params.pair_noise);
+                    batch_row, bits);
           bool in_range[N];
           bool any_reachable = !skip;
           CUTLASS_PRAGMA_UNROLL
