@@ -4,8 +4,8 @@ Each variant runs in its own process, since the dispatch reads its knobs once; V
 names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile,
 FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs plain passes of more than 64 columns on v9's
 CUTLASS schedules instead of v16's kernel, FLASHSAMPLING_PAD_COLUMNS=0 does not pad the hidden
-rows to whole N tiles, FLASHSAMPLING_EWG_CLUSTER=m2 / n2 runs the epilogue-warpgroup kernels in
-clusters of two CTAs). The v9 A/B of the 128-wide tile's schedule and of 2-CTA clusters and
+rows to whole N tiles, FLASHSAMPLING_EWG_CLUSTER=1 runs the epilogue-warpgroup kernels one CTA per
+cluster instead of pairs on neighbouring column tiles). The v9 A/B of the 128-wide tile's schedule and of 2-CTA clusters and
 v18's 64-wide tile on v16's kernel used knobs since removed (benchmarks/NOTES.md). Times
 are medians of CUDA-graph replays (bench_sampler's median_us); mm is timed in every process,
 so each variant has its own reference.
@@ -33,10 +33,9 @@ VARIANT_ENV = {
     "cutlass": {"FLASHSAMPLING_PLAIN_WIDE_SCHEDULE": "cutlass"},
     # v17: hidden rows padded to whole N tiles by default; "nopad" leaves the TMA boxes ragged
     "nopad": {"FLASHSAMPLING_PAD_COLUMNS": "0"},
-    # v25: the epilogue-warpgroup kernels in clusters of two CTAs (bf16): along the vocabulary
-    # (the hidden tile multicast) or along the columns (the W tile multicast, two or more N tiles)
-    "cluster_m2": {"FLASHSAMPLING_EWG_CLUSTER": "m2"},
-    "cluster_n2": {"FLASHSAMPLING_EWG_CLUSTER": "n2"},
+    # v25: the epilogue-warpgroup kernels run an even number of column tiles in clusters of two CTAs
+    # (the W tile multicast) by default; "single" runs one CTA per cluster
+    "single": {"FLASHSAMPLING_EWG_CLUSTER": "1"},
 }
 
 

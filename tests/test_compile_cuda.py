@@ -2,7 +2,7 @@
 against the nvidia-cutlass headers, for sm_90a and/or sm_100a as its name says
 (tools/build_config.py: the same command setup.py builds with).
 
-Each fused GEMM translation unit takes about a minute on CI's two cores and there are 67, so
+Each fused GEMM translation unit takes about a minute on CI's two cores and there are 66, so
 by default the check compiles every other source (5) plus one GEMM unit per (epilogue loop,
 architecture, schedule family) (REPRESENTATIVE_GEMMS): the units differ only in template
 arguments of the same headers. FLASHSAMPLING_COMPILE_CHECK=all compiles every unit (the

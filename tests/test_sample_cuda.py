@@ -184,7 +184,7 @@ out = []
 # three N tiles, ~2-8 vocabulary tiles per SM so that later tiles skip against earlier ones.
 for batch, vocab, dtype, vocab_start in ((65, 64000, torch.bfloat16, 0), (128, 100003, torch.float16, 7),
                                          (257, 64000, torch.bfloat16, 0), (48, 151936, torch.bfloat16, 0),
-                                         (256, 50001, torch.bfloat16, 3)):
+                                         (256, 50001, torch.bfloat16, 3), (200, 30011, torch.float16, 0)):
     hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
     weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
     temps = torch.rand(batch, device="cuda", generator=gen) * 1.5 + 0.05
@@ -210,15 +210,20 @@ def test_noise_skip_changes_no_token(tmp_path):
     assert_bitwise_equal(skipped, exact)
 
 
-@pytest.mark.parametrize("cluster", ["m2", "n2"])
-def test_epilogue_warpgroup_clusters_change_no_token(tmp_path, cluster):
-    """The epilogue-warpgroup kernels in clusters of two CTAs (FLASHSAMPLING_EWG_CLUSTER: m2 shares
-    each hidden tile, n2 each W tile by TMA multicast; bf16) compute the same tiles: the same
-    tokens, scores and log-probabilities as one CTA per cluster, bit for bit, also where the
-    cluster rounds the tile count up (an odd number of vocabulary or column tiles)."""
-    clustered = run_probe(tmp_path, NOISE_SKIP_PROBE, cluster, FLASHSAMPLING_EWG_CLUSTER=cluster)
-    single = run_probe(tmp_path, NOISE_SKIP_PROBE, "single")
+def test_epilogue_warpgroup_clusters_change_no_token(tmp_path):
+    """The epilogue-warpgroup kernels run an even number of column tiles in clusters of two CTAs
+    that share each W tile by TMA multicast (B = 200, 256 here; FLASHSAMPLING_EWG_CLUSTER=1 turns
+    that off): the same tiles, so the same tokens, scores and log-probabilities as one CTA per
+    cluster, bit for bit (bf16 and fp16, both loops)."""
+    clustered = run_probe(tmp_path, NOISE_SKIP_PROBE, "clusters")
+    single = run_probe(tmp_path, NOISE_SKIP_PROBE, "single", FLASHSAMPLING_EWG_CLUSTER="1")
     assert_bitwise_equal(clustered, single)
+    # and the default really runs the pairs: the mainloop's cluster shape (1, 2, 1) in the kernel name
+    import re
+
+    column_pairs = re.compile(r"C<1>,\s*cute::C<2>,\s*cute::C<1>")
+    assert any(column_pairs.search(n) for n in controls_kernel_names({}, 256))
+    assert not any(column_pairs.search(n) for n in controls_kernel_names(dict(FLASHSAMPLING_EWG_CLUSTER="1"), 256))
 
 
 def test_default_generator_reproducible_and_advancing():

@@ -1,5 +1,6 @@
 // Fused sampler, sm90a, bf16, CTA tile N = 128, plain loop on epilogue warpgroups of its own,
-// clusters of two along the columns (W tile multicast).
+// clusters of two CTAs on neighbouring column tiles sharing each W tile by TMA multicast (the default
+// for an even number of column tiles, v25).
 #include "sampler_gemm_sm90.cuh"
 
 namespace flashsampling {

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string_view>
-#include <type_traits>
 
 #include "cutlass/numeric_types.h"
 #include "sampler_config.h"
@@ -74,28 +73,24 @@ bool controls_on_epilogue_warpgroups(int tile_n) {
   return tile_n >= 64 && !cutlass_schedules;
 }
 
-// v25 A/B (bf16 only): FLASHSAMPLING_EWG_CLUSTER=m2 runs the epilogue-warpgroup kernels in
-// clusters of two CTAs on neighbouring vocabulary tiles (the hidden tile multicast), =n2 in
-// clusters of two on neighbouring column tiles (the W tile multicast; where there are two or more).
-enum class EwgCluster { kNone, kM2, kN2 };
-EwgCluster epilogue_warpgroups_cluster() {
-  static EwgCluster const cluster = env_is("FLASHSAMPLING_EWG_CLUSTER", "m2")   ? EwgCluster::kM2
-                                    : env_is("FLASHSAMPLING_EWG_CLUSTER", "n2") ? EwgCluster::kN2
-                                                                                : EwgCluster::kNone;
-  return cluster;
+// Epilogue-warpgroup passes of an even number of 128-wide column tiles run in clusters of two
+// CTAs on neighbouring column tiles, which receive each W tile by TMA multicast: measured on H200
+// (benchmarks/NOTES.md, v25/v26, medians of three interleaved rounds) 3% faster at B = 256
+// (582 -> 565 us at D = 4096, 979 -> 954 at D = 8192); clusters along the vocabulary (sharing the
+// hidden tile) measured within noise at B = 128 and are not built. An odd tile count would round
+// up to a whole cluster (an empty tile's mainloop). A/B knob: FLASHSAMPLING_EWG_CLUSTER=1 runs
+// one CTA per cluster.
+bool epilogue_warpgroups_in_column_clusters(int tile_n, int64_t columns) {
+  static bool const single = env_is("FLASHSAMPLING_EWG_CLUSTER", "1");
+  int64_t const column_tiles = (columns + tile_n - 1) / tile_n;
+  return !single && tile_n == 128 && column_tiles % 2 == 0;
 }
 
 template <class Element, int TileN, SamplerLoop kLoop>
 ConfigEntry sm90_epilogue_warpgroups_entry_for(int64_t columns) {
-  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-    EwgCluster const cluster = epilogue_warpgroups_cluster();
-    if (cluster == EwgCluster::kM2 && (TileN == 128 || kLoop == SamplerLoop::kCommonControls)) {
-      return sm90_epilogue_warpgroups_entry<Element, TileN, kLoop, 2, 1>();
-    }
-    if constexpr (TileN == 128) {
-      if (cluster == EwgCluster::kN2 && columns > TileN) {
-        return sm90_epilogue_warpgroups_entry<Element, TileN, kLoop, 1, 2>();
-      }
+  if constexpr (TileN == 128) {
+    if (epilogue_warpgroups_in_column_clusters(TileN, columns)) {
+      return sm90_epilogue_warpgroups_entry<Element, TileN, kLoop, /*kClusterM=*/1, /*kClusterN=*/2>();
     }
   }
   (void)columns;
