@@ -1,0 +1,70 @@
+"""SM clock and board power while one call shape runs back to back (CUDA-graph replays).
+
+At large batch the fused sampler, the plain cuBLAS matmul and every baseline run at the GPU's
+power cap (H200: ~700 W), so their clocks differ from one another and drift with temperature
+(benchmarks/NOTES.md, v26): this script shows it. Each mode replays a graph of 20 calls for
+2.5 s while `nvidia-smi` samples the SM clock and power every 50 ms.
+
+Usage:
+  python benchmarks/power_probe.py [--dim 8192] [--vocab 128256] [--batch 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+
+import torch
+
+import flashsampling_cuda
+
+
+def probe(name: str, fn, seconds: float = 2.5, calls_per_graph: int = 20) -> str:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    monitor = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
+        stdout=subprocess.PIPE, text=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    calls = 0
+    begin = time.time()
+    start.record()
+    while time.time() - begin < seconds:
+        graph.replay()
+        calls += calls_per_graph
+        if calls % (10 * calls_per_graph) == 0:
+            torch.cuda.synchronize()  # keep the host within a few graphs of the GPU
+    end.record()
+    torch.cuda.synchronize()
+    monitor.terminate()
+    samples = [line.split(",") for line in monitor.communicate()[0].strip().splitlines()[4:] if line.strip()]
+    clocks = sorted(float(s[0]) for s in samples)
+    power = sorted(float(s[1]) for s in samples)
+    us = start.elapsed_time(end) * 1000 / calls
+    return (f"{name}: {us:.0f} us/call, SM clock median {clocks[len(clocks) // 2]:.0f} MHz (min {clocks[0]:.0f}), "
+            f"power median {power[len(power) // 2]:.0f} W (max {power[-1]:.0f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dim", type=int, default=8192)
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--batch", type=int, default=256)
+    args = parser.parse_args()
+    weight = torch.randn(args.vocab, args.dim, device="cuda", dtype=torch.bfloat16) * args.dim**-0.5
+    hidden = torch.randn(args.batch, args.dim, device="cuda", dtype=torch.bfloat16)
+    print(f"{torch.cuda.get_device_name(0)}, D={args.dim} V={args.vocab} B={args.batch}")
+    for name, fn in (("ours T=1", lambda: flashsampling_cuda.sample(hidden, weight, temperature=1.0)),
+                     ("ours T=0 (no noise)", lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.0)),
+                     ("cuBLAS mm", lambda: hidden @ weight.T)):
+        print(probe(name, fn), flush=True)
+
+
+if __name__ == "__main__":
+    main()
