@@ -23,13 +23,14 @@ NVCC = cfg.find_nvcc()
 ALL_ARCHS = list(cfg.CUDA_ARCHS.values())
 # Plain narrow (inlined noise) and wide (out-of-line noise) loops, the common and the all
 # controls' loops, the top-k pass; pingpong, clusters, cooperative and the kernel with epilogue
-# warpgroups on sm90; bf16 only (the
+# warpgroups (one CTA and column pairs: the cluster launch) on sm90; bf16 only (the
 # fp16 units instantiate the same code with another element type).
 REPRESENTATIVE_GEMMS = {
     "sampler_bf16_n16_pingpong_sm90.cu",
     "sampler_bf16_n128_cooperative_sm90.cu",
     "sampler_bf16_n128_epilogue_warpgroups_sm90.cu",
     "sampler_bf16_n128_controls_epilogue_warpgroups_sm90.cu",
+    "sampler_bf16_n128_epilogue_warpgroups_cluster_n2_sm90.cu",
     "sampler_bf16_n64_controls_pingpong_cluster2_sm90.cu",
     "sampler_bf16_n32_all_controls_pingpong_sm90.cu",
     "sampler_bf16_n128_topk_cooperative_sm90.cu",
