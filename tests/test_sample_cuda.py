@@ -120,7 +120,7 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
 # Dispatch knobs a sub-process must not inherit from the caller's environment.
 DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
                   "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS", "FLASHSAMPLING_NOISE_SKIP",
-                  "FLASHSAMPLING_EWG_CLUSTER")
+                  "FLASHSAMPLING_EWG_CLUSTER", "FLASHSAMPLING_ROW_KEYS_SCHEDULE")
 
 
 def knob_env(**knobs):
@@ -513,6 +513,63 @@ def test_common_controls_sweep_under_schedule_knob(schedule, pad):
          "test_common_controls_on_every_tile_config or test_common_controls_variants"],
         env=knob_env(**knobs), cwd=root, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("batch", [50, 100, 200, 300])
+@pytest.mark.parametrize("keys", ["seeds", "seeds_offsets", "offsets"])
+def test_per_row_keys_on_the_common_controls_loop(batch, keys):
+    """Per-row seeds and / or offsets with one sample and no sparse bias run the epilogue-warpgroup
+    kernels' common-controls loop from 33 columns on sm90 (v27): pathwise against the float64
+    reference (same noise), logprobs, the CPU op; 64- and 128-wide tiles, column pairs, three N
+    tiles, greedy rows, mask and bias."""
+    hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + 1)
+    seed = torch.arange(batch, device="cuda") * 31 + 5 if "seeds" in keys else torch.tensor(77, device="cuda")
+    offset = torch.arange(batch, device="cuda") * 3 + 1 if "offsets" in keys else torch.tensor(3, device="cuda")
+    kwargs = dict(temperature=temps.cuda(), seed=seed, offset=offset, vocab_start=CONTROLS_VOCAB_START,
+                  logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+    assert_sample_matches_reference_and_cpu(hidden, weight, kwargs)
+
+
+ROW_KEYS_PROBE = r"""
+import sys, torch, flashsampling_cuda
+from torch.profiler import ProfilerActivity, profile
+op = torch.ops.flashsampling.sample_with_scores
+gen = torch.Generator(device="cuda").manual_seed(8)
+out, on_epilogue_warpgroups = [], []
+for batch, vocab, dtype in ((40, 30011, torch.bfloat16), (130, 64000, torch.float16), (256, 50001, torch.bfloat16)):
+    hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
+    weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
+    seeds = torch.randint(0, 2**62, (batch,), device="cuda", generator=gen)
+    offsets = torch.randint(0, 2**40, (batch,), device="cuda", generator=gen)
+    temps = torch.rand(batch, device="cuda", generator=gen) + 0.2
+    temps[::6] = 0.0
+    mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), device="cuda", generator=gen,
+                         dtype=torch.int64).to(torch.int32) | 0x10
+    for kwargs in (dict(seed=seeds, offset=torch.tensor(5)), dict(seed=torch.tensor(9), offset=offsets),
+                   dict(seed=seeds, offset=offsets, temperatures=temps, allowed_mask=mask, return_logprobs=True)):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            result = op(hidden, weight, **kwargs)
+            torch.cuda.synchronize()
+        out.append([t.cpu() for t in result])  # tokens, scores, token_logprobs, logsumexp
+        on_epilogue_warpgroups.append(any("EpilogueWarpGroups" in e.name for e in prof.events()))
+torch.save([out, on_epilogue_warpgroups], sys.argv[1])
+"""
+
+
+def test_per_row_keys_schedule_changes_no_token(tmp_path):
+    """Per-row seeds / offsets (one sample, no sparse bias) beyond 32 columns run on the epilogue-
+    warpgroup kernels (v27); FLASHSAMPLING_ROW_KEYS_SCHEDULE=all_controls runs them on the loop for
+    all controls. Same noise, so the same tokens and scores bit for bit (bf16, fp16, one to two N
+    tiles, greedy rows, mask), log-probabilities within rounding of the two loops' sums."""
+    (new_out, new_ewg) = run_probe(tmp_path, ROW_KEYS_PROBE, "ewg")
+    (old_out, old_ewg) = run_probe(tmp_path, ROW_KEYS_PROBE, "all", FLASHSAMPLING_ROW_KEYS_SCHEDULE="all_controls")
+    assert all(new_ewg) and not any(old_ewg)
+    assert len(new_out) == len(old_out) > 0
+    for (tokens, scores, logprobs, lse), (tokens_ref, scores_ref, logprobs_ref, lse_ref) in zip(new_out, old_out):
+        assert torch.equal(tokens, tokens_ref)
+        assert torch.equal(scores.view(torch.int32), scores_ref.view(torch.int32))  # the same fma of the same noise
+        assert torch.allclose(logprobs, logprobs_ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+        assert torch.allclose(lse, lse_ref, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
 def test_graph_replay_with_per_row_device_seeds_and_all_controls():

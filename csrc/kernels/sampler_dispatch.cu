@@ -73,6 +73,14 @@ bool controls_on_epilogue_warpgroups(int tile_n) {
   return tile_n >= 64 && !cutlass_schedules;
 }
 
+// Per-row seeds / offsets (one sample, no sparse bias) beyond 32 columns run the epilogue-warpgroup
+// kernels' common-controls loop (v27). A/B knob: FLASHSAMPLING_ROW_KEYS_SCHEDULE=all_controls runs
+// them on the loop for all controls (16/32-wide tiles) as before.
+bool row_keys_on_all_controls_loop() {
+  static bool const on = env_is("FLASHSAMPLING_ROW_KEYS_SCHEDULE", "all_controls");
+  return on;
+}
+
 // Epilogue-warpgroup passes of an even number of 128-wide column tiles run in clusters of two
 // CTAs on neighbouring column tiles, which receive each W tile by TMA multicast: measured on H200
 // (benchmarks/NOTES.md, v25/v26, medians of three interleaved rounds) 3% faster at B = 256
@@ -222,9 +230,22 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
       return bf16 ? select_entry<cutlass::bfloat16_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns)
                   : select_entry<cutlass::half_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns);
     }
-    default:
+    default: {
+      // Per-row seeds / offsets as the only reason for the loop for all controls: from 33 columns
+      // on sm90 the epilogue-warpgroup kernels' common-controls loop (v27), whose tiles are wider
+      // and whose skip draws the logs only where they can matter.
+      int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, controls_cap));
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+      if (device_arch == 90 && only_row_keys_beyond_common_controls(p.controls, p.noise, p.num_samples) &&
+          controls_on_epilogue_warpgroups(tile_n) && !row_keys_on_all_controls_loop()) {
+        return bf16 ? select_entry<cutlass::bfloat16_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns)
+                    : select_entry<cutlass::half_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns);
+      }
+#endif
+      (void)tile_n;
       return bf16 ? select_all_controls<cutlass::bfloat16_t>(device_arch, columns)
                   : select_all_controls<cutlass::half_t>(device_arch, columns);
+    }
   }
 }
 

@@ -85,6 +85,14 @@ inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const
   return common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
 }
 
+// All controls that need the loop for all controls only for their per-row seeds and / or offsets
+// (one sample, no sparse bias): on sm90 the epilogue-warpgroup kernels' common-controls loop takes
+// those too (v27), from 33 GEMM columns on.
+inline bool only_row_keys_beyond_common_controls(SamplingControls const& c, NoiseSource const& noise,
+                                                 int num_samples) {
+  return num_samples == 1 && c.sparse_ids == nullptr && (noise.row_seeds != nullptr || noise.row_offsets != nullptr);
+}
+
 struct SamplerParams {
   // LM head weight [V, D] and hidden states, both with unit stride along D. With
   // num_samples = S > 1, `hidden` holds the batch S times ([S * B, D], sample-major):

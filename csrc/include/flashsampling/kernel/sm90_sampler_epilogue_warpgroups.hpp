@@ -1,5 +1,6 @@
 // The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop beyond
-// 64 columns, the common controls' loop beyond 32; sampler_dispatch.cu).
+// 64 columns, the common controls' loop beyond 32, also with per-row seeds / offsets;
+// sampler_dispatch.cu).
 //
 // CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
 // the tile's mainloop, so at B = 256 the noise (~190 instructions per logit, latency-bound)
@@ -177,8 +178,10 @@ class Sm90SamplerEpilogueWarpGroups {
     return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
            CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
            args.node.ptr_candidates != nullptr && args.node.batch_size >= 1 &&
-           static_cast<int>(sampler_loop_for(args.node.controls, args.node.noise, args.node.num_samples,
-                                             args.node.logprobs)) <= static_cast<int>(kLoop) &&
+           (static_cast<int>(sampler_loop_for(args.node.controls, args.node.noise, args.node.num_samples,
+                                              args.node.logprobs)) <= static_cast<int>(kLoop) ||
+            (kControls && only_row_keys_beyond_common_controls(args.node.controls, args.node.noise,
+                                                               args.node.num_samples))) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -372,8 +375,51 @@ class Sm90SamplerEpilogueWarpGroups {
       batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
       bits[e] = 0u;
     }
-    if (!node.greedy) {  // warp-uniform: both lanes of every pair take the shuffles
-      step_noise_bits(t, seed, offset, vocab_index, batch_row, bits);
+    if (node.greedy) {
+      return;
+    }
+    if constexpr (kControls) {
+      if (node.noise.row_seeds != nullptr || node.noise.row_offsets != nullptr) {  // warp-uniform
+        keyed_step_noise_bits(node, seed, offset, vocab_index, batch_row, bits);
+        return;
+      }
+    }
+    step_noise_bits(t, seed, offset, vocab_index, batch_row, bits);  // both lanes of every pair
+  }
+
+  // The Philox bits of a step with per-row seeds and / or offsets (the common controls' loop, v27):
+  // each column its own key or counter (with per-row seeds every row is stream 0), so a block
+  // serves two elements only where both columns share it (noise_bits_lanes checks); the contract's
+  // bits either way. Out-of-range columns read the last row's values and are not kept.
+  CUTLASS_DEVICE static void keyed_step_noise_bits(NodeArguments const& node, uint64_t seed, uint64_t offset,
+                                                   uint32_t const (&vocab_index)[kStepElements],
+                                                   uint32_t const (&batch_row)[kStepElements],
+                                                   uint32_t (&bits)[kStepElements]) {
+    NoiseSource const& src = node.noise;
+    uint32_t const last_row = node.batch_size - 1;
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < kBlocksPerStep; ++s) {
+      uint64_t seeds[4], offsets[4];
+      uint32_t v[4], streams[4], block_bits[4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < 2; ++c) {  // values 4s + 2r + c: (m + 8r, n + c)
+        uint32_t const column = batch_row[4 * s + c];
+        uint32_t const row = min(column, last_row);
+        uint64_t const row_seed = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + row)) : seed;
+        uint64_t const row_offset = src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + row)) : offset;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          int const e = 2 * r + c;
+          seeds[e] = row_seed;
+          offsets[e] = row_offset;
+          streams[e] = src.row_seeds ? 0u : column;
+          v[e] = vocab_index[4 * s + e];
+        }
+      }
+      // noise_bits_lanes pairs elements (0, 1) and (2, 3): one vocabulary row, columns n and n + 1.
+      epilogue::noise_bits_lanes<4>(seeds, offsets, v, streams, block_bits);
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < 4; ++e) bits[4 * s + e] = block_bits[e];
     }
   }
 
