@@ -73,14 +73,6 @@ bool controls_on_epilogue_warpgroups(int tile_n) {
   return tile_n >= 64 && !cutlass_schedules;
 }
 
-// Per-row seeds / offsets (one sample, no sparse bias) beyond 32 columns run the epilogue-warpgroup
-// kernels' common-controls loop (v27). A/B knob: FLASHSAMPLING_ROW_KEYS_SCHEDULE=all_controls runs
-// them on the loop for all controls (16/32-wide tiles) as before.
-bool row_keys_on_all_controls_loop() {
-  static bool const on = env_is("FLASHSAMPLING_ROW_KEYS_SCHEDULE", "all_controls");
-  return on;
-}
-
 // Epilogue-warpgroup passes of an even number of 128-wide column tiles run in clusters of two
 // CTAs on neighbouring column tiles, which receive each W tile by TMA multicast: measured on H200
 // (benchmarks/NOTES.md, v25/v26, medians of three interleaved rounds) 3% faster at B = 256
@@ -88,10 +80,10 @@ bool row_keys_on_all_controls_loop() {
 // hidden tile) measured within noise at B = 128 and are not built. An odd tile count would round
 // up to a whole cluster (an empty tile's mainloop). A/B knob: FLASHSAMPLING_EWG_CLUSTER=1 runs
 // one CTA per cluster.
-bool epilogue_warpgroups_in_column_clusters(int tile_n, int64_t columns) {
+bool epilogue_warpgroups_in_column_clusters(int tile_n, int64_t columns) {  // 128-wide tiles only
   static bool const single = env_is("FLASHSAMPLING_EWG_CLUSTER", "1");
   int64_t const column_tiles = (columns + tile_n - 1) / tile_n;
-  return !single && tile_n == 128 && column_tiles % 2 == 0;
+  return !single && column_tiles % 2 == 0;
 }
 
 template <class Element, int TileN, SamplerLoop kLoop>
@@ -210,6 +202,25 @@ int64_t tile_n_cap(char const* env_name) {
   return n == 16 || n == 32 || n == 64 ? n : int64_t{128};
 }
 
+// Per-row seeds / offsets as the only reason for the loop for all controls (one sample, no sparse
+// bias): on sm90 from 33 columns they run the epilogue-warpgroup kernels' common-controls loop
+// (v27), whose tiles are wider and whose skip draws the logs only where they can matter. A/B knob:
+// FLASHSAMPLING_ROW_KEYS_SCHEDULE=all_controls runs them on the loop for all controls (16/32-wide
+// tiles) as before.
+bool row_keys_on_common_controls_loop(SamplerParams const& p, int device_arch, int controls_tile_n) {
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+  static bool const all_controls = env_is("FLASHSAMPLING_ROW_KEYS_SCHEDULE", "all_controls");
+  return device_arch == 90 && !all_controls &&
+         only_row_keys_beyond_common_controls(p.controls, p.noise, p.num_samples) &&
+         controls_on_epilogue_warpgroups(controls_tile_n);
+#else
+  (void)p;
+  (void)device_arch;
+  (void)controls_tile_n;
+  return false;
+#endif
+}
+
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   static int64_t const plain_cap = tile_n_cap("FLASHSAMPLING_PLAIN_TILE_N");
   static int64_t const controls_cap = tile_n_cap("FLASHSAMPLING_CONTROLS_TILE_N");
@@ -219,33 +230,24 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
     return bf16 ? select_top_candidates<cutlass::bfloat16_t>(device_arch, columns)
                 : select_top_candidates<cutlass::half_t>(device_arch, columns);
   }
-  switch (sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs)) {
+  int const controls_tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, controls_cap));
+  SamplerLoop loop = sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs);
+  if (loop == SamplerLoop::kAllControls && row_keys_on_common_controls_loop(p, device_arch, controls_tile_n)) {
+    loop = SamplerLoop::kCommonControls;
+  }
+  switch (loop) {
     case SamplerLoop::kPlain: {
       int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, plain_cap));
       return bf16 ? select_entry<cutlass::bfloat16_t, SamplerLoop::kPlain>(device_arch, tile_n, columns)
                   : select_entry<cutlass::half_t, SamplerLoop::kPlain>(device_arch, tile_n, columns);
     }
-    case SamplerLoop::kCommonControls: {
-      int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, controls_cap));
-      return bf16 ? select_entry<cutlass::bfloat16_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns)
-                  : select_entry<cutlass::half_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns);
-    }
-    default: {
-      // Per-row seeds / offsets as the only reason for the loop for all controls: from 33 columns
-      // on sm90 the epilogue-warpgroup kernels' common-controls loop (v27), whose tiles are wider
-      // and whose skip draws the logs only where they can matter.
-      int const tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, controls_cap));
-#if defined(FLASHSAMPLING_ENABLE_SM90)
-      if (device_arch == 90 && only_row_keys_beyond_common_controls(p.controls, p.noise, p.num_samples) &&
-          controls_on_epilogue_warpgroups(tile_n) && !row_keys_on_all_controls_loop()) {
-        return bf16 ? select_entry<cutlass::bfloat16_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns)
-                    : select_entry<cutlass::half_t, SamplerLoop::kCommonControls>(device_arch, tile_n, columns);
-      }
-#endif
-      (void)tile_n;
+    case SamplerLoop::kCommonControls:
+      return bf16 ? select_entry<cutlass::bfloat16_t, SamplerLoop::kCommonControls>(device_arch, controls_tile_n,
+                                                                                     columns)
+                  : select_entry<cutlass::half_t, SamplerLoop::kCommonControls>(device_arch, controls_tile_n, columns);
+    default:
       return bf16 ? select_all_controls<cutlass::bfloat16_t>(device_arch, columns)
                   : select_all_controls<cutlass::half_t>(device_arch, columns);
-    }
   }
 }
 
