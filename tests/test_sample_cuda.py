@@ -120,7 +120,7 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
 # Dispatch knobs a sub-process must not inherit from the caller's environment.
 DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
                   "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS", "FLASHSAMPLING_NOISE_SKIP",
-                  "FLASHSAMPLING_EWG_CLUSTER", "FLASHSAMPLING_ROW_KEYS_SCHEDULE")
+                  "FLASHSAMPLING_EWG_CLUSTER", "FLASHSAMPLING_ALL_CONTROLS_SCHEDULE")
 
 
 def knob_env(**knobs):
@@ -530,7 +530,42 @@ def test_per_row_keys_on_the_common_controls_loop(batch, keys):
     assert_sample_matches_reference_and_cpu(hidden, weight, kwargs)
 
 
-ROW_KEYS_PROBE = r"""
+# (batch, num_samples, seeding, controls): several samples (GEMM column s * B + b) and sparse bias on
+# the epilogue-warpgroup kernels' controls loop from 33 columns (v28, v29). Batch-wide seeds with
+# B % 4 == 0 take the Philox block of a whole row quad, other batches a key per column; 64- and
+# 128-wide tiles, column pairs, several N tiles.
+SEVERAL_SAMPLES_AND_SPARSE_CASES = [
+    (12, 4, "batch", "none"),       # 48 columns: the 64-wide tile, row quads
+    (36, 3, "batch", "common"),     # 108: one 128-wide tile, row quads, temperatures + mask + bias
+    (50, 2, "batch", "sparse"),     # 100: columns keyed one by one (50 % 4 = 2), sparse bias only
+    (64, 4, "batch", "all"),        # 256: two 128-wide tiles (a column pair), everything
+    (40, 1, "batch", "sparse"),     # 40: one sample, sparse bias, 64-wide tile
+    (130, 1, "batch", "all"),       # 130: two N tiles, the second almost empty
+    (45, 5, "per_row", "all"),      # 225: per-row seeds and offsets with several samples
+    (33, 7, "offsets", "sparse"),   # 231: per-row offsets, sparse
+]
+
+
+@pytest.mark.parametrize("batch,num_samples,seeding,controls", SEVERAL_SAMPLES_AND_SPARSE_CASES)
+def test_several_samples_and_sparse_bias_on_the_controls_loop(batch, num_samples, seeding, controls):
+    """Pathwise against the float64 reference (the contract's noise of every sample), logprobs
+    within 1e-4, the CPU op token for token outside near ties."""
+    hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + num_samples)
+    seed = torch.arange(batch, device="cuda") * 17 + 3 if seeding == "per_row" else torch.tensor(123, device="cuda")
+    offset = torch.arange(batch, device="cuda") * 5 + 2 if seeding in ("per_row", "offsets") else 7
+    kwargs = dict(seed=seed, offset=offset, num_samples=num_samples, vocab_start=CONTROLS_VOCAB_START,
+                  temperature=0.9)
+    if controls in ("common", "all"):
+        kwargs.update(temperature=temps.cuda(), logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+    if controls in ("sparse", "all"):
+        kwargs.update(sparse_logit_bias=c["sparse_logit_bias"])
+    out = assert_sample_matches_reference_and_cpu(hidden, weight, kwargs)
+    assert out.tokens.shape == (batch, num_samples)
+    if controls != "none" and num_samples > 1:
+        assert (out.tokens != out.tokens[:, :1]).any(), "the samples of a row are not independent draws"
+
+
+ALL_CONTROLS_PROBE = r"""
 import sys, torch, flashsampling_cuda
 from torch.profiler import ProfilerActivity, profile
 op = torch.ops.flashsampling.sample_with_scores
@@ -545,8 +580,18 @@ for batch, vocab, dtype in ((40, 30011, torch.bfloat16), (130, 64000, torch.floa
     temps[::6] = 0.0
     mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), device="cuda", generator=gen,
                          dtype=torch.int64).to(torch.int32) | 0x10
+    ids = torch.randint(0, vocab, (batch, 5), device="cuda", generator=gen)
+    ids[:, 1] = ids[:, 0]
+    ids[:, 2] = -1
+    values = torch.randn(batch, 5, device="cuda", generator=gen) * 2 + 3
+    sparse = dict(sparse_bias_ids=ids, sparse_bias_values=values)
+    common = dict(temperatures=temps, allowed_mask=mask, return_logprobs=True)
     for kwargs in (dict(seed=seeds, offset=torch.tensor(5)), dict(seed=torch.tensor(9), offset=offsets),
-                   dict(seed=seeds, offset=offsets, temperatures=temps, allowed_mask=mask, return_logprobs=True)):
+                   dict(seed=seeds, offset=offsets, **common),
+                   dict(seed=torch.tensor(4), offset=torch.tensor(6), num_samples=3),
+                   dict(seed=torch.tensor(4), offset=torch.tensor(6), num_samples=2, **common),
+                   dict(seed=seeds, offset=offsets, num_samples=2, **sparse),
+                   dict(seed=torch.tensor(4), offset=torch.tensor(6), **sparse, **common)):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             result = op(hidden, weight, **kwargs)
             torch.cuda.synchronize()
@@ -556,13 +601,15 @@ torch.save([out, on_epilogue_warpgroups], sys.argv[1])
 """
 
 
-def test_per_row_keys_schedule_changes_no_token(tmp_path):
-    """Per-row seeds / offsets (one sample, no sparse bias) beyond 32 columns run on the epilogue-
-    warpgroup kernels (v27); FLASHSAMPLING_ROW_KEYS_SCHEDULE=all_controls runs them on the loop for
-    all controls. Same noise, so the same tokens and scores bit for bit (bf16, fp16, one to two N
-    tiles, greedy rows, mask), log-probabilities within rounding of the two loops' sums."""
-    (new_out, new_ewg) = run_probe(tmp_path, ROW_KEYS_PROBE, "ewg")
-    (old_out, old_ewg) = run_probe(tmp_path, ROW_KEYS_PROBE, "all", FLASHSAMPLING_ROW_KEYS_SCHEDULE="all_controls")
+def test_all_controls_schedule_changes_no_token(tmp_path):
+    """Per-row seeds / offsets, several samples and sparse bias beyond 32 columns run on the
+    epilogue-warpgroup kernels (v27-v29); FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs them
+    on the loop for all controls. Same noise, so the same tokens and scores bit for bit (bf16, fp16,
+    one to four N tiles, greedy rows, mask, row quads and columns keyed one by one), log-probabilities
+    within rounding of the two loops' sums."""
+    (new_out, new_ewg) = run_probe(tmp_path, ALL_CONTROLS_PROBE, "ewg")
+    (old_out, old_ewg) = run_probe(tmp_path, ALL_CONTROLS_PROBE, "narrow",
+                                   FLASHSAMPLING_ALL_CONTROLS_SCHEDULE="narrow_tiles")
     assert all(new_ewg) and not any(old_ewg)
     assert len(new_out) == len(old_out) > 0
     for (tokens, scores, logprobs, lse), (tokens_ref, scores_ref, logprobs_ref, lse_ref) in zip(new_out, old_out):

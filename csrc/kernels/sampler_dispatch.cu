@@ -202,19 +202,18 @@ int64_t tile_n_cap(char const* env_name) {
   return n == 16 || n == 32 || n == 64 ? n : int64_t{128};
 }
 
-// Per-row seeds / offsets as the only reason for the loop for all controls (one sample, no sparse
-// bias): on sm90 from 33 columns they run the epilogue-warpgroup kernels' common-controls loop
-// (v27), whose tiles are wider and whose skip draws the logs only where they can matter. A/B knob:
-// FLASHSAMPLING_ROW_KEYS_SCHEDULE=all_controls runs them on the loop for all controls (16/32-wide
-// tiles) as before.
-bool row_keys_on_common_controls_loop(SamplerParams const& p, int device_arch, int controls_tile_n) {
+// Calls that need the loop for all controls (per-row seeds / offsets, several samples, sparse
+// bias): on sm90 from 33 columns they run the epilogue-warpgroup kernels' controls loop too (v27:
+// per-row keys; v28: several samples, GEMM column s * B + b drawing sample s of row b with its own
+// key; v29: sparse bias, looked up where a column's row has entries), whose tiles are wider and
+// whose skip draws the logs only where they can matter. A/B knob:
+// FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs them on the loop for all controls
+// (16/32-wide tiles) as before.
+bool all_controls_on_epilogue_warpgroups(int device_arch, int controls_tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
-  static bool const all_controls = env_is("FLASHSAMPLING_ROW_KEYS_SCHEDULE", "all_controls");
-  return device_arch == 90 && !all_controls &&
-         only_row_keys_beyond_common_controls(p.controls, p.noise, p.num_samples) &&
-         controls_on_epilogue_warpgroups(controls_tile_n);
+  static bool const narrow_tiles = env_is("FLASHSAMPLING_ALL_CONTROLS_SCHEDULE", "narrow_tiles");
+  return device_arch == 90 && !narrow_tiles && controls_on_epilogue_warpgroups(controls_tile_n);
 #else
-  (void)p;
   (void)device_arch;
   (void)controls_tile_n;
   return false;
@@ -232,7 +231,7 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   }
   int const controls_tile_n = sampler_tile_n_for_batch(std::min<int64_t>(columns, controls_cap));
   SamplerLoop loop = sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs);
-  if (loop == SamplerLoop::kAllControls && row_keys_on_common_controls_loop(p, device_arch, controls_tile_n)) {
+  if (loop == SamplerLoop::kAllControls && all_controls_on_epilogue_warpgroups(device_arch, controls_tile_n)) {
     loop = SamplerLoop::kCommonControls;
   }
   switch (loop) {

@@ -56,6 +56,7 @@ void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, Sa
   node.logprobs = p.logprobs;
   node.num_samples = p.num_samples;
   node.batch_size = static_cast<uint32_t>(p.batch_size);
+  node.batch_divmod = cutlass::FastDivmod(static_cast<int>(p.batch_size));
   node.vocab_start = static_cast<uint32_t>(p.vocab_start);
 }
 

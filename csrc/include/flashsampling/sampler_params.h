@@ -62,7 +62,9 @@ inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& nois
 //   kPlain:          is_plain_sampling.
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step.
-//   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples.
+//   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
+//                    sm90 beyond 32 GEMM columns the epilogue-warpgroup kernels' kCommonControls
+//                    loop takes these too: v27-v29, sampler_dispatch.cu).
 //   kTopCandidates:  fused top-k (SamplerParams::top_k > 0): no noise in the epilogue; each
 //                    (vocabulary tile, row) keeps its kTopCandidatesPerTile largest transformed
 //                    logits (dense bias and mask applied) and stage 2 (truncate_candidates.cu)
@@ -83,14 +85,6 @@ inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const
   bool const common = num_samples == 1 && c.sparse_ids == nullptr && noise.row_seeds == nullptr &&
                       noise.row_offsets == nullptr;
   return common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
-}
-
-// All controls that need the loop for all controls only for their per-row seeds and / or offsets
-// (one sample, no sparse bias): on sm90 the epilogue-warpgroup kernels' common-controls loop takes
-// those too (v27), from 33 GEMM columns on.
-inline bool only_row_keys_beyond_common_controls(SamplingControls const& c, NoiseSource const& noise,
-                                                 int num_samples) {
-  return num_samples == 1 && c.sparse_ids == nullptr && (noise.row_seeds != nullptr || noise.row_offsets != nullptr);
 }
 
 struct SamplerParams {

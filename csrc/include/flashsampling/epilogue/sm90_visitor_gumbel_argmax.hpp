@@ -38,6 +38,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/fast_math.h"
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
 
 #include "flashsampling/epilogue/candidate_math.cuh"
@@ -144,6 +145,24 @@ CUTLASS_DEVICE bool bitmap_test(uint32_t const* bitmap, int64_t row_words, uint3
   return (__ldg(bitmap + row * row_words + (index >> 5)) >> (index & 31u)) & 1u;
 }
 
+// x + the row's sparse bias of v (the sum of its entries for v, in entry order) where the sparse
+// bitmap marks (row, v); x unchanged elsewhere. vocab_local must be inside the vocabulary.
+CUTLASS_DEVICE float add_sparse_bias(SamplingControls const& c, uint32_t batch_row, uint32_t vocab_local,
+                                     uint32_t vocab_index, float x) {
+  if (!bitmap_test(c.sparse_bitmap, c.mask_words, batch_row, vocab_local)) {
+    return x;
+  }
+  float sum = 0.0f;
+  int32_t const* ids = c.sparse_ids + static_cast<int64_t>(batch_row) * c.sparse_k;
+  float const* values = c.sparse_values + static_cast<int64_t>(batch_row) * c.sparse_k;
+  for (int k = 0; k < c.sparse_k; ++k) {
+    if (__ldg(ids + k) == static_cast<int32_t>(vocab_index)) {
+      sum = fs_add(sum, __ldg(values + k));
+    }
+  }
+  return fs_add(x, sum);
+}
+
 // x = fl(fl(logit + logit_bias[v]) + sparse sum); false when the mask excludes v.
 CUTLASS_DEVICE bool transform_logit(SamplingControls const& c, uint32_t batch_row, uint32_t vocab_local,
                                     uint32_t vocab_index, float& x) {
@@ -153,16 +172,8 @@ CUTLASS_DEVICE bool transform_logit(SamplingControls const& c, uint32_t batch_ro
   if (c.logit_bias) {
     x = fs_add(x, __ldg(c.logit_bias + vocab_local));
   }
-  if (c.sparse_bitmap && bitmap_test(c.sparse_bitmap, c.mask_words, batch_row, vocab_local)) {
-    float sum = 0.0f;
-    int32_t const* ids = c.sparse_ids + static_cast<int64_t>(batch_row) * c.sparse_k;
-    float const* values = c.sparse_values + static_cast<int64_t>(batch_row) * c.sparse_k;
-    for (int k = 0; k < c.sparse_k; ++k) {
-      if (__ldg(ids + k) == static_cast<int32_t>(vocab_index)) {
-        sum = fs_add(sum, __ldg(values + k));
-      }
-    }
-    x = fs_add(x, sum);
+  if (c.sparse_bitmap) {
+    x = add_sparse_bias(c, batch_row, vocab_local, vocab_index, x);
   }
   return true;
 }
@@ -246,6 +257,7 @@ struct Sm90GumbelArgmaxRowReduction {
     bool logprobs = false;
     int num_samples = 1;        // S
     uint32_t batch_size = 0;    // B: GEMM column c is batch row c % B, sample c / B
+    cutlass::FastDivmod batch_divmod{};  // c -> (c / B, c % B) without a division (set with batch_size)
     uint32_t vocab_start = 0;   // global id of row 0 of M
   };
 

@@ -1,6 +1,6 @@
 // The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop beyond
-// 64 columns, the common controls' loop beyond 32, also with per-row seeds / offsets;
-// sampler_dispatch.cu).
+// 64 columns; beyond 32, the controls' loop: the common controls, and since v27-v29 also per-row
+// seeds / offsets, several samples and sparse bias; sampler_dispatch.cu).
 //
 // CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
 // the tile's mainloop, so at B = 256 the noise (~190 instructions per logit, latency-bound)
@@ -71,6 +71,10 @@ struct EpilogueWarpGroupsStorage {
   // The common controls' allowed-token bits of each half's 64 vocabulary rows for every column
   // of the tile (two words per column), loaded from global memory one tile ahead (v22).
   uint32_t mask_bits[kHalves][2][kControls ? kTileN : 1];
+  // Sparse per-row bias (v29): bit t of word t / 32 set where column t's row has a sparse entry
+  // among the half's 64 vocabulary rows (its sparse bitmap's two words there are not zero), so the
+  // loop looks at the bitmap and the row's entries only in the rare steps that may need them.
+  uint32_t sparse_columns[kHalves][kControls ? (kTileN + 31) / 32 : 1];
   // The floors of the exact skip (v24, gumbel_bound.cuh) for the tile's columns, rounded down to
   // bf16: the best exact score each column has drawn so far, here or on any SM. Any score a
   // column really drew is a valid floor, and so is anything below it.
@@ -178,10 +182,10 @@ class Sm90SamplerEpilogueWarpGroups {
     return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
            CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
            args.node.ptr_candidates != nullptr && args.node.batch_size >= 1 &&
-           (static_cast<int>(sampler_loop_for(args.node.controls, args.node.noise, args.node.num_samples,
-                                              args.node.logprobs)) <= static_cast<int>(kLoop) ||
-            (kControls && only_row_keys_beyond_common_controls(args.node.controls, args.node.noise,
-                                                               args.node.num_samples))) &&
+           // the controls' loop here takes every control (v27-v29), the plain loop none
+           static_cast<int>(sampler_loop_for(args.node.controls, args.node.noise, args.node.num_samples,
+                                             args.node.logprobs)) <=
+               static_cast<int>(kControls ? SamplerLoop::kAllControls : SamplerLoop::kPlain) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -329,16 +333,27 @@ class Sm90SamplerEpilogueWarpGroups {
   // block of the pair's two (the even lane row m's, the odd lane row m + 8's) and hands its
   // partner the two words the partner's columns take: one Philox call per four elements instead
   // of two (v26), the same bits.
-  CUTLASS_DEVICE static void step_noise_bits(int t, uint64_t seed, uint64_t offset,
+  // With S samples and B % 4 == 0 a quad of GEMM columns is a quad of batch rows of one sample
+  // (column s * B + b), so the same holds with stream b and offset + s (kSeveralSamples; other
+  // batches take keyed_step_noise_bits).
+  template <bool kSeveralSamples>
+  CUTLASS_DEVICE static void step_noise_bits(NodeArguments const& node, int t, uint64_t seed, uint64_t offset,
                                              uint32_t const (&vocab_index)[kStepElements],
-                                             uint32_t const (&batch_row)[kStepElements],
+                                             uint32_t const (&column)[kStepElements],
                                              uint32_t (&bits)[kStepElements]) {
     bool const odd = t % 2;  // MMA thread t's lane parity
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kBlocksPerStep; ++s) {
       // values 4s .. 4s + 3: (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1), n = 4k (+ 2 if odd)
       uint32_t const own_row = odd ? vocab_index[4 * s + 2] : vocab_index[4 * s];  // a select, not an index
-      Philox4 const own = fs_noise_block(seed, offset, own_row, batch_row[4 * s] >> 2);
+      uint32_t row = column[4 * s], sample = 0;
+      if constexpr (kSeveralSamples) {
+        // (with one sample the column is the row: the quads of padding columns past B stay whole)
+        if (node.num_samples > 1) {
+          column_row_and_sample<true>(node, column[4 * s], row, sample);
+        }
+      }
+      Philox4 const own = fs_noise_block(seed, offset + sample, own_row, row >> 2);
       uint32_t const got0 = __shfl_xor_sync(0xFFFFFFFF, odd ? own.x : own.z, 1);
       uint32_t const got1 = __shfl_xor_sync(0xFFFFFFFF, odd ? own.y : own.w, 1);
       bits[4 * s] = odd ? got0 : own.x;
@@ -349,15 +364,15 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // One step of a half tile: the logits of blocks q0 .. q0 + kBlocksPerStep - 1 from the
-  // hand-over buffer, their global vocabulary indices and batch rows, and the Philox bits of
+  // hand-over buffer, their global vocabulary indices and GEMM columns, and the Philox bits of
   // their noise (none for a greedy batch). Two blocks (eight elements, two Philox chains per
   // thread), inlined so the compiler interleaves their chains; the logs follow in
-  // exact_noise_needed.
-  template <class CoordTensor>
+  // exact_noise_needed. kGeneralColumns: see controls_half_tile.
+  template <bool kGeneralColumns, class CoordTensor>
   CUTLASS_DEVICE static void load_step(NodeArguments const& node, HandOver const& hand_over,
                                        CoordTensor const& tCcAcc, int half, int t, int q0, int m_origin, int n_origin,
                                        uint64_t seed, uint64_t offset, float (&x)[kStepElements],
-                                       uint32_t (&vocab_index)[kStepElements], uint32_t (&batch_row)[kStepElements],
+                                       uint32_t (&vocab_index)[kStepElements], uint32_t (&column_index)[kStepElements],
                                        uint32_t (&bits)[kStepElements]) {
     constexpr int N = kStepElements;
     CUTLASS_PRAGMA_UNROLL
@@ -372,47 +387,73 @@ class Sm90SamplerEpilogueWarpGroups {
     for (int e = 0; e < N; ++e) {
       auto const coord = tCcAcc(4 * q0 + e);
       vocab_index[e] = node.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
-      batch_row[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
+      column_index[e] = static_cast<uint32_t>(n_origin + get<1>(coord));
       bits[e] = 0u;
     }
     if (node.greedy) {
       return;
     }
     if constexpr (kControls) {
-      if (node.noise.row_seeds != nullptr || node.noise.row_offsets != nullptr) {  // warp-uniform
-        keyed_step_noise_bits(node, seed, offset, vocab_index, batch_row, bits);
+      if (needs_keyed_noise(node)) {  // warp-uniform
+        keyed_step_noise_bits<kGeneralColumns>(node, seed, offset, vocab_index, column_index, bits);
         return;
       }
     }
-    step_noise_bits(t, seed, offset, vocab_index, batch_row, bits);  // both lanes of every pair
+    step_noise_bits<kGeneralColumns>(node, t, seed, offset, vocab_index, column_index, bits);  // both lanes of every pair
   }
 
-  // The Philox bits of a step with per-row seeds and / or offsets (the common controls' loop, v27):
-  // each column its own key or counter (with per-row seeds every row is stream 0), so a block
+  // GEMM column `column` holds batch row column % B and draws sample column / B (S samples:
+  // SamplerParams::hidden); kSeveralSamples = false: one sample, row min(column, B - 1). Padding
+  // columns map to in-range rows and are never written.
+  template <bool kSeveralSamples>
+  CUTLASS_DEVICE static void column_row_and_sample(NodeArguments const& node, uint32_t column, uint32_t& row,
+                                                   uint32_t& sample) {
+    if constexpr (kSeveralSamples) {
+      int quotient, remainder;
+      node.batch_divmod(quotient, remainder, static_cast<int>(column));
+      row = static_cast<uint32_t>(remainder);
+      sample = static_cast<uint32_t>(quotient);
+    } else {
+      row = min(column, node.batch_size - 1);
+      sample = 0;
+    }
+  }
+
+  // Whether the common controls' loop draws a step's noise key by key (keyed_step_noise_bits):
+  // per-row seeds / offsets (v27), or several samples whose column quads are not row quads.
+  CUTLASS_DEVICE static bool needs_keyed_noise(NodeArguments const& node) {
+    return node.noise.row_seeds != nullptr || node.noise.row_offsets != nullptr ||
+           (node.num_samples > 1 && node.batch_size % 4 != 0);
+  }
+
+  // The Philox bits of a step with per-row seeds and / or offsets (the common controls' loop, v27)
+  // or several samples on columns that are not whole row quads (v28): each column its own key or
+  // counter (with per-row seeds every row is stream 0; sample s counts from offset + s), so a block
   // serves two elements only where both columns share it (noise_bits_lanes checks); the contract's
-  // bits either way. Out-of-range columns read the last row's values and are not kept.
+  // bits either way. Out-of-range columns read in-range rows' values and are not kept.
+  template <bool kSeveralSamples>
   CUTLASS_DEVICE static void keyed_step_noise_bits(NodeArguments const& node, uint64_t seed, uint64_t offset,
                                                    uint32_t const (&vocab_index)[kStepElements],
-                                                   uint32_t const (&batch_row)[kStepElements],
+                                                   uint32_t const (&column_index)[kStepElements],
                                                    uint32_t (&bits)[kStepElements]) {
     NoiseSource const& src = node.noise;
-    uint32_t const last_row = node.batch_size - 1;
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kBlocksPerStep; ++s) {
       uint64_t seeds[4], offsets[4];
       uint32_t v[4], streams[4], block_bits[4];
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < 2; ++c) {  // values 4s + 2r + c: (m + 8r, n + c)
-        uint32_t const column = batch_row[4 * s + c];
-        uint32_t const row = min(column, last_row);
+        uint32_t row, sample;
+        column_row_and_sample<kSeveralSamples>(node, column_index[4 * s + c], row, sample);
         uint64_t const row_seed = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + row)) : seed;
-        uint64_t const row_offset = src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + row)) : offset;
+        uint64_t const row_offset =
+            (src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + row)) : offset) + sample;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
           int const e = 2 * r + c;
           seeds[e] = row_seed;
           offsets[e] = row_offset;
-          streams[e] = src.row_seeds ? 0u : column;
+          streams[e] = src.row_seeds ? 0u : row;
           v[e] = vocab_index[4 * s + e];
         }
       }
@@ -476,12 +517,16 @@ class Sm90SamplerEpilogueWarpGroups {
     }
   }
 
-  // The common controls' loop over one 64 x N half tile (the visitor's kCommonControls loop,
-  // element for element: dense bias, then 1/T per column (0: a greedy row), masked or
+  // The controls' loop over one 64 x N half tile (the visitor's loops, element for element:
+  // dense bias, then sparse bias, then 1/T per column (0: a greedy row), masked or
   // out-of-range elements no candidate and no mass), then per column the best key with its
   // transformed logit y and the (max2, sum) log-sum-exp part, merged over the column's eight
   // lanes here and over the four warps by the caller.
-  template <class CoordTensor>
+  //
+  // kGeneralColumns: the loop for several samples (GEMM column s * B + b) and sparse bias (v28,
+  // v29), a copy of its own: their per-column division and look-ups cost the common controls
+  // ~11% at B = 128-256 when the one loop had them behind runtime branches (H200, NOTES v28).
+  template <bool kGeneralColumns, class CoordTensor>
   CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
                                                 CoordTensor const& tCcAcc, int half, int t, int m_origin,
                                                 int n_origin, int num_rows, uint64_t seed, uint64_t offset,
@@ -490,7 +535,6 @@ class Sm90SamplerEpilogueWarpGroups {
     int const lane = t % 32;
     int const warp = t / 32;
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
-    uint32_t const last_row = node.batch_size - 1;
     uint32_t const last_vocab = static_cast<uint32_t>(num_rows) - 1;
     static_assert(decltype(size<1>(tCcAcc))::value == 1, "one M block per thread: rows m and m + 8 in every block");
     // The thread's two vocabulary rows (m and m + 8 of every block) and their dense bias. Loads
@@ -506,21 +550,38 @@ class Sm90SamplerEpilogueWarpGroups {
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
       constexpr int N = kStepElements;
       float x[N], gumbel[N];
-      uint32_t vocab_index[N], batch_row[N], bits[N];
+      uint32_t vocab_index[N], column_index[N], bits[N];
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
-      load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index, batch_row,
+      load_step<kGeneralColumns>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x,
+                                 vocab_index, column_index,
                 bits);
       // The transformed inputs of the step: biased logits, each column's 1/T, the kept elements.
       float inv_temperature[kBlocksPerStep][2];
       bool keep[N];
       bool any_reachable = !skip;
+      // Sparse bias (v29): bit 2s + c where block s's column c has an entry among the half's rows;
+      // the warp looks them up only if some lane has one.
+      uint32_t sparse_blocks = 0;
+      bool sparse_step = false;
+      if constexpr (kGeneralColumns) {
+        if (controls.sparse_bitmap) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int s = 0; s < kBlocksPerStep; ++s) {
+            int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;  // even: both in one word
+            uint32_t const word = hand_over.sparse_columns[half][tile_column / 32];
+            sparse_blocks |= ((word >> (tile_column % 32)) & 3u) << (2 * s);
+          }
+          sparse_step = __any_sync(0xFFFFFFFF, sparse_blocks != 0u);
+        }
+      }
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
-        int const tile_column = static_cast<int>(batch_row[4 * s]) - n_origin;
+        int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;
         float2 const floors = skip ? column_floors(hand_over, half, tile_column) : float2{};
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < 2; ++c) {
-          uint32_t const row = min(batch_row[4 * s + c], last_row);
+          uint32_t row, sample;
+          column_row_and_sample<kGeneralColumns>(node, column_index[4 * s + c], row, sample);
           inv_temperature[s][c] = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
                                   : node.greedy                ? 0.0f
                                                                : node.inv_temperature;
@@ -528,6 +589,12 @@ class Sm90SamplerEpilogueWarpGroups {
           for (int r = 0; r < 2; ++r) {
             int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
             x[e] = controls.logit_bias ? fs_add(x[e], row_bias[r]) : x[e];
+            if constexpr (kGeneralColumns) {
+              if (sparse_step && ((sparse_blocks >> (2 * s + c)) & 1u) &&
+                  vocab_local[r] < static_cast<uint32_t>(num_rows)) {
+                x[e] = epilogue::add_sparse_bias(controls, row, vocab_local[r], vocab_index[e], x[e]);
+              }
+            }
             uint32_t const mask_word =
                 controls.allowed_mask ? hand_over.mask_bits[half][(vocab_local[r] >> 5) & 1u][tile_column + c] : ~0u;
             keep[e] = vocab_local[r] < static_cast<uint32_t>(num_rows) && ((mask_word >> (vocab_local[r] & 31u)) & 1u);
@@ -605,7 +672,7 @@ class Sm90SamplerEpilogueWarpGroups {
             column_key[c] = key_max(column_key[c], other_key);
           }
         }
-        int const column = static_cast<int>(batch_row[4 * s]) - n_origin;
+        int const column = static_cast<int>(column_index[4 * s]) - n_origin;
         if (lane < 4) {
           write_keys(hand_over, half, column, warp, column_key[0], column_key[1]);
         } else if (node.logprobs && lane < 8) {
@@ -626,17 +693,29 @@ class Sm90SamplerEpilogueWarpGroups {
   // per tile, is asked into L2 one tile ahead.
   template <class WorkTileInfo>
   CUTLASS_DEVICE static void load_controls_ahead(NodeArguments const& node, WorkTileInfo const& work, int half,
-                                                 int t, int num_rows, uint32_t (&mask_bits)[2]) {
+                                                 int t, int num_rows, uint32_t (&mask_bits)[2], bool& sparse_column) {
     SamplingControls const& controls = node.controls;
     int const vocab_origin = work.M_idx * kTileM + half * kHalfM;
-    if (controls.allowed_mask && t < kTileN) {
+    if ((controls.allowed_mask || controls.sparse_bitmap) && t < kTileN) {
       // padding columns and rows past the vocabulary read in-range words; the loop keeps none of them
-      int64_t const row = min(work.N_idx * kTileN + t, static_cast<int>(node.batch_size) - 1);
-      uint32_t const* words = controls.allowed_mask + row * controls.mask_words;
+      uint32_t row, sample;
+      uint32_t const column = static_cast<uint32_t>(work.N_idx * kTileN + t);
+      if (node.num_samples > 1) {
+        column_row_and_sample<true>(node, column, row, sample);
+      } else {
+        column_row_and_sample<false>(node, column, row, sample);
+      }
       int64_t const last_word = controls.mask_words - 1;
-      int64_t const first = min(static_cast<int64_t>(vocab_origin >> 5), last_word);
-      mask_bits[0] = __ldg(words + first);
-      mask_bits[1] = __ldg(words + min(first + 1, last_word));
+      int64_t const first = static_cast<int64_t>(row) * controls.mask_words +
+                            min(static_cast<int64_t>(vocab_origin >> 5), last_word);
+      int64_t const second = first + (vocab_origin >> 5 < last_word ? 1 : 0);
+      if (controls.allowed_mask) {
+        mask_bits[0] = __ldg(controls.allowed_mask + first);
+        mask_bits[1] = __ldg(controls.allowed_mask + second);
+      }
+      if (controls.sparse_bitmap) {
+        sparse_column = (__ldg(controls.sparse_bitmap + first) | __ldg(controls.sparse_bitmap + second)) != 0u;
+      }
     }
     if (controls.logit_bias && t < kHalfM / 32 && vocab_origin + 32 * t < num_rows) {
       prefetch_to_l2(controls.logit_bias + vocab_origin + 32 * t);  // 64 floats: two 128-byte lines
@@ -674,8 +753,9 @@ class Sm90SamplerEpilogueWarpGroups {
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t full_phase = 0;
     uint32_t next_mask_bits[2] = {~0u, ~0u};
+    bool next_sparse_column = false;
     if constexpr (kControls) {
-      load_controls_ahead(node, work, half, t, num_rows, next_mask_bits);
+      load_controls_ahead(node, work, half, t, num_rows, next_mask_bits, next_sparse_column);
     }
     // The exact skip (v24): column t's global floor code, loaded a tile ahead, and the N tile the
     // half's own floor of column t belongs to.
@@ -691,14 +771,21 @@ class Sm90SamplerEpilogueWarpGroups {
       auto const next_work = get<0>(scheduler.fetch_next_work(work));
       if constexpr (kControls) {
         uint32_t const mask_bits[2] = {next_mask_bits[0], next_mask_bits[1]};
+        bool const sparse_column = next_sparse_column;
         if (next_work.is_valid()) {
-          load_controls_ahead(node, next_work, half, t, num_rows, next_mask_bits);
+          load_controls_ahead(node, next_work, half, t, num_rows, next_mask_bits, next_sparse_column);
         }
         // Every thread has left the previous tile's loop (the merge's barrier), so its bits may
         // be overwritten; the barrier below orders them before the loop's reads.
         if (node.controls.allowed_mask && t < kTileN) {
           hand_over.mask_bits[half][0][t] = mask_bits[0];
           hand_over.mask_bits[half][1][t] = mask_bits[1];
+        }
+        if (node.controls.sparse_bitmap) {  // (every lane of the warp: a ballot)
+          uint32_t const columns = __ballot_sync(0xFFFFFFFF, sparse_column);
+          if (lane == 0 && t < kTileN) {
+            hand_over.sparse_columns[half][t / 32] = columns;
+          }
         }
       }
       if (skip && t < kTileN) {
@@ -713,7 +800,12 @@ class Sm90SamplerEpilogueWarpGroups {
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
-        controls_half_tile(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip);
+        if (node.num_samples > 1 || node.controls.sparse_bitmap != nullptr) {  // uniform: a loop each
+          controls_half_tile<true>(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip);
+        } else {
+          controls_half_tile<false>(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset,
+                                    skip);
+        }
       } else {
         // Two blocks (eight elements: four Philox chains, eight logs where drawn) per step, inlined
         // so the compiler interleaves their chains; a rolled loop keeps the code small.
@@ -721,15 +813,15 @@ class Sm90SamplerEpilogueWarpGroups {
         for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
           constexpr int N = kStepElements;
           float x[N], gumbel[N];
-          uint32_t vocab_index[N], batch_row[N], bits[N];
-          load_step(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
-                    batch_row, bits);
+          uint32_t vocab_index[N], column_index[N], bits[N];
+          load_step<false>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
+                           column_index, bits);
           bool in_range[N];
           bool any_reachable = !skip;
           CUTLASS_PRAGMA_UNROLL
           for (int s = 0; s < kBlocksPerStep; ++s) {
             float2 const floors =
-                skip ? column_floors(hand_over, half, static_cast<int>(batch_row[4 * s]) - n_origin) : float2{};
+                skip ? column_floors(hand_over, half, static_cast<int>(column_index[4 * s]) - n_origin) : float2{};
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < 4; ++j) {
               int const e = 4 * s + j;
@@ -765,7 +857,7 @@ class Sm90SamplerEpilogueWarpGroups {
               }
             }
             if (lane < 4) {
-              write_keys(hand_over, half, static_cast<int>(batch_row[4 * s]) - n_origin, warp, column_key[0],
+              write_keys(hand_over, half, static_cast<int>(column_index[4 * s]) - n_origin, warp, column_key[0],
                          column_key[1]);
             }
           }
