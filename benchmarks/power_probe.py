@@ -5,8 +5,13 @@ power cap (H200: ~700 W), so their clocks differ from one another and drift with
 (benchmarks/NOTES.md, v26): this script shows it. Each mode replays a graph of 20 calls for
 2.5 s while `nvidia-smi` samples the SM clock and power every 50 ms.
 
+Each line also gives the GEMM's rate against the tensor cores' peak at the measured clock
+(dense bf16 on Hopper: 4096 FLOP per SM per clock, 989 TFLOP/s at 1830 MHz on 132 SMs): a call
+that runs at the power cap near 100% of that peak leaves no energy for anything else.
+`--all3` adds ours with per-row temperatures + bitmask + logprobs (issue #4's controls).
+
 Usage:
-  python benchmarks/power_probe.py [--dim 8192] [--vocab 128256] [--batch 256]
+  python benchmarks/power_probe.py [--dim 8192] [--vocab 128256] [--batch 256] [--all3]
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import torch
 import flashsampling_cuda
 
 
-def probe(name: str, fn, seconds: float = 2.5, calls_per_graph: int = 20) -> str:
+DENSE_FLOP_PER_SM_CLOCK = 4096  # Hopper bf16 tensor cores, dense
+
+
+def probe(name: str, fn, flop: float, seconds: float = 2.5, calls_per_graph: int = 20) -> str:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -47,8 +55,12 @@ def probe(name: str, fn, seconds: float = 2.5, calls_per_graph: int = 20) -> str
     clocks = sorted(float(s[0]) for s in samples)
     power = sorted(float(s[1]) for s in samples)
     us = start.elapsed_time(end) * 1000 / calls
-    return (f"{name}: {us:.0f} us/call, SM clock median {clocks[len(clocks) // 2]:.0f} MHz (min {clocks[0]:.0f}), "
-            f"power median {power[len(power) // 2]:.0f} W (max {power[-1]:.0f})")
+    clock = clocks[len(clocks) // 2]
+    peak = DENSE_FLOP_PER_SM_CLOCK * torch.cuda.get_device_properties(0).multi_processor_count * clock * 1e6
+    rate = flop / (us * 1e-6)
+    return (f"{name}: {us:.0f} us/call, SM clock median {clock:.0f} MHz (min {clocks[0]:.0f}), "
+            f"power median {power[len(power) // 2]:.0f} W (max {power[-1]:.0f}), "
+            f"{rate / 1e12:.0f} TFLOP/s = {100 * rate / peak:.0f}% of the tensor peak at that clock")
 
 
 def main() -> None:
@@ -56,14 +68,22 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--all3", action="store_true", help="also ours with per-row T + bitmask + logprobs")
     args = parser.parse_args()
     weight = torch.randn(args.vocab, args.dim, device="cuda", dtype=torch.bfloat16) * args.dim**-0.5
     hidden = torch.randn(args.batch, args.dim, device="cuda", dtype=torch.bfloat16)
     print(f"{torch.cuda.get_device_name(0)}, D={args.dim} V={args.vocab} B={args.batch}")
-    for name, fn in (("ours T=1", lambda: flashsampling_cuda.sample(hidden, weight, temperature=1.0)),
-                     ("ours T=0 (no noise)", lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.0)),
-                     ("cuBLAS mm", lambda: hidden @ weight.T)):
-        print(probe(name, fn), flush=True)
+    modes = [("ours T=1", lambda: flashsampling_cuda.sample(hidden, weight, temperature=1.0)),
+             ("ours T=0 (no noise)", lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.0)),
+             ("cuBLAS mm", lambda: hidden @ weight.T)]
+    if args.all3:
+        from bench_controls import variant_kwargs
+
+        kwargs = variant_kwargs("all3", args.batch, args.vocab, hidden.device)
+        modes.insert(1, ("ours all3", lambda: torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs)))
+    flop = 2.0 * args.batch * args.vocab * args.dim
+    for name, fn in modes:
+        print(probe(name, fn, flop), flush=True)
 
 
 if __name__ == "__main__":
