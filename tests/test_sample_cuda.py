@@ -565,6 +565,32 @@ def test_several_samples_and_sparse_bias_on_the_controls_loop(batch, num_samples
         assert (out.tokens != out.tokens[:, :1]).any(), "the samples of a row are not independent draws"
 
 
+@pytest.mark.parametrize("batch,num_samples,sparse", [(10, 1, False), (20, 1, False), (50, 1, False), (20, 1, True),
+                                                       (50, 1, True), (32, 2, False), (100, 3, True)])
+def test_per_row_temperatures_win_over_a_zero_scalar(batch, num_samples, sparse):
+    """The raw op with temperature=0.0 and a per-row temperatures tensor samples with the tensor
+    (as the CPU op does), on every route: narrow and wide tiles, common controls, several samples,
+    sparse bias. The scalar made the whole batch greedy on the GPU before."""
+    hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + 5)
+    op = torch.ops.flashsampling.sample_with_scores
+    kwargs = dict(temperatures=temps.cuda(), num_samples=num_samples, seed=torch.tensor(31, device="cuda"),
+                  offset=torch.tensor(2, device="cuda"), vocab_start=CONTROLS_VOCAB_START)
+    if sparse:
+        kwargs.update(sparse_bias_ids=c["sparse_logit_bias"][0], sparse_bias_values=c["sparse_logit_bias"][1])
+    zero = op(hidden, weight, temperature=0.0, **kwargs)
+    one = op(hidden, weight, temperature=1.0, **kwargs)
+    assert torch.equal(zero[0], one[0])
+    assert torch.equal(zero[1].view(torch.int32), one[1].view(torch.int32))
+    cpu = op(hidden.cpu(), weight.cpu(), temperature=0.0,
+             **{k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items()})
+    ref = reference_sample(hidden, weight, temps, seed=31, offset=2, num_samples=num_samples,
+                           vocab_start=CONTROLS_VOCAB_START, rtol=GPU_RTOL,
+                           **({"sparse_logit_bias": c["sparse_logit_bias"]} if sparse else {}))
+    near_tie = ref.gap.cpu() <= ref.tolerance.cpu()[:, None]
+    assert not ((cpu[0] != zero[0].cpu()) & ~near_tie).any()
+    assert pathwise_mismatches(zero[0], ref)[1] == 0
+
+
 ALL_CONTROLS_PROBE = r"""
 import sys, torch, flashsampling_cuda
 from torch.profiler import ProfilerActivity, profile

@@ -207,7 +207,8 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
   p.element_type = hidden.scalar_type() == at::kBFloat16 ? ElementType::kBFloat16 : ElementType::kFloat16;
   p.vocab_start = args.vocab_start;
   p.inv_temperature = fs_inv_temperature(static_cast<float>(args.temperature));
-  p.greedy = p.inv_temperature == 0.0f;
+  // A per-row temperatures tensor wins over the scalar (as on the CPU): greedy only without one.
+  p.greedy = p.inv_temperature == 0.0f && !args.temperatures.has_value();
 
   SamplingControls& c = p.controls;
   c.mask_words = (vocab + 31) / 32;
