@@ -384,14 +384,9 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
 
   // Noise coordinates: batch-wide seed (stream = row) or the row's own (stream 0).
   NoiseSource const& src = p.noise;
-  uint64_t seed = 0, offset = 0;
-  resolve_noise_source(src, seed, offset);
-  uint32_t stream = static_cast<uint32_t>(row);
-  if (src.row_seeds) {
-    seed = static_cast<uint64_t>(src.row_seeds[row]);
-    stream = 0;
-  }
-  if (src.row_offsets) offset = static_cast<uint64_t>(src.row_offsets[row]);
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(src, batch_seed, batch_offset);
+  RowNoiseKey const key = row_noise_key(src, batch_seed, batch_offset, static_cast<uint32_t>(row), /*sample=*/0);
 
   for (int s = 0; s < p.num_samples; ++s) {
     float best_score = -INFINITY;
@@ -404,7 +399,9 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
       uint32_t const index = top_candidate_index(sh.sorted_key[i]);
       float const x = sh.sorted_x[i];
       float const score =
-          greedy ? x : fs_perturbed_score(x, inv_t, fs_gumbel_noise(seed, offset, stream, static_cast<uint32_t>(s), index));
+          greedy ? x
+                 : fs_perturbed_score(
+                       x, inv_t, fs_gumbel_noise(key.seed, key.offset, key.stream, static_cast<uint32_t>(s), index));
       if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
         best_score = score;
         best_index = static_cast<int32_t>(index);

@@ -19,6 +19,21 @@ __device__ __forceinline__ void resolve_noise_source(NoiseSource const& src, uin
                              : src.offset;
 }
 
+// The noise key of sample `sample` of batch row `row` (philox_gumbel.h's contract), given the
+// batch-wide seed / offset resolve_noise_source read: the row's own seed and / or offset where the
+// call has per-row ones, counted on by the sample; stream 0 with a per-row seed, else the row.
+struct RowNoiseKey {
+  uint64_t seed;
+  uint64_t offset;  // offset + sample
+  uint32_t stream;
+};
+__device__ __forceinline__ RowNoiseKey row_noise_key(NoiseSource const& src, uint64_t seed, uint64_t offset,
+                                                     uint32_t row, uint32_t sample) {
+  return {src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + row)) : seed,
+          (src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + row)) : offset) + sample,
+          src.row_seeds ? 0u : row};
+}
+
 // Order-preserving bits of a number: unsigned order of the bits = numeric order of the floats.
 // +0.0f folds -0 into +0: the two compare equal as floats, so must as keys. NaN has no place in
 // that order; each key below gives it a code of its own under every number's bits (>= 2).

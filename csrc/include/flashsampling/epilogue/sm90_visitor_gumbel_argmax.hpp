@@ -545,9 +545,10 @@ struct Sm90GumbelArgmaxRowReduction {
               inv_temperature[j] = __ldg(controls.inv_temperatures + batch_row);
               greedy[j] = inv_temperature[j] == 0.0f;
             }
-            row_seed[j] = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + batch_row)) : seed;
-            row_offset[j] = (src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + batch_row)) : offset) + sample;
-            stream[j] = src.row_seeds ? 0u : batch_row;
+            RowNoiseKey const key = row_noise_key(src, seed, offset, batch_row, sample);
+            row_seed[j] = key.seed;
+            row_offset[j] = key.offset;
+            stream[j] = key.stream;
             any_noise = any_noise || (keep[j] && !greedy[j]);
           }
           float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

@@ -399,7 +399,8 @@ class Sm90SamplerEpilogueWarpGroups {
         return;
       }
     }
-    step_noise_bits<kGeneralColumns>(node, t, seed, offset, vocab_index, column_index, bits);  // both lanes of every pair
+    // both lanes of every pair
+    step_noise_bits<kGeneralColumns>(node, t, seed, offset, vocab_index, column_index, bits);
   }
 
   // GEMM column `column` holds batch row column % B and draws sample column / B (S samples:
@@ -436,7 +437,6 @@ class Sm90SamplerEpilogueWarpGroups {
                                                    uint32_t const (&vocab_index)[kStepElements],
                                                    uint32_t const (&column_index)[kStepElements],
                                                    uint32_t (&bits)[kStepElements]) {
-    NoiseSource const& src = node.noise;
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kBlocksPerStep; ++s) {
       uint64_t seeds[4], offsets[4];
@@ -445,15 +445,13 @@ class Sm90SamplerEpilogueWarpGroups {
       for (int c = 0; c < 2; ++c) {  // values 4s + 2r + c: (m + 8r, n + c)
         uint32_t row, sample;
         column_row_and_sample<kSeveralSamples>(node, column_index[4 * s + c], row, sample);
-        uint64_t const row_seed = src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + row)) : seed;
-        uint64_t const row_offset =
-            (src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + row)) : offset) + sample;
+        RowNoiseKey const key = row_noise_key(node.noise, seed, offset, row, sample);
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
           int const e = 2 * r + c;
-          seeds[e] = row_seed;
-          offsets[e] = row_offset;
-          streams[e] = src.row_seeds ? 0u : row;
+          seeds[e] = key.seed;
+          offsets[e] = key.offset;
+          streams[e] = key.stream;
           v[e] = vocab_index[4 * s + e];
         }
       }
