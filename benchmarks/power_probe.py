@@ -6,8 +6,9 @@ power cap (H200: ~700 W), so their clocks differ from one another and drift with
 2.5 s while `nvidia-smi` samples the SM clock and power every 50 ms.
 
 Each line also gives the GEMM's rate against the tensor cores' peak at the measured clock
-(dense bf16 on Hopper: 4096 FLOP per SM per clock, 989 TFLOP/s at 1830 MHz on 132 SMs): a call
-that runs at the power cap near 100% of that peak leaves no energy for anything else.
+(dense bf16 on Hopper: 4096 FLOP per SM per clock, 989 TFLOP/s at 1830 MHz on 132 SMs): near
+100%, a call is bound by its tensor work at the clock the cap allows; far below it, by something
+else (memory at small batch, the epilogue's instructions at large batch).
 `--all3` adds ours with per-row temperatures + bitmask + logprobs (issue #4's controls).
 
 Usage:

@@ -399,7 +399,7 @@ class Sm90SamplerEpilogueWarpGroups {
         return;
       }
     }
-    // both lanes of every pair
+    // The batch-wide seed: one Philox block per lane pair, both lanes of every pair calling (v26).
     step_noise_bits<kGeneralColumns>(node, t, seed, offset, vocab_index, column_index, bits);
   }
 
@@ -551,8 +551,7 @@ class Sm90SamplerEpilogueWarpGroups {
       uint32_t vocab_index[N], column_index[N], bits[N];
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
       load_step<kGeneralColumns>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x,
-                                 vocab_index, column_index,
-                bits);
+                                 vocab_index, column_index, bits);
       // The transformed inputs of the step: biased logits, each column's 1/T, the kept elements.
       float inv_temperature[kBlocksPerStep][2];
       bool keep[N];
