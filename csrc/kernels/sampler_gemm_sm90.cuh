@@ -63,7 +63,9 @@ struct SamplerGemmSm90 {
 template <class Element, int TileN, SamplerLoop kLoop, int kClusterM = 1, int kClusterN = 1>
 struct SamplerGemmSm90EpilogueWarpGroups {
   using HandOver = kernel::EpilogueWarpGroupsStorage<TileN, kLoop == SamplerLoop::kCommonControls>;
-  using TileShape = cute::Shape<cute::_128, cute::Int<TileN>, cute::_64>;
+  // K per stage as on the CUTLASS schedules' tiles: 128 for N <= 64, whose mainloop streams W
+  // (memory-bound), 64 at N = 128.
+  using TileShape = cute::Shape<cute::_128, cute::Int<TileN>, cute::Int<SamplerTileConfig<TileN, false>::kTileK>>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
