@@ -121,18 +121,35 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
   bool const found = best != 0 && index != kNoCandidate;
   bool const empty_mask = !found && p.controls.allowed_mask != nullptr && mask_row_empty(p, row);
+  if (threadIdx.x >= 32) return;
+
+  // Warp 0 finishes: the token's logit is asked for first, so its L2 round trip runs under the
+  // merge of the warps' log-sum-exp parts, which takes four shuffle steps (thread 0 merging the
+  // sixteen one after the other was a chain of sixteen exp2 pairs).
+  int64_t const out = row * p.num_samples + sample;
+  float token_logit = 0.0f;
+  if (p.logprobs && found && threadIdx.x == 0) token_logit = buffers.candidate_logits[col + best_tile * columns];
+  float m = -INFINITY, s = 0.0f;
+  if (p.logprobs) {
+    constexpr int kWarps = kReduceThreads / 32;
+    if (threadIdx.x < kWarps) {
+      m = warp_lse[threadIdx.x].x;
+      s = warp_lse[threadIdx.x].y;
+    }
+#pragma unroll
+    for (int delta = kWarps / 2; delta > 0; delta >>= 1) {
+      float const other_max = __shfl_xor_sync(0xFFFFFFFF, m, delta);
+      float const other_sum = __shfl_xor_sync(0xFFFFFFFF, s, delta);
+      lse_merge(m, s, other_max, other_sum);
+    }
+  }
   if (threadIdx.x != 0) return;
 
-  int64_t const out = row * p.num_samples + sample;
   p.tokens[out] = found ? index : empty_mask ? p.empty_mask_token : -1;
   if (p.scores) p.scores[out] = found ? unpack_score(best) : -INFINITY;
   if (p.logprobs) {
-    float m = warp_lse[0].x, s = warp_lse[0].y;
-#pragma unroll
-    for (int w = 1; w < kReduceThreads / 32; ++w) lse_merge(m, s, warp_lse[w].x, warp_lse[w].y);
     // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
     float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;
-    float const token_logit = found ? buffers.candidate_logits[col + best_tile * columns] : 0.0f;
     p.token_logprobs[out] = found ? token_logit - lse : __uint_as_float(0x7fc00000u);
     if (sample == 0) p.logsumexp[row] = lse;
   }
