@@ -493,6 +493,20 @@ def test_common_controls_schedules_by_tile():
         assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names(knobs, batch))
 
 
+def test_per_row_temperatures_need_no_kernel_before_the_gemm_on_the_visitor():
+    """The CUTLASS schedules' common-controls loop (up to 32 columns; more with
+    FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass) divides each column's temperature itself: no kernel
+    before the GEMM, one graph node fewer. The epilogue-warpgroup kernels load 1/T prepared by the
+    kernel that zeroes their noise floors anyway. (The tokens: the per-row temperature tests.)"""
+
+    def prepares(names):
+        return any("prepare_gemm_inputs" in n for n in names)
+
+    assert not prepares(controls_kernel_names({}, 20))
+    assert not prepares(controls_kernel_names(dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass"), 50))
+    assert prepares(controls_kernel_names({}, 50))
+
+
 @pytest.mark.parametrize("schedule,pad", [("default", "0"), ("cutlass", "1")])
 def test_common_controls_sweep_under_schedule_knob(schedule, pad):
     """The common-controls sweep (pathwise against the float64 reference, logprobs within 1e-4,

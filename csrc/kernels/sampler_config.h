@@ -59,7 +59,7 @@ struct SamplerBuffers {
   float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs only)
   float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (logprobs only)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
-  float* inv_temperatures = nullptr;      // [B] (per-row temperatures only)
+  float* inv_temperatures = nullptr;      // [B] (prepare_inv_temperatures only)
   uint32_t* noise_floors = nullptr;       // [S * B] zeroed (skip_unreachable_noise only)
 };
 
@@ -83,7 +83,7 @@ struct SamplerWorkspaceLayout {
     sparse_bitmap = at;
     at += p.controls.sparse_ids ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 4) : 0;
     inv_temperatures = at;
-    at += p.controls.temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
+    at += p.prepare_inv_temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
     noise_floors = at;
     at += p.skip_unreachable_noise ? round_up(static_cast<size_t>(sampler_gemm_columns(p)) * sizeof(uint32_t)) : 0;
     padded_hidden = at;
@@ -99,7 +99,7 @@ struct SamplerWorkspaceLayout {
     b.candidate_logits = p.logprobs ? reinterpret_cast<float*>(base + candidate_logits) : nullptr;
     b.lse_parts = p.logprobs ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
     b.sparse_bitmap = p.controls.sparse_ids ? reinterpret_cast<uint32_t*>(base + sparse_bitmap) : nullptr;
-    b.inv_temperatures = p.controls.temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
+    b.inv_temperatures = p.prepare_inv_temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
     b.noise_floors = p.skip_unreachable_noise ? reinterpret_cast<uint32_t*>(base + noise_floors) : nullptr;
     return b;
   }
@@ -133,8 +133,8 @@ size_t sampler_gemm_workspace_sm100(SamplerParams const& p);
 // Before stage 1, with sparse bias: marks (row, v) of every sparse entry in the bitmap.
 cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream);
 
-// Before stage 1, one kernel for what the buffers ask: with per-row temperatures
-// inv_temperatures[b] = fs_inv_temperature(T_b); with the exact skip the zeroed noise floors.
+// Before stage 1, one kernel for what the buffers ask: inv_temperatures[b] =
+// fs_inv_temperature(T_b) (prepare_inv_temperatures); with the exact skip the zeroed noise floors.
 cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream);
 
 // Stage 2: per (row, sample) the best candidate over vocabulary tiles -> token, score,

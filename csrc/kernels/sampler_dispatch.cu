@@ -266,6 +266,10 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   static bool const skip = !env_is("FLASHSAMPLING_NOISE_SKIP", "0");
   SamplerParams p = params;
   p.skip_unreachable_noise = skip && entry.skips_unreachable_noise && !p.greedy;
+  p.prepare_inv_temperatures =
+      p.controls.temperatures != nullptr &&
+      (entry.skips_unreachable_noise ||
+       sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs) == SamplerLoop::kAllControls);
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;

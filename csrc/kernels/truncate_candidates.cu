@@ -182,8 +182,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   int const k = p.top_k;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   SamplingControls const& controls = p.controls;
-  // launch_sampler has filled inv_temperatures (fs_inv_temperature) whenever temperatures are given.
-  float const inv_t = controls.inv_temperatures ? controls.inv_temperatures[row] : p.inv_temperature;
+  float const inv_t = row_inv_temperature(controls, static_cast<uint32_t>(row), p.inv_temperature);
   bool const greedy = inv_t == 0.0f;
   bool const invalid_temperature = inv_t != inv_t;
   // y = x * inv_t can map two x to one y (then tiles may tie kappa's y with a smaller index).

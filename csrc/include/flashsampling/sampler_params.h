@@ -34,8 +34,9 @@ struct NoiseSource {
 // excluded, score = fma(x, fl(1 / T), g) or x for greedy rows (csrc/torch/checks.h).
 struct SamplingControls {
   const float* temperatures = nullptr;    // [B]; wins over SamplerParams::inv_temperature
-  // [B] fs_inv_temperature(temperatures[b]), filled by launch_sampler in its workspace
-  // before the GEMM so the epilogue loads fl(1 / T) instead of dividing per element.
+  // [B] fs_inv_temperature(temperatures[b]), filled by launch_sampler in its workspace before
+  // the GEMM where SamplerParams::prepare_inv_temperatures says so; else nullptr and the kernels
+  // divide the row's temperature themselves (row_inv_temperature).
   const float* inv_temperatures = nullptr;
   const float* logit_bias = nullptr;      // [V]
   const uint32_t* allowed_mask = nullptr;  // [B, mask_words]: bit v & 31 of word v >> 5 = allowed
@@ -140,6 +141,12 @@ struct SamplerParams {
   // that cannot reach their column's best score (the epilogue-warpgroup kernels, v24; the tokens
   // are the same either way). It then gets a zeroed [columns] buffer of the best scores so far.
   bool skip_unreachable_noise = false;
+  // Set by launch_sampler, not by callers: with per-row temperatures, whether a small kernel
+  // before the GEMM fills controls.inv_temperatures. It does for the epilogue-warpgroup kernels
+  // (the kernel zeroes the buffer above for them anyway) and for the loop for all controls, which
+  // looks a column's row up per element. The CUTLASS schedules' common-controls loop divides once
+  // per column it loads instead: a kernel and a graph node fewer before the GEMM (v31).
+  bool prepare_inv_temperatures = false;
 };
 
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max

@@ -34,6 +34,17 @@ __device__ __forceinline__ RowNoiseKey row_noise_key(NoiseSource const& src, uin
           src.row_seeds ? 0u : row};
 }
 
+// fl(1 / T) of batch row `row` (0 marks a greedy row): the [B] array launch_sampler prepared
+// when it did (SamplerParams::prepare_inv_temperatures), else the row's temperature divided here
+// (the same fs_inv_temperature, so the same bits), else the call's value. For loops that load it
+// once per column; the others get the prepared array.
+__device__ __forceinline__ float row_inv_temperature(SamplingControls const& c, uint32_t row,
+                                                     float call_inv_temperature) {
+  if (c.inv_temperatures) return __ldg(c.inv_temperatures + row);
+  if (c.temperatures) return fs_inv_temperature(__ldg(c.temperatures + row));
+  return call_inv_temperature;
+}
+
 // Order-preserving bits of a number: unsigned order of the bits = numeric order of the floats.
 // +0.0f folds -0 into +0: the two compare equal as floats, so must as keys. NaN has no place in
 // that order; each key below gives it a code of its own under every number's bits (>= 2).

@@ -425,9 +425,7 @@ struct Sm90GumbelArgmaxRowReduction {
           int const frg_idx = epi_v * FragmentSize + k;
           uint32_t const row = min(static_cast<uint32_t>(n_origin + get<1>(tCcD_mn(frg_idx))), last_row);
           // fl(1 / T) of the row; 0 marks a greedy row.
-          tCrInvT(frg_idx) = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
-                             : params.greedy             ? 0.0f
-                                                         : params.inv_temperature;
+          tCrInvT(frg_idx) = row_inv_temperature(controls, row, params.greedy ? 0.0f : params.inv_temperature);
         }
         uint32_t mask_word[FragmentSize];
         float bias[FragmentSize];
@@ -539,6 +537,7 @@ struct Sm90GumbelArgmaxRowReduction {
             uint32_t const batch_row = in_range ? column - sample * params.batch_size : 0u;
             x[j] = static_cast<float>(frg_logits[i + j]);
             keep[j] = in_range && (!transform || transform_logit(controls, batch_row, vocab_local, vocab_index[j], x[j]));
+            // (launch_sampler prepares the [B] array for this loop: a load per element, no division)
             inv_temperature[j] = params.inv_temperature;
             greedy[j] = params.greedy;
             if (controls.inv_temperatures) {

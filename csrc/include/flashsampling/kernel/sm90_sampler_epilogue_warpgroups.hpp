@@ -579,6 +579,7 @@ class Sm90SamplerEpilogueWarpGroups {
         for (int c = 0; c < 2; ++c) {
           uint32_t row, sample;
           column_row_and_sample<kGeneralColumns>(node, column_index[4 * s + c], row, sample);
+          // (launch_sampler prepares the [B] array for these kernels: no division in this loop)
           inv_temperature[s][c] = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
                                   : node.greedy                ? 0.0f
                                                                : node.inv_temperature;
