@@ -5,14 +5,16 @@ names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile,
 FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs plain passes of more than 64 columns on v9's
 CUTLASS schedules instead of v16's kernel, FLASHSAMPLING_PAD_COLUMNS=0 does not pad the hidden
 rows to whole N tiles, FLASHSAMPLING_EWG_CLUSTER=1 runs the epilogue-warpgroup kernels one CTA per
-cluster instead of pairs on neighbouring column tiles). The v9 A/B of the 128-wide tile's schedule and of 2-CTA clusters and
-v18's 64-wide tile on v16's kernel used knobs since removed (benchmarks/NOTES.md). Times
-are medians of CUDA-graph replays (bench_sampler's median_us); mm is timed in every process,
-so each variant has its own reference.
+cluster instead of pairs of CTAs sharing an operand tile; --all3 also times bench_controls'
+all3). The v9 A/B of the 128-wide tile's schedule and of 2-CTA clusters and v18's 64-wide tile
+on v16's kernel used knobs since removed (benchmarks/NOTES.md). Times are medians of CUDA-graph
+replays (bench_sampler's median_us); mm is timed in every process, so each variant has its own
+reference.
 
 Usage:
   python benchmarks/ab_schedules.py [--variants default,tile32,tile64]
-      [--shapes 4096x151936,8192x128256] [--batches 64,128,256] [--rounds 3] [--out DIR]
+      [--shapes 4096x151936,8192x128256] [--batches 64,128,256] [--rounds 3] [--greedy] [--all3]
+      [--out DIR]
 """
 
 from __future__ import annotations
@@ -34,12 +36,16 @@ VARIANT_ENV = {
     # v17: hidden rows padded to whole N tiles by default; "nopad" leaves the TMA boxes ragged
     "nopad": {"FLASHSAMPLING_PAD_COLUMNS": "0"},
     # v25: the epilogue-warpgroup kernels run an even number of column tiles in clusters of two CTAs
-    # (the W tile multicast) by default; "single" runs one CTA per cluster
+    # (the W tile multicast) by default, v30: the common controls' 64-wide tile (33-64 columns) in
+    # pairs on neighbouring vocabulary tiles (the hidden tile multicast); "single" runs one CTA per
+    # cluster
     "single": {"FLASHSAMPLING_EWG_CLUSTER": "1"},
+    # the common controls' N tile capped at 32 (33-64 columns: two pingpong tiles re-reading W)
+    "ctile32": {"FLASHSAMPLING_CONTROLS_TILE_N": "32"},
 }
 
 
-def measure(shapes: str, batches: str, greedy: bool = False) -> list[dict]:
+def measure(shapes: str, batches: str, greedy: bool = False, all3: bool = False) -> list[dict]:
     """Times of ours and mm in this process (its knobs are the environment's)."""
     import torch
 
@@ -59,6 +65,12 @@ def measure(shapes: str, batches: str, greedy: bool = False) -> list[dict]:
             if greedy:  # the same kernel with the epilogue's noise off (T = 0): how long is the rest?
                 row["ours_greedy"] = median_us(
                     lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.0), graph=True)
+            if all3:  # bench_controls' all3: per-row temperatures + bitmask + logprobs (issue #4)
+                from bench_controls import variant_kwargs
+
+                kwargs = variant_kwargs("all3", batch, vocab, hidden.device)
+                op = torch.ops.flashsampling.sample_with_scores
+                row["ours_all3"] = median_us(lambda: op(hidden, weight, **kwargs), graph=True)
             rows.append(row)
         del weight
         torch.cuda.empty_cache()
@@ -72,6 +84,8 @@ def main() -> None:
     parser.add_argument("--batches", default="64,128,256")
     parser.add_argument("--out", default=None, help="write ab_schedules.json here")
     parser.add_argument("--greedy", action="store_true", help="also time T = 0 (no noise)")
+    parser.add_argument("--all3", action="store_true",
+                        help="also time per-row temperatures + bitmask + logprobs (bench_controls' all3)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the variants this many times, interleaved (A B A B ...), and report each "
                              "cell's median: at large B the GPU runs at its power cap and its clock drifts "
@@ -79,7 +93,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.shapes, args.batches, args.greedy)))
+        print(json.dumps(measure(args.shapes, args.batches, args.greedy, args.all3)))
         return
     import statistics
 
@@ -93,8 +107,8 @@ def main() -> None:
         for variant in args.variants.split(","):
             env = {**os.environ, **VARIANT_ENV[variant]}
             command = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--batches", args.batches]
-            proc = subprocess.run(command + (["--greedy"] if args.greedy else []), env=env, capture_output=True,
-                                  text=True)
+            flags = (["--greedy"] if args.greedy else []) + (["--all3"] if args.all3 else [])
+            proc = subprocess.run(command + flags, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"[ab] {variant} failed:\n{proc.stderr[-3000:]}", file=sys.stderr)
                 continue
@@ -109,12 +123,16 @@ def main() -> None:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "ab_schedules.json").write_text(
             json.dumps({**header, "rounds": args.rounds, "variants": results, "runs": runs}, indent=1))
-    print("| variant | D | B | ours µs | mm µs | ours/mm |" + (" ours T=0 µs |" if args.greedy else ""))
-    print("|---|---|---|---|---|---|" + ("---|" if args.greedy else ""))
+    print("| variant | D | B | ours µs | mm µs | ours/mm |" + (" ours T=0 µs |" if args.greedy else "")
+          + (" all3 µs | all3/ours | all3/mm |" if args.all3 else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.greedy else "") + ("---|---|---|" if args.all3 else ""))
     for variant, rows in results.items():
         for r in rows:
             greedy = f" {r['ours_greedy']:.0f} |" if args.greedy else ""
-            print(f"| {variant} | {r['D']} | {r['B']} | {r['ours']:.0f} | {r['mm']:.0f} | {r['ours'] / r['mm']:.3f} |{greedy}")
+            all3 = (f" {r['ours_all3']:.0f} | {r['ours_all3'] / r['ours']:.3f} | {r['ours_all3'] / r['mm']:.3f} |"
+                    if args.all3 else "")
+            print(f"| {variant} | {r['D']} | {r['B']} | {r['ours']:.0f} | {r['mm']:.0f} | {r['ours'] / r['mm']:.3f} |"
+                  f"{greedy}{all3}")
 
 if __name__ == "__main__":
     main()
