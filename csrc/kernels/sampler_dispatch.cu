@@ -24,6 +24,10 @@ struct ConfigEntry {
   int vocab_tile;   // M extent of one candidate row
   int column_tile;  // N extent of the CTA tile
   bool skips_unreachable_noise = false;  // the epilogue-warpgroup kernels (v24)
+  // Whether the kernel loads per-row temperatures as the prepared [B] fl(1 / T) array
+  // (SamplerParams::prepare_inv_temperatures): the epilogue-warpgroup kernels and the loop for
+  // all controls. The others divide a loaded temperature themselves.
+  bool loads_inv_temperatures = false;
 };
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -31,7 +35,8 @@ template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClus
 ConfigEntry sm90_entry() {
   return {run_sampler_gemm_sm90<Element, TileN, kPingpong, kLoop, kClusterM>,
           sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kLoop, kClusterM>,
-          SamplerTileConfig<TileN, kPingpong>::kTileM, TileN};
+          SamplerTileConfig<TileN, kPingpong>::kTileM, TileN, /*skips_unreachable_noise=*/false,
+          /*loads_inv_temperatures=*/kLoop == SamplerLoop::kAllControls};
 }
 #endif
 
@@ -40,7 +45,7 @@ template <class Element, int TileN, SamplerLoop kLoop = SamplerLoop::kPlain, int
 ConfigEntry sm90_epilogue_warpgroups_entry() {
   return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, kLoop, kClusterM, kClusterN>,
           [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsVocabTile, TileN,
-          /*skips_unreachable_noise=*/true};
+          /*skips_unreachable_noise=*/true, /*loads_inv_temperatures=*/true};
 }
 #endif
 
@@ -48,7 +53,8 @@ ConfigEntry sm90_epilogue_warpgroups_entry() {
 template <class Element, int TileN, SamplerLoop kLoop>
 ConfigEntry sm100_entry() {
   return {run_sampler_gemm_sm100<Element, TileN, kLoop>, sampler_gemm_workspace_sm100<Element, TileN, kLoop>,
-          SamplerTileConfig<TileN, false>::kTileM, TileN};
+          SamplerTileConfig<TileN, false>::kTileM, TileN, /*skips_unreachable_noise=*/false,
+          /*loads_inv_temperatures=*/kLoop == SamplerLoop::kAllControls};
 }
 #endif
 
@@ -266,10 +272,7 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   static bool const skip = !env_is("FLASHSAMPLING_NOISE_SKIP", "0");
   SamplerParams p = params;
   p.skip_unreachable_noise = skip && entry.skips_unreachable_noise && !p.greedy;
-  p.prepare_inv_temperatures =
-      p.controls.temperatures != nullptr &&
-      (entry.skips_unreachable_noise ||
-       sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs) == SamplerLoop::kAllControls);
+  p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;

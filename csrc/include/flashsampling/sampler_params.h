@@ -142,11 +142,12 @@ struct SamplerParams {
   // are the same either way). It then gets a zeroed [columns] buffer of the best scores so far.
   bool skip_unreachable_noise = false;
   // Set by launch_sampler, not by callers: with per-row temperatures, whether a small kernel
-  // before the GEMM fills controls.inv_temperatures. It does for the epilogue-warpgroup kernels
-  // (the kernel zeroes the buffer above for them anyway, unless FLASHSAMPLING_NOISE_SKIP=0) and
-  // for the loop for all controls, which looks a column's row up per element. The CUTLASS
-  // schedules' common-controls loop divides once per column it loads instead: a kernel and a
-  // graph node fewer before the GEMM (v31).
+  // before the GEMM fills controls.inv_temperatures. It does for the kernels that load that
+  // array: the epilogue-warpgroup kernels (the kernel zeroes the buffer above for them anyway,
+  // unless FLASHSAMPLING_NOISE_SKIP=0) and the loop for all controls, which looks a column's row
+  // up per element. The CUTLASS schedules' common-controls loop divides once per column it loads
+  // instead, and the fused top-k's stage 2 once per row: a kernel and a graph node fewer before
+  // the GEMM (v31).
   bool prepare_inv_temperatures = false;
 };
 
