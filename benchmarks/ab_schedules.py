@@ -5,7 +5,7 @@ names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile,
 FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs plain passes of more than 64 columns on v9's
 CUTLASS schedules instead of v16's kernel, FLASHSAMPLING_PAD_COLUMNS=0 does not pad the hidden
 rows to whole N tiles, FLASHSAMPLING_EWG_CLUSTER=1 runs the epilogue-warpgroup kernels one CTA per
-cluster instead of pairs of CTAs sharing an operand tile; --all3 also times bench_controls'
+cluster instead of pairs on neighbouring column tiles; --all3 also times bench_controls'
 all3). The v9 A/B of the 128-wide tile's schedule and of 2-CTA clusters and v18's 64-wide tile
 on v16's kernel used knobs since removed (benchmarks/NOTES.md). Times are medians of CUDA-graph
 replays (bench_sampler's median_us); mm is timed in every process, so each variant has its own
@@ -36,9 +36,8 @@ VARIANT_ENV = {
     # v17: hidden rows padded to whole N tiles by default; "nopad" leaves the TMA boxes ragged
     "nopad": {"FLASHSAMPLING_PAD_COLUMNS": "0"},
     # v25: the epilogue-warpgroup kernels run an even number of column tiles in clusters of two CTAs
-    # (the W tile multicast) by default, v30: the common controls' 64-wide tile (33-64 columns) in
-    # pairs on neighbouring vocabulary tiles (the hidden tile multicast); "single" runs one CTA per
-    # cluster
+    # (the W tile multicast) by default; "single" runs one CTA per cluster (v30's pairs along the
+    # vocabulary for the common controls' 64-wide tile measured within noise and were removed)
     "single": {"FLASHSAMPLING_EWG_CLUSTER": "1"},
     # the common controls' N tile capped at 32 (33-64 columns: two pingpong tiles re-reading W)
     "ctile32": {"FLASHSAMPLING_CONTROLS_TILE_N": "32"},
