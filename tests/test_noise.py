@@ -158,7 +158,31 @@ def test_gumbel_noise_rejects_out_of_range_coordinates():
         ops.gumbel_noise(0, 0, torch.tensor([0]), 0, torch.tensor([2**32]))
 
 
-def test_gumbel_upper_bound_is_gpu_only():
-    with pytest.raises(RuntimeError, match="_gumbel_upper_bound: bits must be a CUDA tensor"):
-        ops._gumbel_upper_bound(torch.tensor([1 << 9]))
+def test_gumbel_upper_bound_lies_above_the_noise_on_every_uniform():
+    """The epilogue-warpgroup kernels skip the logs of an element whose score with this bound
+    stays below its column's best (fs_gumbel_upper_bound_from_bits): exact only if the bound lies
+    above fs_gumbel_from_bits on every one of the 2^23 uniforms. It is (n + 1) ln 2 + 2^-10 for
+    n leading one bits of the uniform, so within ln 2 of the noise where the noise is large."""
+    k = torch.arange(1 << 23, dtype=torch.int64)
+    bits = (k << 9) | (k & 0x1FF)  # the low 9 bits are dropped; vary them anyway
+    noise = ops._gumbel_from_bits(bits).double()
+    bound = ops._gumbel_upper_bound(bits)
+    slack = bound.double() - noise
+    below = (slack <= 0).nonzero().flatten()
+    assert below.numel() == 0, f"{below.numel()} uniforms above the bound, first k = {k[below[:4]].tolist()}"
+    assert slack[noise >= 5.0].max().item() < math.log(2) + 0.01
+    # The formula, from the bits alone: one fma, so float64 then one rounding to float32.
+    leading_ones, run = torch.zeros_like(k), torch.ones_like(k, dtype=torch.bool)
+    for b in range(22, -1, -1):
+        run &= ((k >> b) & 1) == 1
+        leading_ones += run
+    ln2_up = float(torch.tensor(math.log(2), dtype=torch.float32))
+    margin = float(torch.tensor(ln2_up + 2.0**-10, dtype=torch.float32))
+    expected = (leading_ones.double() * ln2_up + margin).float()
+    assert torch.equal(bound, expected)
+
+
+def test_gumbel_upper_bound_rejects_out_of_range_bits():
+    with pytest.raises(RuntimeError, match="_gumbel_upper_bound: bits values must lie in"):
+        ops._gumbel_upper_bound(torch.tensor([1 << 32]))
 

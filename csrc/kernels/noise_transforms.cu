@@ -4,7 +4,6 @@
 // (tests/test_noise_cuda.py).
 #include <cstdint>
 
-#include "flashsampling/epilogue/gumbel_bound.cuh"
 #include "flashsampling/noise_launch.h"
 #include "flashsampling/philox_gumbel.h"
 
@@ -41,7 +40,7 @@ __global__ void gumbel_from_bits_kernel(int64_t const* __restrict__ bits, float*
 
 __global__ void gumbel_upper_bound_kernel(int64_t const* __restrict__ bits, float* __restrict__ out, int64_t n) {
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = epilogue::gumbel_upper_bound_from_bits(static_cast<uint32_t>(bits[i]));
+  if (i < n) out[i] = fs_gumbel_upper_bound_from_bits(static_cast<uint32_t>(bits[i]));
 }
 
 unsigned int num_blocks(int64_t n) {

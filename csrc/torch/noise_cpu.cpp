@@ -114,8 +114,14 @@ at::Tensor gumbel_from_bits_cpu(const at::Tensor& bits) {
 }
 
 at::Tensor gumbel_upper_bound_cpu(const at::Tensor& bits) {
-  TORCH_CHECK(false, "flashsampling._gumbel_upper_bound: bits must be a CUDA tensor (the bound is the fused GPU ",
-              "kernels' and uses the GPU's lg2.approx), got one on ", bits.device());
+  check_uint32_values("flashsampling._gumbel_upper_bound", "bits", bits);
+  const at::Tensor bc = bits.contiguous();
+  at::Tensor out = at::empty(bc.sizes(), bc.options().dtype(at::kFloat));
+  const int64_t* bp = bc.const_data_ptr<int64_t>();
+  float* op = out.mutable_data_ptr<float>();
+  parallel_elements(out.numel(),
+                    [&](int64_t i) { op[i] = fs_gumbel_upper_bound_from_bits(static_cast<uint32_t>(bp[i])); });
+  return out;
 }
 
 }  // namespace

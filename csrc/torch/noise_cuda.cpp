@@ -1,6 +1,6 @@
-// CUDA impls of flashsampling._logf and _gumbel_from_bits (the CPU ones are in noise_cpu.cpp):
-// the noise transforms as the GPU computes them, for tests that compare the two bit for bit;
-// and _gumbel_upper_bound, the fused kernels' skip bound (GPU only: it uses lg2.approx).
+// CUDA impls of flashsampling._logf, _gumbel_from_bits and _gumbel_upper_bound (the fused
+// kernels' skip bound; the CPU ones are in noise_cpu.cpp): the noise transforms as the GPU
+// computes them, for tests that compare the two bit for bit.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

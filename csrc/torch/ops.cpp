@@ -44,7 +44,7 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_philox4x32_10(Tensor counter, Tensor key) -> Tensor");
   m.def("_logf(Tensor x) -> Tensor");
   m.def("_gumbel_from_bits(Tensor bits) -> Tensor");
-  // The skip bound of the epilogue-warpgroup kernels (epilogue/gumbel_bound.cuh): CUDA only.
+  // The skip bound of the epilogue-warpgroup kernels (fs_gumbel_upper_bound_from_bits).
   m.def("_gumbel_upper_bound(Tensor bits) -> Tensor");
 }
 

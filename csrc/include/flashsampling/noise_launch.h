@@ -1,7 +1,7 @@
 // Torch-free launchers of the noise transforms of philox_gumbel.h on the GPU
-// (csrc/kernels/noise_transforms.cu), behind the CUDA impls of flashsampling._logf and
-// flashsampling._gumbel_from_bits: tests compare them bit for bit with the CPU ops, over
-// every input the noise can take.
+// (csrc/kernels/noise_transforms.cu), behind the CUDA impls of flashsampling._logf,
+// _gumbel_from_bits and _gumbel_upper_bound: tests compare them bit for bit with the CPU ops,
+// over every input the noise can take.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -16,8 +16,8 @@ cudaError_t launch_logf(float const* x, float* out, int64_t n, cudaStream_t stre
 // out[i] = fs_gumbel_from_bits(uint32(bits[i])), four lanes per thread.
 cudaError_t launch_gumbel_from_bits(int64_t const* bits, float* out, int64_t n, cudaStream_t stream);
 
-// out[i] = epilogue::gumbel_upper_bound_from_bits(uint32(bits[i])), the bound the fused kernels
-// skip the exact noise by (tests check it lies above fs_gumbel_from_bits on every input).
+// out[i] = fs_gumbel_upper_bound_from_bits(uint32(bits[i])), the bound the fused kernels skip
+// the exact noise by (tests check it lies above fs_gumbel_from_bits on every input).
 cudaError_t launch_gumbel_upper_bound(int64_t const* bits, float* out, int64_t n, cudaStream_t stream);
 
 }  // namespace flashsampling

@@ -200,6 +200,37 @@ FS_HOST_DEVICE float fs_gumbel_from_bits(uint32_t bits) {
   return out[0];
 }
 
+FS_HOST_DEVICE uint32_t fs_count_leading_zeros(uint32_t x) {  // x != 0
+#if defined(__CUDA_ARCH__)
+  uint32_t n;  // one FLO.SH (__clz is FLO and a subtraction)
+  asm("bfind.shiftamt.u32 %0, %1;" : "=r"(n) : "r"(x));
+  return n;
+#else
+  return static_cast<uint32_t>(__builtin_clz(x));
+#endif
+}
+
+// An upper bound of fs_gumbel_from_bits(bits), for the exact skip of the epilogue-warpgroup
+// kernels (kernel/sm90_sampler_epilogue_warpgroups.hpp, benchmarks/NOTES.md v24, v32): an element
+// whose score with this bound in place of g stays below a score its column has already drawn
+// cannot be the column's sample, so it needs no logs.
+//
+// g = -ln(-ln u) < -ln(1 - u), since -ln u > 1 - u on (0, 1). The top 23 bits of ~bits are
+// c = 2^23 - 1 - floor(bits / 2^9), and 1 - u = (c + 1/2) / 2^23, so -ln(1 - u) < (23 -
+// floor(log2 c)) ln 2 for c >= 1 and = 24 ln 2 for c = 0: both (n + 1) ln 2 with n =
+// clz(~bits | 0x1FF) in [0, 23], the leading one bits of the uniform. ln 2 is rounded up, and
+// 2^-10 covers the fma's rounding and fs_logf's (a few 1e-6). Integer work and two float ops (v24's
+// bound took two lg2.approx and a series); at most ln 2 looser than g where the skip matters
+// (u near 1), so a column has up to twice as many elements within reach of its floor.
+// Host and device give the same bits; tests check it against every one of the 2^23 uniforms.
+FS_HOST_DEVICE float fs_gumbel_upper_bound_from_bits(uint32_t bits) {
+  constexpr float kLn2Up = 0.693147182464599609375f;  // fl(ln 2) > ln 2
+  constexpr float kMargin = 1.0f / 1024.0f;
+  const uint32_t leading_ones = fs_count_leading_zeros(~bits | 0x1FFu);
+  const float n = fs_add(fs_uint_as_float(0x4B000000u | leading_ones), -8388608.0f);  // exact
+  return fs_fma(n, kLn2Up, kLn2Up + kMargin);
+}
+
 FS_HOST_DEVICE uint32_t fs_philox_lane(const Philox4& r, uint32_t lane) {
   return lane == 0 ? r.x : lane == 1 ? r.y : lane == 2 ? r.z : r.w;
 }

@@ -20,7 +20,7 @@
 // each column's best score so far (its floor, raised by every CTA through a small global array)
 // rules out elements whose score with an upper bound of their noise stays below it, and a step
 // of eight elements per thread in which no lane of the warp has such an element keeps no
-// candidate (v24, epilogue/gumbel_bound.cuh; the same tokens as drawing everything).
+// candidate (v24, fs_gumbel_upper_bound_from_bits; the same tokens as drawing everything).
 //
 // Each (MMA, epilogue) pair shares one accumulator buffer and two mbarriers (full / empty);
 // the epilogue warpgroup thread t reads exactly what MMA thread t wrote, so it knows the
@@ -48,7 +48,6 @@
 #include "cutlass/pipeline/pipeline.hpp"
 
 #include "flashsampling/epilogue/candidate_math.cuh"
-#include "flashsampling/epilogue/gumbel_bound.cuh"
 #include "flashsampling/epilogue/sm90_visitor_gumbel_argmax.hpp"
 
 namespace flashsampling::kernel {
@@ -69,13 +68,14 @@ struct EpilogueWarpGroupsStorage {
   // stores, a warp's 32 consecutive: no bank conflicts).
   alignas(128) float4 accumulators[kHalves][kValuesPerThread / 4][128];
   // The common controls' allowed-token bits of each half's 64 vocabulary rows for every column
-  // of the tile (two words per column), loaded from global memory one tile ahead (v22).
-  uint32_t mask_bits[kHalves][2][kControls ? kTileN : 1];
+  // of the tile (two words per column, side by side: a block's column pair is one 16-byte load),
+  // loaded from global memory one tile ahead (v22, v33).
+  alignas(16) uint2 mask_bits[kHalves][kControls ? kTileN : 2];
   // Sparse per-row bias (v29): bit t of word t / 32 set where column t's row has a sparse entry
   // among the half's 64 vocabulary rows (its sparse bitmap's two words there are not zero), so the
   // loop looks at the bitmap and the row's entries only in the rare steps that may need them.
   uint32_t sparse_columns[kHalves][kControls ? (kTileN + 31) / 32 : 1];
-  // The floors of the exact skip (v24, gumbel_bound.cuh) for the tile's columns, rounded down to
+  // The floors of the exact skip (v24, philox_gumbel.h) for the tile's columns, rounded down to
   // bf16: the best exact score each column has drawn so far, here or on any SM. Any score a
   // column really drew is a valid floor, and so is anything below it.
   alignas(4) __nv_bfloat16 score_floor[kHalves][kTileN];
@@ -154,7 +154,7 @@ class Sm90SamplerEpilogueWarpGroups {
     cutlass::KernelHardwareInfo hw_info{};
     TileSchedulerArguments scheduler{};
     // [N] zeroed order codes (number_order_bits) of each GEMM column's best score so far, raised
-    // with atomicMax by every CTA: the exact skip (v24, gumbel_bound.cuh); nullptr: no skip.
+    // with atomicMax by every CTA: the exact skip (v24, philox_gumbel.h); nullptr: no skip.
     uint32_t* noise_floors = nullptr;
   };
 
@@ -308,9 +308,10 @@ class Sm90SamplerEpilogueWarpGroups {
   // Where a warp's results for a column wait for the merge. In the wgmma accumulator layout
   // block q of lane l holds columns 8q + 2 (l % 4) + {0, 1}, and after the shuffles the eight
   // lanes of a column pair hold the same results, so lane l < 4 writes the pair's two keys,
-  // lane l + 4 their (max2, sum) parts and lane l + 8 their winners' logits into their own slot
-  // [q][t], which each has read before (load_step). The buffer is given back (empty) only after
-  // the merge has read them.
+  // lane l + 4 their (max2, sum) parts and lane l + 8 their winners' logits: slot
+  // [q][32 w + lane] of warp w, each lane's own, which it has read before (load_step), so the
+  // loops store to the address they loaded from. The buffer is given back (empty) only after the
+  // merge has read them.
   enum ResultSlot { kKeys = 0, kLseParts = 1, kWinnerLogits = 2 };
   CUTLASS_DEVICE static float4& result_slot(HandOver& hand_over, int half, int column, int warp, ResultSlot kind) {
     return hand_over.accumulators[half][column / 8][32 * warp + 4 * kind + (column % 8) / 2];
@@ -318,10 +319,6 @@ class Sm90SamplerEpilogueWarpGroups {
   CUTLASS_DEVICE static PackedCandidate result_key(HandOver& hand_over, int half, int column, int warp) {
     ulonglong2 const keys = reinterpret_cast<ulonglong2 const&>(result_slot(hand_over, half, column, warp, kKeys));
     return column % 2 ? keys.y : keys.x;
-  }
-  CUTLASS_DEVICE static void write_keys(HandOver& hand_over, int half, int column, int warp, PackedCandidate key0,
-                                        PackedCandidate key1) {
-    reinterpret_cast<ulonglong2&>(result_slot(hand_over, half, column, warp, kKeys)) = make_ulonglong2(key0, key1);
   }
 
   static constexpr int kStepElements = 4 * kBlocksPerStep;
@@ -373,7 +370,7 @@ class Sm90SamplerEpilogueWarpGroups {
                                        CoordTensor const& tCcAcc, int half, int t, int q0, int m_origin, int n_origin,
                                        uint64_t seed, uint64_t offset, float (&x)[kStepElements],
                                        uint32_t (&vocab_index)[kStepElements], uint32_t (&column_index)[kStepElements],
-                                       uint32_t (&bits)[kStepElements]) {
+                                       uint32_t (&bits)[kStepElements], bool keyed_noise = false) {
     constexpr int N = kStepElements;
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kBlocksPerStep; ++s) {
@@ -394,7 +391,7 @@ class Sm90SamplerEpilogueWarpGroups {
       return;
     }
     if constexpr (kControls) {
-      if (needs_keyed_noise(node)) {  // warp-uniform
+      if (keyed_noise) {  // needs_keyed_noise, once per half tile (per step it cost ~16 instructions)
         keyed_step_noise_bits<kGeneralColumns>(node, seed, offset, vocab_index, column_index, bits);
         return;
       }
@@ -475,11 +472,12 @@ class Sm90SamplerEpilogueWarpGroups {
   // Whether an element may still be its column's sample: it is kept and its score bound (its score
   // with the noise's upper bound; its exact score on a greedy column, inv_temperature 0) is not
   // below the column's floor. Strict, so ties go to the exact path; a NaN bound counts as reaching.
+  // Branch-free (selects, and callers OR the results with |, not ||): with branches per element
+  // the loop spent ~8 control instructions on each (ncu, NOTES v34).
   CUTLASS_DEVICE static bool may_reach_floor(bool kept, float x, float inv_temperature, uint32_t bits, float floor) {
-    float const bound = inv_temperature == 0.0f
-                            ? x
-                            : fs_perturbed_score(x, inv_temperature, epilogue::gumbel_upper_bound_from_bits(bits));
-    return kept && !(bound < floor);
+    float const noisy = fs_perturbed_score(x, inv_temperature, fs_gumbel_upper_bound_from_bits(bits));
+    float const bound = inv_temperature == 0.0f ? x : noisy;
+    return kept & !(bound < floor);
   }
 
   // Whether the warp needs the step's exact noise: some lane has an element that is kept and
@@ -531,7 +529,6 @@ class Sm90SamplerEpilogueWarpGroups {
                                                 bool skip) {
     SamplingControls const& controls = node.controls;
     int const lane = t % 32;
-    int const warp = t / 32;
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t const last_vocab = static_cast<uint32_t>(num_rows) - 1;
     static_assert(decltype(size<1>(tCcAcc))::value == 1, "one M block per thread: rows m and m + 8 in every block");
@@ -539,11 +536,15 @@ class Sm90SamplerEpilogueWarpGroups {
     // of out-of-range rows and columns read in-range entries; those elements are not kept.
     uint32_t vocab_local[2];
     float row_bias[2];
+    bool row_in_range[2], mask_high_word[2];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
       vocab_local[r] = static_cast<uint32_t>(m_origin + get<0>(tCcAcc(2 * r)));
       row_bias[r] = controls.logit_bias ? __ldg(controls.logit_bias + min(vocab_local[r], last_vocab)) : 0.0f;
+      row_in_range[r] = vocab_local[r] < static_cast<uint32_t>(num_rows);
+      mask_high_word[r] = (vocab_local[r] >> 5) & 1u;  // which of the half's two words holds the row
     }
+    bool const keyed_noise = needs_keyed_noise(node);
     CUTLASS_PRAGMA_NO_UNROLL
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
       constexpr int N = kStepElements;
@@ -551,7 +552,7 @@ class Sm90SamplerEpilogueWarpGroups {
       uint32_t vocab_index[N], column_index[N], bits[N];
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
       load_step<kGeneralColumns>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x,
-                                 vocab_index, column_index, bits);
+                                 vocab_index, column_index, bits, keyed_noise);
       // The transformed inputs of the step: biased logits, each column's 1/T, the kept elements.
       float inv_temperature[kBlocksPerStep][2];
       bool keep[N];
@@ -573,8 +574,12 @@ class Sm90SamplerEpilogueWarpGroups {
       }
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
-        int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;
+        int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;  // even
         float2 const floors = skip ? column_floors(hand_over, half, tile_column) : float2{};
+        // the mask words of the block's column pair: (n, low), (n, high), (n + 1, low), (n + 1, high)
+        uint4 const mask_words = controls.allowed_mask
+                                     ? reinterpret_cast<uint4 const&>(hand_over.mask_bits[half][tile_column])
+                                     : make_uint4(~0u, ~0u, ~0u, ~0u);
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < 2; ++c) {
           uint32_t row, sample;
@@ -589,47 +594,58 @@ class Sm90SamplerEpilogueWarpGroups {
             x[e] = controls.logit_bias ? fs_add(x[e], row_bias[r]) : x[e];
             if constexpr (kGeneralColumns) {
               if (sparse_step && ((sparse_blocks >> (2 * s + c)) & 1u) &&
-                  vocab_local[r] < static_cast<uint32_t>(num_rows)) {
+                  row_in_range[r]) {
                 x[e] = epilogue::add_sparse_bias(controls, row, vocab_local[r], vocab_index[e], x[e]);
               }
             }
-            uint32_t const mask_word =
-                controls.allowed_mask ? hand_over.mask_bits[half][(vocab_local[r] >> 5) & 1u][tile_column + c] : ~0u;
-            keep[e] = vocab_local[r] < static_cast<uint32_t>(num_rows) && ((mask_word >> (vocab_local[r] & 31u)) & 1u);
-            if (skip) {
-              any_reachable = any_reachable ||
-                              may_reach_floor(keep[e], x[e], inv_temperature[s][c], bits[e], c ? floors.y : floors.x);
-            }
+            uint32_t const mask_word = c ? (mask_high_word[r] ? mask_words.w : mask_words.z)
+                                         : (mask_high_word[r] ? mask_words.y : mask_words.x);
+            keep[e] = row_in_range[r] & ((mask_word >> (vocab_local[r] & 31u)) & 1u);
+            // (without the skip any_reachable starts true: no branch per element either way)
+            any_reachable |= may_reach_floor(keep[e], x[e], inv_temperature[s][c], bits[e], c ? floors.y : floors.x);
           }
         }
       }
       bool const exact = node.greedy || exact_noise_needed(any_reachable, bits, gumbel);
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
-        PackedCandidate column_key[2];
-        float column_logit[2], column_max2[2], column_sum[2];
-        float term_y2[2][2];  // y * log2(e) of each element; -inf where it adds no mass
+        // The transformed logits y of the block's elements, (column c, row r).
+        bool greedy[2];
+        float y[2][2];
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < 2; ++c) {
-          bool const greedy = inv_temperature[s][c] == 0.0f;
-          column_key[c] = no_candidate;
-          column_logit[c] = 0.0f;
-          column_max2[c] = -INFINITY;
-          column_sum[c] = 0.0f;
+          greedy[c] = inv_temperature[s][c] == 0.0f;
           CUTLASS_PRAGMA_UNROLL
           for (int r = 0; r < 2; ++r) {
-            int const e = 4 * s + 2 * r + c;
-            float const y = greedy ? x[e] : fs_mul(x[e], inv_temperature[s][c]);
-            if (exact) {
-              float const score = greedy ? x[e] : fs_perturbed_score(x[e], inv_temperature[s][c], gumbel[e]);
+            int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
+            y[c][r] = greedy[c] ? x[e] : fs_mul(x[e], inv_temperature[s][c]);
+          }
+        }
+        // Each column's best key over its eight lanes (lane bits 2-4) with its y; without exact
+        // noise every key of the step is "no candidate". One branch per block, not per element.
+        PackedCandidate column_key[2] = {no_candidate, no_candidate};
+        float column_logit[2] = {0.0f, 0.0f};
+        if (exact) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              int const e = 4 * s + 2 * r + c;
+              float const score = greedy[c] ? x[e] : fs_perturbed_score(x[e], inv_temperature[s][c], gumbel[e]);
               PackedCandidate const key =
                   keep[e] ? pack_candidate(score, static_cast<int32_t>(vocab_index[e])) : PackedCandidate{0};
-              column_logit[c] = key > column_key[c] ? y : column_logit[c];
+              column_logit[c] = key > column_key[c] ? y[c][r] : column_logit[c];
               column_key[c] = key_max(column_key[c], key);
             }
-            float const y2 = y * epilogue::kLog2e;
-            term_y2[c][r] = keep[e] ? y2 : -INFINITY;
-            column_max2[c] = fmaxf(column_max2[c], term_y2[c][r]);  // a NaN y2 leaves the max
+            CUTLASS_PRAGMA_UNROLL
+            for (int delta = 4; delta < 32; delta *= 2) {
+              PackedCandidate const other_key = __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta);
+              if (node.logprobs) {
+                float const other_logit = __shfl_xor_sync(0xFFFFFFFF, column_logit[c], delta);
+                column_logit[c] = other_key > column_key[c] ? other_logit : column_logit[c];
+              }
+              column_key[c] = key_max(column_key[c], other_key);
+            }
           }
         }
         // Log-sum-exp parts of each column over its eight lanes with one exp2 per element: the
@@ -637,16 +653,23 @@ class Sm90SamplerEpilogueWarpGroups {
         // (v23; lse_add per element and lse_merge per shuffle took ~5 exp2 per element). An
         // element equal to the max adds 1 (a +inf max gives no inf - inf), -inf adds 0, NaN
         // makes the sum NaN; a column with nothing kept gets (-inf, 0).
+        float column_max2[2] = {-INFINITY, -INFINITY}, column_sum[2] = {0.0f, 0.0f};
         if (node.logprobs) {
           CUTLASS_PRAGMA_UNROLL
           for (int c = 0; c < 2; ++c) {
+            float term_y2[2];  // y * log2(e); -inf where the element adds no mass
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              term_y2[r] = keep[4 * s + 2 * r + c] ? y[c][r] * epilogue::kLog2e : -INFINITY;
+              column_max2[c] = fmaxf(column_max2[c], term_y2[r]);  // a NaN y2 leaves the max
+            }
             CUTLASS_PRAGMA_UNROLL
             for (int delta = 4; delta < 32; delta *= 2) {
               column_max2[c] = fmaxf(column_max2[c], __shfl_xor_sync(0xFFFFFFFF, column_max2[c], delta));
             }
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < 2; ++r) {
-              float const y2 = term_y2[c][r];
+              float const y2 = term_y2[r];
               float const term = exp2_approx(y2 == column_max2[c] ? 0.0f : y2 - column_max2[c]);
               column_sum[c] += y2 == -INFINITY ? 0.0f : term;
             }
@@ -656,29 +679,17 @@ class Sm90SamplerEpilogueWarpGroups {
             }
           }
         }
-        // The eight lanes of each column (lane bits 2-4); lanes 0-3 keep their warp's result.
-        // Without exact noise every key of the step is "no candidate": nothing to shuffle.
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < 2 && exact; ++c) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int delta = 4; delta < 32; delta *= 2) {
-            PackedCandidate const other_key = __shfl_xor_sync(0xFFFFFFFF, column_key[c], delta);
-            if (node.logprobs) {
-              float const other_logit = __shfl_xor_sync(0xFFFFFFFF, column_logit[c], delta);
-              column_logit[c] = other_key > column_key[c] ? other_logit : column_logit[c];
-            }
-            column_key[c] = key_max(column_key[c], other_key);
-          }
-        }
-        int const column = static_cast<int>(column_index[4 * s]) - n_origin;
-        if (lane < 4) {
-          write_keys(hand_over, half, column, warp, column_key[0], column_key[1]);
-        } else if (node.logprobs && lane < 8) {
-          result_slot(hand_over, half, column, warp, kLseParts) =
-              make_float4(column_max2[0], column_sum[0], column_max2[1], column_sum[1]);
-        } else if (node.logprobs && lane < 12) {
-          result_slot(hand_over, half, column, warp, kWinnerLogits) =
-              make_float4(column_logit[0], column_logit[1], 0.0f, 0.0f);
+        // The eight lanes of a column hold the same results now; lanes 0-3 keep their warp's keys,
+        // 4-7 the (max2, sum) parts, 8-11 the winners' logits, each in its own slot of the block it
+        // has just read (result_slot): one select and one store, no branches.
+        uint4 const keys = make_uint4(static_cast<uint32_t>(column_key[0]), static_cast<uint32_t>(column_key[0] >> 32),
+                                      static_cast<uint32_t>(column_key[1]), static_cast<uint32_t>(column_key[1] >> 32));
+        uint4 const parts = make_uint4(__float_as_uint(column_max2[0]), __float_as_uint(column_sum[0]),
+                                       __float_as_uint(column_max2[1]), __float_as_uint(column_sum[1]));
+        uint4 const logits = make_uint4(__float_as_uint(column_logit[0]), __float_as_uint(column_logit[1]), 0u, 0u);
+        uint4 const result = lane < 4 ? keys : lane < 8 ? parts : logits;
+        if (lane < (node.logprobs ? 12 : 4)) {
+          reinterpret_cast<uint4&>(hand_over.accumulators[half][q0 + s][t]) = result;
         }
       }
     }
@@ -736,7 +747,6 @@ class Sm90SamplerEpilogueWarpGroups {
                                           WorkTileInfo work, int half, int t) {
     NodeArguments const& node = params.node;
     int const lane = t % 32;
-    int const warp = t / 32;
     // Coordinates (m, n) in the tile of each value, as MMA thread (half, t) holds them. In the
     // wgmma accumulator layout values 4q .. 4q + 3 are (m, n), (m, n + 1), (m + 8, n),
     // (m + 8, n + 1) with n even: four elements on two vocabulary rows and one batch quad,
@@ -755,7 +765,7 @@ class Sm90SamplerEpilogueWarpGroups {
     if constexpr (kControls) {
       load_controls_ahead(node, work, half, t, num_rows, next_mask_bits, next_sparse_column);
     }
-    // The exact skip (v24): column t's global floor code, loaded a tile ahead, and the N tile the
+    // The exact skip (v24): column t's global floor code for the next tile, and the N tile the
     // half's own floor of column t belongs to.
     bool const skip = params.noise_floors != nullptr && !node.greedy;
     uint32_t next_floor_code = 0;
@@ -776,8 +786,7 @@ class Sm90SamplerEpilogueWarpGroups {
         // Every thread has left the previous tile's loop (the merge's barrier), so its bits may
         // be overwritten; the barrier below orders them before the loop's reads.
         if (node.controls.allowed_mask && t < kTileN) {
-          hand_over.mask_bits[half][0][t] = mask_bits[0];
-          hand_over.mask_bits[half][1][t] = mask_bits[1];
+          hand_over.mask_bits[half][t] = make_uint2(mask_bits[0], mask_bits[1]);
         }
         if (node.controls.sparse_bitmap) {  // (every lane of the warp: a ballot)
           uint32_t const columns = __ballot_sync(0xFFFFFFFF, sparse_column);
@@ -787,11 +796,7 @@ class Sm90SamplerEpilogueWarpGroups {
         }
       }
       if (skip && t < kTileN) {
-        uint32_t const floor_code = next_floor_code;
-        if (next_work.is_valid()) {
-          next_floor_code = load_floor_code(params, next_work, t);
-        }
-        refresh_floor(hand_over, half, t, n_origin, floor_n_origin, floor_code);
+        refresh_floor(hand_over, half, t, n_origin, floor_n_origin, next_floor_code);
       }
       // Orders this tile's floors (and the mask bits above) before the loop's reads.
       cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
@@ -824,10 +829,8 @@ class Sm90SamplerEpilogueWarpGroups {
             for (int j = 0; j < 4; ++j) {
               int const e = 4 * s + j;
               in_range[e] = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
-              if (skip) {
-                any_reachable = any_reachable || may_reach_floor(in_range[e], x[e], node.inv_temperature, bits[e],
-                                                                 j % 2 ? floors.y : floors.x);
-              }
+              any_reachable |= may_reach_floor(in_range[e], x[e], node.inv_temperature, bits[e],
+                                               j % 2 ? floors.y : floors.x);
             }
           }
           bool const exact = node.greedy || exact_noise_needed(any_reachable, bits, gumbel);
@@ -854,12 +857,18 @@ class Sm90SamplerEpilogueWarpGroups {
                 }
               }
             }
-            if (lane < 4) {
-              write_keys(hand_over, half, static_cast<int>(column_index[4 * s]) - n_origin, warp, column_key[0],
-                         column_key[1]);
+            if (lane < 4) {  // result_slot(kKeys) of the block's column pair: the lane's own slot
+              reinterpret_cast<ulonglong2&>(hand_over.accumulators[half][q0 + s][t]) =
+                  make_ulonglong2(column_key[0], column_key[1]);
             }
           }
         }
+      }
+      // The next tile's global floors, asked for after this tile's loop (the merge runs under the
+      // load): the later, the more CTAs have raised them. Loaded a tile ahead (v24), a CTA's
+      // second tile read them before any CTA's first merge (v33).
+      if (skip && next_work.is_valid()) {
+        next_floor_code = load_floor_code(params, next_work, t);
       }
       cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
       int const candidate_row = work.M_idx * (kTileM / kHalfM) + half;
