@@ -41,6 +41,9 @@ VARIANT_ENV = {
     "single": {"FLASHSAMPLING_EWG_CLUSTER": "1"},
     # the common controls' N tile capped at 32 (33-64 columns: two pingpong tiles re-reading W)
     "ctile32": {"FLASHSAMPLING_CONTROLS_TILE_N": "32"},
+    # the common controls on v13's CUTLASS schedules (v35: 17-32 columns on the 32-wide
+    # epilogue-warpgroup tile by default, the pingpong visitor before)
+    "ccutlass": {"FLASHSAMPLING_CONTROLS_SCHEDULE": "cutlass"},
 }
 
 

@@ -1,9 +1,9 @@
 """A few odd shapes for compute-sanitizer (memcheck, racecheck) on the CUDA sampler:
 partial vocabulary tiles, a prime V, B not a multiple of any N tile, B > 256, fp16; each
 shape plain (one sample: the plain kernels of every N bucket), with num_samples = 2 (two
-GEMM column blocks: the controls kernels, on epilogue warpgroups beyond 32 columns), with the common controls (per-row temperatures
-with greedy rows, logit bias, bitmask, logprobs: their own kernels, on epilogue warpgroups
-beyond 64 columns) and with every control on (per-row temperatures, logit bias, sparse bias,
+GEMM column blocks: the controls kernels, on epilogue warpgroups beyond 16 columns), with the
+common controls (per-row temperatures with greedy rows, logit bias, bitmask, logprobs: their own
+kernels, on epilogue warpgroups beyond 16 columns; B = 17 the 32-wide tile) and with every control on (per-row temperatures, logit bias, sparse bias,
 bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the epilogue-warpgroup
 kernels many tiles per SM, so their exact skip (global floors, atomics) runs too."""
 

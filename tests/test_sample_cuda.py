@@ -383,8 +383,8 @@ def test_every_control_on_every_tile_config(batch, seeding):
 
 
 # The common controls' loop (per-row T with greedy rows, dense bias, mask, logprobs; one
-# sample, batch-wide seed) runs on the plain kernels' tiles: 16 and 32/64/128 pingpong wide,
-# cooperative 128-wide tiles beyond 128 columns (300: three of them, the last one partial).
+# sample, batch-wide seed): up to 16 columns on the CUTLASS pingpong tile, then on the
+# epilogue-warpgroup kernel's 32-, 64- and 128-wide tiles (300: three of them, the last partial).
 COMMON_CONTROL_BATCHES = [1, 20, 50, 100, 200, 300]
 
 
@@ -401,10 +401,10 @@ def test_common_controls_on_every_tile_config(batch, temperature):
 
 
 # The common controls' loop with some inputs absent, special values and a row whose mask allows
-# nothing, bf16 and fp16, on tiles of 64 and 128 columns (also run in processes under each
+# nothing, bf16 and fp16, on tiles of 32, 64 and 128 columns (also run in processes under each
 # FLASHSAMPLING_CONTROLS_SCHEDULE, below).
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("batch", [40, 100])
+@pytest.mark.parametrize("batch", [20, 40, 100])
 @pytest.mark.parametrize("variant", ["no_logprobs", "bias_only", "empty_mask_row", "special_values"])
 def test_common_controls_variants(dtype, batch, variant):
     import math
@@ -482,19 +482,20 @@ def runs_controls_on_epilogue_warpgroups(names, tile_n):
 
 
 def test_common_controls_schedules_by_tile():
-    """Common-controls passes on 64- and 128-wide tiles (more than 32 columns) run the epilogue-
-    warpgroup kernel with the common controls' loop; FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass
-    runs v13's CUTLASS schedules instead."""
+    """Common-controls passes on 32-, 64- and 128-wide tiles (more than 16 columns; 32 since v35)
+    run the epilogue-warpgroup kernel with the common controls' loop, up to 16 columns the CUTLASS
+    schedules; FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs v13's CUTLASS schedules for all."""
+    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 20), 32)
     assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 50), 64)
     assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 100), 128)
-    assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names({}, 20))
+    assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names({}, 10))
     knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass")
-    for batch in (50, 100):
+    for batch in (20, 50, 100):
         assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names(knobs, batch))
 
 
 def test_per_row_temperatures_need_no_kernel_before_the_gemm_on_the_visitor():
-    """The CUTLASS schedules' common-controls loop (up to 32 columns; more with
+    """The CUTLASS schedules' common-controls loop (up to 16 columns; more with
     FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass) divides each column's temperature itself: no kernel
     before the GEMM, one graph node fewer. The epilogue-warpgroup kernels load 1/T prepared by the
     kernel that zeroes their noise floors anyway. (The tokens: the per-row temperature tests.)"""
@@ -502,8 +503,9 @@ def test_per_row_temperatures_need_no_kernel_before_the_gemm_on_the_visitor():
     def prepares(names):
         return any("prepare_gemm_inputs" in n for n in names)
 
-    assert not prepares(controls_kernel_names({}, 20))
+    assert not prepares(controls_kernel_names({}, 10))
     assert not prepares(controls_kernel_names(dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass"), 50))
+    assert prepares(controls_kernel_names({}, 20))
     assert prepares(controls_kernel_names({}, 50))
 
 

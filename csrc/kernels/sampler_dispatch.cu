@@ -69,14 +69,14 @@ bool plain_wide_on_cutlass_schedules() {
   return on;
 }
 
-// Common-controls passes of more than 32 columns (tiles 64 and 128 wide) run the epilogue-
-// warpgroup kernel with the common controls' loop (benchmarks/NOTES.md, v19-v22): on H200
+// Common-controls passes of more than 16 columns (tiles 32, 64 and 128 wide) run the epilogue-
+// warpgroup kernel with the common controls' loop (benchmarks/NOTES.md, v19-v22, v35): on H200
 // (D = 4096) all three common controls at B = 64 / 128 / 256 take 324 / 469 / 848 us there
 // against 384 / 694 / 1222 on v13's CUTLASS schedules; on H100 461 / 500 / 866 against
 // 460 / 771 / 1299. A/B knob: FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs v13's schedules.
 bool controls_on_epilogue_warpgroups(int tile_n) {
   static bool const cutlass_schedules = env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "cutlass");
-  return tile_n >= 64 && !cutlass_schedules;
+  return tile_n >= 32 && !cutlass_schedules;
 }
 
 // Epilogue-warpgroup passes of an even number of 128-wide column tiles run in clusters of two
@@ -121,8 +121,11 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
       return sm90_epilogue_warpgroups_entry_for<Element, 128, SamplerLoop::kPlain>(columns);
     }
     if (kLoop == SamplerLoop::kCommonControls && controls_on_epilogue_warpgroups(tile_n)) {
-      return tile_n == 64 ? sm90_epilogue_warpgroups_entry_for<Element, 64, SamplerLoop::kCommonControls>(columns)
-                          : sm90_epilogue_warpgroups_entry_for<Element, 128, SamplerLoop::kCommonControls>(columns);
+      switch (tile_n) {
+        case 32: return sm90_epilogue_warpgroups_entry_for<Element, 32, SamplerLoop::kCommonControls>(columns);
+        case 64: return sm90_epilogue_warpgroups_entry_for<Element, 64, SamplerLoop::kCommonControls>(columns);
+        default: return sm90_epilogue_warpgroups_entry_for<Element, 128, SamplerLoop::kCommonControls>(columns);
+      }
     }
     switch (tile_n) {
       case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, kLoop>();
@@ -209,10 +212,10 @@ int64_t tile_n_cap(char const* env_name) {
 }
 
 // Calls that need the loop for all controls (per-row seeds / offsets, several samples, sparse
-// bias): on sm90 from 33 columns they run the epilogue-warpgroup kernels' controls loop too (v27:
-// per-row keys; v28: several samples, GEMM column s * B + b drawing sample s of row b with its own
-// key; v29: sparse bias, looked up where a column's row has entries), whose tiles are wider and
-// whose skip draws the logs only where they can matter. A/B knob:
+// bias): on sm90 from 17 columns (33 before v35) they run the epilogue-warpgroup kernels'
+// controls loop too (v27: per-row keys; v28: several samples, GEMM column s * B + b drawing
+// sample s of row b with its own key; v29: sparse bias, looked up where a column's row has
+// entries), whose tiles are wider and whose skip draws the logs only where they can matter. A/B knob:
 // FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs them on the loop for all controls
 // (16/32-wide tiles) as before.
 bool all_controls_on_epilogue_warpgroups(int device_arch, int controls_tile_n) {
