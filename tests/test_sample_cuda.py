@@ -512,7 +512,7 @@ def test_per_row_temperatures_need_no_kernel_before_the_gemm_on_the_visitor():
 @pytest.mark.parametrize("schedule,pad", [("default", "0"), ("cutlass", "1")])
 def test_common_controls_sweep_under_schedule_knob(schedule, pad):
     """The common-controls sweep (pathwise against the float64 reference, logprobs within 1e-4,
-    the CPU op, masks, greedy rows, tiles of 64 and 128 columns, several N tiles, fp16, no
+    the CPU op, masks, greedy rows, tiles of 32, 64 and 128 columns, several N tiles, fp16, no
     logprobs, special values, an empty mask row) also passes in a process whose hidden rows
     are not padded to whole tiles, and in one whose FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass (read
     once per process) runs every tile on v13's CUTLASS schedules."""
@@ -531,12 +531,12 @@ def test_common_controls_sweep_under_schedule_knob(schedule, pad):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("batch", [50, 100, 200, 300])
+@pytest.mark.parametrize("batch", [20, 50, 100, 200, 300])
 @pytest.mark.parametrize("keys", ["seeds", "seeds_offsets", "offsets"])
 def test_per_row_keys_on_the_common_controls_loop(batch, keys):
     """Per-row seeds and / or offsets with one sample and no sparse bias run the epilogue-warpgroup
-    kernels' common-controls loop from 33 columns on sm90 (v27): pathwise against the float64
-    reference (same noise), logprobs, the CPU op; 64- and 128-wide tiles, column pairs, three N
+    kernels' common-controls loop from 17 columns on sm90 (v27, v35): pathwise against the float64
+    reference (same noise), logprobs, the CPU op; 32-, 64- and 128-wide tiles, column pairs, three N
     tiles, greedy rows, mask and bias."""
     hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + 1)
     seed = torch.arange(batch, device="cuda") * 31 + 5 if "seeds" in keys else torch.tensor(77, device="cuda")
@@ -547,7 +547,7 @@ def test_per_row_keys_on_the_common_controls_loop(batch, keys):
 
 
 # (batch, num_samples, seeding, controls): several samples (GEMM column s * B + b) and sparse bias on
-# the epilogue-warpgroup kernels' controls loop from 33 columns (v28, v29). Batch-wide seeds with
+# the epilogue-warpgroup kernels' controls loop from 17 columns (v28, v29, v35). Batch-wide seeds with
 # B % 4 == 0 take the Philox block of a whole row quad, other batches a key per column; 64- and
 # 128-wide tiles, column pairs, several N tiles.
 SEVERAL_SAMPLES_AND_SPARSE_CASES = [
@@ -613,7 +613,8 @@ from torch.profiler import ProfilerActivity, profile
 op = torch.ops.flashsampling.sample_with_scores
 gen = torch.Generator(device="cuda").manual_seed(8)
 out, on_epilogue_warpgroups = [], []
-for batch, vocab, dtype in ((40, 30011, torch.bfloat16), (130, 64000, torch.float16), (256, 50001, torch.bfloat16)):
+for batch, vocab, dtype in ((20, 9001, torch.float16), (40, 30011, torch.bfloat16), (130, 64000, torch.float16),
+                           (256, 50001, torch.bfloat16)):
     hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
     weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
     seeds = torch.randint(0, 2**62, (batch,), device="cuda", generator=gen)
@@ -644,10 +645,10 @@ torch.save([out, on_epilogue_warpgroups], sys.argv[1])
 
 
 def test_all_controls_schedule_changes_no_token(tmp_path):
-    """Per-row seeds / offsets, several samples and sparse bias beyond 32 columns run on the
-    epilogue-warpgroup kernels (v27-v29); FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs them
-    on the loop for all controls. Same noise, so the same tokens and scores bit for bit (bf16, fp16,
-    one to four N tiles, greedy rows, mask, row quads and columns keyed one by one), log-probabilities
+    """Per-row seeds / offsets, several samples and sparse bias beyond 16 columns run on the
+    epilogue-warpgroup kernels (v27-v29, v35); FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs
+    them on the loop for all controls. Same noise, so the same tokens and scores bit for bit (bf16,
+    fp16, 32-wide to four 128-wide N tiles, greedy rows, mask, row quads and columns keyed one by one), log-probabilities
     within rounding of the two loops' sums."""
     (new_out, new_ewg) = run_probe(tmp_path, ALL_CONTROLS_PROBE, "ewg")
     (old_out, old_ewg) = run_probe(tmp_path, ALL_CONTROLS_PROBE, "narrow",
