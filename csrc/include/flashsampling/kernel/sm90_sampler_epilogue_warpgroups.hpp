@@ -127,10 +127,11 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr uint32_t NumThreadsPerWarpGroup = cutlass::NumThreadsPerWarpGroup;
   static constexpr uint32_t MaxThreadsPerBlock = (3 + kEpilogueWarpGroups) * NumThreadsPerWarpGroup;
   static constexpr uint32_t MinBlocksPerMultiprocessor = 1;
-  // Registers per thread: ptxas compiles the whole kernel for the launch count (65536 / 640 in
-  // units of 8 = 96; it does not raise it after setmaxnreg, and wgmma over 64 fp32 accumulators
-  // needs 90, so there is no room for more warpgroups). The producer gives back what it does not
-  // need; nobody takes it (setmaxnreg.inc could only take what the CTA's own warps gave back).
+  // Registers per thread: the launch count is 65536 / 640 in units of 8 = 96 (wgmma over 64 fp32
+  // accumulators needs 90, so there is no room for more warpgroups). The producer gives back what
+  // it does not need; nobody takes it: setmaxnreg.inc could only take what the CTA's own warps gave
+  // back (ptxas does allocate past 96 after it), and more registers for the MMA warps changed
+  // nothing in their loop (v37).
   static constexpr uint32_t kLaunchRegisters = (65536 / MaxThreadsPerBlock) / 8 * 8;
   static constexpr uint32_t kLoadRegisters = 40;
   static_assert(kLoadRegisters <= kLaunchRegisters, "the producer only gives registers back");
@@ -273,7 +274,11 @@ class Sm90SamplerEpilogueWarpGroups {
       collective_mainloop.load_tail(pipeline, write_state);
     } else if (role == Role::kMma) {
       int const mma_thread_idx = thread_idx - NumThreadsPerWarpGroup;
-      int const half = mma_thread_idx / NumThreadsPerWarpGroup;
+      // From the shuffled warpgroup index, not from threadIdx: ptxas then knows the hand-over's
+      // barrier addresses are warp-uniform, so the mainloop's control flow stays uniform and its
+      // pipeline stage and wgmma descriptors live in uniform registers (v37: with half from
+      // threadIdx every k tile moved 16 descriptor words through R2UR, 34 R2URs in the loop).
+      int const half = warp_group - 1;
       int const t = mma_thread_idx % NumThreadsPerWarpGroup;
       TiledMma tiled_mma;
       typename CollectiveMainloop::PipelineState read_state;
