@@ -1,0 +1,2 @@
+#include "gemm_probe.cuh"
+GEMM_PROBE_DEFINE(coop_128x128_c1x2, 128, 128, 64, 1, 2, false)
