@@ -1,6 +1,6 @@
 """A few odd shapes for compute-sanitizer (memcheck, racecheck) on the CUDA sampler:
 partial vocabulary tiles, a prime V, B not a multiple of any N tile, B > 256, fp16; each
-shape plain (one sample: the plain kernels of every N bucket), with num_samples = 2 (two
+shape plain (one sample: the plain kernels of every N bucket; then greedy), with num_samples = 2 (two
 GEMM column blocks: the controls kernels, on epilogue warpgroups beyond 16 columns), with the
 common controls (per-row temperatures with greedy rows, logit bias, bitmask, logprobs: their own
 kernels, on epilogue warpgroups beyond 16 columns; B = 17 the 32-wide tile) and with every control on (per-row temperatures, logit bias, sparse bias,
@@ -24,6 +24,9 @@ for batch, vocab, dim, dtype in SHAPES:
     hidden = torch.randn(batch, dim, device="cuda", dtype=dtype)
     weight = torch.randn(vocab, dim, device="cuda", dtype=dtype)
     tokens = flashsampling_cuda.sample(hidden, weight, seed=7)
+    torch.cuda.synchronize()
+    assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
+    tokens = flashsampling_cuda.sample(hidden, weight, temperature=0.0)  # greedy: the skip too (v38)
     torch.cuda.synchronize()
     assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
     tokens = flashsampling_cuda.sample(hidden, weight, seed=7, num_samples=2)

@@ -193,7 +193,8 @@ for batch, vocab, dtype, vocab_start in ((65, 64000, torch.bfloat16, 0), (128, 1
                          dtype=torch.int64).to(torch.int32) | 0x10  # token 4 of every word always allowed
     bias = torch.randn(vocab, device="cuda", generator=gen)
     for kwargs in (dict(temperature=0.7), dict(temperature=0.05), dict(temperatures=temps),
-                   dict(temperatures=temps, allowed_mask=mask, logit_bias=bias, return_logprobs=True)):
+                   dict(temperatures=temps, allowed_mask=mask, logit_bias=bias, return_logprobs=True),
+                   dict(temperature=0.0), dict(temperature=0.0, allowed_mask=mask, return_logprobs=True)):
         result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), vocab_start=vocab_start, **kwargs)
         out.extend(t for t in result if isinstance(t, torch.Tensor))
 torch.save([t.cpu() for t in out], sys.argv[1])
@@ -204,7 +205,7 @@ def test_noise_skip_changes_no_token(tmp_path):
     """The epilogue-warpgroup kernels skip the exact noise of elements whose score bound lies below
     their column's best (FLASHSAMPLING_NOISE_SKIP, read once per process): with and without it the
     same tokens, scores and log-probabilities, bit for bit (low and per-row temperatures, greedy
-    rows, mask, bias, fp16, several N tiles)."""
+    rows and greedy batches, mask, bias, fp16, several N tiles)."""
     skipped = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip1", FLASHSAMPLING_NOISE_SKIP="1")
     exact = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip0", FLASHSAMPLING_NOISE_SKIP="0")
     assert_bitwise_equal(skipped, exact)

@@ -274,7 +274,7 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   static bool const pad = !env_is("FLASHSAMPLING_PAD_COLUMNS", "0");
   static bool const skip = !env_is("FLASHSAMPLING_NOISE_SKIP", "0");
   SamplerParams p = params;
-  p.skip_unreachable_noise = skip && entry.skips_unreachable_noise && !p.greedy;
+  p.skip_unreachable_noise = skip && entry.skips_unreachable_noise;
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;

@@ -485,17 +485,20 @@ class Sm90SamplerEpilogueWarpGroups {
     return kept & !(bound < floor);
   }
 
-  // Whether the warp needs the step's exact noise: some lane has an element that is kept and
+  // Whether the warp needs the step's exact scores: some lane has an element that is kept and
   // whose score bound (its score with the noise's upper bound; its exact score where it draws
   // none) is not below its column's floor. If so, the contract's noise of the whole step
-  // (eight elements, the two logs of each side by side); if not, no element of the step can be
-  // its column's sample and the step keeps no candidate. Warp-uniform.
-  CUTLASS_DEVICE static bool exact_noise_needed(bool any_reachable, uint32_t const (&bits)[kStepElements],
+  // (eight elements, the two logs of each side by side; none for a greedy batch, whose scores
+  // are its logits); if not, no element of the step can be its column's sample and the step
+  // keeps no candidate. Warp-uniform.
+  CUTLASS_DEVICE static bool exact_noise_needed(bool any_reachable, bool greedy, uint32_t const (&bits)[kStepElements],
                                                 float (&gumbel)[kStepElements]) {
     if (!__any_sync(0xFFFFFFFF, any_reachable)) {
       return false;
     }
-    fs_gumbel_from_bits_lanes<kStepElements>(bits, gumbel);
+    if (!greedy) {
+      fs_gumbel_from_bits_lanes<kStepElements>(bits, gumbel);
+    }
     return true;
   }
 
@@ -611,7 +614,7 @@ class Sm90SamplerEpilogueWarpGroups {
           }
         }
       }
-      bool const exact = node.greedy || exact_noise_needed(any_reachable, bits, gumbel);
+      bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
         // The transformed logits y of the block's elements, (column c, row r).
@@ -771,8 +774,9 @@ class Sm90SamplerEpilogueWarpGroups {
       load_controls_ahead(node, work, half, t, num_rows, next_mask_bits, next_sparse_column);
     }
     // The exact skip (v24): column t's global floor code for the next tile, and the N tile the
-    // half's own floor of column t belongs to.
-    bool const skip = params.noise_floors != nullptr && !node.greedy;
+    // half's own floor of column t belongs to. A greedy batch skips too (v38): its score bound is
+    // the logit itself (inv_temperature 0), and a step below every floor needs no key merge.
+    bool const skip = params.noise_floors != nullptr;
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
     if (skip) {
@@ -838,7 +842,7 @@ class Sm90SamplerEpilogueWarpGroups {
                                                j % 2 ? floors.y : floors.x);
             }
           }
-          bool const exact = node.greedy || exact_noise_needed(any_reachable, bits, gumbel);
+          bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
           // Per block: the thread's two rows of each of its two columns, then the eight lanes of
           // the column (lane bits 2-4); lanes 0-3 keep their warp's result for the step below.
           CUTLASS_PRAGMA_UNROLL
