@@ -268,8 +268,8 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 // FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
 //
 // And the exact skip of the epilogue-warpgroup kernels (benchmarks/NOTES.md, v24): elements that
-// cannot reach their column's best score so far draw no exact noise; the same tokens with it or
-// without. FLASHSAMPLING_NOISE_SKIP=0 turns it off (A/B knob, tests).
+// cannot reach their column's best score so far draw no exact noise (in a greedy batch, whose
+// bound is the logit itself, such steps merge no keys; v38); the same tokens with it or without. FLASHSAMPLING_NOISE_SKIP=0 turns it off (A/B knob, tests).
 SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entry) {
   static bool const pad = !env_is("FLASHSAMPLING_PAD_COLUMNS", "0");
   static bool const skip = !env_is("FLASHSAMPLING_NOISE_SKIP", "0");
