@@ -44,6 +44,9 @@ VARIANT_ENV = {
     # the common controls on v13's CUTLASS schedules (v35: 17-32 columns on the 32-wide
     # epilogue-warpgroup tile by default, the pingpong visitor before)
     "ccutlass": {"FLASHSAMPLING_CONTROLS_SCHEDULE": "cutlass"},
+    # v39: the controls' loop sums log-sum-exp terms against each column's log-sum-exp of earlier
+    # tiles by default; "lsemax" takes each step's max over the lanes instead (v23-v38)
+    "lsemax": {"FLASHSAMPLING_LSE_REFERENCE": "0"},
 }
 
 

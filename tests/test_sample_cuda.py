@@ -120,7 +120,7 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
 # Dispatch knobs a sub-process must not inherit from the caller's environment.
 DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
                   "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS", "FLASHSAMPLING_NOISE_SKIP",
-                  "FLASHSAMPLING_EWG_CLUSTER", "FLASHSAMPLING_ALL_CONTROLS_SCHEDULE")
+                  "FLASHSAMPLING_EWG_CLUSTER", "FLASHSAMPLING_ALL_CONTROLS_SCHEDULE", "FLASHSAMPLING_LSE_REFERENCE")
 
 
 def knob_env(**knobs):
@@ -209,6 +209,26 @@ def test_noise_skip_changes_no_token(tmp_path):
     skipped = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip1", FLASHSAMPLING_NOISE_SKIP="1")
     exact = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip0", FLASHSAMPLING_NOISE_SKIP="0")
     assert_bitwise_equal(skipped, exact)
+
+
+def test_lse_references_change_no_token(tmp_path):
+    """The controls' loop of the epilogue-warpgroup kernels sums each column's log-sum-exp terms
+    against its log-sum-exp of earlier tiles (v39; FLASHSAMPLING_LSE_REFERENCE=0: against each
+    step's max, as before): the same tokens and scores bit for bit, the same log-probabilities
+    and logsumexp to float rounding; and a second process gives every output bit for bit again
+    (the references follow the persistent schedule, not the timing of other CTAs)."""
+    referenced = run_probe(tmp_path, NOISE_SKIP_PROBE, "referenced")
+    step_max = run_probe(tmp_path, NOISE_SKIP_PROBE, "step_max", FLASHSAMPLING_LSE_REFERENCE="0")
+    assert len(referenced) == len(step_max) > 0 and len(referenced) % 4 == 0
+    for call in range(0, len(referenced), 4):  # (tokens, scores, token_logprobs, logsumexp) per call
+        assert_bitwise_equal(referenced[call:call + 2], step_max[call:call + 2])
+        lse = step_max[call + 3]
+        if lse.numel():
+            # a few float32 ulps of the largest logsumexp (T = 0.05 puts it in the hundreds)
+            ulps = 16 * lse[lse.isfinite()].abs().max().item() * 2.0**-23
+            for got, want in zip(referenced[call + 2:call + 4], step_max[call + 2:call + 4]):
+                torch.testing.assert_close(got, want, rtol=0, atol=ulps, equal_nan=True)
+    assert_bitwise_equal(run_probe(tmp_path, NOISE_SKIP_PROBE, "referenced_again"), referenced)
 
 
 def test_epilogue_warpgroup_clusters_change_no_token(tmp_path):

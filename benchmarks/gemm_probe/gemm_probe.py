@@ -43,7 +43,10 @@ def build(build_dir: Path, configs: list[str]) -> Path:
     build_dir.mkdir(parents=True, exist_ok=True)
     sources = [HERE / f"gemm_probe_{config}.cu" for config in configs]
     objects = [build_dir / (s.stem + ".o") for s in sources]
-    commands = [bc.nvcc_command(nvcc, s, o, arch) for s, o in zip(sources, objects)]
+    # (an object newer than its source and the header is kept: a second run in one session links at once)
+    newest_input = (HERE / "gemm_probe.cuh").stat().st_mtime
+    commands = [bc.nvcc_command(nvcc, s, o, arch) for s, o in zip(sources, objects)
+                if not o.exists() or o.stat().st_mtime < max(s.stat().st_mtime, newest_input)]
     jobs = int(os.environ.get("MAX_JOBS", os.cpu_count() or 2))
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         for proc in pool.map(lambda c: subprocess.run(c, capture_output=True, text=True), commands):

@@ -269,12 +269,17 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 //
 // And the exact skip of the epilogue-warpgroup kernels (benchmarks/NOTES.md, v24): elements that
 // cannot reach their column's best score so far draw no exact noise (in a greedy batch, whose
-// bound is the logit itself, such steps merge no keys; v38); the same tokens with it or without. FLASHSAMPLING_NOISE_SKIP=0 turns it off (A/B knob, tests).
+// bound is the logit itself, such steps merge no keys; v38); the same tokens with it or without.
+// FLASHSAMPLING_NOISE_SKIP=0 turns it off (A/B knob, tests). Their log-sum-exp terms are summed
+// against each column's log-sum-exp of the half's earlier tiles (v39); FLASHSAMPLING_LSE_REFERENCE=0
+// takes each step's max over the lanes instead (A/B knob, tests).
 SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entry) {
   static bool const pad = !env_is("FLASHSAMPLING_PAD_COLUMNS", "0");
   static bool const skip = !env_is("FLASHSAMPLING_NOISE_SKIP", "0");
+  static bool const lse_references = !env_is("FLASHSAMPLING_LSE_REFERENCE", "0");
   SamplerParams p = params;
   p.skip_unreachable_noise = skip && entry.skips_unreachable_noise;
+  p.lse_references = lse_references && entry.skips_unreachable_noise;
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;

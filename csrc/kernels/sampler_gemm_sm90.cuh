@@ -87,6 +87,7 @@ struct SamplerGemmSm90EpilogueWarpGroups {
     fill_sampler_node_arguments(args.node, p, buffers);
     fill_sampler_schedule_arguments(args, p);
     args.noise_floors = buffers.noise_floors;
+    args.lse_references = p.lse_references;
     if (!GemmKernel::can_implement(args)) {
       return cudaErrorInvalidValue;
     }

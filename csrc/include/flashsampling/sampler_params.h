@@ -141,6 +141,10 @@ struct SamplerParams {
   // that cannot reach their column's best score (the epilogue-warpgroup kernels, v24; the tokens
   // are the same either way). It then gets a zeroed [columns] buffer of the best scores so far.
   bool skip_unreachable_noise = false;
+  // Set by launch_sampler, not by callers: whether the epilogue-warpgroup kernels' controls loop
+  // sums log-probability terms against each column's log-sum-exp of earlier tiles (v39) instead
+  // of its max over the lanes; the tokens are the same either way, the log-probabilities to ~1e-7.
+  bool lse_references = false;
   // Set by launch_sampler, not by callers: with per-row temperatures, whether a small kernel
   // before the GEMM fills controls.inv_temperatures. It does for the kernels that load that
   // array: the epilogue-warpgroup kernels (the kernel zeroes the buffer above for them anyway,

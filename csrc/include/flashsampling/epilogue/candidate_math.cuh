@@ -124,6 +124,13 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// log2 on the MUFU unit: log2(0) = -inf, log2(+inf) = +inf, NaN stays NaN.
+__device__ __forceinline__ float log2_approx(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Online log-sum-exp in log2 units: (max, sum of 2^(y2 - max)); empty = (-inf, 0). A part
 // whose max equals the merged max keeps its scale 1, so +inf maxima stay +inf (2^(inf - inf)
 // would be NaN) and two empty parts stay empty; a NaN sum stays NaN. No branches: the

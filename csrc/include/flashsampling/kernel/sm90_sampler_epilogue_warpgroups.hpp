@@ -157,6 +157,8 @@ class Sm90SamplerEpilogueWarpGroups {
     // [N] zeroed order codes (number_order_bits) of each GEMM column's best score so far, raised
     // with atomicMax by every CTA: the exact skip (v24, philox_gumbel.h); nullptr: no skip.
     uint32_t* noise_floors = nullptr;
+    // The controls' loop sums log-sum-exp terms against references (LseReferences, v39).
+    bool lse_references = true;
   };
 
   struct Params {
@@ -166,6 +168,7 @@ class Sm90SamplerEpilogueWarpGroups {
     cutlass::KernelHardwareInfo hw_info{};
     TileSchedulerParams scheduler{};
     uint32_t* noise_floors = nullptr;
+    bool lse_references = true;
   };
 
   static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
@@ -176,7 +179,8 @@ class Sm90SamplerEpilogueWarpGroups {
             args.hw_info,
             TileScheduler::to_underlying_arguments(problem_shape_mnkl, TileShape{}, ClusterShape{}, args.hw_info,
                                                    args.scheduler, nullptr),
-            args.noise_floors};
+            args.noise_floors,
+            args.lse_references};
   }
 
   static bool can_implement(Arguments const& args) {
@@ -327,6 +331,27 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   static constexpr int kStepElements = 4 * kBlocksPerStep;
+  static constexpr int kSteps = kBlocksPerThread / kBlocksPerStep;
+  // The largest exponent of a log-sum-exp term against its column's reference (controls_half_tile):
+  // 16 terms below 2^96 sum to a finite float, and stage 2 rescales the parts.
+  static constexpr float kLargestTermExponent = 96.0f;
+
+  // The log-sum-exp references of the controls' loop (v39): per column the largest log-sum-exp
+  // (log2 units) of its elements in the half's earlier tiles of the current N tile, -inf before
+  // the first. Held in registers, spread over the lanes: lane l keeps the four columns of step
+  // l / 4 that lane l's column pair takes (block 2 (l / 4) + s, column c: 8 (2 (l / 4) + s) +
+  // 2 (l % 4) + c), and each step fetches its four with shuffles. A tile's merge writes each
+  // column's log-sum-exp to a free slot of the hand-over buffer, from where the lanes take the
+  // larger of it and what they held.
+  struct LseReferences {
+    float held[kBlocksPerStep][2];
+    int n_origin = -1;
+  };
+  // Slot of column n's tile log-sum-exp: float4s 16 and 17 of block n / 8, which neither the
+  // warps' results (result_slot: 32 w + 0 .. 11) nor anything else written after the loop use.
+  CUTLASS_DEVICE static float& lse_reference_slot(HandOver& hand_over, int half, int column) {
+    return reinterpret_cast<float*>(&hand_over.accumulators[half][column / 8][16])[column % 8];
+  }
 
   // The Philox bits of a step's blocks at the batch-wide seed (stream = batch row). Lanes l and
   // l ^ 1 hold the same vocabulary rows m, m + 8 and the two halves of one batch quad (columns
@@ -534,7 +559,7 @@ class Sm90SamplerEpilogueWarpGroups {
   CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
                                                 CoordTensor const& tCcAcc, int half, int t, int m_origin,
                                                 int n_origin, int num_rows, uint64_t seed, uint64_t offset,
-                                                bool skip) {
+                                                bool skip, LseReferences const& references) {
     SamplingControls const& controls = node.controls;
     int const lane = t % 32;
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
@@ -544,14 +569,19 @@ class Sm90SamplerEpilogueWarpGroups {
     // of out-of-range rows and columns read in-range entries; those elements are not kept.
     uint32_t vocab_local[2];
     float row_bias[2];
-    bool row_in_range[2], mask_high_word[2];
+    bool row_in_range[2];
+    // Row r's bit in its mask word, 0 past the vocabulary: an element is kept where its column's
+    // word has it (one LOP3 per element; v39). Rows m and m + 8 lie in one 16-row group of the
+    // half's 64 rows, so both sit in the same of its two words (the high one for warps 2 and 3).
+    uint32_t row_mask_bit[2];
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) {
       vocab_local[r] = static_cast<uint32_t>(m_origin + get<0>(tCcAcc(2 * r)));
       row_bias[r] = controls.logit_bias ? __ldg(controls.logit_bias + min(vocab_local[r], last_vocab)) : 0.0f;
       row_in_range[r] = vocab_local[r] < static_cast<uint32_t>(num_rows);
-      mask_high_word[r] = (vocab_local[r] >> 5) & 1u;  // which of the half's two words holds the row
+      row_mask_bit[r] = row_in_range[r] ? 1u << (vocab_local[r] & 31u) : 0u;
     }
+    bool const mask_high_word = (vocab_local[0] >> 5) & 1u;  // the half's 64 rows start a word pair
     bool const keyed_noise = needs_keyed_noise(node);
     CUTLASS_PRAGMA_NO_UNROLL
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
@@ -561,6 +591,16 @@ class Sm90SamplerEpilogueWarpGroups {
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
       load_step<kGeneralColumns>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x,
                                  vocab_index, column_index, bits, keyed_noise);
+      // The log-sum-exp references of the step's columns, from the lanes that hold them.
+      float reference2[kBlocksPerStep][2];
+      if (node.logprobs) {
+        int const holder = 4 * (q0 / kBlocksPerStep) + lane % 4;
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < kBlocksPerStep; ++s) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) reference2[s][c] = __shfl_sync(0xFFFFFFFF, references.held[s][c], holder);
+        }
+      }
       // The transformed inputs of the step: biased logits, each column's 1/T, the kept elements.
       float inv_temperature[kBlocksPerStep][2];
       bool keep[N];
@@ -588,6 +628,8 @@ class Sm90SamplerEpilogueWarpGroups {
         uint4 const mask_words = controls.allowed_mask
                                      ? reinterpret_cast<uint4 const&>(hand_over.mask_bits[half][tile_column])
                                      : make_uint4(~0u, ~0u, ~0u, ~0u);
+        uint32_t const column_mask_word[2] = {mask_high_word ? mask_words.y : mask_words.x,
+                                              mask_high_word ? mask_words.w : mask_words.z};
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < 2; ++c) {
           uint32_t row, sample;
@@ -606,9 +648,7 @@ class Sm90SamplerEpilogueWarpGroups {
                 x[e] = epilogue::add_sparse_bias(controls, row, vocab_local[r], vocab_index[e], x[e]);
               }
             }
-            uint32_t const mask_word = c ? (mask_high_word[r] ? mask_words.w : mask_words.z)
-                                         : (mask_high_word[r] ? mask_words.y : mask_words.x);
-            keep[e] = row_in_range[r] & ((mask_word >> (vocab_local[r] & 31u)) & 1u);
+            keep[e] = (column_mask_word[c] & row_mask_bit[r]) != 0u;
             // (without the skip any_reachable starts true: no branch per element either way)
             any_reachable |= may_reach_floor(keep[e], x[e], inv_temperature[s][c], bits[e], c ? floors.y : floors.x);
           }
@@ -656,13 +696,46 @@ class Sm90SamplerEpilogueWarpGroups {
             }
           }
         }
-        // Log-sum-exp parts of each column over its eight lanes with one exp2 per element: the
-        // column's max first (shuffles of fmaxf), then the terms 2^(y2 - max), then their sum
-        // (v23; lse_add per element and lse_merge per shuffle took ~5 exp2 per element). An
-        // element equal to the max adds 1 (a +inf max gives no inf - inf), -inf adds 0, NaN
-        // makes the sum NaN; a column with nothing kept gets (-inf, 0).
+        // Log-sum-exp parts (max2, sum of 2^(y2 - max2)) of each column over its eight lanes, one
+        // exp2 per element. A part's max2 may be any reference that no term overflows against and
+        // under which the column's mass does not vanish (stage 2 merges the parts with lse_merge):
+        // the column's largest log-sum-exp over the half's earlier tiles of this N tile
+        // (LseReferences) serves, and with every term of the block below 2^96 the parts are
+        // (reference, sum), no max over the lanes (v39: the max's three shuffles per column and
+        // its selects took ~6 of the ~15 instructions per element). Deterministic: the
+        // persistent schedule gives a CTA the same tiles in the same order on every run.
         float column_max2[2] = {-INFINITY, -INFINITY}, column_sum[2] = {0.0f, 0.0f};
+        bool referenced = false;
         if (node.logprobs) {
+          float term_exponent[2][2];
+          bool beyond = false;  // a term that might overflow, a NaN, or no reference yet: exact path
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              int const e = 4 * s + 2 * r + c;
+              term_exponent[c][r] = keep[e] ? fmaf(y[c][r], epilogue::kLog2e, -reference2[s][c]) : -INFINITY;
+              beyond |= !(term_exponent[c][r] <= kLargestTermExponent);
+            }
+          }
+          referenced = !__any_sync(0xFFFFFFFF, beyond);
+          if (referenced) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < 2; ++c) {
+              column_max2[c] = reference2[s][c];
+              column_sum[c] = exp2_approx(term_exponent[c][0]) + exp2_approx(term_exponent[c][1]);
+              CUTLASS_PRAGMA_UNROLL
+              for (int delta = 4; delta < 32; delta *= 2) {
+                column_sum[c] += __shfl_xor_sync(0xFFFFFFFF, column_sum[c], delta);
+              }
+            }
+          }
+        }
+        // The exact path (v23; a CTA's first tiles, before its columns have floors): the column's
+        // max first (shuffles of fmaxf), then the terms 2^(y2 - max), then their sum. An element
+        // equal to the max adds 1 (a +inf max gives no inf - inf), -inf adds 0, NaN makes the sum
+        // NaN; a column with nothing kept gets (-inf, 0).
+        if (node.logprobs && !referenced) {
           CUTLASS_PRAGMA_UNROLL
           for (int c = 0; c < 2; ++c) {
             float term_y2[2];  // y * log2(e); -inf where the element adds no mass
@@ -768,6 +841,7 @@ class Sm90SamplerEpilogueWarpGroups {
     resolve_noise_source(node.noise, seed, offset);
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t full_phase = 0;
+    LseReferences references;  // (the controls' loop with logprobs)
     uint32_t next_mask_bits[2] = {~0u, ~0u};
     bool next_sparse_column = false;
     if constexpr (kControls) {
@@ -812,11 +886,17 @@ class Sm90SamplerEpilogueWarpGroups {
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
+        if (node.logprobs && references.n_origin != n_origin) {  // a new N tile: no references yet
+          CUTLASS_PRAGMA_UNROLL
+          for (int s = 0; s < kBlocksPerStep; ++s) references.held[s][0] = references.held[s][1] = -INFINITY;
+          references.n_origin = n_origin;
+        }
         if (node.num_samples > 1 || node.controls.sparse_bitmap != nullptr) {  // uniform: a loop each
-          controls_half_tile<true>(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip);
+          controls_half_tile<true>(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset, skip,
+                                   references);
         } else {
           controls_half_tile<false>(node, hand_over, tCcAcc, half, t, m_origin, n_origin, num_rows, seed, offset,
-                                    skip);
+                                    skip, references);
         }
       } else {
         // Two blocks (eight elements: four Philox chains, eight logs where drawn) per step, inlined
@@ -893,27 +973,50 @@ class Sm90SamplerEpilogueWarpGroups {
           }
           best = key_max(best, other);
         }
-        if (n_origin + column < num_cols && candidate_row * kHalfM < num_rows) {
-          int64_t const out = static_cast<int64_t>(candidate_row) * num_cols + n_origin + column;
+        bool const written = n_origin + column < num_cols && candidate_row * kHalfM < num_rows;
+        int64_t const out = static_cast<int64_t>(candidate_row) * num_cols + n_origin + column;
+        if (written) {
           node.ptr_candidates[out] = best;
-          if constexpr (kControls) {
-            if (node.logprobs) {
-              bool const odd = column % 2;
+        }
+        if constexpr (kControls) {
+          if (node.logprobs) {
+            // (every column, padding ones too: their lanes need references like the others)
+            bool const odd = column % 2;
+            float4 parts = result_slot(hand_over, half, column, 0, kLseParts);
+            float2 lse = odd ? make_float2(parts.z, parts.w) : make_float2(parts.x, parts.y);
+            CUTLASS_PRAGMA_UNROLL
+            for (int w = 1; w < 4; ++w) {
+              parts = result_slot(hand_over, half, column, w, kLseParts);
+              lse_merge(lse.x, lse.y, odd ? parts.z : parts.x, odd ? parts.w : parts.y);
+            }
+            lse_reference_slot(hand_over, half, column) = lse.x + log2_approx(lse.y);  // -inf: no mass
+            if (written) {
               float4 const logits = result_slot(hand_over, half, column, best_warp, kWinnerLogits);
               node.ptr_candidate_logits[out] = odd ? logits.y : logits.x;
-              float4 parts = result_slot(hand_over, half, column, 0, kLseParts);
-              float2 lse = odd ? make_float2(parts.z, parts.w) : make_float2(parts.x, parts.y);
-              CUTLASS_PRAGMA_UNROLL
-              for (int w = 1; w < 4; ++w) {
-                parts = result_slot(hand_over, half, column, w, kLseParts);
-                lse_merge(lse.x, lse.y, odd ? parts.z : parts.x, odd ? parts.w : parts.y);
-              }
               node.ptr_lse_parts[out] = lse;
             }
           }
         }
         if (skip && n_origin + column < num_cols) {
           raise_floor(hand_over, params.noise_floors, half, t, n_origin + column, best);
+        }
+      }
+      if constexpr (kControls) {
+        if (node.logprobs && params.lse_references) {  // each lane: the larger of what it held and the tile's
+          cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
+          int const step = lane / 4;
+          if (step < kSteps) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int s = 0; s < kBlocksPerStep; ++s) {
+              int const column = 8 * (kBlocksPerStep * step + s) + 2 * (lane % 4);
+              float2 const tile_lse2 = reinterpret_cast<float2 const&>(lse_reference_slot(hand_over, half, column));
+              // (a NaN or +inf log-sum-exp leaves the reference: such columns take the exact path)
+              references.held[s][0] = tile_lse2.x < INFINITY ? fmaxf(references.held[s][0], tile_lse2.x)
+                                                              : references.held[s][0];
+              references.held[s][1] = tile_lse2.y < INFINITY ? fmaxf(references.held[s][1], tile_lse2.y)
+                                                              : references.held[s][1];
+            }
+          }
         }
       }
       cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[half]);  // after the merge's reads
