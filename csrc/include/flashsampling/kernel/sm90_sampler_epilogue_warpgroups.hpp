@@ -731,10 +731,11 @@ class Sm90SamplerEpilogueWarpGroups {
             }
           }
         }
-        // The exact path (v23; a CTA's first tiles, before its columns have floors): the column's
-        // max first (shuffles of fmaxf), then the terms 2^(y2 - max), then their sum. An element
-        // equal to the max adds 1 (a +inf max gives no inf - inf), -inf adds 0, NaN makes the sum
-        // NaN; a column with nothing kept gets (-inf, 0).
+        // The exact path (v23; a half's first tile of an N tile, before it holds references, and
+        // blocks with a NaN or a term beyond 2^96 against its reference): the column's max first
+        // (shuffles of fmaxf), then the terms 2^(y2 - max), then their sum. An element equal to
+        // the max adds 1 (a +inf max gives no inf - inf), -inf adds 0, NaN makes the sum NaN; a
+        // column with nothing kept gets (-inf, 0).
         if (node.logprobs && !referenced) {
           CUTLASS_PRAGMA_UNROLL
           for (int c = 0; c < 2; ++c) {
@@ -841,7 +842,9 @@ class Sm90SamplerEpilogueWarpGroups {
     resolve_noise_source(node.noise, seed, offset);
     PackedCandidate const no_candidate = pack_candidate(-INFINITY, kNoCandidate);
     uint32_t full_phase = 0;
-    LseReferences references;  // (the controls' loop with logprobs)
+    LseReferences references;
+    // Whether the controls' loop sums log-sum-exp terms against references (FLASHSAMPLING_LSE_REFERENCE).
+    bool const lse_references = kControls && node.logprobs && params.lse_references;
     uint32_t next_mask_bits[2] = {~0u, ~0u};
     bool next_sparse_column = false;
     if constexpr (kControls) {
@@ -886,6 +889,7 @@ class Sm90SamplerEpilogueWarpGroups {
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
       if constexpr (kControls) {
+        // (with logprobs always: without references held the loop takes the exact path)
         if (node.logprobs && references.n_origin != n_origin) {  // a new N tile: no references yet
           CUTLASS_PRAGMA_UNROLL
           for (int s = 0; s < kBlocksPerStep; ++s) references.held[s][0] = references.held[s][1] = -INFINITY;
@@ -989,7 +993,9 @@ class Sm90SamplerEpilogueWarpGroups {
               parts = result_slot(hand_over, half, column, w, kLseParts);
               lse_merge(lse.x, lse.y, odd ? parts.z : parts.x, odd ? parts.w : parts.y);
             }
-            lse_reference_slot(hand_over, half, column) = lse.x + log2_approx(lse.y);  // -inf: no mass
+            if (lse_references) {
+              lse_reference_slot(hand_over, half, column) = lse.x + log2_approx(lse.y);  // -inf: no mass
+            }
             if (written) {
               float4 const logits = result_slot(hand_over, half, column, best_warp, kWinnerLogits);
               node.ptr_candidate_logits[out] = odd ? logits.y : logits.x;
@@ -1002,19 +1008,20 @@ class Sm90SamplerEpilogueWarpGroups {
         }
       }
       if constexpr (kControls) {
-        if (node.logprobs && params.lse_references) {  // each lane: the larger of what it held and the tile's
+        if (lse_references) {  // each lane: the larger of what it held and the tile's
           cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
           int const step = lane / 4;
           if (step < kSteps) {
             CUTLASS_PRAGMA_UNROLL
             for (int s = 0; s < kBlocksPerStep; ++s) {
-              int const column = 8 * (kBlocksPerStep * step + s) + 2 * (lane % 4);
-              float2 const tile_lse2 = reinterpret_cast<float2 const&>(lse_reference_slot(hand_over, half, column));
-              // (a NaN or +inf log-sum-exp leaves the reference: such columns take the exact path)
-              references.held[s][0] = tile_lse2.x < INFINITY ? fmaxf(references.held[s][0], tile_lse2.x)
-                                                              : references.held[s][0];
-              references.held[s][1] = tile_lse2.y < INFINITY ? fmaxf(references.held[s][1], tile_lse2.y)
-                                                              : references.held[s][1];
+              int const pair_column = 8 * (kBlocksPerStep * step + s) + 2 * (lane % 4);
+              float2 const pair = reinterpret_cast<float2 const&>(lse_reference_slot(hand_over, half, pair_column));
+              float const tile_lse2[2] = {pair.x, pair.y};
+              CUTLASS_PRAGMA_UNROLL
+              for (int c = 0; c < 2; ++c) {
+                // (a NaN or +inf log-sum-exp leaves the reference: such columns take the exact path)
+                if (tile_lse2[c] < INFINITY) references.held[s][c] = fmaxf(references.held[s][c], tile_lse2[c]);
+              }
             }
           }
         }
