@@ -28,7 +28,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import statistics
 import sys
@@ -120,14 +119,8 @@ def make_baselines(temperature: float, fi_topk: bool, topk: bool = False):
     if topk:
         baselines["ours top-k/p"] = lambda h, w: flashsampling_cuda.sample(
             h, w, temperature=temperature, top_k=50, top_p=0.9)
-        def ours_topk_materialised(h, w):  # the exact fallback path, for the fused pass's gain
-            os.environ["FLASHSAMPLING_FUSED_TOP_K"] = "0"
-            try:
-                return flashsampling_cuda.sample(h, w, temperature=temperature, top_k=50, top_p=0.9)
-            finally:
-                del os.environ["FLASHSAMPLING_FUSED_TOP_K"]
-
-        baselines["ours top-k/p materialised"] = ours_topk_materialised
+        baselines["ours top-k/p materialised"] = lambda h, w: flashsampling_cuda.sample(
+            h, w, temperature=temperature, top_k=50, top_p=0.9, truncation_path="materialized")
         baselines["ours top-k 1000"] = lambda h, w: flashsampling_cuda.sample(
             h, w, temperature=temperature, top_k=1000)
         baselines["mm+torch top-k/p"] = torch.compile(mm_topk_topp, dynamic=False)

@@ -3,9 +3,10 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench ab controls controls_ab decode ncu tp" (default: build tests
-#   sanitizer bench); controls_ab runs bench_controls.py with FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass
-#   and with the default (v19-v22, NOTES);
+#   STEPS: any of "build tests sanitizer bench truncation ab controls controls_ab decode ncu tp" (default:
+#   build tests sanitizer bench); truncation runs bench_truncation.py (TRUNCATION_ARGS adds options);
+#   PYTEST_TARGETS picks test files (default: tests); controls_ab runs bench_controls.py with
+#   FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass and with the default (v19-v22, NOTES);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
@@ -30,7 +31,8 @@ if has_step build; then
   summary+=("build: ok in $(( $(date +%s) - t0 )) s")
 fi
 if has_step tests; then
-  python3 -m pytest tests -m requires_cuda -q -rs -p no:cacheprovider -s ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests_gpu.log" | tail -40
+  python3 -m pytest ${PYTEST_TARGETS:-tests} -m requires_cuda -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 \
+    | tee "$OUT/tests_gpu.log" | tail -40
   summary+=("gpu tests: $(tail -1 "$OUT/tests_gpu.log")")
 fi
 if has_step sanitizer; then
@@ -41,6 +43,10 @@ if has_step sanitizer; then
 fi
 if has_step bench; then
   python3 benchmarks/bench_sampler.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^\[bench\] {"
+fi
+if has_step truncation; then
+  python3 benchmarks/bench_truncation.py --out "$OUT" ${TRUNCATION_ARGS:-} 2>&1 | tee "$OUT/truncation.log" \
+    | grep -v "^\[bench\] {"
 fi
 if has_step ab; then  # A/B of dispatch knobs against the default (benchmarks/ab_schedules.py)
   python3 benchmarks/ab_schedules.py --out "$OUT" ${AB_ARGS:-} > "$OUT/ab.log" 2>&1

@@ -5,7 +5,9 @@ GEMM column blocks: the controls kernels, on epilogue warpgroups beyond 16 colum
 common controls (per-row temperatures with greedy rows, logit bias, bitmask, logprobs: their own
 kernels, on epilogue warpgroups beyond 16 columns; B = 17 the 32-wide tile) and with every control on (per-row temperatures, logit bias, sparse bias,
 bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the epilogue-warpgroup
-kernels many tiles per SM, so their exact skip (global floors, atomics) runs too."""
+kernels many tiles per SM, so their exact skip (global floors, atomics) runs too. Each shape also
+takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
+several rows per cluster at B = 257) with per-row top_k / top_p / min_p, a mask and logprobs."""
 
 import torch
 
@@ -53,3 +55,13 @@ for batch, vocab, dim, dtype in SHAPES:
     assert out.tokens.shape == (batch, 3) and int(out.tokens.min()) >= 100 and int(out.tokens.max()) < 100 + vocab
     assert torch.isfinite(out.logsumexp).all()
     print(f"ok B={batch} V={vocab} D={dim} {dtype}")
+    top_k = torch.randint(-1, 300, (batch,), device="cuda")
+    top_p = torch.rand(batch, device="cuda")
+    min_p = torch.rand(batch, device="cuda") * 0.2
+    out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, num_samples=2, top_k=top_k,
+                                    top_p=top_p, min_p=min_p, allowed_mask=allowed, return_logprobs=True,
+                                    truncation_path="logits")
+    torch.cuda.synchronize()
+    assert out.tokens.shape == (batch, 2) and bool(allowed.gather(1, out.tokens).all())
+    assert torch.isfinite(out.logsumexp).all()
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, logits path)")

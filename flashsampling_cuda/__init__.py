@@ -12,11 +12,12 @@ from .sampling import (
     ScoredSample,
     pack_allowed_mask,
     sample,
+    sample_from_logits,
     sample_with_scores,
     sample_without_replacement,
 )
 from . import distributed, grouped  # noqa: E402  (tensor-parallel and grouped sampling)
 
-__all__ = ["sample", "sample_with_scores", "sample_without_replacement", "pack_allowed_mask", "SampleOutput",
-           "ScoredSample"]
+__all__ = ["sample", "sample_with_scores", "sample_from_logits", "sample_without_replacement", "pack_allowed_mask",
+           "SampleOutput", "ScoredSample"]
 __version__ = "0.1.0"

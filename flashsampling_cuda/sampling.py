@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
 
@@ -10,10 +11,12 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
-from .truncation import FUSED_TOP_K_MAX, Truncation, fused_top_k_args, parse_truncation, truncated_allowed_mask
+from .truncation import (FUSED_TOP_K_MAX, Truncation, choose_truncation_path, fused_top_k_args, logits_path_args,
+                         logits_truncation_args, parse_truncation, sample_from_logits_cpu, transformed_logits,
+                         truncated_allowed_mask)
 
-__all__ = ["sample", "sample_with_scores", "sample_without_replacement", "pack_allowed_mask", "SampleOutput",
-           "ScoredSample"]
+__all__ = ["sample", "sample_with_scores", "sample_without_replacement", "sample_from_logits", "pack_allowed_mask",
+           "SampleOutput", "ScoredSample"]
 
 SparseLogitBias = Union[tuple[Tensor, Tensor], Sequence[Mapping[int, float]]]
 
@@ -110,12 +113,14 @@ def _seed_arg(name: str, x: int | Tensor | None) -> Tensor | None:
 
 def _op_kwargs(
     hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-    allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, fused: dict | None = None,
+    allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, route: dict | None = None,
+    truncation_path: str = "auto",
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
-    Truncation that may be on (truncation.py) becomes part of ``allowed_mask``, unless
-    ``fused`` (a dict) is given and the fused top-k pass takes the call: then ``fused`` receives
-    the truncation arguments of ``torch.ops.flashsampling.sample_top_k``."""
+    Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
+    picks: with ``route`` (a dict) given, the fused top-k pass or the logits path fill it with
+    their op's name (``"op"``) and extra arguments; the materialised path (the only one
+    without ``route``) makes the survivors part of ``allowed_mask``."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -139,21 +144,30 @@ def _op_kwargs(
         if not torch.compiler.is_compiling():
             _check_fake_args(hidden, weight, num_samples, kwargs["temperatures"], kwargs["seed"],
                              kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"])
-        fused_args = None if fused is None else fused_top_k_args(truncation, hidden, weight, kwargs)
-        if fused_args is not None:
-            fused.update(fused_args)
+        path = choose_truncation_path(truncation_path if route is not None else "materialized", truncation, hidden,
+                                      weight, kwargs)
+        if path == "fused_top_k":
+            route.update(op="sample_top_k", **fused_top_k_args(truncation, hidden, weight, kwargs))
+        elif path == "logits":
+            route.update(op="sample_from_logits", **logits_path_args(truncation, hidden, weight, kwargs))
         else:
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
                                                                                         truncation)
+    elif truncation_path not in ("auto", "materialized"):
+        choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
     return kwargs
 
 
-def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, fused: dict, return_logprobs: bool):
-    """The op's four outputs: the fused top-k pass when ``fused`` holds its arguments."""
-    if fused:
-        return torch.ops.flashsampling.sample_top_k(hidden, weight, **kwargs, return_logprobs=return_logprobs,
-                                                     **fused)
-    return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
+def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, route: dict, return_logprobs: bool):
+    """The op's four outputs, by the op ``route`` names (:func:`_op_kwargs`), else the fused op."""
+    if not route:
+        return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
+    extra = {name: value for name, value in route.items() if name != "op"}
+    if route["op"] == "sample_top_k":
+        return torch.ops.flashsampling.sample_top_k(hidden, weight, **kwargs, return_logprobs=return_logprobs, **extra)
+    logits_kwargs = {name: value for name, value in kwargs.items()
+                     if name not in ("sparse_bias_ids", "sparse_bias_values", "logit_bias")}
+    return torch.ops.flashsampling.sample_from_logits(**extra, **logits_kwargs, return_logprobs=return_logprobs)
 
 
 def sample(
@@ -174,6 +188,7 @@ def sample(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
+    truncation_path: str = "auto",
 ) -> Tensor | SampleOutput:
     r"""Sample next tokens from ``softmax(hidden @ weight.T / T)`` without materialising logits.
 
@@ -189,10 +204,7 @@ def sample(
     :math:`P(\operatorname{argmax}_v(x_v + g_v) = i) = \operatorname{softmax}(x)_i`, every
     token is an exact sample from the categorical distribution of the (biased, masked)
     logits, no approximation. With ``top_k``/``top_p``/``min_p`` it is an exact sample of
-    that distribution truncated and renormalised: on CUDA with a host ``top_k <= 64`` in one
-    fused pass (the GEMM keeps each vocabulary tile's 4 best logits, a second kernel truncates
-    and samples), otherwise the logits are materialised once to find the survivors
-    (truncation.py; the README says which inputs take which path).
+    that distribution truncated and renormalised (``truncation_path`` says how).
 
     Args:
         hidden: ``[B, D]`` hidden states, ``torch.bfloat16``, ``torch.float16`` or
@@ -251,9 +263,18 @@ def sample(
             sampling: a row whose truncation is off gets exactly the plain-sampling token.
             Values in CPU tensors are checked; in device tensors they are not (no sync):
             ``top_k < 0``, ``top_p > 1`` and ``min_p < 0`` are off, ``top_p <= 0``,
-            ``min_p > 1`` and NaN keep the top token only. Any of them on (or any tensor)
-            costs one fp32 logits matmul ``[B, V]`` and a sort of each row before the fused
-            pass (README). They apply to ``weight``'s vocabulary: on a shard, to the shard.
+            ``min_p > 1`` and NaN keep the top token only. They apply to ``weight``'s
+            vocabulary: on a shard, to the shard.
+        truncation_path: how a truncated call is sampled (flashsampling_cuda/truncation.py);
+            every path gives the same tokens, up to near ties within fp32 rounding.
+            ``"auto"`` (default): on CUDA, a host ``top_k <= 64`` with bf16/fp16 and no
+            sparse bias at ``B <= 64`` takes ``"fused_top_k"`` (the GEMM keeps each vocabulary
+            tile's 4 best logits, a second kernel truncates and samples), everything else
+            ``"logits"`` (one fp32 logits matmul ``[B, V]``, then one kernel selects the
+            survivors of each row and samples them: the weight is read once); the CPU takes
+            ``"materialized"`` (float64 survivors in torch ops, then the fused op samples with
+            them as a mask: the reference path, which reads the weight twice). Naming a path
+            that cannot take the call is a ``ValueError``.
 
     Returns:
         ``[B, num_samples]`` int64 token ids on ``hidden``'s device (``-1`` only for a row
@@ -282,14 +303,14 @@ def sample(
         ...                                 sparse_logit_bias=[{50256: -100.0}] * hidden.shape[0])
         >>> out.tokens, out.logprobs, out.logsumexp
     """
-    fused: dict = {}
+    route: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, fused,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
     )
-    if not return_logprobs and not fused:
+    if not return_logprobs and not route:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
-    tokens, _, logprobs, logsumexp = _call_op(hidden, weight, kwargs, fused, return_logprobs)
+    tokens, _, logprobs, logsumexp = _call_op(hidden, weight, kwargs, route, return_logprobs)
     return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
@@ -311,6 +332,7 @@ def sample_with_scores(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
+    truncation_path: str = "auto",
 ) -> ScoredSample:
     """:func:`sample` (same arguments) returning every output of the op, for callers that
     combine partial samples, e.g. tensor-parallel vocabulary shards: the winning score of
@@ -325,12 +347,76 @@ def sample_with_scores(
         :class:`ScoredSample` ``(tokens int64 [B, S], scores float32 [B, S],
         token_logprobs float32 [B, S] or [0], logsumexp float32 [B] or [0])``.
     """
-    fused: dict = {}
+    route: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, fused,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
     )
-    return ScoredSample(*_call_op(hidden, weight, kwargs, fused, return_logprobs))
+    return ScoredSample(*_call_op(hidden, weight, kwargs, route, return_logprobs))
+
+
+def sample_from_logits(
+    logits: Tensor,
+    *,
+    temperature: float | Tensor = 1.0,
+    generator: torch.Generator | None = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
+    num_samples: int = 1,
+    logit_bias: Tensor | None = None,
+    sparse_logit_bias: SparseLogitBias | None = None,
+    allowed_mask: Tensor | None = None,
+    empty_mask_token: int | None = None,
+    return_logprobs: bool = False,
+    vocab_start: int = 0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
+) -> Tensor | SampleOutput:
+    """:func:`sample` for logits a caller already has (``[B, V]``), with the same controls,
+    truncation and noise: the token :func:`sample` returns for ``hidden`` and ``weight`` whose
+    fp32 logits are these (up to near ties within fp32 rounding of the two matmuls).
+
+    On CUDA one kernel (csrc/kernels/sample_from_logits.cu) selects each row's survivors of
+    ``top_k``/``top_p``/``min_p`` and samples them, with no host sync; the CPU runs the same
+    semantics in torch ops (a reference: slow for large vocabularies).
+
+    Args:
+        logits: ``[B, V]`` floating tensor (used as float32), unit stride along ``V`` on CUDA.
+        temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
+        allowed_mask, empty_mask_token, return_logprobs, vocab_start, top_k, top_p, min_p:
+            as in :func:`sample` (``vocab_start`` is the global id of column 0).
+
+    Returns:
+        as :func:`sample`: ``[B, num_samples]`` int64 tokens, or with ``return_logprobs`` a
+        :class:`SampleOutput` of the truncated distribution.
+    """
+    if not isinstance(logits, Tensor) or not logits.is_floating_point():
+        raise TypeError(f"flashsampling.sample_from_logits: logits must be a floating tensor, got "
+                        f"{type(logits).__name__ if not isinstance(logits, Tensor) else logits.dtype}")
+    if logits.dim() != 2:
+        raise ValueError(f"flashsampling.sample_from_logits: logits must be 2-D [B, V], got shape {list(logits.shape)}")
+    logits = logits.float()
+    if logits.is_cuda and logits.stride(1) != 1:
+        logits = logits.contiguous()
+    batch, vocab = logits.shape
+    scalar_temperature, temperatures = _temperature_args(temperature, logits)
+    sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, logits)
+    bias = _float32("logit_bias", logit_bias)
+    if sparse_ids is not None:
+        _check_fake_args(*_stand_ins(logits), num_samples, temperatures, None, None, bias, sparse_ids, sparse_values,
+                         None)
+        logits = transformed_logits(logits, bias, sparse_ids, sparse_values, vocab_start)
+        bias = None
+    truncation = parse_truncation(top_k, top_p, min_p, logits)
+    tokens, _, logprobs, logsumexp = torch.ops.flashsampling.sample_from_logits(
+        logits, temperature=scalar_temperature, temperatures=temperatures, num_samples=num_samples,
+        seed=_seed_arg("seed", seed), offset=_seed_arg("offset", offset), generator=generator, logit_bias=bias,
+        allowed_mask=_allowed_mask_arg(allowed_mask, logits, _stand_ins(logits)[1]),
+        empty_mask_token=empty_mask_token, vocab_start=vocab_start, return_logprobs=return_logprobs,
+        **logits_truncation_args(truncation, batch, logits.device),
+    )
+    return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
 def sample_without_replacement(
@@ -555,3 +641,83 @@ def _sample_top_k_cpu(
     truncation = Truncation(top_k, top_ps if top_ps is not None else top_p, min_ps if min_ps is not None else min_p)
     kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation)
     return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
+
+
+def _stand_ins(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Empty hidden ``[B, 0]`` and weight ``[V, 0]`` of ``logits [B, V]``'s shape and device, so
+    that ``sample_from_logits``'s controls are checked by sample's rules and messages (as the
+    CUDA binding does with ``check_sample_args``)."""
+    batch, vocab = logits.shape
+    return (logits.new_empty((batch, 0), dtype=torch.bfloat16), logits.new_empty((vocab, 0), dtype=torch.bfloat16))
+
+
+def _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps):
+    """The checks of sample_cuda.cpp's sample_from_logits that need no device values."""
+    prefix = "flashsampling.sample_from_logits:"
+    torch._check(logits.dim() == 2, lambda: f"{prefix} logits must be 2-D [B, V], got shape {list(logits.shape)}")
+    torch._check(logits.dtype == torch.float32, lambda: f"{prefix} logits must be float32, got {logits.dtype}")
+    torch._check(logits.shape[1] >= 1, lambda: f"{prefix} logits must have V >= 1 columns, got {list(logits.shape)}")
+    hidden, weight = _stand_ins(logits)
+    _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, None, None, allowed_mask)
+    torch._check(0.0 < top_p <= 1.0, lambda: f"{prefix} top_p must be in (0, 1] (1: off), got {top_p}")
+    torch._check(0.0 <= min_p <= 1.0, lambda: f"{prefix} min_p must be in [0, 1] (0: off), got {min_p}")
+    batch = logits.shape[0]
+    for name, t, dtype in (("top_ks", top_ks, torch.int64), ("top_ps", top_ps, torch.float64),
+                           ("min_ps", min_ps, torch.float64)):
+        if t is None:
+            continue
+        torch._check(t.dtype == dtype, lambda: f"{prefix} {name} must be a {dtype} tensor, got {t.dtype}")
+        torch._check(tuple(t.shape) == (batch,), lambda: f"{prefix} {name} must have shape [B] = [{batch}], got "
+                     f"{list(t.shape)}")
+        torch._check(t.device == logits.device, lambda: f"{prefix} {name} must be on logits' device "
+                     f"({logits.device}), got {t.device}")
+
+
+@torch.library.register_fake("flashsampling::sample_from_logits")
+def _sample_from_logits_fake(
+    logits, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None, generator=None,
+    logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0,
+    top_ks=None, top_p=1.0, top_ps=None, min_p=0.0, min_ps=None,
+):
+    _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps)
+    batch = logits.shape[0]
+    shape = (batch, num_samples)
+    return (
+        logits.new_empty(shape, dtype=torch.int64),
+        logits.new_empty(shape, dtype=torch.float32),
+        logits.new_empty(shape if return_logprobs else (0,), dtype=torch.float32),
+        logits.new_empty((batch,) if return_logprobs else (0,), dtype=torch.float32),
+    )
+
+
+@torch.library.register_kernel("flashsampling::sample_from_logits", "cpu")
+def _sample_from_logits_cpu_kernel(
+    logits, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None, generator=None,
+    logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0,
+    top_ks=None, top_p=1.0, top_ps=None, min_p=0.0, min_ps=None,
+):
+    """The op on the CPU (truncation.sample_from_logits_cpu), after the CUDA binding's checks,
+    host temperatures' values included."""
+    _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps)
+    prefix = "flashsampling.sample:"
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise RuntimeError(f"{prefix} temperature must be finite and >= 0 (0 = greedy), got {temperature}")
+    if temperatures is not None:
+        bad = ~(torch.isfinite(temperatures) & (temperatures >= 0))
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            raise RuntimeError(f"{prefix} temperatures must be finite and >= 0 (0 = greedy), got "
+                               f"{temperatures[row].item()} in row {row}")
+    if offset is not None and seed is None:
+        raise RuntimeError(f"{prefix} offset was given without seed; with no seed the offset comes from the generator")
+    if seed is not None and generator is not None:
+        raise RuntimeError(f"{prefix} pass either seed or generator, not both")
+    return sample_from_logits_cpu(
+        logits, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed, offset=offset,
+        generator=generator, logit_bias=logit_bias, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,
+        vocab_start=vocab_start, return_logprobs=return_logprobs, top_k=top_k, top_ks=top_ks, top_p=top_p,
+        top_ps=top_ps, min_p=min_p, min_ps=min_ps,
+    )

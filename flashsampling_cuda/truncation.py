@@ -1,5 +1,4 @@
-"""Exact top-k / top-p / min-p truncation: materialise the logits, find each row's
-survivors, and let the fused op sample among them through its allowed-token bitmask.
+"""Exact top-k / top-p / min-p truncation: the semantics, and the three paths that sample it.
 
 Per row, from the transformed logits ``y`` of the op (``x`` = logits plus biases,
 ``y = fl32(x * fl32(1 / T))``, ``y = x`` for a greedy row) over the allowed tokens:
@@ -10,33 +9,45 @@ Per row, from the transformed logits ``y`` of the op (``x`` = logits plus biases
 3. drop the tokens whose probability is below ``min_p`` times the top token's.
 
 All three keep a prefix of the order (``y`` descending, index ascending), so the
-survivors are the first ``n`` tokens of it, ``n >= 1``. The op then takes Gumbel-Max over
-the allowed tokens with the noise and logits it always uses, which is an exact sample of
+survivors are the first ``n`` tokens of it, ``n >= 1``. Each sample is the Gumbel-Max
+winner among the survivors with the noise of plain sampling: an exact sample of
 ``softmax(y)`` restricted to the survivors, and for a row whose truncation is off exactly
 the token of plain sampling.
 
-Cost (every truncated call, for now): one more fp32 logits matmul ``[B, V]``, a top-k
-selection per row (a host ``top_k``) or a sort of every row (otherwise), a few ``[B, V]`` elementwise passes (float64 for the probabilities), then the
-fused pass; memory ``O(B V)``. Nothing reads a device tensor's values on the host, so it
-runs under ``torch.compile`` and CUDA-graph capture, except: a user ``allowed_mask``
-without ``empty_mask_token`` still makes the op check the mask for empty rows (a host
-sync, as without truncation), and per-row parameters in CPU tensors are checked on the
-host and copied to the device (under capture, pass device tensors).
+Paths (:func:`choose_truncation_path`; ``truncation_path=`` of ``sample`` picks one):
+
+- ``"fused_top_k"`` (CUDA, a host ``top_k <= 64``): the GEMM keeps four candidates per
+  vocabulary tile and ``sample_top_k``'s second kernel truncates and samples them.
+- ``"logits"`` (CUDA, every other form): the fp32 logits once (:func:`materialized_logits`),
+  then ``torch.ops.flashsampling.sample_from_logits`` (csrc/kernels/sample_from_logits.cu):
+  per row a radix select on the truncation order and Gumbel-Max over the survivors, in one
+  kernel, with no host sync. The weight is read once.
+- ``"materialized"`` (CPU, and the reference on CUDA): the fp32 logits, :func:`survivor_mask`
+  in float64 torch ops (a top-k selection per row for a host ``top_k``, else a stable sort of
+  every row), and the fused op samples with the survivors as its ``allowed_mask``: the weight
+  is read twice, memory ``O(B V)``.
+
+Nothing reads a device tensor's values on the host, so every path runs under
+``torch.compile`` and CUDA-graph capture, except: a user ``allowed_mask`` without
+``empty_mask_token`` still makes the op check the mask for empty rows (a host sync, as
+without truncation), and per-row parameters in CPU tensors are checked on the host and
+copied to the device (under capture, pass device tensors).
 """
 
 from __future__ import annotations
 
 import numbers
-import os
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
+from .noise import draw_seed, fma32, gumbel_noise
 
-__all__ = ["Truncation", "parse_truncation", "fused_top_k_args", "FUSED_TOP_K_MAX", "materialized_logits",
-           "transformed_logits", "scaled_logits", "survivor_mask", "truncated_allowed_mask"]
+__all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_args",
+           "logits_path_args", "logits_truncation_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
+           "survivor_mask", "truncated_allowed_mask", "sample_from_logits_cpu"]
 
 # The vocabulary chunking of the CPU op (csrc/torch/sample_cpu.cpp: kChunkBytes,
 # kMinVocabChunk, kMaxVocabChunk, kTile): the logits are computed by at::mm calls of the
@@ -116,15 +127,12 @@ _FUSED_MAX_VOCAB = 229376
 
 def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> dict | None:
     """The truncation arguments of ``torch.ops.flashsampling.sample_top_k`` when the fused
-    top-k pass takes this call, else None (the materialised path of
-    :func:`truncated_allowed_mask`). Fused: CUDA, bf16/fp16, a host int ``top_k`` in
-    ``[1, 64]`` below V, ``4096 <= V <= 229376``, no sparse bias, and
-    ``FLASHSAMPLING_FUSED_TOP_K`` not ``0``; ``top_p`` / ``min_p`` may be anything (tensors
-    go to the op as float64 ``[B]`` on hidden's device)."""
+    top-k pass can take this call, else None. Fused: CUDA, bf16/fp16, a host int ``top_k`` in
+    ``[1, 64]`` below V, ``4096 <= V <= 229376`` and no sparse bias; ``top_p`` / ``min_p``
+    may be anything (tensors go to the op as float64 ``[B]`` on hidden's device)."""
     k = truncation.top_k
     vocab = weight.shape[0]
-    if (os.environ.get("FLASHSAMPLING_FUSED_TOP_K", "1") == "0" or hidden.device.type != "cuda"
-            or hidden.dtype not in (torch.bfloat16, torch.float16) or not isinstance(k, int)
+    if (hidden.device.type != "cuda" or hidden.dtype not in (torch.bfloat16, torch.float16) or not isinstance(k, int)
             or not 1 <= k <= min(FUSED_TOP_K_MAX, vocab - 1) or not _FUSED_MIN_VOCAB <= vocab <= _FUSED_MAX_VOCAB
             or op_kwargs["sparse_bias_ids"] is not None):
         return None
@@ -134,6 +142,69 @@ def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
             args[name + "s"] = value.to(device=hidden.device, dtype=torch.float64).expand(hidden.shape[0]).contiguous()
         elif value is not None:
             args[name] = float(value)
+    return args
+
+
+TRUNCATION_PATHS = ("auto", "fused_top_k", "logits", "materialized")
+# Up to this batch the fused top-k pass beats the logits path where both can run: its GEMM
+# is the plain sampler's, at the HBM floor for small batches, where cuBLAS's fp32-output
+# matmul is a few percent slower; from larger batches the fused pass's epilogue costs more
+# than the logits' round trip (benchmarks/bench_truncation.py measures both).
+FUSED_TOP_K_MAX_BATCH = 64
+
+
+def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tensor, weight: Tensor,
+                           op_kwargs: dict) -> str:
+    """The path that samples a truncated call (module docstring): ``requested`` when it can
+    take the call (else ValueError naming ``truncation_path``), or for ``"auto"`` the fused
+    top-k pass where it can run and the batch is small, the logits path on CUDA, and the
+    materialised path on the CPU."""
+    if requested not in TRUNCATION_PATHS:
+        raise ValueError(f"flashsampling.sample: truncation_path must be one of {', '.join(TRUNCATION_PATHS)}, "
+                         f"got {requested!r}")
+    fused_ok = fused_top_k_args(truncation, hidden, weight, op_kwargs) is not None
+    on_cuda = hidden.device.type == "cuda"
+    if requested == "auto":
+        if fused_ok and hidden.shape[0] <= FUSED_TOP_K_MAX_BATCH:
+            return "fused_top_k"
+        return "logits" if on_cuda else "materialized"
+    if requested == "fused_top_k" and not fused_ok:
+        raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, a host "
+                         f"int top_k in [1, {FUSED_TOP_K_MAX}] below V, {_FUSED_MIN_VOCAB} <= V <= {_FUSED_MAX_VOCAB} "
+                         "and no sparse_logit_bias")
+    if requested == "logits" and not on_cuda:
+        raise ValueError("flashsampling.sample: truncation_path='logits' runs on CUDA only (the CPU takes "
+                         "'materialized')")
+    return requested
+
+
+def logits_path_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> dict:
+    """The arguments of ``torch.ops.flashsampling.sample_from_logits`` that differ from the
+    fused op's for this call: the fp32 logits (:func:`materialized_logits`; with a sparse bias,
+    both biases added here, since that op takes none), the dense ``logit_bias`` otherwise, and
+    the truncation as host scalars or ``[B]`` tensors on hidden's device (int64 ``top_ks``,
+    float64 ``top_ps`` / ``min_ps``)."""
+    logits = materialized_logits(hidden, weight)
+    bias = op_kwargs["logit_bias"]
+    if op_kwargs["sparse_bias_ids"] is not None:
+        logits = transformed_logits(logits, bias, op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"],
+                                    op_kwargs["vocab_start"])
+        bias = None
+    return {"logits": logits, "logit_bias": bias, **logits_truncation_args(truncation, hidden.shape[0], hidden.device)}
+
+
+def logits_truncation_args(truncation: Truncation | None, batch: int, device: torch.device) -> dict:
+    """``sample_from_logits``'s truncation arguments: host scalars as they are, tensors as
+    ``[B]`` on ``device`` (int64 ``top_ks``, float64 ``top_ps`` / ``min_ps``)."""
+    args = {}
+    if truncation is None:
+        return args
+    for name, value, dtype in (("top_k", truncation.top_k, torch.int64), ("top_p", truncation.top_p, torch.float64),
+                               ("min_p", truncation.min_p, torch.float64)):
+        if isinstance(value, Tensor):
+            args[name + "s"] = value.to(device=device, dtype=dtype).expand(batch).contiguous()
+        elif value is not None:
+            args[name] = value
     return args
 
 
@@ -322,3 +393,79 @@ def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict,
     if user_mask is None and empty_mask_token is None:
         empty_mask_token = -1
     return mask, empty_mask_token
+
+
+def _row_noise_coordinates(batch: int, seed, offset, generator, device) -> tuple[Tensor, Tensor, Tensor]:
+    """(seed, offset, stream) int64 ``[B, 1]`` of the op's noise: a batch-wide seed (drawn
+    from ``generator`` when None) gives row b stream b, a ``[B]`` seed stream 0."""
+    if seed is None:
+        seed = draw_seed(generator, torch.device("cpu"))
+    seed = seed.to(device=device, dtype=torch.int64)
+    per_row_seed = seed.dim() == 1
+    offset = torch.zeros((), dtype=torch.int64) if offset is None else offset
+    offset = offset.to(device=device, dtype=torch.int64)
+    stream = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(batch, device=device)
+    return seed.expand(batch)[:, None], offset.expand(batch)[:, None], stream[:, None]
+
+
+def sample_from_logits_cpu(logits: Tensor, *, temperature=1.0, temperatures=None, num_samples=1, seed=None,
+                           offset=None, generator=None, logit_bias=None, allowed_mask=None, empty_mask_token=None,
+                           vocab_start=0, return_logprobs=False, top_k=0, top_ks=None, top_p=1.0, top_ps=None,
+                           min_p=0.0, min_ps=None):
+    """``torch.ops.flashsampling.sample_from_logits`` in torch ops, for the CPU: the survivors of
+    :func:`survivor_mask` (float64), the noise of :func:`flashsampling_cuda.noise.gumbel_noise`
+    and scores ``fma32(x, fl32(1 / T), g)``, so it returns the CUDA kernel's tokens and scores
+    bit for bit wherever both keep the same survivors (the kernel sums top_p's masses in
+    another order). Builds ``[rows, V]`` int64 noise temporaries a chunk of rows at a time:
+    a reference, not a fast path (``sample`` on the CPU takes the materialised path)."""
+    batch, vocab = logits.shape
+    device = logits.device
+    x = logits if logit_bias is None else logits + logit_bias
+    temps = (temperatures if temperatures is not None
+             else torch.full((batch,), temperature, dtype=torch.float32, device=device))
+    invalid = ~(torch.isfinite(temps) & (temps >= 0))
+    y = scaled_logits(x, temperature, temperatures)
+    allowed = (torch.ones_like(x, dtype=torch.bool) if allowed_mask is None
+               else unpack_allowed_mask(allowed_mask, vocab))
+    empty = ~allowed.any(dim=1)
+    if allowed_mask is not None and empty_mask_token is None and bool(empty.any()):
+        rows = empty.nonzero().flatten().tolist()
+        raise RuntimeError(f"flashsampling.sample: allowed_mask allows no token in {len(rows)} row(s) (first: "
+                           f"{', '.join(map(str, rows[:8]))}); fix the mask, or pass empty_mask_token to get that "
+                           "token for such rows")
+    truncation = Truncation(top_ks if top_ks is not None else (top_k if top_k > 0 else None),
+                            top_ps if top_ps is not None else (top_p if top_p < 1 else None),
+                            min_ps if min_ps is not None else (min_p if min_p > 0 else None))
+    if any(parameter is not None for parameter in truncation):
+        survivors = survivor_mask(y, None if allowed_mask is None else allowed, truncation)
+    else:
+        survivors = allowed
+    inv_t = torch.ones_like(temps) / temps
+    greedy = temps == 0
+    seeds, offsets, streams = _row_noise_coordinates(batch, seed, offset, generator, device)
+    index = vocab_start + torch.arange(vocab, device=device)
+    tokens = torch.full((batch, num_samples), -1, dtype=torch.int64, device=device)
+    scores = torch.full((batch, num_samples), -torch.inf, dtype=torch.float32, device=device)
+    chunk = max(1, (1 << 22) // vocab)
+    for begin in range(0, batch, chunk):
+        rows = slice(begin, min(batch, begin + chunk))
+        for s in range(num_samples):
+            noise = gumbel_noise(seeds[rows], offsets[rows], streams[rows], s, index[None, :])
+            score = torch.where(greedy[rows, None], x[rows], fma32(x[rows], inv_t[rows, None], noise))
+            candidate = survivors[rows] & ~torch.isnan(score)
+            # Best score, exact ties to the smaller index (fs_candidate_better).
+            key = torch.where(candidate, order_rank(score) * 2**31 + (2**31 - 1 - index), -(2**62))
+            best = key.argmax(dim=1)
+            found = candidate.gather(1, best[:, None])[:, 0] & ~invalid[rows]
+            tokens[rows, s] = torch.where(found, vocab_start + best, -1)
+            scores[rows, s] = torch.where(found, score.gather(1, best[:, None])[:, 0], -torch.inf)
+    tokens[empty] = -1 if allowed_mask is None or empty_mask_token is None else empty_mask_token
+    if not return_logprobs:
+        empty_out = logits.new_empty((0,))
+        return tokens, scores, empty_out, empty_out
+    y64 = torch.where(survivors, y.double(), -torch.inf)
+    lse = torch.logsumexp(y64, dim=1)
+    local = (tokens - vocab_start).clamp(0, vocab - 1)
+    token_logprobs = torch.where(tokens >= 0, y64.gather(1, local) - lse[:, None], torch.nan)
+    lse = torch.where(invalid, torch.nan, lse)
+    return tokens, scores, token_logprobs.float(), lse.float()

@@ -18,12 +18,10 @@ V, D = 32768, 256
 RTOL = 1e-4
 
 
-def both_paths(monkeypatch, hidden, weight, **kwargs):
+def both_paths(hidden, weight, **kwargs):
     """(fused, materialised) outputs of sample_with_scores for the same arguments."""
-    fused = fs.sample_with_scores(hidden, weight, **kwargs)
-    monkeypatch.setenv("FLASHSAMPLING_FUSED_TOP_K", "0")
-    materialised = fs.sample_with_scores(hidden, weight, **kwargs)
-    monkeypatch.delenv("FLASHSAMPLING_FUSED_TOP_K")
+    fused = fs.sample_with_scores(hidden, weight, truncation_path="fused_top_k", **kwargs)
+    materialised = fs.sample_with_scores(hidden, weight, truncation_path="materialized", **kwargs)
     return fused, materialised
 
 
@@ -39,7 +37,7 @@ CASES = {
 @requires_cuda
 @pytest.mark.parametrize("batch", [8, 40, 100])
 @pytest.mark.parametrize("case", list(CASES))
-def test_fused_top_k_matches_reference_and_materialised_path(case, batch, monkeypatch):
+def test_fused_top_k_matches_reference_and_materialised_path(case, batch):
     spec = dict(CASES[case])
     hidden, weight = problem(batch, V, D, "cuda", seed=batch + len(case))
     g = torch.Generator().manual_seed(batch)
@@ -56,7 +54,7 @@ def test_fused_top_k_matches_reference_and_materialised_path(case, batch, monkey
         c = random_controls(batch, V, "cuda", vocab_start=128, seed=batch, density=0.4)
         kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=128,
                       seed=torch.arange(batch, device="cuda") * 31 + 7, offset=torch.arange(batch, device="cuda"))
-    fused, materialised = both_paths(monkeypatch, hidden, weight, **kwargs, return_logprobs=True)
+    fused, materialised = both_paths(hidden, weight, **kwargs, return_logprobs=True)
     ref = reference_sample(hidden, weight, **kwargs, rtol=RTOL)
     assert_matches_reference(fused.tokens, ref)
     assert_matches_reference(materialised.tokens, ref)
@@ -97,10 +95,10 @@ def clustered_problem(batch, device, *, tied=False):
 @requires_cuda
 @pytest.mark.parametrize("tied", [False, True], ids=["clustered", "tied"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
-def test_fused_repair_of_crowded_tiles(tied, temperature, monkeypatch):
+def test_fused_repair_of_crowded_tiles(tied, temperature):
     hidden, weight = clustered_problem(12, "cuda", tied=tied)
     kwargs = dict(temperature=temperature, seed=5, num_samples=8, top_k=40, top_p=0.95, return_logprobs=True)
-    fused, materialised = both_paths(monkeypatch, hidden, weight, **kwargs)
+    fused, materialised = both_paths(hidden, weight, **kwargs)
     ref = reference_sample(hidden, weight, temperature, 5, 0, 8, top_k=40, top_p=0.95, rtol=RTOL)
     assert_matches_reference(fused.tokens, ref)
     assert (fused.tokens == materialised.tokens).float().mean() > 0.99
@@ -116,7 +114,7 @@ def test_fused_chi_square(top_k, top_p, min_p, temperature):
     hidden, weight = problem(batch, 8192, 64, "cuda", logit_std=2.0, seed=top_k)
     trunc = dict(top_k=top_k, top_p=top_p, min_p=min_p)
     tokens = fs.sample(hidden, weight, temperature=temperature, seed=torch.arange(batch, device="cuda") + 3,
-                       num_samples=samples, **trunc).cpu()
+                       num_samples=samples, truncation_path="fused_top_k", **trunc).cpu()
     ref = reference_truncation(hidden, weight, temperature, **trunc)
     assert (ref.boundary_gap > 1e-4).all(), "a boundary within rounding: pick other parameters"
     survivors = ref.survivors.cpu()
@@ -129,7 +127,8 @@ def test_fused_chi_square(top_k, top_p, min_p, temperature):
 def test_fused_cuda_graph_replays_with_fresh_offsets():
     hidden, weight = problem(8, V, D, "cuda", seed=2)
     offset = torch.tensor(0, device="cuda")
-    kwargs = dict(temperature=1.0, seed=torch.tensor(9, device="cuda"), top_k=50, top_p=0.9, num_samples=2)
+    kwargs = dict(temperature=1.0, seed=torch.tensor(9, device="cuda"), top_k=50, top_p=0.9, num_samples=2,
+                  truncation_path="fused_top_k")
     fs.sample(hidden, weight, offset=offset, **kwargs)  # warm up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -153,7 +152,7 @@ def test_fused_rows_with_few_or_no_allowed_tokens():
     allowed[1, [5, 9000, 32000]] = True  # three tokens, fewer than top_k
     mask = fs.pack_allowed_mask(allowed).cuda()
     out = fs.sample_with_scores(hidden, weight, seed=1, num_samples=64, top_k=50, allowed_mask=mask,
-                                empty_mask_token=-7, return_logprobs=True)
+                                empty_mask_token=-7, return_logprobs=True, truncation_path="fused_top_k")
     assert (out.tokens[2] == -7).all()
     assert torch.isin(out.tokens[1].cpu(), torch.tensor([5, 9000, 32000])).all()
     assert len(set(out.tokens[1].tolist())) > 1

@@ -31,6 +31,18 @@ TORCH_LIBRARY(flashsampling, m) {
         "Tensor? min_ps=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
 #undef FS_SAMPLE_ARGS
+  // Sampling from materialised fp32 logits [B, V] (flashsampling/sample_from_logits.h): the
+  // controls of sample (no sparse bias: add it to the logits), then top_k, top_p and min_p as
+  // host scalars or per-row [B] device arrays (int64 top_ks, float64 top_ps / min_ps) that win
+  // over them, then Gumbel-Max over the survivors with the noise of plain sampling. Outputs as
+  // sample_with_scores; the log-probabilities are those of the truncated distribution.
+  m.def("sample_from_logits(Tensor logits, *, float temperature=1.0, Tensor? temperatures=None, "
+        "int num_samples=1, Tensor? seed=None, Tensor? offset=None, Generator? generator=None, "
+        "Tensor? logit_bias=None, Tensor? allowed_mask=None, int? empty_mask_token=None, int vocab_start=0, "
+        "bool return_logprobs=False, int top_k=0, Tensor? top_ks=None, float top_p=1.0, Tensor? top_ps=None, "
+        "float min_p=0.0, Tensor? min_ps=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, "
+        "Tensor logsumexp)",
+        {at::Tag::nondeterministic_seeded});
   // The Gumbel noise g(seed, offset, stream, sample, vocab_index) of philox_gumbel.h;
   // `stream` and `vocab_index` are int64 tensors broadcast together. Returns float32.
   m.def("gumbel_noise(int seed, int offset, Tensor stream, int sample, Tensor vocab_index) -> Tensor");

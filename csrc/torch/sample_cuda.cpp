@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "checks.h"
+#include "cuda_launch_check.h"
 #include "flashsampling/philox_gumbel.h"
+#include "flashsampling/sample_from_logits.h"
 #include "flashsampling/sampler_params.h"
 
 namespace flashsampling {
@@ -302,11 +304,111 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_top_k_cuda(
   return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
 }
 
+// flashsampling::sample_from_logits's truncation arguments: host scalars, or [B] device arrays
+// (int64 top_ks, float64 top_ps / min_ps) that win over them.
+void check_logits_truncation(const at::Tensor& logits, double top_p, double min_p,
+                             const std::optional<at::Tensor>& top_ks, const std::optional<at::Tensor>& top_ps,
+                             const std::optional<at::Tensor>& min_ps) {
+  const char* prefix = "flashsampling.sample_from_logits: ";
+  TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, prefix, "top_p must be in (0, 1] (1: off), got ", top_p);
+  TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, prefix, "min_p must be in [0, 1] (0: off), got ", min_p);
+  const int64_t batch = logits.size(0);
+  for (auto [name, t, dtype] : {std::tuple{"top_ks", &top_ks, at::kLong}, std::tuple{"top_ps", &top_ps, at::kDouble},
+                                std::tuple{"min_ps", &min_ps, at::kDouble}}) {
+    if (!t->has_value()) continue;
+    const at::Tensor& v = **t;
+    TORCH_CHECK(v.scalar_type() == dtype, prefix, name, " must be a ", dtype, " tensor, got ", v.scalar_type());
+    TORCH_CHECK(v.dim() == 1 && v.size(0) == batch, prefix, name, " must have shape [B] = [", batch, "], got ",
+                v.sizes());
+    TORCH_CHECK(v.device() == logits.device(), prefix, name, " must be on logits' device (", logits.device(),
+                "), got ", v.device());
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cuda(
+    const at::Tensor& logits, double temperature, const std::optional<at::Tensor>& temperatures,
+    int64_t num_samples, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+    std::optional<at::Generator> generator, const std::optional<at::Tensor>& logit_bias,
+    const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token, int64_t vocab_start,
+    bool return_logprobs, int64_t top_k, const std::optional<at::Tensor>& top_ks, double top_p,
+    const std::optional<at::Tensor>& top_ps, double min_p, const std::optional<at::Tensor>& min_ps) {
+  TORCH_CHECK(logits.dim() == 2, "flashsampling.sample_from_logits: logits must be 2-D [B, V], got shape ",
+              logits.sizes());
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, "flashsampling.sample_from_logits: logits must be float32, got ",
+              logits.scalar_type());
+  const int64_t batch = logits.size(0), vocab = logits.size(1);
+  // The controls are checked as sample's are, against stand-ins of hidden [B, 0] and weight
+  // [V, 0] on logits' device (empty: nothing is allocated), so the messages are the same.
+  const auto stand_in = logits.options().dtype(at::kBFloat16);
+  const at::Tensor hidden = at::empty({batch, 0}, stand_in), weight = at::empty({vocab, 0}, stand_in);
+  const SampleArgs args = SampleOps<&sample_cuda>::make_args(
+      temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias, std::nullopt,
+      std::nullopt, allowed_mask, empty_mask_token, vocab_start, return_logprobs);
+  check_sample_args(hidden, weight, args);
+  check_logits_truncation(logits, top_p, min_p, top_ks, top_ps, min_ps);
+  TORCH_CHECK(logits.stride(1) == 1 || vocab == 1,
+              "flashsampling.sample_from_logits: logits must have unit stride along V, got strides ", logits.strides());
+  c10::cuda::CUDAGuard guard(logits.device());
+
+  const auto float_options = logits.options();
+  SampleResult result;
+  result.tokens = at::empty({batch, num_samples}, logits.options().dtype(at::kLong));
+  result.scores = at::empty({batch, num_samples}, float_options);
+  result.token_logprobs =
+      return_logprobs ? at::empty({batch, num_samples}, float_options) : at::empty({0}, float_options);
+  result.logsumexp = return_logprobs ? at::empty({batch}, float_options) : at::empty({0}, float_options);
+  if (batch == 0) return {result.tokens, result.scores, result.token_logprobs, result.logsumexp};
+  check_mask_rows_nonempty(weight, args, current_stream_capturing());
+
+  std::vector<at::Tensor> keep_alive;
+  auto device_data = [&](const std::optional<at::Tensor>& t) {
+    if (!t.has_value()) return static_cast<const void*>(nullptr);
+    at::Tensor c = t->contiguous();
+    keep_alive.push_back(c);
+    return c.const_data_ptr();
+  };
+  LogitsSamplerParams p;
+  p.logits = logits.const_data_ptr<float>();
+  p.logits_row_stride = batch == 1 ? vocab : logits.stride(0);
+  p.batch_size = batch;
+  p.vocab_size = vocab;
+  p.vocab_start = vocab_start;
+  p.logit_bias = static_cast<const float*>(device_data(logit_bias));
+  p.allowed_mask = static_cast<const uint32_t*>(device_data(allowed_mask));
+  p.mask_words = (vocab + 31) / 32;
+  p.inv_temperature = fs_inv_temperature(static_cast<float>(temperature));
+  p.temperatures = static_cast<const float*>(device_data(temperatures));
+  p.top_k = top_k;
+  p.top_ks = static_cast<const int64_t*>(device_data(top_ks));
+  p.top_p = top_p;
+  p.top_ps = static_cast<const double*>(device_data(top_ps));
+  p.min_p = min_p;
+  p.min_ps = static_cast<const double*>(device_data(min_ps));
+  p.noise = resolve_noise(logits, num_samples, seed, offset, args.generator, keep_alive);
+  p.num_samples = static_cast<int>(num_samples);
+  p.tokens = result.tokens.data_ptr<int64_t>();
+  p.scores = result.scores.data_ptr<float>();
+  if (return_logprobs) {
+    p.token_logprobs = result.token_logprobs.data_ptr<float>();
+    p.logsumexp = result.logsumexp.data_ptr<float>();
+  }
+  p.empty_mask_token = empty_mask_token.value_or(-1);
+  TORCH_CHECK(num_samples <= INT32_MAX, "flashsampling.sample_from_logits: num_samples must be < 2^31, got ",
+              num_samples);
+  const DeviceInfo device = device_info(logits.get_device());
+  TORCH_CHECK_NOT_IMPLEMENTED(device.arch >= 90, "flashsampling.sample_from_logits: needs thread block clusters "
+                              "(sm_90 or newer), got sm_", device.arch);
+  check_cuda_launch(launch_sample_from_logits(p, device.sm_count, c10::cuda::getCurrentCUDAStream()),
+                    "flashsampling.sample_from_logits");
+  return {result.tokens, result.scores, result.token_logprobs, result.logsumexp};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
   SampleOps<&sample_cuda>::register_impls(m);
   m.impl("sample_top_k", &sample_top_k_cuda);
+  m.impl("sample_from_logits", &sample_from_logits_cuda);
 }
 
 }  // namespace flashsampling

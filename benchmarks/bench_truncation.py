@@ -1,0 +1,204 @@
+"""Truncated sampling as serving engines call it: ours against cuBLAS + FlashInfer, one run.
+
+For each shape (D x V), logit regime (flat / llm, flashsampling_cuda/problems.py) and batch,
+every contender side by side (CUDA-graph replays, median µs):
+
+  mm        cuBLAS hidden @ W.T alone (bf16 logits)
+  plain     ours, plain sampling at the form's temperature (no truncation)
+  ours      ours with the form's truncation (truncation_path="auto")
+  ours <p>  ours on path <p> where "auto" takes another one (to set the rule between them)
+  FI        cuBLAS logits, then FlashInfer's equivalent call ([B] tensors where the form has them):
+            top_k_top_p_sampling_from_logits, or top_k / top_p / min_p_sampling_from_probs on
+            the softmax of logits / T
+
+Forms: host int k=50, p=0.9; [B] k=50, p=0.9; [B] k=20; [B] p=0.9; [B] min_p=0.05; host int
+k=1000; Qwen3's defaults (T=0.6, [B] k=20, p=0.95). Each row records its regime's entropy and
+top_p=0.9 survivors (median and 90th percentile over the rows).
+
+Writes benchmarks/results/truncation_<gpu>_<date>.{json,md,png}: "records" is a list with the
+fields D, V, B, regime, form, ours_us, plain_us, flashinfer_us, mm_us (and ratios).
+
+Usage:
+  python benchmarks/bench_truncation.py [--shapes 4096x151936,8192x128256]
+      [--batches 1,16,64,128,256] [--regimes flat,llm] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import flashsampling_cuda
+from bench_sampler import median_us
+from flashsampling_cuda.problems import REGIMES, hidden_states, lm_head_weight, row_statistics
+from report import pyplot_or_none, run_header, write_results
+
+# name -> (temperature, truncation; "rows" marks a [B] tensor of the value)
+FORMS = {
+    "k50 p0.9 (int)": (0.8, {"top_k": 50, "top_p": 0.9}),
+    "k50 p0.9 [B]": (0.8, {"top_k": ("rows", 50), "top_p": ("rows", 0.9)}),
+    "k20 [B]": (0.8, {"top_k": ("rows", 20)}),
+    "p0.9 [B]": (0.8, {"top_p": ("rows", 0.9)}),
+    "min_p0.05 [B]": (0.8, {"min_p": ("rows", 0.05)}),
+    "k1000 (int)": (0.8, {"top_k": 1000}),
+    "qwen3 T0.6 k20 p0.95 [B]": (0.6, {"top_k": ("rows", 20), "top_p": ("rows", 0.95)}),
+}
+
+
+def form_arguments(spec: dict, batch: int, *, int_dtype=torch.int64, float_dtype=torch.float32) -> dict:
+    args = {}
+    for name, value in spec.items():
+        if isinstance(value, tuple):
+            dtype = int_dtype if name == "top_k" else float_dtype
+            args[name] = torch.full((batch,), value[1], dtype=dtype, device="cuda")
+        else:
+            args[name] = value
+    return args
+
+
+def flashinfer_call(fi, spec: dict, batch: int, temperature: float):
+    """FlashInfer's equivalent of a form on cuBLAS logits, or None."""
+    args = form_arguments(spec, batch, int_dtype=torch.int32)
+
+    def probs(logits):
+        return torch.softmax(logits.float() / temperature, dim=-1)
+
+    if "top_k" in args and "top_p" in args:
+        return lambda h, w: fi.top_k_top_p_sampling_from_logits(
+            (h @ w.T).float() / temperature, args["top_k"], args["top_p"], deterministic=True)
+    if "top_k" in args:
+        return lambda h, w: fi.top_k_sampling_from_probs(probs(h @ w.T), args["top_k"], deterministic=True)
+    if "top_p" in args:
+        return lambda h, w: fi.top_p_sampling_from_probs(probs(h @ w.T), args["top_p"], deterministic=True)
+    if "min_p" in args:
+        return lambda h, w: fi.min_p_sampling_from_probs(probs(h @ w.T), args["min_p"], deterministic=True)
+    return None
+
+
+def alternative_paths(spec: dict, batch: int) -> list[str]:
+    """Paths other than "auto"'s choice that can take this form (host int top_k <= 64: both)."""
+    k = spec.get("top_k")
+    if isinstance(k, int) and k <= flashsampling_cuda.truncation.FUSED_TOP_K_MAX:
+        auto_fused = batch <= flashsampling_cuda.truncation.FUSED_TOP_K_MAX_BATCH
+        return ["logits"] if auto_fused else ["fused_top_k"]
+    return []
+
+
+def run(args) -> dict:
+    try:
+        import flashinfer.sampling as fi
+    except Exception as exc:  # noqa: BLE001 - FlashInfer is optional
+        print(f"[bench] FlashInfer not importable, no FlashInfer column: {exc}", file=sys.stderr)
+        fi = None
+    props = torch.cuda.get_device_properties(0)
+    results = {**run_header(props.name), "dtype": "bf16", "timing": "graph", "records": []}
+    for shape in args.shapes.split(","):
+        dim, vocab = (int(x) for x in shape.lower().split("x"))
+        weight = lm_head_weight(vocab, dim)
+        for regime in args.regimes.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                hidden = hidden_states(weight, batch, regime, seed=batch)
+                logits = hidden.float() @ weight.float().T
+                stats = {t: row_statistics(logits, t) for t in sorted({t for t, _ in FORMS.values()})}
+                del logits
+                mm_us = median_us(lambda: hidden @ weight.T, graph=True)
+                plain = {t: median_us(lambda t=t: flashsampling_cuda.sample(hidden, weight, temperature=t), graph=True)
+                         for t in stats}
+                for form, (temperature, spec) in FORMS.items():
+                    kwargs = form_arguments(spec, batch)
+                    record = {"D": dim, "V": vocab, "B": batch, "regime": regime, "form": form,
+                              "temperature": temperature, "mm_us": mm_us, "plain_us": plain[temperature],
+                              **stats[temperature]}
+                    record["ours_us"] = median_us(lambda: flashsampling_cuda.sample(
+                        hidden, weight, temperature=temperature, **kwargs), graph=True)
+                    for path in alternative_paths(spec, batch):
+                        record[f"ours_{path}_us"] = median_us(lambda path=path: flashsampling_cuda.sample(
+                            hidden, weight, temperature=temperature, truncation_path=path, **kwargs), graph=True)
+                    call = flashinfer_call(fi, spec, batch, temperature) if fi is not None else None
+                    if call is not None:
+                        try:
+                            record["flashinfer_us"] = median_us(lambda: call(hidden, weight), graph=True)
+                        except Exception as exc:  # noqa: BLE001 - report and keep going
+                            print(f"[bench] FlashInfer failed for {form} B={batch}: {exc}", file=sys.stderr)
+                    record["ours_over_plain"] = record["ours_us"] / record["plain_us"]
+                    if "flashinfer_us" in record:
+                        record["flashinfer_over_ours"] = record["flashinfer_us"] / record["ours_us"]
+                    results["records"].append(record)
+                    print("[bench] " + json.dumps(record), flush=True)
+        del weight
+        torch.cuda.empty_cache()
+    return results
+
+
+def markdown_table(results: dict) -> str:
+    lines = []
+    records = results["records"]
+    for key in dict.fromkeys((r["D"], r["V"], r["regime"]) for r in records):
+        dim, vocab, regime = key
+        rows = [r for r in records if (r["D"], r["V"], r["regime"]) == key]
+        lines.append(f"\n**D={dim}, V={vocab}, {regime} logits** ({results['device']}, {results['date']}, "
+                     "CUDA-graph replays, median µs; ratios from the same run)\n")
+        lines.append("| B | entropy (form's T) | top-p 0.9 survivors (median / p90) | form | mm | plain | ours | "
+                     "ours / plain | FlashInfer | FlashInfer / ours | other path |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            other = "; ".join(f"{k[5:-3]} {v:.0f}" for k, v in r.items() if k.startswith("ours_") and k.endswith("_us"))
+            fi_us = r.get("flashinfer_us")
+            fi_cells = (f"{fi_us:.0f} | {fi_us / r['ours_us']:.2f}" if fi_us else "— | —")
+            lines.append(
+                f"| {r['B']} | {r['entropy_median']:.2f} | {r['top_p_survivors_median']:.0f} / "
+                f"{r['top_p_survivors_p90']:.0f} | {r['form']} | {r['mm_us']:.0f} | {r['plain_us']:.0f} | "
+                f"{r['ours_us']:.0f} | {r['ours_over_plain']:.3f} | {fi_cells} | {other or '—'} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    plt = pyplot_or_none("bench")
+    if plt is None:
+        return
+    records = results["records"]
+    panels = list(dict.fromkeys((r["D"], r["V"], r["regime"]) for r in records))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        rows = [r for r in records if (r["D"], r["V"], r["regime"]) == key]
+        for form in FORMS:
+            pts = [(r["B"], r["ours_over_plain"]) for r in rows if r["form"] == form]
+            ax.plot(*zip(*pts), marker="o", label=f"ours {form}")
+            fi_pts = [(r["B"], r["flashinfer_us"] / r["plain_us"]) for r in rows if r["form"] == form and
+                      "flashinfer_us" in r]
+            if fi_pts:
+                ax.plot(*zip(*fi_pts), marker="x", linestyle=":", color=ax.lines[-1].get_color())
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size B")
+        ax.set_ylabel("time / our plain sampling (dotted: FlashInfer)")
+        ax.set_title(f"D={key[0]}, V={key[1]}, {key[2]}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"{results['device']} — {results['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="4096x151936,8192x128256", help="comma list of DxV")
+    parser.add_argument("--batches", default="1,16,64,128,256")
+    parser.add_argument("--regimes", default=",".join(REGIMES))
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_truncation.py needs a CUDA GPU")
+    results = run(args)
+    table = markdown_table(results)
+    write_results(args.out, f"truncation_{results['device'].replace(' ', '_')}_{results['date']}", results, table,
+                  plot)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+// Torch-free description of sampling from materialised fp32 logits with per-row truncation
+// (top-k, top-p, min-p), and its launcher (csrc/kernels/sample_from_logits.cu). The binding
+// is csrc/torch/sample_from_logits_cuda.cpp; flashsampling_cuda/truncation.py has the
+// semantics and routes truncated calls here on CUDA.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "flashsampling/sampler_params.h"
+
+namespace flashsampling {
+
+// One call. Row b's transformed logits are x[v] = fl(logits[b, v] + logit_bias[v]) (the bias
+// only when given), excluded where allowed_mask has bit v clear, y[v] = fl(x[v] * fl(1 / T_b))
+// (y = x for a greedy row). The survivors of a row are a prefix of the truncation order (y
+// descending, exact ties to the smaller index, NaN after every number): the first top_k, of
+// those the shortest prefix whose probabilities reach top_p, then those whose probability is
+// at least min_p times the first's (the first always stays). Each sample is the Gumbel-Max
+// winner among the survivors with the noise of plain sampling, fma(x, fl(1 / T_b), g).
+struct LogitsSamplerParams {
+  const float* logits = nullptr;  // [B, V] fp32, unit stride along V
+  int64_t logits_row_stride = 0;
+  int64_t batch_size = 0;   // B
+  int64_t vocab_size = 0;   // V
+  int64_t vocab_start = 0;  // global id of column 0: noise and tokens use vocab_start + v
+
+  const float* logit_bias = nullptr;       // [V]
+  const uint32_t* allowed_mask = nullptr;  // [B, mask_words]: bit v & 31 of word v >> 5 = allowed
+  int64_t mask_words = 0;                  // ceil(V / 32)
+
+  float inv_temperature = 1.0f;         // fs_inv_temperature of the call's T (0: greedy)
+  const float* temperatures = nullptr;  // [B]; wins over inv_temperature
+
+  // Truncation; per-row [B] device arrays win over the scalars. Off: top_k <= 0 (or >= the
+  // row's allowed tokens), top_p >= 1, min_p <= 0 given as a scalar. In the arrays (values
+  // not checked on the host) top_p <= 0, min_p > 1 and NaN keep the first token only.
+  int64_t top_k = 0;
+  const int64_t* top_ks = nullptr;
+  double top_p = 1.0;
+  const double* top_ps = nullptr;
+  double min_p = 0.0;
+  const double* min_ps = nullptr;
+
+  NoiseSource noise;
+  int num_samples = 1;
+
+  // Outputs: tokens int64 [B, S], scores float [B, S]; with token_logprobs set also the
+  // log-probability of each token [B, S] and logsumexp [B] of the truncated distribution.
+  int64_t* tokens = nullptr;
+  float* scores = nullptr;
+  float* token_logprobs = nullptr;
+  float* logsumexp = nullptr;
+  // Token of a row whose allowed_mask allows nothing (the binding has made that an error when
+  // the caller gave none).
+  int64_t empty_mask_token = -1;
+};
+
+// How the kernel spreads the batch: clusters of `cluster_size` CTAs each sample one row at a
+// time (a row's vocabulary split across the cluster, its histograms exchanged through
+// distributed shared memory), `clusters` of them loop over the rows. At most 64 rows are in
+// flight so that their logits (V fp32 each) stay in L2 across the row's passes; small batches
+// get up to 8 CTAs a row so that every multiprocessor works.
+struct LogitsSamplerGrid {
+  int cluster_size;
+  int clusters;
+};
+
+inline LogitsSamplerGrid logits_sampler_grid(int64_t batch, int sm_count) {
+  constexpr int64_t kMaxRowsInFlight = 64;
+  int64_t const rows = batch < kMaxRowsInFlight ? (batch < 1 ? 1 : batch) : kMaxRowsInFlight;
+  int cluster = 1;
+  while (cluster < 8 && rows * cluster * 2 <= sm_count) cluster *= 2;
+  return {cluster, static_cast<int>(rows)};
+}
+
+cudaError_t launch_sample_from_logits(const LogitsSamplerParams& params, int sm_count, cudaStream_t stream);
+
+}  // namespace flashsampling

@@ -1,0 +1,595 @@
+// Sampling from materialised fp32 logits with per-row top-k / top-p / min-p
+// (flashsampling/sample_from_logits.h has the contract). One kernel: a cluster of CTAs takes a
+// row at a time, each CTA a slice of its vocabulary, and every decision is made from
+// histograms summed over the cluster through distributed shared memory, so all CTAs of the
+// cluster take the same branches with no second launch and no host round trip.
+//
+// A row's survivors are the keys >= one threshold key (a prefix of the truncation order)
+// that also pass min_p, a test of each element against the row's first. Keys are 64 bits:
+// the order bits of y (hi; NaN 1, excluded tokens key 0) and ~global index (lo), so unsigned
+// order is the truncation order and every key is distinct. Per row:
+//
+//  1. one pass: the largest key (the first token, y0), the allowed tokens, and for top_k the
+//     histogram of the keys' top 11 bits;
+//  2. top_k: radix select of the k-th key, digit by digit (11, 11, 10 bits of y, then of the
+//     index only when y ties), one pass over the elements of the chosen digit per level, and
+//     none once the whole digit lies above the cut;
+//  3. top_p: the same descent on probability mass (exp(y - y0) of the keys >= the top_k cut,
+//     fp32 exponentials summed in float64) to the first key whose inclusive mass reaches
+//     top_p, stopping at a digit that holds one key;
+//  4. per sample, a pass taking Gumbel-Max over the survivors with the noise of plain
+//     sampling, and (for log-probabilities) their mass.
+//
+// top_p's sums run in another order than truncation.py's float64 cumulative sum, so the two
+// can keep a different last token only where the prefix mass lies within ~1e-7 relative of
+// top_p: the tolerance the float64 reference grants the fp32 logits anyway.
+#include <cooperative_groups.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "flashsampling/epilogue/candidate_math.cuh"
+#include "flashsampling/philox_gumbel.h"
+#include "flashsampling/sample_from_logits.h"
+
+namespace flashsampling {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 4;  // elements a thread loads before it uses them
+constexpr int kLevels = 6;  // digits of a key: 11, 11, 10 bits of y, then of ~index
+constexpr int kMaxBins = 2048;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+__device__ __forceinline__ int level_shift(int level) {
+  return level == 0 ? 53 : level == 1 ? 42 : level == 2 ? 32 : level == 3 ? 21 : level == 4 ? 10 : 0;
+}
+__device__ __forceinline__ int level_bits(int level) {
+  return (level == 0 ? 64 : level_shift(level - 1)) - level_shift(level);
+}
+
+struct SharedState {
+  // This CTA's histogram of the current level (the cluster's peers read it) and the cluster's sum.
+  unsigned count[kMaxBins];
+  double mass[kMaxBins];
+  unsigned total_count[kMaxBins];
+  double total_mass[kMaxBins];
+  // This CTA's partial results, read by its peers after a cluster barrier.
+  PackedCandidate max_key;
+  unsigned allowed;
+  double top_p_mass;  // of the keys >= the top_k cut
+  double kept_mass;   // of the survivors
+  float best_score;
+  int32_t best_index;
+  double best_y;
+  // Block reductions.
+  PackedCandidate warp_key[kWarps];
+  unsigned warp_count[kWarps];
+  double warp_mass[kWarps];
+  float warp_score[kWarps];
+  int32_t warp_index[kWarps];
+  double warp_y[kWarps];
+  // Warp 0's choice of digit at a level.
+  int digit;
+  unsigned digit_count;
+  unsigned count_above;
+  double mass_above;
+};
+
+// What an element of the row is: its transformed logit x, y and truncation key (0: excluded).
+struct RowInput {
+  const float* logits;
+  const float* bias;
+  const uint32_t* mask;  // the row's words
+  float inv_t;
+  bool greedy;
+  uint32_t vocab_start;
+
+  __device__ __forceinline__ PackedCandidate key(int64_t v, bool in_range, float raw, float& x, float& y) const {
+    x = bias ? fs_add(raw, __ldg(bias + v)) : raw;
+    y = greedy ? x : fs_mul(x, inv_t);
+    bool const allowed = in_range && (mask == nullptr || ((__ldg(mask + (v >> 5)) >> (v & 31)) & 1u));
+    return allowed ? pack_top_candidate(y, vocab_start + static_cast<uint32_t>(v)) : PackedCandidate{0};
+  }
+};
+
+// Calls f(v, x, y, key) for the elements [begin, end) of the row, warp-uniformly (lanes past
+// `end` get key 0), so f may use warp collectives.
+template <class F>
+__device__ __forceinline__ void for_each_element(RowInput const& in, int64_t begin, int64_t end, F&& f) {
+  int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int64_t base = begin + warp * 32; base < end; base += int64_t{kUnroll} * kThreads) {
+    float raw[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      int64_t const v = base + j * kThreads + lane;
+      raw[j] = v < end ? __ldg(in.logits + v) : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      int64_t const v = base + j * kThreads + lane;
+      float x, y;
+      PackedCandidate const key = in.key(v, v < end, raw[j], x, y);
+      f(v, x, y, key);
+    }
+  }
+}
+
+// Adds `active` lanes' digits to the histogram: one atomic per distinct digit of the warp.
+__device__ __forceinline__ void add_counts(unsigned* count, unsigned digit, bool active) {
+  unsigned const active_lanes = __ballot_sync(kFullMask, active);
+  if (!active) return;
+  unsigned const peers = __match_any_sync(active_lanes, digit);
+  if (static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(count + digit, __popc(peers));
+}
+
+// Adds `active` lanes' digits and masses: the lanes of one digit sum their masses first.
+__device__ __forceinline__ void add_counts_and_masses(unsigned* count, double* mass, unsigned digit, double m,
+                                                      bool active) {
+  int const lane = threadIdx.x % 32;
+  unsigned pending = __ballot_sync(kFullMask, active);
+  while (pending) {
+    int const leader = __ffs(pending) - 1;
+    unsigned const d = __shfl_sync(kFullMask, digit, leader);
+    unsigned const group = __ballot_sync(kFullMask, ((pending >> lane) & 1u) && digit == d);
+    double s = ((group >> lane) & 1u) ? m : 0.0;
+#pragma unroll
+    for (int delta = 16; delta > 0; delta >>= 1) s += __shfl_xor_sync(kFullMask, s, delta);
+    if (lane == leader) {
+      atomicAdd(count + d, __popc(group));
+      atomicAdd(mass + d, s);
+    }
+    pending &= ~group;
+  }
+}
+
+// Block-wide reductions in a fixed order (deterministic). Every thread gets the result.
+__device__ PackedCandidate block_max(PackedCandidate v, SharedState& sh) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) {
+    PackedCandidate const other = __shfl_xor_sync(kFullMask, v, delta);
+    v = other > v ? other : v;
+  }
+  if (threadIdx.x % 32 == 0) sh.warp_key[threadIdx.x / 32] = v;
+  __syncthreads();
+  PackedCandidate r = sh.warp_key[0];
+  for (int w = 1; w < kWarps; ++w) r = sh.warp_key[w] > r ? sh.warp_key[w] : r;
+  __syncthreads();
+  return r;
+}
+
+__device__ unsigned block_sum(unsigned v, SharedState& sh) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(kFullMask, v, delta);
+  if (threadIdx.x % 32 == 0) sh.warp_count[threadIdx.x / 32] = v;
+  __syncthreads();
+  unsigned r = 0;
+  for (int w = 0; w < kWarps; ++w) r += sh.warp_count[w];
+  __syncthreads();
+  return r;
+}
+
+__device__ double block_sum(double v, SharedState& sh) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(kFullMask, v, delta);
+  if (threadIdx.x % 32 == 0) sh.warp_mass[threadIdx.x / 32] = v;
+  __syncthreads();
+  double r = 0.0;
+  for (int w = 0; w < kWarps; ++w) r += sh.warp_mass[w];
+  __syncthreads();
+  return r;
+}
+
+// The best (score, index) of the block by fs_candidate_better, with its y.
+__device__ void block_best(float& score, int32_t& index, double& y, SharedState& sh) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) {
+    float const s = __shfl_xor_sync(kFullMask, score, delta);
+    int32_t const i = __shfl_xor_sync(kFullMask, index, delta);
+    double const yy = __shfl_xor_sync(kFullMask, y, delta);
+    if (fs_candidate_better(s, i, score, index)) {
+      score = s;
+      index = i;
+      y = yy;
+    }
+  }
+  int const warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    sh.warp_score[warp] = score;
+    sh.warp_index[warp] = index;
+    sh.warp_y[warp] = y;
+  }
+  __syncthreads();
+  score = sh.warp_score[0];
+  index = sh.warp_index[0];
+  y = sh.warp_y[0];
+  for (int w = 1; w < kWarps; ++w) {
+    if (fs_candidate_better(sh.warp_score[w], sh.warp_index[w], score, index)) {
+      score = sh.warp_score[w];
+      index = sh.warp_index[w];
+      y = sh.warp_y[w];
+    }
+  }
+  __syncthreads();
+}
+
+// Sums every CTA's histogram of `bins` digits into total_count (and total_mass) of each.
+// Ends with a cluster barrier, after which the CTAs may reset their own histograms.
+__device__ void cluster_sum_histograms(cg::cluster_group& cluster, SharedState& sh, int bins, bool with_mass) {
+  cluster.sync();  // every CTA's histogram is complete
+  unsigned const ctas = cluster.num_blocks();
+  for (int i = threadIdx.x; i < bins; i += kThreads) {
+    unsigned c = 0;
+    double m = 0.0;
+    for (unsigned r = 0; r < ctas; ++r) {
+      SharedState const* peer = cluster.map_shared_rank(&sh, r);
+      c += peer->count[i];
+      if (with_mass) m += peer->mass[i];
+    }
+    sh.total_count[i] = c;
+    if (with_mass) sh.total_mass[i] = m;
+  }
+  cluster.sync();  // every CTA has read the others'
+}
+
+__device__ void reset_histogram(SharedState& sh, int bins, bool with_mass) {
+  for (int i = threadIdx.x; i < bins; i += kThreads) {
+    sh.count[i] = 0;
+    if (with_mass) sh.mass[i] = 0.0;
+  }
+  __syncthreads();
+}
+
+// Warp 0: the first digit, from the top, at which the running count of total_count reaches
+// `target` (>= 1, and <= the histogram's total): sh.digit, its count and the count above it.
+__device__ void choose_digit_by_count(SharedState& sh, int bins, unsigned target) {
+  int const lane = threadIdx.x % 32;
+  int const per_lane = bins / 32;  // lane l holds digits bins - 1 - l * per_lane downwards
+  auto digit_at = [&](int j) { return bins - 1 - lane * per_lane - j; };
+  unsigned local = 0;
+  for (int j = 0; j < per_lane; ++j) local += sh.total_count[digit_at(j)];
+  unsigned inclusive = local;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    unsigned const other = __shfl_up_sync(kFullMask, inclusive, d);
+    if (lane >= d) inclusive += other;
+  }
+  int const owner = __ffs(__ballot_sync(kFullMask, inclusive >= target)) - 1;
+  if (lane == owner) {
+    unsigned running = inclusive - local;
+    for (int j = 0; j < per_lane; ++j) {
+      unsigned const c = sh.total_count[digit_at(j)];
+      if (running + c >= target) {
+        sh.digit = digit_at(j);
+        sh.digit_count = c;
+        sh.count_above = running;
+        break;
+      }
+      running += c;
+    }
+  }
+}
+
+// Warp 0: the first digit, from the top, at which (mass_above + running mass) / total reaches
+// top_p: sh.digit (-1 where rounding keeps it from being reached), its count, and the mass
+// above it.
+__device__ void choose_digit_by_mass(SharedState& sh, int bins, double mass_above, double total, double top_p) {
+  int const lane = threadIdx.x % 32;
+  int const per_lane = bins / 32;
+  auto digit_at = [&](int j) { return bins - 1 - lane * per_lane - j; };
+  double local = 0.0;
+  for (int j = 0; j < per_lane; ++j) local += sh.total_mass[digit_at(j)];
+  double inclusive = local;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    double const other = __shfl_up_sync(kFullMask, inclusive, d);
+    if (lane >= d) inclusive += other;
+  }
+  double exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
+  if (lane == 0) exclusive = 0.0;
+  unsigned const reached = __ballot_sync(kFullMask, (mass_above + inclusive) / total >= top_p);
+  if (lane == 0) sh.digit = -1;
+  __syncwarp();
+  // Without a lane that reaches it (rounding), the last lane's last non-empty digit closes the prefix.
+  int const owner = reached ? __ffs(reached) - 1 : 31;
+  if (lane == owner) {
+    double running = mass_above + exclusive;
+    for (int j = 0; j < per_lane; ++j) {
+      int const digit = digit_at(j);
+      double const m = sh.total_mass[digit];
+      if (sh.total_count[digit] != 0) {
+        sh.digit = digit;
+        sh.digit_count = sh.total_count[digit];
+        sh.mass_above = running;
+        if ((running + m) / total >= top_p) break;
+      }
+      running += m;
+    }
+  }
+}
+
+struct Slice {
+  int64_t begin, end;
+};
+
+// The k-th largest key of the row (k < the allowed tokens), as the smallest key of a digit
+// prefix that holds exactly the first k: keys >= it are the top k. Level 0's histogram is in
+// total_count already.
+__device__ PackedCandidate select_top_k(cg::cluster_group& cluster, SharedState& sh, RowInput const& in,
+                                        Slice slice, unsigned k) {
+  PackedCandidate prefix = 0, prefix_mask = 0;
+  unsigned remaining = k;
+  for (int level = 0; level < kLevels; ++level) {
+    int const shift = level_shift(level), bins = 1 << level_bits(level);
+    if (level > 0) {
+      reset_histogram(sh, bins, false);
+      for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float, PackedCandidate key) {
+        bool const active = key != 0 && (key & prefix_mask) == prefix;
+        add_counts(sh.count, static_cast<unsigned>(key >> shift) & (bins - 1), active);
+      });
+      __syncthreads();
+      cluster_sum_histograms(cluster, sh, bins, false);
+    }
+    if (threadIdx.x < 32) choose_digit_by_count(sh, bins, remaining);
+    __syncthreads();
+    remaining -= sh.count_above;
+    prefix |= static_cast<PackedCandidate>(sh.digit) << shift;
+    prefix_mask |= static_cast<PackedCandidate>(bins - 1) << shift;
+    bool const whole_digit = sh.digit_count == remaining;
+    __syncthreads();
+    if (whole_digit) break;
+  }
+  return prefix;
+}
+
+// exp(y - y0) of a finite y0 in fp32 (NaN y: no mass), for top_p's and the log-sum-exp's sums.
+__device__ __forceinline__ double mass_of(float y, double y0) {
+  return y != y ? 0.0 : static_cast<double>(expf(static_cast<float>(static_cast<double>(y) - y0)));
+}
+
+// The smallest key of the shortest prefix, among the keys >= floor, whose mass reaches top_p
+// (0 < top_p < 1, y0 finite): keys >= it are top_p's survivors.
+__device__ PackedCandidate select_top_p(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
+                                        PackedCandidate floor, double y0, double top_p) {
+  PackedCandidate prefix = 0, prefix_mask = 0;
+  double mass_above = 0.0, total = 0.0;
+  for (int level = 0; level < kLevels; ++level) {
+    int const shift = level_shift(level), bins = 1 << level_bits(level);
+    reset_histogram(sh, bins, true);
+    double local_total = 0.0;
+    for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
+      bool const active = key != 0 && key >= floor && (key & prefix_mask) == prefix;
+      double const m = active ? mass_of(y, y0) : 0.0;
+      local_total += m;
+      add_counts_and_masses(sh.count, sh.mass, static_cast<unsigned>(key >> shift) & (bins - 1), m, active);
+    });
+    if (level == 0) {
+      double const block_total = block_sum(local_total, sh);
+      if (threadIdx.x == 0) sh.top_p_mass = block_total;
+    }
+    __syncthreads();
+    cluster_sum_histograms(cluster, sh, bins, true);
+    if (level == 0) {
+      // Read after the barriers above; written again only by the next row's top_p.
+      for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += cluster.map_shared_rank(&sh, r)->top_p_mass;
+    }
+    if (threadIdx.x < 32) choose_digit_by_mass(sh, bins, mass_above, total, top_p);
+    __syncthreads();
+    int const digit = sh.digit;
+    if (digit < 0) break;  // not reached within rounding: the whole prefix so far stays
+    mass_above = sh.mass_above;
+    prefix |= static_cast<PackedCandidate>(digit) << shift;
+    prefix_mask |= static_cast<PackedCandidate>(bins - 1) << shift;
+    bool const single = sh.digit_count == 1;
+    __syncthreads();
+    if (single) break;
+  }
+  return prefix;
+}
+
+// min_p's test of a survivor candidate: exp(y - y0) >= min_p in float64 (truncation.py), NaN
+// y as -inf. Decided from the difference alone where it is far from log(min_p).
+struct MinP {
+  bool on;
+  double value, log_value, y0;
+  bool y0_finite;
+
+  __device__ __forceinline__ bool keeps(float y) const {
+    if (!on) return true;
+    double const ys = y != y ? -INFINITY : static_cast<double>(y);
+    if (y0_finite && value > 0.0) {
+      double const d = ys - y0;
+      if (d > log_value + 1e-9) return true;
+      if (d < log_value - 1e-9) return false;
+    }
+    return exp(ys - y0) >= value;
+  }
+};
+
+__device__ void write_row_without_sample(LogitsSamplerParams const& p, int64_t row, int64_t token, float lse) {
+  for (int s = threadIdx.x; s < p.num_samples; s += kThreads) {
+    int64_t const out = row * p.num_samples + s;
+    p.tokens[out] = token;
+    if (p.scores) p.scores[out] = -INFINITY;
+    if (p.token_logprobs) p.token_logprobs[out] = __uint_as_float(0x7fc00000u);
+  }
+  if (threadIdx.x == 0 && p.logsumexp) p.logsumexp[row] = lse;
+}
+
+__device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSamplerParams const& p, int64_t row,
+                           uint64_t batch_seed, uint64_t batch_offset) {
+  unsigned const rank = cluster.block_rank(), ctas = cluster.num_blocks();
+  bool const leader = rank == 0;
+  float const inv_t = p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
+  if (inv_t != inv_t) {  // an invalid temperature in a device tensor: no candidate
+    if (leader) write_row_without_sample(p, row, -1, __uint_as_float(0x7fc00000u));
+    return;
+  }
+  RowInput const in{p.logits + row * p.logits_row_stride, p.logit_bias,
+                    p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
+                    static_cast<uint32_t>(p.vocab_start)};
+  Slice const slice{p.vocab_size * rank / ctas, p.vocab_size * (rank + 1) / ctas};
+  int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
+
+  // 1. The first key, the allowed tokens and (for top_k) the top digits' histogram.
+  bool const k_on = k >= 1;
+  if (k_on) reset_histogram(sh, kMaxBins, false);
+  PackedCandidate local_max = 0;
+  unsigned local_allowed = 0;
+  for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float, PackedCandidate key) {
+    local_max = key > local_max ? key : local_max;
+    local_allowed += key != 0;
+    if (k_on) add_counts(sh.count, static_cast<unsigned>(key >> 53), key != 0);
+  });
+  PackedCandidate const block_first = block_max(local_max, sh);
+  unsigned const block_allowed = block_sum(local_allowed, sh);
+  if (threadIdx.x == 0) {
+    sh.max_key = block_first;
+    sh.allowed = block_allowed;
+  }
+  __syncthreads();
+  cluster_sum_histograms(cluster, sh, k_on ? kMaxBins : 0, false);
+  PackedCandidate first = 0;
+  int64_t allowed = 0;
+  for (unsigned r = 0; r < ctas; ++r) {
+    SharedState const* peer = cluster.map_shared_rank(&sh, r);
+    first = peer->max_key > first ? peer->max_key : first;
+    allowed += peer->allowed;
+  }
+  // The peers' max_key / allowed are not written again before the next row's first barrier.
+  if (allowed == 0) {
+    if (leader) write_row_without_sample(p, row, p.allowed_mask ? p.empty_mask_token : -1, -INFINITY);
+    cluster.sync();
+    return;
+  }
+  float const y0f = from_order_bits(static_cast<uint32_t>(first >> 32));
+  double const y0 = static_cast<double>(y0f);
+  bool const y0_finite = isfinite(y0f);
+
+  // 2. top_k.
+  PackedCandidate threshold = 0;
+  if (k_on && k < allowed) threshold = select_top_k(cluster, sh, in, slice, static_cast<unsigned>(k));
+
+  // 3. top_p over the top_k survivors. Without a finite y0 the probabilities are NaN and only
+  // the first token stays (as in truncation.py's float64 arithmetic).
+  bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
+  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+  if (top_p_on && !(top_p >= 1.0)) {
+    if (top_p > 0.0 && y0_finite) {
+      PackedCandidate const cut = select_top_p(cluster, sh, in, slice, threshold, y0, top_p);
+      threshold = cut > threshold ? cut : threshold;
+    } else {
+      threshold = first;
+    }
+  }
+  MinP min_p;
+  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
+  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
+  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
+  min_p.y0 = y0;
+  min_p.y0_finite = y0_finite;
+
+  // 4. The samples, and the survivors' mass for the log-probabilities.
+  RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
+  bool const greedy = in.greedy;
+  double kept_mass = 0.0;
+  for (int s = 0; s < p.num_samples; ++s) {
+    float best_score = -INFINITY;
+    int32_t best_index = kNoCandidate;
+    double best_y = 0.0;
+    double local_mass = 0.0;
+    bool const with_mass = s == 0 && p.token_logprobs != nullptr;
+    for_each_element(in, slice.begin, slice.end, [&](int64_t, float x, float y, PackedCandidate key) {
+      if (key == 0 || key < threshold) return;
+      if (key != first && !min_p.keeps(y)) return;
+      uint32_t const index = top_candidate_index(key);
+      float const score =
+          greedy ? x
+                 : fs_perturbed_score(x, inv_t,
+                                      fs_gumbel_noise(noise.seed, noise.offset, noise.stream,
+                                                      static_cast<uint32_t>(s), index));
+      if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
+        best_score = score;
+        best_index = static_cast<int32_t>(index);
+        best_y = static_cast<double>(y);
+      }
+      // A NaN y makes the log-sum-exp NaN, as in the fused op (top_p gives it no mass, above).
+      if (with_mass) local_mass += y != y ? static_cast<double>(NAN) : y0_finite ? mass_of(y, y0) : 0.0;
+    });
+    block_best(best_score, best_index, best_y, sh);
+    double const block_mass = with_mass ? block_sum(local_mass, sh) : 0.0;
+    if (threadIdx.x == 0) {
+      sh.best_score = best_score;
+      sh.best_index = best_index;
+      sh.best_y = best_y;
+      sh.kept_mass = block_mass;
+    }
+    cluster.sync();
+    if (leader && threadIdx.x == 0) {
+      double mass = 0.0;
+      for (unsigned r = 0; r < ctas; ++r) {
+        SharedState const* peer = cluster.map_shared_rank(&sh, r);
+        if (fs_candidate_better(peer->best_score, peer->best_index, best_score, best_index)) {
+          best_score = peer->best_score;
+          best_index = peer->best_index;
+          best_y = peer->best_y;
+        }
+        mass += peer->kept_mass;
+      }
+      if (with_mass) kept_mass = mass;
+      // Without a finite first y the log-sum-exp is that y (+-inf, or NaN), or NaN with a NaN term.
+      double const lse = y0_finite ? y0 + log(kept_mass) : kept_mass != kept_mass ? kept_mass : y0;
+      bool const found = best_index != kNoCandidate;
+      int64_t const out = row * p.num_samples + s;
+      p.tokens[out] = found ? best_index : -1;
+      if (p.scores) p.scores[out] = found ? best_score : -INFINITY;
+      if (p.token_logprobs) {
+        p.token_logprobs[out] = found ? static_cast<float>(best_y - lse) : __uint_as_float(0x7fc00000u);
+        if (s == 0) p.logsumexp[row] = static_cast<float>(lse);
+      }
+    }
+    cluster.sync();  // the leader has read every peer's partials
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) sample_from_logits_kernel(LogitsSamplerParams const p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  SharedState& sh = *reinterpret_cast<SharedState*>(smem);
+  cg::cluster_group cluster = cg::this_cluster();
+  int64_t const ctas = cluster.num_blocks();
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(p.noise, batch_seed, batch_offset);
+  for (int64_t row = blockIdx.x / ctas; row < p.batch_size; row += gridDim.x / ctas) {
+    sample_row(cluster, sh, p, row, batch_seed, batch_offset);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_sample_from_logits(LogitsSamplerParams const& params, int sm_count, cudaStream_t stream) {
+  if (params.batch_size == 0) return cudaSuccess;
+  if (params.num_samples < 1 || params.vocab_size < 1) return cudaErrorInvalidValue;
+  LogitsSamplerGrid const grid = logits_sampler_grid(params.batch_size, sm_count);
+  size_t const smem = sizeof(SharedState);
+  cudaError_t err = cudaFuncSetAttribute(sample_from_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid.clusters * grid.cluster_size));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = static_cast<unsigned>(grid.cluster_size);
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, sample_from_logits_kernel, params);
+}
+
+}  // namespace flashsampling
