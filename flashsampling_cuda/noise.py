@@ -106,7 +106,9 @@ def fma32(a: Tensor | float, b: Tensor | float, c: Tensor | float) -> Tensor:
     other = torch.nextafter(r, torch.where(r64 < s, torch.inf, -torch.inf).to(torch.float32))
     midpoint = (r64 + other.double()) == 2.0 * s
     toward_e = torch.where(e > 0, torch.maximum(r, other), torch.minimum(r, other))
-    return torch.where(midpoint & (e != 0), toward_e, r)
+    # An infinite s (an infinite operand or an overflow) is the fp32 result already: TwoSum's
+    # error term is NaN there, and the midpoint test would compare infinities.
+    return torch.where(midpoint & (e != 0) & torch.isfinite(s), toward_e, r)
 
 
 def logf(x: Tensor) -> Tensor:
