@@ -1,6 +1,7 @@
 // The static config table of the fused sampler: one CTA tile per batch bucket,
-// chosen on the host from B alone (no sync, no per-call compilation). Each entry
-// is instantiated in its own sampler_<dtype>_n<N>_<arch>.cu so builds run in parallel.
+// chosen on the host from B alone (no sync, no per-call compilation). Each entry is
+// instantiated in its own instantiations/sampler_<dtype>_n<N>_<loop>..._<arch>.cu (written by
+// generate_kernels.py) so builds run in parallel.
 #pragma once
 
 #include <cstddef>

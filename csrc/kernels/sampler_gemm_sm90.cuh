@@ -4,7 +4,8 @@
 // whole epilogue (ElementD = void: no logits are stored).
 //
 // Included only by the small per-config instantiation files
-// sampler_<dtype>_n<N>[_controls]_<schedule>_sm90.cu, so each config compiles in its own process.
+// instantiations/sampler_<dtype>_n<N>_<loop>_<schedule>[_cluster_m2|_cluster_n2]_sm90.cu
+// (written by generate_kernels.py), so each config compiles in its own process.
 #pragma once
 
 #include "cutlass/epilogue/collective/collective_builder.hpp"
