@@ -76,8 +76,8 @@ struct SamplerGemmSm90EpilogueWarpGroups {
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using GemmKernel = kernel::Sm90SamplerEpilogueWarpGroups<CollectiveMainloop, kLoop>;
   static_assert(GemmKernel::kHalfM == kEpilogueWarpGroupsVocabTile, "stage 2 reads candidates per half tile");
-  // The hand-over's shared memory leaves the mainloop 5 stages at N = 128 (benchmarks/NOTES.md,
-  // v20: 4 measured slower); anything added to it must fit in what is left.
+  // The hand-over's shared memory leaves the mainloop 5 stages at N = 128 (4 are slower:
+  // docs/kernel.md); anything added to it must fit in what is left.
   static_assert(TileN != 128 || CollectiveMainloop::DispatchPolicy::Stages >= 5, "5 mainloop stages at N = 128");
 
   static cudaError_t run(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {
