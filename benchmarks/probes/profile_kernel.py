@@ -2,7 +2,7 @@
 
   ncu --kernel-name device_kernel --launch-skip 2 --launch-count 1 \\
       --section SpeedOfLight --section WarpStateStats --section SourceCounters \\
-      python3 benchmarks/profile_kernel.py --batch 256 --dim 4096
+      python3 benchmarks/probes/profile_kernel.py --batch 256 --dim 4096
 
 CUTLASS launches its GEMMs as cutlass::device_kernel<...>, the name ncu matches. The first
 calls warm up (kernel load, workspace); profile a later one. --controls all3 runs

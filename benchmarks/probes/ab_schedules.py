@@ -2,17 +2,16 @@
 
 Each variant runs in its own process, since the dispatch reads its knobs once; VARIANT_ENV
 names them (FLASHSAMPLING_PLAIN_TILE_N caps the plain N tile,
-FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs plain passes of more than 64 columns on v9's
-CUTLASS schedules instead of v16's kernel, FLASHSAMPLING_PAD_COLUMNS=0 does not pad the hidden
+FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs plain passes of more than 64 columns on the
+CUTLASS schedules instead of the epilogue-warpgroup kernel, FLASHSAMPLING_PAD_COLUMNS=0 does not pad the hidden
 rows to whole N tiles, FLASHSAMPLING_EWG_CLUSTER=1 runs the epilogue-warpgroup kernels one CTA per
 cluster instead of pairs on neighbouring column tiles; --all3 also times bench_controls'
-all3). The v9 A/B of the 128-wide tile's schedule and of 2-CTA clusters and v18's 64-wide tile
-on v16's kernel used knobs since removed (benchmarks/NOTES.md). Times are medians of CUDA-graph
+all3). Times are medians of CUDA-graph
 replays (bench_sampler's median_us); mm is timed in every process, so each variant has its own
 reference.
 
 Usage:
-  python benchmarks/ab_schedules.py [--variants default,tile32,tile64]
+  python benchmarks/probes/ab_schedules.py [--variants default,tile32,tile64]
       [--shapes 4096x151936,8192x128256] [--batches 64,128,256] [--rounds 3] [--greedy] [--all3]
       [--out DIR]
 """
@@ -26,26 +25,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_*.py, report.py
+
 VARIANT_ENV = {
     "default": {},
     "tile32": {"FLASHSAMPLING_PLAIN_TILE_N": "32"},
     "tile64": {"FLASHSAMPLING_PLAIN_TILE_N": "64"},
-    # v16: more than 64 columns run the kernel with epilogue warpgroups of its own by default;
-    # "cutlass" runs the CUTLASS schedules of v9 instead
+    # more than 64 columns run the kernel with epilogue warpgroups of its own by default;
+    # "cutlass" runs the CUTLASS schedules instead
     "cutlass": {"FLASHSAMPLING_PLAIN_WIDE_SCHEDULE": "cutlass"},
-    # v17: hidden rows padded to whole N tiles by default; "nopad" leaves the TMA boxes ragged
+    # hidden rows padded to whole N tiles by default; "nopad" leaves the TMA boxes ragged
     "nopad": {"FLASHSAMPLING_PAD_COLUMNS": "0"},
-    # v25: the epilogue-warpgroup kernels run an even number of column tiles in clusters of two CTAs
-    # (the W tile multicast) by default; "single" runs one CTA per cluster (v30's pairs along the
-    # vocabulary for the common controls' 64-wide tile measured within noise and were removed)
+    # the epilogue-warpgroup kernels run an even number of column tiles in clusters of two CTAs
+    # (the W tile multicast) by default; "single" runs one CTA per cluster
     "single": {"FLASHSAMPLING_EWG_CLUSTER": "1"},
     # the common controls' N tile capped at 32 (33-64 columns: two pingpong tiles re-reading W)
     "ctile32": {"FLASHSAMPLING_CONTROLS_TILE_N": "32"},
-    # the common controls on v13's CUTLASS schedules (v35: 17-32 columns on the 32-wide
-    # epilogue-warpgroup tile by default, the pingpong visitor before)
+    # the common controls on the CUTLASS schedules (by default more than 16 columns run on the
+    # epilogue-warpgroup kernel)
     "ccutlass": {"FLASHSAMPLING_CONTROLS_SCHEDULE": "cutlass"},
-    # v39: the controls' loop sums log-sum-exp terms against each column's log-sum-exp of earlier
-    # tiles by default; "lsemax" takes each step's max over the lanes instead (v23-v38)
+    # the controls' loop sums log-sum-exp terms against each column's log-sum-exp of earlier
+    # tiles by default; "lsemax" takes each step's max over the lanes instead
     "lsemax": {"FLASHSAMPLING_LSE_REFERENCE": "0"},
 }
 
@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the variants this many times, interleaved (A B A B ...), and report each "
                              "cell's median: at large B the GPU runs at its power cap and its clock drifts "
-                             "from one process to the next (benchmarks/NOTES.md, v26)")
+                             "from one process to the next (docs/benchmarking.md)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

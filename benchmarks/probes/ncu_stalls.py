@@ -3,9 +3,9 @@
 Export the page on the GPU machine, then read it anywhere (no ncu needed here):
 
   ncu --set full --import-source yes --kernel-name device_kernel --launch-skip 2 --launch-count 1 \\
-      -o prof python3 benchmarks/profile_kernel.py --batch 256
+      -o prof python3 benchmarks/probes/profile_kernel.py --batch 256
   ncu -i prof.ncu-rep --page source --csv --print-source sass > sass.csv
-  python benchmarks/ncu_stalls.py sass.csv [--region 100]
+  python benchmarks/probes/ncu_stalls.py sass.csv [--region 100]
 
 Warp-stall samples are taken from every warp of the CTA (producer and consumers alike), so a
 region's share of the samples is its share of warp time. In our kernels the regions read as:

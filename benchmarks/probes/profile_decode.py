@@ -18,9 +18,9 @@ compact table: TPOT, kernels per step, GPU time per step by kernel kind, and the
 (TPOT minus the summed kernel time: launch gaps between the step's small kernels).
 
 Usage (GPU, ~2-3 min on an H200, mostly torch.compile of the body: 2 graphs per variant):
-  python benchmarks/profile_decode.py [--model qwen3-1.7b] [--batches 1,32] [--attn grouped,repeat_kv]
+  python benchmarks/probes/profile_decode.py [--model qwen3-1.7b] [--batches 1,32] [--attn grouped,repeat_kv]
 Smoke run (CPU: tiny model, eager body, CPU ops instead of CUDA kernels):
-  python benchmarks/profile_decode.py --tiny
+  python benchmarks/probes/profile_decode.py --tiny
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_*.py, report.py
 from bench_decode import DTYPES, build_model, standard_head
 
 KINDS = (  # kernel kind by name, first match wins

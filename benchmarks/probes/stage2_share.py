@@ -5,7 +5,7 @@ kernel (reduce_candidates.cu) reduces them to tokens. The CUTLASS issue asks to 
 that kernel and a last-CTA reduction inside the GEMM launch by measurement: the second
 kernel's own time bounds what the in-GEMM form could save.
 
-Usage: python benchmarks/stage2_share.py [--shapes 4096x151936,8192x128256] [--batches 1,64,256]
+Usage: python benchmarks/probes/stage2_share.py [--shapes 4096x151936,8192x128256] [--batches 1,64,256]
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ for batch, vocab, dim, dtype in SHAPES:
     tokens = flashsampling_cuda.sample(hidden, weight, seed=7)
     torch.cuda.synchronize()
     assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
-    tokens = flashsampling_cuda.sample(hidden, weight, temperature=0.0)  # greedy: the skip too (v38)
+    tokens = flashsampling_cuda.sample(hidden, weight, temperature=0.0)  # greedy: the skip too
     torch.cuda.synchronize()
     assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
     tokens = flashsampling_cuda.sample(hidden, weight, seed=7, num_samples=2)

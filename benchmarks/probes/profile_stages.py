@@ -2,20 +2,24 @@
 into its stages: the GEMM + epilogue (cutlass device_kernel), the stage-2 kernel
 (reduce_candidates / truncate_candidates) and anything else launched.
 
-  python3 benchmarks/profile_stages.py --batches 1,32,64,128,256 --mode topk
-  python3 benchmarks/profile_stages.py --batches 32,64 --mode plain,temps,logprobs,all3 --vocab 75968
+  python3 benchmarks/probes/profile_stages.py --batches 1,32,64,128,256 --mode topk
+  python3 benchmarks/probes/profile_stages.py --batches 32,64 --mode plain,temps,logprobs,all3 --vocab 75968
 
 --mode takes a comma-separated list: plain, topk, or any variant of bench_controls.py (temps,
 mask, logprobs, all3, ...; the same arguments as there, on the same data).
 """
 
 import argparse
+import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import flashsampling_cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_*.py, report.py
 from bench_controls import VARIANTS as CONTROL_VARIANTS
 from bench_controls import variant_kwargs
 

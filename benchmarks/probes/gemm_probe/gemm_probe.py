@@ -1,7 +1,7 @@
-"""Plain CUTLASS GEMMs of several tile / cluster shapes beside cuBLAS and our sampler (v37).
+"""Plain CUTLASS GEMMs of several tile / cluster shapes beside cuBLAS and our sampler.
 
 At B = 128-256 our sampler with nothing in its epilogue (T = 0) is slower than cuBLAS's matmul
-(benchmarks/NOTES.md, v35): the GPU runs at its power cap, so what is left is the mainloop's
+(docs/controls.md): the GPU runs at its power cap, so what is left is the mainloop's
 energy per FLOP. Before a wider tile goes into the sampler, this measures what plain CUTLASS
 GEMMs (same operands, bf16 out like torch.mm) of each shape take in the same process as mm:
 if a 128 x 256 tile is no faster than a 128 x 128 one here, a sampler built on it will not be.
@@ -9,7 +9,7 @@ if a 128 x 256 tile is no faster than a 128 x 128 one here, a sampler built on i
 Builds gemm_probe_*.cu (torch-free, ctypes) with the extension's nvcc flags, checks each result
 against mm, then times CUDA-graph replays, the configs interleaved over --rounds (medians).
 
-Usage: python benchmarks/gemm_probe/gemm_probe.py [--shapes 4096x151936] [--batches 128,256]
+Usage: python benchmarks/probes/gemm_probe/gemm_probe.py [--shapes 4096x151936] [--batches 128,256]
        [--rounds 3] [--rasters 0,2] [--configs a,b] [--out DIR]
        (--profile NAME --calls 4: only NAME's calls, untimed, for ncu; NAME as in the table)
 Raster 0 is CUTLASS's heuristic, 1 along M, 2 along N (what the sampler asks for).
@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1] / "tools"))
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[2] / "tools"))
+sys.path.insert(0, str(HERE.parents[1]))  # benchmarks/: bench_*.py, report.py
 
 CONFIGS = sorted(p.stem.removeprefix("gemm_probe_") for p in HERE.glob("gemm_probe_*.cu"))
 

@@ -2,7 +2,7 @@
 
 At large batch the fused sampler, the plain cuBLAS matmul and every baseline run at the GPU's
 power cap (H200: ~700 W), so their clocks differ from one another and drift with temperature
-(benchmarks/NOTES.md, v26): this script shows it. Each mode replays a graph of 20 calls for
+(docs/benchmarking.md): this script shows it. Each mode replays a graph of 20 calls for
 2.5 s while `nvidia-smi` samples the SM clock and power every 50 ms.
 
 Each line also gives the GEMM's rate against the tensor cores' peak at the measured clock
@@ -12,18 +12,22 @@ else (memory at small batch, the epilogue's instructions at large batch).
 `--all3` adds ours with per-row temperatures + bitmask + logprobs (issue #4's controls).
 
 Usage:
-  python benchmarks/power_probe.py [--dim 8192] [--vocab 128256] [--batch 256] [--all3]
+  python benchmarks/probes/power_probe.py [--dim 8192] [--vocab 128256] [--batch 256] [--all3]
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import flashsampling_cuda
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_*.py, report.py
 
 
 DENSE_FLOP_PER_SM_CLOCK = 4096  # Hopper bf16 tensor cores, dense

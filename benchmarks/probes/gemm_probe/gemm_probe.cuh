@@ -1,6 +1,6 @@
 // Plain CUTLASS GEMMs (no sampling) with the sampler's operands: out[B, V] = h[B, D] . W[V, D]^T
 // in bf16, as torch.mm(h, W.t()) computes it. They measure what a mainloop of a given tile and
-// cluster shape costs under the power cap beside cuBLAS (benchmarks/NOTES.md, v37), before any
+// cluster shape costs under the power cap beside cuBLAS (docs/controls.md), before any
 // tile is built into the sampler. Torch-free; gemm_probe.py loads them through ctypes.
 #pragma once
 
