@@ -5,7 +5,7 @@
 // written with explicit fma / round-to-nearest operations so that neither nvcc's
 // default contraction nor a host compiler can change a single bit.
 //
-// Noise contract (documented in README.md, "Noise and exactness contract"):
+// Noise contract (documented in docs/noise.md):
 //
 //   key     = (lo32(seed), hi32(seed))
 //   counter = (vocab_index, stream >> 2, lo32(offset + sample), hi32(offset + sample))
