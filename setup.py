@@ -153,7 +153,8 @@ def make_extension():
 
 
 setup(
-    packages=["flashsampling_cuda", "flashsampling_cuda.integrations"],
+    packages=["flashsampling_cuda", "flashsampling_cuda.integrations",
+              "flashsampling_cuda.integrations.transformers"],
     ext_modules=[make_extension()],
     cmdclass={"build_ext": BuildExtensionWithKernels},
     options={"bdist_wheel": {"py_limited_api": "cp39"}},

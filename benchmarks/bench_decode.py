@@ -12,7 +12,7 @@ prefilled eagerly, two decode steps run as warm-up (compiling the standard head 
 GPU, the model body: `compile_body=True`, torch.compile with dynamic shapes, shared by both
 paths), then one decode step (body + sampling + bookkeeping) is captured as a CUDA graph
 and replayed for the remaining tokens. Without the compiled body a Qwen3-1.7B step runs
-~1,500 small eager kernels (5.3 ms at B = 1 on an H200), which hides any sampler. The decode
+~1,500 small eager kernels, several times the compiled step's time, which hides any sampler. The decode
 steps attend with the query heads grouped per KV head over the un-repeated static cache
 (StaticCacheDecoder(grouped_decode_attention=True), for both paths; compiled, that attention is
 two batched GEMMs and a float32 softmax) and, by default, with each layer's q/k/v and gate/up

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (see benchmarks/NOTES.md): install the carried wheels,
+# One call on the GPU machine (see docs/benchmarking.md): install the carried wheels,
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
 #   STEPS: any of "build tests sanitizer bench truncation ab controls controls_ab decode ncu tp" (default:
 #   build tests sanitizer bench); truncation runs bench_truncation.py (TRUNCATION_ARGS adds options);
 #   PYTEST_TARGETS picks test files (default: tests); controls_ab runs bench_controls.py with
-#   FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass and with the default (v19-v22, NOTES);
+#   FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass and with the default (the schedule A/B of docs/kernel.md);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
@@ -37,7 +37,7 @@ if has_step tests; then
 fi
 if has_step sanitizer; then
   for tool in memcheck racecheck; do
-    compute-sanitizer --tool $tool --error-exitcode 3 python3 benchmarks/sanitizer_shapes.py > "$OUT/sanitizer_$tool.log" 2>&1
+    compute-sanitizer --tool $tool --error-exitcode 3 python3 benchmarks/probes/sanitizer_shapes.py > "$OUT/sanitizer_$tool.log" 2>&1
     summary+=("compute-sanitizer $tool: rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))")
   done
 fi
@@ -48,8 +48,8 @@ if has_step truncation; then
   python3 benchmarks/bench_truncation.py --out "$OUT" ${TRUNCATION_ARGS:-} 2>&1 | tee "$OUT/truncation.log" \
     | grep -v "^\[bench\] {"
 fi
-if has_step ab; then  # A/B of dispatch knobs against the default (benchmarks/ab_schedules.py)
-  python3 benchmarks/ab_schedules.py --out "$OUT" ${AB_ARGS:-} > "$OUT/ab.log" 2>&1
+if has_step ab; then  # A/B of dispatch knobs against the default (benchmarks/probes/ab_schedules.py)
+  python3 benchmarks/probes/ab_schedules.py --out "$OUT" ${AB_ARGS:-} > "$OUT/ab.log" 2>&1
   summary+=("A/B: rc=$? ($OUT/ab.log)")
 fi
 if has_step controls; then
@@ -68,7 +68,7 @@ fi
 if has_step ncu; then  # stall reasons and source counters of the plain kernel (NCU_ARGS: shape)
   ncu --kernel-name device_kernel --launch-skip 2 --launch-count 1 --section SpeedOfLight \
     --section WarpStateStats --section SourceCounters --section InstructionStats \
-    python3 benchmarks/profile_kernel.py ${NCU_ARGS:---batch 256 --dim 4096} > "$OUT/ncu.txt" 2>&1
+    python3 benchmarks/probes/profile_kernel.py ${NCU_ARGS:---batch 256 --dim 4096} > "$OUT/ncu.txt" 2>&1
   summary+=("ncu: rc=$? ($(wc -l < "$OUT/ncu.txt") lines in ncu.txt)")
 fi
 if has_step tp; then

@@ -1,12 +1,12 @@
 """Compile check (no GPU needed): the CUDA kernel sources compile with the local nvcc
 against the nvidia-cutlass headers, for sm_90a and/or sm_100a as its name says
-(tools/build_config.py: the same command setup.py builds with).
+(tools/build_config.py: the same sources and command setup.py builds with).
 
-Each fused GEMM translation unit takes about a minute on CI's two cores and there are 66, so
-by default the check compiles every other source (5) plus one GEMM unit per (epilogue loop,
-architecture, schedule family) (REPRESENTATIVE_GEMMS): the units differ only in template
-arguments of the same headers. FLASHSAMPLING_COMPILE_CHECK=all compiles every unit (the
-GPU machine's build does anyway)."""
+Each fused GEMM unit (csrc/kernels/instantiations/, written by generate_kernels.py) takes
+about a minute on CI's two cores, so by default the check compiles every hand-written source
+plus one unit per (epilogue loop, architecture, schedule family) (REPRESENTATIVE_GEMMS): the
+units differ only in template arguments of the same headers. FLASHSAMPLING_COMPILE_CHECK=all
+compiles every unit (the GPU machine's build does anyway)."""
 
 import os
 import subprocess
@@ -26,29 +26,28 @@ ALL_ARCHS = list(cfg.CUDA_ARCHS.values())
 # warpgroups (one CTA and column pairs: the cluster launch) on sm90; bf16 only (the
 # fp16 units instantiate the same code with another element type).
 REPRESENTATIVE_GEMMS = {
-    "sampler_bf16_n16_pingpong_sm90.cu",
-    "sampler_bf16_n128_cooperative_sm90.cu",
-    "sampler_bf16_n128_epilogue_warpgroups_sm90.cu",
-    "sampler_bf16_n128_controls_epilogue_warpgroups_sm90.cu",
-    "sampler_bf16_n128_epilogue_warpgroups_cluster_n2_sm90.cu",
-    "sampler_bf16_n64_controls_pingpong_cluster2_sm90.cu",
+    "sampler_bf16_n16_plain_pingpong_sm90.cu",
+    "sampler_bf16_n128_plain_cooperative_sm90.cu",
+    "sampler_bf16_n128_plain_epilogue_warpgroups_sm90.cu",
+    "sampler_bf16_n128_common_controls_epilogue_warpgroups_sm90.cu",
+    "sampler_bf16_n128_plain_epilogue_warpgroups_cluster_n2_sm90.cu",
+    "sampler_bf16_n64_common_controls_pingpong_cluster_m2_sm90.cu",
     "sampler_bf16_n32_all_controls_pingpong_sm90.cu",
-    "sampler_bf16_n128_topk_cooperative_sm90.cu",
-    "sampler_bf16_n16_sm100.cu",
-    "sampler_bf16_n64_controls_sm100.cu",
+    "sampler_bf16_n128_top_candidates_cooperative_sm90.cu",
+    "sampler_bf16_n16_plain_sm100.cu",
+    "sampler_bf16_n64_common_controls_sm100.cu",
     "sampler_bf16_n16_all_controls_sm100.cu",
-    "sampler_bf16_n64_topk_sm100.cu",
+    "sampler_bf16_n64_top_candidates_sm100.cu",
 }
 
 
 def selected_sources() -> list:
-    sources = cfg.kernel_sources()
     if os.environ.get("FLASHSAMPLING_COMPILE_CHECK") == "all":
-        return sources
-    missing = REPRESENTATIVE_GEMMS - {s.name for s in sources}
-    assert not missing, f"REPRESENTATIVE_GEMMS names sources that do not exist: {sorted(missing)}"
-    return [s for s in sources if not s.name.startswith("sampler_") or s.name in REPRESENTATIVE_GEMMS
-            or not s.name.endswith(("_sm90.cu", "_sm100.cu"))]
+        return cfg.kernel_sources()
+    generated = cfg.generated_kernel_sources()
+    missing = REPRESENTATIVE_GEMMS - {s.name for s in generated}
+    assert not missing, f"REPRESENTATIVE_GEMMS names units generate_kernels.py does not list: {sorted(missing)}"
+    return sorted([*cfg.handwritten_kernel_sources(), *(s for s in generated if s.name in REPRESENTATIVE_GEMMS)])
 
 
 SOURCES = selected_sources()

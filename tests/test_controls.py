@@ -425,7 +425,7 @@ def test_bad_host_temperature_values_raise():
 @pytest.mark.requires_cuda
 def test_invalid_temperature_in_device_tensor_gives_minus_one():
     """Values inside a CUDA tensor are not read on the host (no sync): a row with a
-    negative or NaN temperature gets token -1 (README), the others sample normally."""
+    negative or NaN temperature gets token -1 (docs/api.md), the others sample normally."""
     hidden, weight = problem(4, 1000, 64, "cuda", seed=3)
     temps = torch.tensor([1.0, -1.0, math.nan, 0.0], device="cuda")
     tokens = fs.sample(hidden, weight, temperature=temps, seed=1, num_samples=2)

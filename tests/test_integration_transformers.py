@@ -251,12 +251,12 @@ def test_grouped_decode_attention(fst, family):
 
     from transformers import AttentionInterface
 
-    grouped_fn = fst._grouped_decode_sdpa
-    AttentionInterface.register(fst._GROUPED_DECODE_SDPA, lambda *a, **k: calls.append(1) or grouped_fn(*a, **k))
+    grouped_fn = fst.attention._grouped_decode_sdpa
+    AttentionInterface.register(fst.attention._GROUPED_DECODE_SDPA, lambda *a, **k: calls.append(1) or grouped_fn(*a, **k))
     try:
         tokens, hidden = run(True)
     finally:
-        AttentionInterface.register(fst._GROUPED_DECODE_SDPA, grouped_fn)
+        AttentionInterface.register(fst.attention._GROUPED_DECODE_SDPA, grouped_fn)
     ref_tokens, ref_hidden = run(False)
     assert model.config._attn_implementation == "sdpa"
     assert len(calls) == 5 * model.config.num_hidden_layers  # steps 1..5 (step 0 is the prefill)
@@ -340,7 +340,7 @@ def test_fused_projections_in_the_compiled_decoder(fst):
     kwargs = dict(max_new_tokens=6, temperature=0.9, seed=4)
     plain = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
     fused = fst.FlashSamplingDecoder(model, cuda_graph=False, compile_body=True, fuse_projections=True)
-    assert isinstance(model.model.layers[0].self_attn.q_proj, fst._GroupedLinear)
+    assert isinstance(model.model.layers[0].self_attn.q_proj, fst.projections._GroupedLinear)
     assert torch.equal(fused.generate(PROMPTS, **kwargs).new_tokens, plain.new_tokens)
     torch._dynamo.reset()
     with torch.no_grad():  # the decoder's mode: the fused path (with grad, every member's own GEMM)
@@ -534,7 +534,7 @@ def test_gpu_grouped_decode_matmul_attention(fst, batch, length):
     lengths = torch.randint(1, length + 1, (batch,), device="cuda", generator=g)
     lengths[0] = 1
     mask = (torch.arange(length, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
-    out = torch.compile(fst._grouped_decode_matmul_attention, dynamic=True)(q, k, v, mask, 0.088)
+    out = torch.compile(fst.attention._grouped_decode_matmul_attention, dynamic=True)(q, k, v, mask, 0.088)
     scores = (q.double() @ k.double().transpose(-1, -2) * 0.088).masked_fill(~mask, float("-inf"))
     ref = torch.softmax(scores, dim=-1) @ v.double()
     assert out.dtype == torch.bfloat16 and out.shape == q.shape

@@ -213,8 +213,8 @@ def test_noise_skip_changes_no_token(tmp_path):
 
 def test_lse_references_change_no_token(tmp_path):
     """The controls' loop of the epilogue-warpgroup kernels sums each column's log-sum-exp terms
-    against its log-sum-exp of earlier tiles (v39; FLASHSAMPLING_LSE_REFERENCE=0: against each
-    step's max, as before): the same tokens and scores bit for bit, the same log-probabilities
+    against its log-sum-exp of earlier tiles (FLASHSAMPLING_LSE_REFERENCE=0: against each
+    step's max): the same tokens and scores bit for bit, the same log-probabilities
     and logsumexp to float rounding; and a second process gives every output bit for bit again
     (the references follow the persistent schedule, not the timing of other CTAs)."""
     referenced = run_probe(tmp_path, NOISE_SKIP_PROBE, "referenced")
@@ -503,9 +503,9 @@ def runs_controls_on_epilogue_warpgroups(names, tile_n):
 
 
 def test_common_controls_schedules_by_tile():
-    """Common-controls passes on 32-, 64- and 128-wide tiles (more than 16 columns; 32 since v35)
+    """Common-controls passes on 32-, 64- and 128-wide tiles (more than 16 columns)
     run the epilogue-warpgroup kernel with the common controls' loop, up to 16 columns the CUTLASS
-    schedules; FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs v13's CUTLASS schedules for all."""
+    schedules; FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs the CUTLASS schedules for all."""
     assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 20), 32)
     assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 50), 64)
     assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 100), 128)
@@ -536,7 +536,7 @@ def test_common_controls_sweep_under_schedule_knob(schedule, pad):
     the CPU op, masks, greedy rows, tiles of 32, 64 and 128 columns, several N tiles, fp16, no
     logprobs, special values, an empty mask row) also passes in a process whose hidden rows
     are not padded to whole tiles, and in one whose FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass (read
-    once per process) runs every tile on v13's CUTLASS schedules."""
+    once per process) runs every tile on the CUTLASS schedules."""
     import subprocess
     import sys
     from pathlib import Path
@@ -556,7 +556,7 @@ def test_common_controls_sweep_under_schedule_knob(schedule, pad):
 @pytest.mark.parametrize("keys", ["seeds", "seeds_offsets", "offsets"])
 def test_per_row_keys_on_the_common_controls_loop(batch, keys):
     """Per-row seeds and / or offsets with one sample and no sparse bias run the epilogue-warpgroup
-    kernels' common-controls loop from 17 columns on sm90 (v27, v35): pathwise against the float64
+    kernels' common-controls loop from 17 columns on sm90: pathwise against the float64
     reference (same noise), logprobs, the CPU op; 32-, 64- and 128-wide tiles, column pairs, three N
     tiles, greedy rows, mask and bias."""
     hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + 1)
@@ -568,7 +568,7 @@ def test_per_row_keys_on_the_common_controls_loop(batch, keys):
 
 
 # (batch, num_samples, seeding, controls): several samples (GEMM column s * B + b) and sparse bias on
-# the epilogue-warpgroup kernels' controls loop from 17 columns (v28, v29, v35). Batch-wide seeds with
+# the epilogue-warpgroup kernels' controls loop from 17 columns. Batch-wide seeds with
 # B % 4 == 0 take the Philox block of a whole row quad, other batches a key per column; 64- and
 # 128-wide tiles, column pairs, several N tiles.
 SEVERAL_SAMPLES_AND_SPARSE_CASES = [
@@ -667,7 +667,7 @@ torch.save([out, on_epilogue_warpgroups], sys.argv[1])
 
 def test_all_controls_schedule_changes_no_token(tmp_path):
     """Per-row seeds / offsets, several samples and sparse bias beyond 16 columns run on the
-    epilogue-warpgroup kernels (v27-v29, v35); FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs
+    epilogue-warpgroup kernels; FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs
     them on the loop for all controls. Same noise, so the same tokens and scores bit for bit (bf16,
     fp16, 32-wide to four 128-wide N tiles, greedy rows, mask, row quads and columns keyed one by one), log-probabilities
     within rounding of the two loops' sums."""

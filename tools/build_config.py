@@ -2,7 +2,10 @@
 
 Torch-free on purpose: it describes how the CUDA kernels (csrc/kernels/**/*.cu, which
 never include torch) are compiled, one object per source with its own -gencode list.
-CMakeLists.txt mirrors the same rules.
+The kernel sources are the hand-written ones (every .cu under csrc/kernels/ outside
+instantiations/) plus the units csrc/kernels/generate_kernels.py lists, which it writes to
+csrc/kernels/instantiations/. CMakeLists.txt mirrors the same rules and asks kernel_sources()
+below for the list.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 INCLUDE_DIR = ROOT / "csrc" / "include"
 TORCH_SRC_DIR = ROOT / "csrc" / "torch"
 KERNEL_DIR = ROOT / "csrc" / "kernels"
+INSTANTIATION_DIR = KERNEL_DIR / "instantiations"
+GENERATOR = KERNEL_DIR / "generate_kernels.py"
 
 # philox_gumbel.h relies on the host compiler not contracting a * b + c into an fma.
 HOST_FLAGS = ["-O3", "-ffp-contract=off"]
@@ -87,8 +93,27 @@ def enabled_cuda_archs(nvcc: str) -> list[CudaArch]:
     return archs
 
 
+def kernel_generator():
+    """csrc/kernels/generate_kernels.py as a module (it is not part of any package)."""
+    spec = importlib.util.spec_from_file_location("flashsampling_generate_kernels", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def handwritten_kernel_sources() -> list[Path]:
+    """Every .cu under csrc/kernels/ except the generated units."""
+    return sorted(p for p in KERNEL_DIR.rglob("*.cu") if INSTANTIATION_DIR not in p.parents)
+
+
+def generated_kernel_sources() -> list[Path]:
+    """The units generate_kernels.py writes to csrc/kernels/instantiations/."""
+    return kernel_generator().instantiation_sources()
+
+
 def kernel_sources() -> list[Path]:
-    return sorted(KERNEL_DIR.rglob("*.cu"))
+    return sorted([*handwritten_kernel_sources(), *generated_kernel_sources()])
 
 
 def archs_for_source(source: Path, enabled: list[CudaArch]) -> list[CudaArch]:
@@ -144,3 +169,4 @@ def nvcc_command(
         "-o",
         str(output),
     ]
+

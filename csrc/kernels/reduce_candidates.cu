@@ -17,7 +17,7 @@ namespace {
 
 // Stage 2 is one block per (row, sample) over ~1-2K vocabulary tiles: latency-bound. 512
 // threads, each issuing its loads four tiles at a time before comparing, keep the loads in
-// flight (benchmarks/NOTES.md, stage 2: 128 threads with one load per step took 7-10 us).
+// flight (128 threads with one load per step are several times slower: docs/kernel.md).
 constexpr int kReduceThreads = 512;
 constexpr int kTilesPerStep = 4;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -34,7 +34,7 @@ __global__ void build_sparse_bitmap_kernel(int32_t const* __restrict__ ids, int6
   }
 }
 
-// The rows' fl(1 / T) (per-row temperatures) and the zeroed floors of the exact skip (v24): one
+// The rows' fl(1 / T) (per-row temperatures) and the zeroed floors of the exact skip: one
 // small kernel before the GEMM rather than a kernel and a memset (a graph node each).
 __global__ void prepare_gemm_inputs_kernel(float const* __restrict__ temperatures, int64_t batch_size,
                                            float* __restrict__ inv_temperatures, uint32_t* __restrict__ noise_floors,

@@ -1,6 +1,7 @@
 // The static config table of the fused sampler: one CTA tile per batch bucket,
-// chosen on the host from B alone (no sync, no per-call compilation). Each entry
-// is instantiated in its own sampler_<dtype>_n<N>_<arch>.cu so builds run in parallel.
+// chosen on the host from B alone (no sync, no per-call compilation). Each entry is
+// instantiated in its own instantiations/sampler_<dtype>_n<N>_<loop>..._<arch>.cu (written by
+// generate_kernels.py) so builds run in parallel.
 #pragma once
 
 #include <cstddef>
@@ -43,8 +44,7 @@ inline int64_t candidates_per_slot(SamplerParams const& p) { return p.top_k > 0 
 
 // Batch buckets: the narrowest N tile that covers the GEMM columns, at most 128; more
 // columns run several N tiles (neighbouring CTAs share each W tile through L2). Two
-// 128-wide tiles beat one 256-wide tile at B = 256 on H200 (benchmarks/NOTES.md, v5e:
-// 861 vs 992 us at D = 4096, 1256 vs 1320 at D = 8192).
+// 128-wide tiles are faster than one 256-wide tile at B = 256 (docs/kernel.md).
 inline int sampler_tile_n_for_batch(int64_t batch_size) {
   return batch_size <= 16 ? 16 : batch_size <= 32 ? 32 : batch_size <= 64 ? 64 : 128;
 }

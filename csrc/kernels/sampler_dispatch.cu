@@ -23,7 +23,7 @@ struct ConfigEntry {
   size_t (*gemm_workspace)(SamplerParams const&);
   int vocab_tile;   // M extent of one candidate row
   int column_tile;  // N extent of the CTA tile
-  bool skips_unreachable_noise = false;  // the epilogue-warpgroup kernels (v24)
+  bool skips_unreachable_noise = false;  // the epilogue-warpgroup kernels (the exact skip)
   // Whether the kernel loads per-row temperatures as the prepared [B] fl(1 / T) array
   // (SamplerParams::prepare_inv_temperatures): the epilogue-warpgroup kernels and the loop for
   // all controls. The others divide a loaded temperature themselves.
@@ -60,8 +60,8 @@ ConfigEntry sm100_entry() {
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
 // Plain passes of more than 64 columns on sm90 run the kernel with epilogue warpgroups of its
-// own: measured on H200 (benchmarks/NOTES.md, v16) 11-14% faster than v9's CUTLASS schedules at
-// B = 96-128 (D = 4096; equal at D = 8192) and 12-21% at B = 256. A/B knob:
+// own: there the epilogue's noise is as long as the mainloop, and warpgroups of its own overlap
+// it with the next tile's GEMM, which CUTLASS's schedules do not (docs/kernel.md). A/B knob:
 // FLASHSAMPLING_PLAIN_WIDE_SCHEDULE=cutlass runs those (pingpong clusters up to 128 columns,
 // cooperative beyond).
 bool plain_wide_on_cutlass_schedules() {
@@ -70,22 +70,21 @@ bool plain_wide_on_cutlass_schedules() {
 }
 
 // Common-controls passes of more than 16 columns (tiles 32, 64 and 128 wide) run the epilogue-
-// warpgroup kernel with the common controls' loop (benchmarks/NOTES.md, v19-v22, v35): on H200
-// (D = 4096) all three common controls at B = 64 / 128 / 256 take 324 / 469 / 848 us there
-// against 384 / 694 / 1222 on v13's CUTLASS schedules; on H100 461 / 500 / 866 against
-// 460 / 771 / 1299. A/B knob: FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs v13's schedules.
+// warpgroup kernel with the common controls' loop: the controls' per-element work is longer
+// still than plain sampling's, so overlapping it with the mainloop gains more (docs/kernel.md;
+// at 16 columns and below the CUTLASS pingpong tile is as fast). A/B knob:
+// FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs the CUTLASS schedules.
 bool controls_on_epilogue_warpgroups(int tile_n) {
   static bool const cutlass_schedules = env_is("FLASHSAMPLING_CONTROLS_SCHEDULE", "cutlass");
   return tile_n >= 32 && !cutlass_schedules;
 }
 
 // Epilogue-warpgroup passes of an even number of 128-wide column tiles run in clusters of two
-// CTAs on neighbouring column tiles, which receive each W tile by TMA multicast: measured on H200
-// (benchmarks/NOTES.md, v25/v26, medians of three interleaved rounds) 3% faster at B = 256
-// (582 -> 565 us at D = 4096, 979 -> 954 at D = 8192); clusters along the vocabulary (sharing the
-// hidden tile) measured within noise at B = 128 and are not built. An odd tile count would round
-// up to a whole cluster (an empty tile's mainloop). A/B knob: FLASHSAMPLING_EWG_CLUSTER=1 runs
-// one CTA per cluster.
+// CTAs on neighbouring column tiles, which receive each W tile by TMA multicast: W is read from
+// L2 once per pair instead of once per CTA (a few percent at B = 256, docs/kernel.md); clusters
+// along the vocabulary (sharing the hidden tile) gain nothing measurable and are not built. An
+// odd tile count would round up to a whole cluster (an empty tile's mainloop). A/B knob:
+// FLASHSAMPLING_EWG_CLUSTER=1 runs one CTA per cluster.
 bool epilogue_warpgroups_in_column_clusters(int tile_n, int64_t columns) {  // 128-wide tiles only
   static bool const single = env_is("FLASHSAMPLING_EWG_CLUSTER", "1");
   int64_t const column_tiles = (columns + tile_n - 1) / tile_n;
@@ -105,14 +104,13 @@ ConfigEntry sm90_epilogue_warpgroups_entry_for(int64_t columns) {
 #endif
 
 // One config per batch bucket (`columns` GEMM columns, tile_n wide), the same table for the
-// plain loop and the common controls' loop. Measured on H200 (benchmarks/NOTES.md, v9, plain
-// loop): the pingpong schedule, whose epilogue overlaps the other warpgroup's mainloop, for one
-// N tile, in clusters of two CTAs sharing each hidden tile by multicast from N = 32 on (4% faster
-// at B = 32 and 64 than one CTA per cluster; at N = 16 clusters were 6-8% slower at B = 1-8; at
-// B = 128, D = 8192, 9-11% faster than the cooperative tile, at D = 4096 0-7%). With more
-// columns than one 128-wide tile, the cooperative schedule, one CTA per cluster: pingpong +
-// clusters measured 16% slower at B = 256, D = 4096 (5% faster at D = 8192). The plain loop
-// beyond 64 columns runs the kernel with epilogue warpgroups instead (above).
+// plain loop and the common controls' loop: the pingpong schedule, whose epilogue overlaps the
+// other warpgroup's mainloop, for one N tile, in clusters of two CTAs sharing each hidden tile by
+// multicast from N = 32 on (at N = 16 the pair's synchronisation costs more than the hidden
+// tile's traffic it saves). With more columns than one 128-wide tile, the cooperative schedule,
+// one CTA per cluster: there pingpong + clusters is slower at D = 4096 (docs/kernel.md has the
+// A/B). The plain loop beyond 64 columns runs the kernel with epilogue warpgroups instead
+// (above).
 template <class Element, SamplerLoop kLoop>
 ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -154,9 +152,8 @@ ConfigEntry select_entry(int device_arch, int tile_n, int64_t columns) {
 }
 
 // The loop for all controls is compiled for N = 16 and 32 only: its per-element code is large
-// and the epilogue inlines it once per subtile, so wider tiles measured slower; wider batches
-// run several N tiles, which re-read W from L2. Measured on H200 (benchmarks/NOTES.md, v5e):
-// 16 up to 32 GEMM columns, 32 beyond.
+// and the epilogue inlines it once per subtile, so wider tiles are slower; wider batches run
+// several N tiles, which re-read W from L2: 16 up to 32 GEMM columns, 32 beyond.
 template <class Element>
 ConfigEntry select_all_controls(int device_arch, int64_t columns) {
   bool const narrow = columns <= 32;
@@ -179,9 +176,8 @@ ConfigEntry select_all_controls(int device_arch, int64_t columns) {
 
 // The fused top-k pass: its per-element work (a transform and a 4-key insert, no noise) is
 // lighter than plain sampling's, so fewer configs than the plain table: N = 16 up to 32 rows
-// (two N tiles at 17-32), 64 (pingpong, clusters of two) up to 64, the cooperative 128-wide
-// tile beyond. Measured on H200 (D = 4096, benchmarks/NOTES.md, v14): the 64-wide tile took
-// 359 us at B = 32 against 288 at B = 64.
+// (two N tiles at 17-32: a 64-wide tile half empty at B = 32 is slower than two narrow ones),
+// 64 (pingpong, clusters of two) up to 64, the cooperative 128-wide tile beyond.
 template <class Element>
 ConfigEntry select_top_candidates(int device_arch, int64_t columns) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -212,12 +208,12 @@ int64_t tile_n_cap(char const* env_name) {
 }
 
 // Calls that need the loop for all controls (per-row seeds / offsets, several samples, sparse
-// bias): on sm90 from 17 columns (33 before v35) they run the epilogue-warpgroup kernels'
-// controls loop too (v27: per-row keys; v28: several samples, GEMM column s * B + b drawing
-// sample s of row b with its own key; v29: sparse bias, looked up where a column's row has
-// entries), whose tiles are wider and whose skip draws the logs only where they can matter. A/B knob:
+// bias): on sm90 from 17 columns they run the epilogue-warpgroup kernels' controls loop too
+// (per-row keys; several samples, GEMM column s * B + b drawing sample s of row b with its own
+// key; sparse bias, looked up where a column's row has entries), whose tiles are wider and whose
+// skip draws the logs only where they can matter. A/B knob:
 // FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs them on the loop for all controls
-// (16/32-wide tiles) as before.
+// (16/32-wide tiles).
 bool all_controls_on_epilogue_warpgroups(int device_arch, int controls_tile_n) {
 #if defined(FLASHSAMPLING_ENABLE_SM90)
   static bool const narrow_tiles = env_is("FLASHSAMPLING_ALL_CONTROLS_SCHEDULE", "narrow_tiles");
@@ -260,18 +256,17 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 }
 
 // The hidden rows padded with zero rows to a whole number of N tiles where the last tile's TMA
-// box would reach far past the last hidden row. Measured on H200 (D = 4096, benchmarks/NOTES.md,
-// v17), ragged / padded, µs: B = 33 388 / 320, 40 359 / 319 (64-wide tile), 65 490 / 379,
-// 96 399 / 386 (128-wide), 129 1001 / 627 (two 128-wide tiles); no gain at 200 (688 / 695) or
-// 255 (~700 or ~780 either way, from one process to the next). So: one N tile, always; several,
-// when the last one is at most half full. The padding costs a copy and a memset node.
-// FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
+// box would reach far past the last hidden row: a ragged box (the TMA unit filling the rows past
+// the tensor with zeros) is slower than reading zero rows from memory when the last tile is
+// mostly empty, and no faster when it is nearly full (docs/kernel.md has the A/B). So: one N
+// tile, always; several, when the last one is at most half full. The padding costs a copy and a
+// memset node. FLASHSAMPLING_PAD_COLUMNS=0 turns it off (A/B knob).
 //
-// And the exact skip of the epilogue-warpgroup kernels (benchmarks/NOTES.md, v24): elements that
-// cannot reach their column's best score so far draw no exact noise (in a greedy batch, whose
-// bound is the logit itself, such steps merge no keys; v38); the same tokens with it or without.
+// And the exact skip of the epilogue-warpgroup kernels (docs/noise.md): elements that cannot
+// reach their column's best score so far draw no exact noise (in a greedy batch, whose bound is
+// the logit itself, such steps merge no keys); the same tokens with it or without.
 // FLASHSAMPLING_NOISE_SKIP=0 turns it off (A/B knob, tests). Their log-sum-exp terms are summed
-// against each column's log-sum-exp of the half's earlier tiles (v39); FLASHSAMPLING_LSE_REFERENCE=0
+// against each column's log-sum-exp of the half's earlier tiles; FLASHSAMPLING_LSE_REFERENCE=0
 // takes each step's max over the lanes instead (A/B knob, tests).
 SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entry) {
   static bool const pad = !env_is("FLASHSAMPLING_PAD_COLUMNS", "0");

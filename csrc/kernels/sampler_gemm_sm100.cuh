@@ -3,7 +3,8 @@
 // whole epilogue.
 //
 // Included only by the small per-config instantiation files
-// sampler_<dtype>_n<N>[_controls]_sm100.cu, so each config compiles in its own process.
+// instantiations/sampler_<dtype>_n<N>_<loop>_sm100.cu (written by generate_kernels.py), so
+// each config compiles in its own process.
 #pragma once
 
 #include "cutlass/epilogue/collective/collective_builder.hpp"

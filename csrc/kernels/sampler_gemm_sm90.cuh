@@ -4,7 +4,8 @@
 // whole epilogue (ElementD = void: no logits are stored).
 //
 // Included only by the small per-config instantiation files
-// sampler_<dtype>_n<N>[_controls]_<schedule>_sm90.cu, so each config compiles in its own process.
+// instantiations/sampler_<dtype>_n<N>_<loop>_<schedule>[_cluster_m2|_cluster_n2]_sm90.cu
+// (written by generate_kernels.py), so each config compiles in its own process.
 #pragma once
 
 #include "cutlass/epilogue/collective/collective_builder.hpp"
@@ -75,8 +76,8 @@ struct SamplerGemmSm90EpilogueWarpGroups {
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using GemmKernel = kernel::Sm90SamplerEpilogueWarpGroups<CollectiveMainloop, kLoop>;
   static_assert(GemmKernel::kHalfM == kEpilogueWarpGroupsVocabTile, "stage 2 reads candidates per half tile");
-  // The hand-over's shared memory leaves the mainloop 5 stages at N = 128 (benchmarks/NOTES.md,
-  // v20: 4 measured slower); anything added to it must fit in what is left.
+  // The hand-over's shared memory leaves the mainloop 5 stages at N = 128 (4 are slower:
+  // docs/kernel.md); anything added to it must fit in what is left.
   static_assert(TileN != 128 || CollectiveMainloop::DispatchPolicy::Stages >= 5, "5 mainloop stages at N = 128");
 
   static cudaError_t run(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {

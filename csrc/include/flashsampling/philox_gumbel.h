@@ -5,7 +5,7 @@
 // written with explicit fma / round-to-nearest operations so that neither nvcc's
 // default contraction nor a host compiler can change a single bit.
 //
-// Noise contract (documented in README.md, "Noise and exactness contract"):
+// Noise contract (documented in docs/noise.md):
 //
 //   key     = (lo32(seed), hi32(seed))
 //   counter = (vocab_index, stream >> 2, lo32(offset + sample), hi32(offset + sample))
@@ -138,7 +138,7 @@ FS_HOST_DEVICE float fs_uniform_open01(uint32_t bits) {
 // Written over N independent lanes, one step at a time across the lanes: each lane runs
 // exactly the operations of the one-lane form, so every N gives the same bits, and the
 // compiler sees N independent dependency chains side by side. The fused epilogue needs
-// that: its noise is latency-bound (ncu, benchmarks/NOTES.md v7).
+// that: its noise is latency-bound (Nsight Compute: docs/kernel.md).
 template <int N>
 FS_HOST_DEVICE void fs_logf_lanes(float const (&x)[N], float (&result)[N]) {
   constexpr float kLg1 = 0.66666662693f, kLg2 = 0.40000972152f;
@@ -211,7 +211,7 @@ FS_HOST_DEVICE uint32_t fs_count_leading_zeros(uint32_t x) {  // x != 0
 }
 
 // An upper bound of fs_gumbel_from_bits(bits), for the exact skip of the epilogue-warpgroup
-// kernels (kernel/sm90_sampler_epilogue_warpgroups.hpp, benchmarks/NOTES.md v24, v32): an element
+// kernels (kernel/sm90_sampler_epilogue_warpgroups.hpp, docs/noise.md): an element
 // whose score with this bound in place of g stays below a score its column has already drawn
 // cannot be the column's sample, so it needs no logs.
 //
@@ -219,8 +219,8 @@ FS_HOST_DEVICE uint32_t fs_count_leading_zeros(uint32_t x) {  // x != 0
 // c = 2^23 - 1 - floor(bits / 2^9), and 1 - u = (c + 1/2) / 2^23, so -ln(1 - u) < (23 -
 // floor(log2 c)) ln 2 for c >= 1 and = 24 ln 2 for c = 0: both (n + 1) ln 2 with n =
 // clz(~bits | 0x1FF) in [0, 23], the leading one bits of the uniform. ln 2 is rounded up, and
-// 2^-10 covers the fma's rounding and fs_logf's (a few 1e-6). Integer work and two float ops (v24's
-// bound took two lg2.approx and a series); at most ln 2 looser than g where the skip matters
+// 2^-10 covers the fma's rounding and fs_logf's (a few 1e-6). Integer work and two float ops (a
+// tighter bound costs two lg2.approx and a series); at most ln 2 looser than g where the skip matters
 // (u near 1), so a column has up to twice as many elements within reach of its floor.
 // Host and device give the same bits; tests check it against every one of the 2^23 uniforms.
 FS_HOST_DEVICE float fs_gumbel_upper_bound_from_bits(uint32_t bits) {

@@ -31,7 +31,7 @@
 // per-row bias, per-row seeds and offsets and several samples per pass (column s * B + b
 // draws sample s of row b, so the weight tile is read once for all of them).
 // They are separate kernels because the epilogue inlines visit() once per subtile: code of
-// a loop that is not taken still costs instruction cache (benchmarks/NOTES.md, v5, v13).
+// a loop that is not taken still costs instruction cache (docs/epilogue.md).
 #pragma once
 
 #include <cstdint>
@@ -105,9 +105,8 @@ CUTLASS_DEVICE void gumbel_noise_lanes(uint64_t const (&seed)[N], uint64_t const
   fs_gumbel_from_bits_lanes<N>(bits, gumbel);
 }
 
-// Out of line: scalars in, registers out (no stack frame). Eight elements per call measured
-// no faster than four (H200, B = 256: 739 / 1200 us against 734 / 1188 at D = 4096 / 8192;
-// benchmarks/NOTES.md v7), so the loops take four.
+// Out of line: scalars in, registers out (no stack frame). Eight elements per call are no
+// faster than four (docs/epilogue.md), so the loops take four.
 static __device__ __noinline__ float4 gumbel_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                                   uint32_t v0, uint32_t v1, uint32_t v2, uint32_t v3,
                                                                   uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
@@ -226,15 +225,17 @@ template <class CtaTileShapeMNK, class ElementOutput = float, SamplerLoop kLoop 
 struct Sm90GumbelArgmaxRowReduction {
   using ElementAux = ElementOutput;
   // Tiles with N >= 64 call the noise out of line: the collective unrolls every epilogue
-  // subtile, so inlined noise grows the kernel with N (v3: out of line halved the B = 128 /
-  // 256 times on H200; N = 64 measured the same either way; benchmarks/NOTES.md).
+  // subtile, so inlined noise grows the kernel with N until it no longer fits the instruction
+  // cache (at N = 128 out of line is about twice as fast; at N = 64 the same either way:
+  // docs/epilogue.md).
   static constexpr bool kNoiseOutOfLine = decltype(size<1>(CtaTileShapeMNK{}))::value >= 64;
   // The top-k pass on sm90, whose visit() hands fp32 values to reduce(): each subtile's
   // transformed logits go through the epilogue's shared-memory buffer and every thread scans a
   // run of rows of one column, so a column's four best are merged over a few threads once per
   // strip (reduce_top_candidates_scan). Where visit() can only return the scratch D element
   // (sm100), the lists stay per thread over the accumulator layout (reduce_top_candidates),
-  // which merges over every lane and warp of a column: measured 1.9x plain at B = 256 on H200.
+  // which merges over every lane and warp of a column, about twice plain sampling's time at
+  // B = 256 (docs/truncation.md).
   static constexpr bool kTopScan = kLoop == SamplerLoop::kTopCandidates && cute::is_same_v<ElementOutput, float>;
   // visit()'s encoding of a token the mask excludes (or past the problem): a NaN bit pattern no
   // arithmetic produces (NaN logits are canonicalised to 0x7fc00000).
@@ -346,7 +347,7 @@ struct Sm90GumbelArgmaxRowReduction {
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
       if constexpr (kLoop == SamplerLoop::kPlain && kNoiseOutOfLine) {
-        // The plain loop of wide tiles (v7): the noise of four elements per call, their
+        // The plain loop of wide tiles: the noise of four elements per call, their
         // chains side by side (gumbel_noise_lanes); out-of-range elements draw noise too,
         // and are dropped at the compare.
         static_assert(FragmentSize % 4 == 0, "the wide tiles' loop takes fragments four elements at a time");
@@ -376,7 +377,7 @@ struct Sm90GumbelArgmaxRowReduction {
           }
         }
       } else if constexpr (kLoop == SamplerLoop::kPlain) {
-        // The plain loop (v4) of narrow tiles, noise inlined: one Philox block holds the noise
+        // The plain loop of narrow tiles, noise inlined: one Philox block holds the noise
         // of 4 consecutive batch rows at one vocab index; accumulator layouts keep
         // neighbouring columns in neighbouring fragment slots (wgmma: pairs, tcgen05: runs),
         // so reuse the last block.
@@ -408,10 +409,10 @@ struct Sm90GumbelArgmaxRowReduction {
           }
         }
       } else if constexpr (kLoop == SamplerLoop::kCommonControls) {
-        // The common controls' loop (v13): the plain loop of wide tiles plus the controls' few
+        // The common controls' loop: the plain loop of wide tiles plus the controls' few
         // operations per element, without branches, so that its code stays close to the plain
-        // loop's (the v8 loop at N = 64 was 13.8K SASS instructions against the plain kernel's
-        // 2.7K, and ncu counted 30% of the samples waiting for instructions; benchmarks/NOTES.md).
+        // loop's (the loop for all controls is several times larger than the plain loop and
+        // waits on instruction fetch where it runs wide tiles: docs/epilogue.md).
         static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
         SamplingControls const& controls = params.controls;
         uint32_t const last_row = params.batch_size - 1;
@@ -510,7 +511,7 @@ struct Sm90GumbelArgmaxRowReduction {
           return encoded;
         }
       } else {
-        // The loop for all controls (v8), four elements at a time like the plain loop of wide tiles:
+        // The loop for all controls, four elements at a time like the plain loop of wide tiles:
         // transform and per-row values of the four, one noise call for them (skipped when none
         // is kept or all are greedy), then log-sum-exp and compare.
         static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");

@@ -1,10 +1,10 @@
 // The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop beyond
-// 64 columns; beyond 16, the controls' loop: the common controls, and since v27-v29 also per-row
-// seeds / offsets, several samples and sparse bias; sampler_dispatch.cu).
+// 64 columns; beyond 16, the controls' loop: the common controls, and also per-row seeds /
+// offsets, several samples and sparse bias; sampler_dispatch.cu).
 //
 // CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
 // the tile's mainloop, so at B = 256 the noise (~190 instructions per logit, latency-bound)
-// adds to the GEMM instead of overlapping it (benchmarks/NOTES.md, v7-v15). Here five
+// adds to the GEMM instead of overlapping it (docs/kernel.md). Here five
 // warpgroups split the work:
 //
 //   warpgroup 0      producer: TMA loads of W and h tiles (CUTLASS's mainloop collective)
@@ -20,7 +20,7 @@
 // each column's best score so far (its floor, raised by every CTA through a small global array)
 // rules out elements whose score with an upper bound of their noise stays below it, and a step
 // of eight elements per thread in which no lane of the warp has such an element keeps no
-// candidate (v24, fs_gumbel_upper_bound_from_bits; the same tokens as drawing everything).
+// candidate (fs_gumbel_upper_bound_from_bits; the same tokens as drawing everything).
 //
 // Each (MMA, epilogue) pair shares one accumulator buffer and two mbarriers (full / empty);
 // the epilogue warpgroup thread t reads exactly what MMA thread t wrote, so it knows the
@@ -58,8 +58,8 @@ using namespace cute;
 // stage count: StageCountAutoCarveout). The per-column results of each warp (best keys; for
 // the common controls' loop also the log-sum-exp parts and the winners' logits) go into slots
 // of this buffer that their writers have already read (result_slot below), so the final merge
-// needs no buffer of its own: at N = 128 the mainloop gets 5 stages (v20; 4 with a separate
-// buffer for the plain loop, 3 for the common controls').
+// needs no buffer of its own: at N = 128 the mainloop gets 5 stages (with a separate buffer it
+// would get 4 for the plain loop, 3 for the common controls', and 4 are slower).
 template <int kTileN, bool kControls = false>
 struct EpilogueWarpGroupsStorage {
   static constexpr int kHalves = 2;                        // one per MMA warpgroup
@@ -69,13 +69,13 @@ struct EpilogueWarpGroupsStorage {
   alignas(128) float4 accumulators[kHalves][kValuesPerThread / 4][128];
   // The common controls' allowed-token bits of each half's 64 vocabulary rows for every column
   // of the tile (two words per column, side by side: a block's column pair is one 16-byte load),
-  // loaded from global memory one tile ahead (v22, v33).
+  // loaded from global memory one tile ahead.
   alignas(16) uint2 mask_bits[kHalves][kControls ? kTileN : 2];
-  // Sparse per-row bias (v29): bit t of word t / 32 set where column t's row has a sparse entry
+  // Sparse per-row bias: bit t of word t / 32 set where column t's row has a sparse entry
   // among the half's 64 vocabulary rows (its sparse bitmap's two words there are not zero), so the
   // loop looks at the bitmap and the row's entries only in the rare steps that may need them.
   uint32_t sparse_columns[kHalves][kControls ? (kTileN + 31) / 32 : 1];
-  // The floors of the exact skip (v24, philox_gumbel.h) for the tile's columns, rounded down to
+  // The floors of the exact skip (philox_gumbel.h) for the tile's columns, rounded down to
   // bf16: the best exact score each column has drawn so far, here or on any SM. Any score a
   // column really drew is a valid floor, and so is anything below it.
   alignas(4) __nv_bfloat16 score_floor[kHalves][kTileN];
@@ -118,7 +118,7 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr int kBlocksPerStep = 2;
   static_assert(kBlocksPerThread % kBlocksPerStep == 0, "whole steps");
   static constexpr int kEpilogueWarpGroups = HandOver::kHalves;
-  // Clusters of two CTAs (v25) share one operand tile by TMA multicast: along M the hidden tile
+  // Clusters of two CTAs share one operand tile by TMA multicast: along M the hidden tile
   // (two vocabulary tiles, the same columns), along N the W tile (one vocabulary tile, two column
   // tiles). Only the mainloop sees the cluster; each CTA's epilogue is its own.
   static constexpr int kClusterSize = size(ClusterShape{});
@@ -130,8 +130,8 @@ class Sm90SamplerEpilogueWarpGroups {
   // Registers per thread: the launch count is 65536 / 640 in units of 8 = 96 (wgmma over 64 fp32
   // accumulators needs 90, so there is no room for more warpgroups). The producer gives back what
   // it does not need; nobody takes it: setmaxnreg.inc could only take what the CTA's own warps gave
-  // back (ptxas does allocate past 96 after it), and more registers for the MMA warps changed
-  // nothing in their loop (v37).
+  // back (ptxas does allocate past 96 after it), and more registers for the MMA warps change
+  // nothing in their loop.
   static constexpr uint32_t kLaunchRegisters = (65536 / MaxThreadsPerBlock) / 8 * 8;
   static constexpr uint32_t kLoadRegisters = 40;
   static_assert(kLoadRegisters <= kLaunchRegisters, "the producer only gives registers back");
@@ -155,9 +155,9 @@ class Sm90SamplerEpilogueWarpGroups {
     cutlass::KernelHardwareInfo hw_info{};
     TileSchedulerArguments scheduler{};
     // [N] zeroed order codes (number_order_bits) of each GEMM column's best score so far, raised
-    // with atomicMax by every CTA: the exact skip (v24, philox_gumbel.h); nullptr: no skip.
+    // with atomicMax by every CTA: the exact skip (philox_gumbel.h); nullptr: no skip.
     uint32_t* noise_floors = nullptr;
-    // The controls' loop sums log-sum-exp terms against references (LseReferences, v39).
+    // The controls' loop sums log-sum-exp terms against references (LseReferences).
     bool lse_references = true;
   };
 
@@ -187,7 +187,7 @@ class Sm90SamplerEpilogueWarpGroups {
     return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
            CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
            args.node.ptr_candidates != nullptr && args.node.batch_size >= 1 &&
-           // the controls' loop here takes every control (v27-v29), the plain loop none
+           // the controls' loop here takes every control, the plain loop none
            static_cast<int>(sampler_loop_for(args.node.controls, args.node.noise, args.node.num_samples,
                                              args.node.logprobs)) <=
                static_cast<int>(kControls ? SamplerLoop::kAllControls : SamplerLoop::kPlain) &&
@@ -280,8 +280,8 @@ class Sm90SamplerEpilogueWarpGroups {
       int const mma_thread_idx = thread_idx - NumThreadsPerWarpGroup;
       // From the shuffled warpgroup index, not from threadIdx: ptxas then knows the hand-over's
       // barrier addresses are warp-uniform, so the mainloop's control flow stays uniform and its
-      // pipeline stage and wgmma descriptors live in uniform registers (v37: with half from
-      // threadIdx every k tile moved 16 descriptor words through R2UR, 34 R2URs in the loop).
+      // pipeline stage and wgmma descriptors live in uniform registers (with half from threadIdx
+      // every k tile would move 16 descriptor words through R2UR).
       int const half = warp_group - 1;
       int const t = mma_thread_idx % NumThreadsPerWarpGroup;
       TiledMma tiled_mma;
@@ -336,7 +336,7 @@ class Sm90SamplerEpilogueWarpGroups {
   // 16 terms below 2^96 sum to a finite float, and stage 2 rescales the parts.
   static constexpr float kLargestTermExponent = 96.0f;
 
-  // The log-sum-exp references of the controls' loop (v39): per column the largest log-sum-exp
+  // The log-sum-exp references of the controls' loop: per column the largest log-sum-exp
   // (log2 units) of its elements in the half's earlier tiles of the current N tile, -inf before
   // the first. Held in registers, spread over the lanes: lane l keeps the four columns of step
   // l / 4 that lane l's column pair takes (block 2 (l / 4) + s, column c: 8 (2 (l / 4) + s) +
@@ -359,7 +359,7 @@ class Sm90SamplerEpilogueWarpGroups {
   // quad's four streams at one vocabulary index from one Philox block. So each lane computes one
   // block of the pair's two (the even lane row m's, the odd lane row m + 8's) and hands its
   // partner the two words the partner's columns take: one Philox call per four elements instead
-  // of two (v26), the same bits.
+  // of two, the same bits.
   // With S samples and B % 4 == 0 a quad of GEMM columns is a quad of batch rows of one sample
   // (column s * B + b), so the same holds with stream b and offset + s (kSeveralSamples; other
   // batches take keyed_step_noise_bits).
@@ -426,7 +426,7 @@ class Sm90SamplerEpilogueWarpGroups {
         return;
       }
     }
-    // The batch-wide seed: one Philox block per lane pair, both lanes of every pair calling (v26).
+    // The batch-wide seed: one Philox block per lane pair, both lanes of every pair calling.
     step_noise_bits<kGeneralColumns>(node, t, seed, offset, vocab_index, column_index, bits);
   }
 
@@ -448,14 +448,14 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // Whether the common controls' loop draws a step's noise key by key (keyed_step_noise_bits):
-  // per-row seeds / offsets (v27), or several samples whose column quads are not row quads.
+  // per-row seeds / offsets, or several samples whose column quads are not row quads.
   CUTLASS_DEVICE static bool needs_keyed_noise(NodeArguments const& node) {
     return node.noise.row_seeds != nullptr || node.noise.row_offsets != nullptr ||
            (node.num_samples > 1 && node.batch_size % 4 != 0);
   }
 
-  // The Philox bits of a step with per-row seeds and / or offsets (the common controls' loop, v27)
-  // or several samples on columns that are not whole row quads (v28): each column its own key or
+  // The Philox bits of a step with per-row seeds and / or offsets (the common controls' loop)
+  // or several samples on columns that are not whole row quads: each column its own key or
   // counter (with per-row seeds every row is stream 0; sample s counts from offset + s), so a block
   // serves two elements only where both columns share it (noise_bits_lanes checks); the contract's
   // bits either way. Out-of-range columns read in-range rows' values and are not kept.
@@ -489,7 +489,7 @@ class Sm90SamplerEpilogueWarpGroups {
     }
   }
 
-  // The exact skip (v24): the floors of a block's column pair (n, n + 1).
+  // The exact skip: the floors of a block's column pair (n, n + 1).
   CUTLASS_DEVICE static float2 column_floors(HandOver const& hand_over, int half, int column) {
     return __bfloat1622float2(reinterpret_cast<__nv_bfloat162 const&>(hand_over.score_floor[half][column]));
   }
@@ -503,7 +503,7 @@ class Sm90SamplerEpilogueWarpGroups {
   // with the noise's upper bound; its exact score on a greedy column, inv_temperature 0) is not
   // below the column's floor. Strict, so ties go to the exact path; a NaN bound counts as reaching.
   // Branch-free (selects, and callers OR the results with |, not ||): with branches per element
-  // the loop spent ~8 control instructions on each (ncu, NOTES v34).
+  // the loop spends several control instructions on each (docs/epilogue.md).
   CUTLASS_DEVICE static bool may_reach_floor(bool kept, float x, float inv_temperature, uint32_t bits, float floor) {
     float const noisy = fs_perturbed_score(x, inv_temperature, fs_gumbel_upper_bound_from_bits(bits));
     float const bound = inv_temperature == 0.0f ? x : noisy;
@@ -552,9 +552,9 @@ class Sm90SamplerEpilogueWarpGroups {
   // transformed logit y and the (max2, sum) log-sum-exp part, merged over the column's eight
   // lanes here and over the four warps by the caller.
   //
-  // kGeneralColumns: the loop for several samples (GEMM column s * B + b) and sparse bias (v28,
-  // v29), a copy of its own: their per-column division and look-ups cost the common controls
-  // ~11% at B = 128-256 when the one loop had them behind runtime branches (H200, NOTES v28).
+  // kGeneralColumns: the loop for several samples (GEMM column s * B + b) and sparse bias, a copy
+  // of its own: behind runtime branches in one loop, their per-column division and look-ups
+  // would slow the common controls by about a tenth at B = 128-256 (docs/epilogue.md).
   template <bool kGeneralColumns, class CoordTensor>
   CUTLASS_DEVICE static void controls_half_tile(NodeArguments const& node, HandOver& hand_over,
                                                 CoordTensor const& tCcAcc, int half, int t, int m_origin,
@@ -571,7 +571,7 @@ class Sm90SamplerEpilogueWarpGroups {
     float row_bias[2];
     bool row_in_range[2];
     // Row r's bit in its mask word, 0 past the vocabulary: an element is kept where its column's
-    // word has it (one LOP3 per element; v39). Rows m and m + 8 lie in one 16-row group of the
+    // word has it (one LOP3 per element). Rows m and m + 8 lie in one 16-row group of the
     // half's 64 rows, so both sit in the same of its two words (the high one for warps 2 and 3).
     uint32_t row_mask_bit[2];
     CUTLASS_PRAGMA_UNROLL
@@ -605,7 +605,7 @@ class Sm90SamplerEpilogueWarpGroups {
       float inv_temperature[kBlocksPerStep][2];
       bool keep[N];
       bool any_reachable = !skip;
-      // Sparse bias (v29): bit 2s + c where block s's column c has an entry among the half's rows;
+      // Sparse bias: bit 2s + c where block s's column c has an entry among the half's rows;
       // the warp looks them up only if some lane has one.
       uint32_t sparse_blocks = 0;
       bool sparse_step = false;
@@ -701,8 +701,8 @@ class Sm90SamplerEpilogueWarpGroups {
         // under which the column's mass does not vanish (stage 2 merges the parts with lse_merge):
         // the column's largest log-sum-exp over the half's earlier tiles of this N tile
         // (LseReferences) serves, and with every term of the block below 2^96 the parts are
-        // (reference, sum), no max over the lanes (v39: the max's three shuffles per column and
-        // its selects took ~6 of the ~15 instructions per element). Deterministic: the
+        // (reference, sum), no max over the lanes (the max's three shuffles per column and its
+        // selects would take ~6 of the ~15 instructions per element). Deterministic: the
         // persistent schedule gives a CTA the same tiles in the same order on every run.
         float column_max2[2] = {-INFINITY, -INFINITY}, column_sum[2] = {0.0f, 0.0f};
         bool referenced = false;
@@ -731,7 +731,7 @@ class Sm90SamplerEpilogueWarpGroups {
             }
           }
         }
-        // The exact path (v23; a half's first tile of an N tile, before it holds references, and
+        // The exact path (a half's first tile of an N tile, before it holds references, and
         // blocks with a NaN or a term beyond 2^96 against its reference): the column's max first
         // (shuffles of fmaxf), then the terms 2^(y2 - max), then their sum. An element equal to
         // the max adds 1 (a +inf max gives no inf - inf), -inf adds 0, NaN makes the sum NaN; a
@@ -778,8 +778,8 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // The mask words and dense bias a half tile's loop reads come from HBM (no other tile reads
-  // them) while the W stream keeps HBM busy. Loads the loop waited for cost a round trip per
-  // step (v20, v21), so thread t loads the two mask words of column t's batch row for the next
+  // them) while the W stream keeps HBM busy. Loads the loop waits for cost a round trip per
+  // step, so thread t loads the two mask words of column t's batch row for the next
   // tile into registers (stored to shared memory when that tile starts), and the bias, read once
   // per tile, is asked into L2 one tile ahead.
   template <class WorkTileInfo>
@@ -850,8 +850,8 @@ class Sm90SamplerEpilogueWarpGroups {
     if constexpr (kControls) {
       load_controls_ahead(node, work, half, t, num_rows, next_mask_bits, next_sparse_column);
     }
-    // The exact skip (v24): column t's global floor code for the next tile, and the N tile the
-    // half's own floor of column t belongs to. A greedy batch skips too (v38): its score bound is
+    // The exact skip: column t's global floor code for the next tile, and the N tile the
+    // half's own floor of column t belongs to. A greedy batch skips too: its score bound is
     // the logit itself (inv_temperature 0), and a step below every floor needs no key merge.
     bool const skip = params.noise_floors != nullptr;
     uint32_t next_floor_code = 0;
@@ -958,8 +958,8 @@ class Sm90SamplerEpilogueWarpGroups {
         }
       }
       // The next tile's global floors, asked for after this tile's loop (the merge runs under the
-      // load): the later, the more CTAs have raised them. Loaded a tile ahead (v24), a CTA's
-      // second tile read them before any CTA's first merge (v33).
+      // load): the later, the more CTAs have raised them. Loaded a whole tile ahead, a CTA's
+      // second tile would read them before any CTA's first merge.
       if (skip && next_work.is_valid()) {
         next_floor_code = load_floor_code(params, next_work, t);
       }

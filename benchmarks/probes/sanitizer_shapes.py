@@ -1,0 +1,67 @@
+"""A few odd shapes for compute-sanitizer (memcheck, racecheck) on the CUDA sampler:
+partial vocabulary tiles, a prime V, B not a multiple of any N tile, B > 256, fp16; each
+shape plain (one sample: the plain kernels of every N bucket; then greedy), with num_samples = 2 (two
+GEMM column blocks: the controls kernels, on epilogue warpgroups beyond 16 columns), with the
+common controls (per-row temperatures with greedy rows, logit bias, bitmask, logprobs: their own
+kernels, on epilogue warpgroups beyond 16 columns; B = 17 the 32-wide tile) and with every control on (per-row temperatures, logit bias, sparse bias,
+bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the epilogue-warpgroup
+kernels many tiles per SM, so their exact skip (global floors, atomics) runs too. Each shape also
+takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
+several rows per cluster at B = 257) with per-row top_k / top_p / min_p, a mask and logprobs."""
+
+import torch
+
+import flashsampling_cuda
+
+SHAPES = [  # (B, V, D, dtype)
+    (1, 1000, 64, torch.bfloat16),
+    (3, 1009, 72, torch.float16),
+    (17, 32003, 136, torch.bfloat16),
+    (257, 4099, 64, torch.bfloat16),
+    (65, 129, 2880, torch.float16),
+    (200, 151937, 64, torch.bfloat16),
+]
+
+for batch, vocab, dim, dtype in SHAPES:
+    hidden = torch.randn(batch, dim, device="cuda", dtype=dtype)
+    weight = torch.randn(vocab, dim, device="cuda", dtype=dtype)
+    tokens = flashsampling_cuda.sample(hidden, weight, seed=7)
+    torch.cuda.synchronize()
+    assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
+    tokens = flashsampling_cuda.sample(hidden, weight, temperature=0.0)  # greedy: the skip too
+    torch.cuda.synchronize()
+    assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
+    tokens = flashsampling_cuda.sample(hidden, weight, seed=7, num_samples=2)
+    torch.cuda.synchronize()
+    assert tokens.shape == (batch, 2) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
+
+    allowed = torch.rand(batch, vocab, device="cuda") < 0.5
+    allowed[:, 0] = True
+    temperatures = torch.rand(batch, device="cuda") + 0.1
+    temperatures[::3] = 0.0
+    out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7,
+                                    logit_bias=torch.randn(vocab, device="cuda"), allowed_mask=allowed,
+                                    return_logprobs=True)
+    torch.cuda.synchronize()
+    assert out.tokens.shape == (batch, 1) and bool(allowed.gather(1, out.tokens).all())
+    assert torch.isfinite(out.logsumexp).all()
+    ids = torch.randint(100, 100 + vocab, (batch, 5), device="cuda")
+    out = flashsampling_cuda.sample(
+        hidden, weight, temperature=torch.rand(batch, device="cuda") + 0.1, num_samples=3,
+        seed=torch.arange(batch, device="cuda"), offset=torch.arange(batch, device="cuda"),
+        logit_bias=torch.randn(vocab, device="cuda"), sparse_logit_bias=(ids, torch.randn(batch, 5, device="cuda")),
+        allowed_mask=allowed, vocab_start=100, return_logprobs=True)
+    torch.cuda.synchronize()
+    assert out.tokens.shape == (batch, 3) and int(out.tokens.min()) >= 100 and int(out.tokens.max()) < 100 + vocab
+    assert torch.isfinite(out.logsumexp).all()
+    print(f"ok B={batch} V={vocab} D={dim} {dtype}")
+    top_k = torch.randint(-1, 300, (batch,), device="cuda")
+    top_p = torch.rand(batch, device="cuda")
+    min_p = torch.rand(batch, device="cuda") * 0.2
+    out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, num_samples=2, top_k=top_k,
+                                    top_p=top_p, min_p=min_p, allowed_mask=allowed, return_logprobs=True,
+                                    truncation_path="logits")
+    torch.cuda.synchronize()
+    assert out.tokens.shape == (batch, 2) and bool(allowed.gather(1, out.tokens).all())
+    assert torch.isfinite(out.logsumexp).all()
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, logits path)")

@@ -1,0 +1,62 @@
+"""How much of a fused sampling call the stage-2 reduction takes (torch.profiler, CUDA kernels).
+
+The fused GEMM writes one packed candidate per (vocabulary tile, column); a second small
+kernel (reduce_candidates.cu) reduces them to tokens. The CUTLASS issue asks to choose between
+that kernel and a last-CTA reduction inside the GEMM launch by measurement: the second
+kernel's own time bounds what the in-GEMM form could save.
+
+Usage: python benchmarks/probes/stage2_share.py [--shapes 4096x151936,8192x128256] [--batches 1,64,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import flashsampling_cuda
+
+
+def kernel_times_us(fn, calls: int = 20) -> dict[str, float]:
+    """Mean device time per call of each CUDA kernel fn launches, by kernel name."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time / calls
+    return dict(totals)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="4096x151936,8192x128256")
+    parser.add_argument("--batches", default="1,64,256")
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print("| D | V | B | fused GEMM µs | stage 2 µs | other kernels µs | stage 2 share |")
+    print("|---|---|---|---|---|---|---|")
+    for shape in args.shapes.split(","):
+        dim, vocab = (int(x) for x in shape.split("x"))
+        weight = torch.randn(vocab, dim, device="cuda", dtype=torch.bfloat16) * dim**-0.5
+        for batch in (int(b) for b in args.batches.split(",")):
+            hidden = torch.randn(batch, dim, device="cuda", dtype=torch.bfloat16)
+            times = kernel_times_us(lambda: flashsampling_cuda.sample(hidden, weight, seed=1, offset=0))
+            gemm = sum(t for name, t in times.items() if "device_kernel" in name)
+            stage2 = sum(t for name, t in times.items() if "reduce_candidates" in name)
+            other = max(0.0, sum(times.values()) - gemm - stage2)
+            share = stage2 / (gemm + stage2 + other)
+            print(f"| {dim} | {vocab} | {batch} | {gemm:.1f} | {stage2:.1f} | {other:.1f} | {share:.1%} |")
+        del weight
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

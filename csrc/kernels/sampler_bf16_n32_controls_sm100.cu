@@ -1,6 +1,0 @@
-// Fused sampler with the common controls' epilogue loop, sm100a, bf16, CTA tile N = 32.
-#include "sampler_gemm_sm100.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM100(cutlass::bfloat16_t, 32, SamplerLoop::kCommonControls)
-}  // namespace flashsampling

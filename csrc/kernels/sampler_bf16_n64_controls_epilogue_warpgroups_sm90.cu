@@ -1,7 +1,0 @@
-// Fused sampler, sm90a, bf16, CTA tile N = 64, the common controls' loop on epilogue
-// warpgroups of its own (the default for common-controls passes of 33-64 columns).
-#include "sampler_gemm_sm90.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(cutlass::bfloat16_t, 64, SamplerLoop::kCommonControls)
-}  // namespace flashsampling

@@ -1,7 +1,0 @@
-// Fused sampler with the common controls' epilogue loop, sm90a, fp16, CTA tile N = 128,
-// cooperative schedule (more than 128 GEMM columns).
-#include "sampler_gemm_sm90.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90(cutlass::half_t, 128, false, SamplerLoop::kCommonControls)
-}  // namespace flashsampling

@@ -1,7 +1,0 @@
-// Fused sampler, sm90a, fp16, CTA tile N = 128, the common controls' loop on epilogue
-// warpgroups of its own (the default for common-controls passes of 65-128 columns and beyond).
-#include "sampler_gemm_sm90.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(cutlass::half_t, 128, SamplerLoop::kCommonControls)
-}  // namespace flashsampling

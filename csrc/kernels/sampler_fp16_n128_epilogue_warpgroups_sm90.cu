@@ -1,6 +1,0 @@
-// Fused sampler, sm90a, fp16, CTA tile N = 128, plain loop on epilogue warpgroups of its own.
-#include "sampler_gemm_sm90.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90_EPILOGUE_WARPGROUPS(cutlass::half_t, 128, SamplerLoop::kPlain)
-}  // namespace flashsampling

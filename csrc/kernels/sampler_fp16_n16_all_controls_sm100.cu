@@ -1,7 +1,0 @@
-// Fused sampler with the epilogue loop for every control (sparse bias, per-row seeds, several
-// samples per pass), sm100a, fp16, CTA tile N = 16.
-#include "sampler_gemm_sm100.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM100(cutlass::half_t, 16, SamplerLoop::kAllControls)
-}  // namespace flashsampling

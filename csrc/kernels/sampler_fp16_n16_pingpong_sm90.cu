@@ -1,6 +1,0 @@
-// Fused sampler, sm90a, fp16, CTA tile N = 16, pingpong schedule.
-#include "sampler_gemm_sm90.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90(cutlass::half_t, 16, true, SamplerLoop::kPlain)
-}  // namespace flashsampling

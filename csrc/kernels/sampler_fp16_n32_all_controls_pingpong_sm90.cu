@@ -1,7 +1,0 @@
-// Fused sampler with the epilogue loop for every control (sparse bias, per-row seeds, several
-// samples per pass), sm90a, fp16, CTA tile N = 32, pingpong schedule.
-#include "sampler_gemm_sm90.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM90(cutlass::half_t, 32, true, SamplerLoop::kAllControls)
-}  // namespace flashsampling

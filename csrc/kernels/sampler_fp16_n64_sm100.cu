@@ -1,6 +1,0 @@
-// Fused sampler, sm100a, fp16, CTA tile N = 64.
-#include "sampler_gemm_sm100.cuh"
-
-namespace flashsampling {
-FLASHSAMPLING_INSTANTIATE_SM100(cutlass::half_t, 64, SamplerLoop::kPlain)
-}  // namespace flashsampling

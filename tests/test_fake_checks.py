@@ -1,0 +1,96 @@
+"""The fake kernels' argument checks (flashsampling_cuda/sampling.py, _check_fake_args) and the
+real kernels' (csrc/torch/checks.cpp) reject the same bad inputs with the same message.
+
+The fakes serve torch.compile and the Meta dispatch key (a meta tensor among CPU ones selects
+it), so an input the real op rejects must fail there too, with the words a user would see from
+the real op. CPU only: each case calls the op once on CPU tensors (the real kernel) and once on
+the same tensors on the meta device (the fake), and compares the first line of the errors.
+
+Cases marked xfail are known differences (strict: the mark must go once they agree).
+"""
+
+import pytest
+import torch
+
+import flashsampling_cuda  # noqa: F401  (registers the ops and their fakes)
+
+B, V, D = 2, 10, 8
+DTYPE_SPELLING = "checks.cpp names dtypes as c10 does (Long, Double), the fake as torch does (torch.int64)"
+HOST_VALUE = "the fake does not check this host-scalar argument, which checks.cpp does"
+
+
+def _h(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+# name -> (hidden, weight, keyword arguments, xfail reason or None)
+CASES = {
+    "hidden_not_2d": (_h(B, 1, D), _h(V, D), {}, None),
+    "weight_not_2d": (_h(B, D), _h(V * D), {}, None),
+    "hidden_dtype": (_h(B, D, dtype=torch.int64), _h(V, D, dtype=torch.int64), {}, DTYPE_SPELLING),
+    "weight_dtype": (_h(B, D), _h(V, D, dtype=torch.float64), {}, DTYPE_SPELLING),
+    "hidden_weight_d": (_h(B, D), _h(V, D + 1), {},
+                        "the fake's message adds 'and V >= 1' to checks.cpp's 'must have the same D'"),
+    "empty_vocabulary": (_h(B, D), _h(0, D), {},
+                         "checks.cpp says 'weight must have 1 <= V < 2^31 rows', the fake folds V >= 1 into the D check"),
+    "num_samples": (_h(B, D), _h(V, D), dict(num_samples=0), None),
+    "temperature_negative": (_h(B, D), _h(V, D), dict(temperature=-1.0), HOST_VALUE),
+    "temperature_nan": (_h(B, D), _h(V, D), dict(temperature=float("nan")), HOST_VALUE),
+    "vocab_start": (_h(B, D), _h(V, D), dict(vocab_start=-1), HOST_VALUE),
+    "offset_without_seed": (_h(B, D), _h(V, D), dict(offset=torch.tensor(1)), HOST_VALUE),
+    "temperatures_dtype": (_h(B, D), _h(V, D), dict(temperatures=torch.ones(B, dtype=torch.float64)),
+                           DTYPE_SPELLING),
+    "temperatures_shape": (_h(B, D), _h(V, D), dict(temperatures=torch.ones(B + 1)), None),
+    "seed_dtype": (_h(B, D), _h(V, D), dict(seed=torch.tensor(1, dtype=torch.int32)), DTYPE_SPELLING),
+    "seed_shape": (_h(B, D), _h(V, D), dict(seed=torch.ones(B + 1, dtype=torch.int64)), None),
+    "offset_shape": (_h(B, D), _h(V, D), dict(seed=torch.tensor(1), offset=torch.ones(B, 2, dtype=torch.int64)),
+                     None),
+    "logit_bias_dtype": (_h(B, D), _h(V, D), dict(logit_bias=torch.zeros(V, dtype=torch.float16)), DTYPE_SPELLING),
+    "logit_bias_shape": (_h(B, D), _h(V, D), dict(logit_bias=torch.zeros(V - 1)), None),
+    "sparse_ids_alone": (_h(B, D), _h(V, D), dict(sparse_bias_ids=torch.zeros(B, 3, dtype=torch.int64)), None),
+    "sparse_values_alone": (_h(B, D), _h(V, D), dict(sparse_bias_values=torch.zeros(B, 3)), None),
+    "sparse_ids_rows": (_h(B, D), _h(V, D), dict(sparse_bias_ids=torch.zeros(B + 1, 3, dtype=torch.int64),
+                                                 sparse_bias_values=torch.zeros(B + 1, 3)), None),
+    "sparse_ids_dtype": (_h(B, D), _h(V, D), dict(sparse_bias_ids=torch.zeros(B, 3, dtype=torch.int16),
+                                                  sparse_bias_values=torch.zeros(B, 3)), DTYPE_SPELLING),
+    "sparse_values_shape": (_h(B, D), _h(V, D), dict(sparse_bias_ids=torch.zeros(B, 3, dtype=torch.int64),
+                                                     sparse_bias_values=torch.zeros(B, 2)), None),
+    "allowed_mask_dtype": (_h(B, D), _h(V, D), dict(allowed_mask=torch.zeros(B, 1, dtype=torch.int64)),
+                           DTYPE_SPELLING),
+    "allowed_mask_shape": (_h(B, D), _h(V, D), dict(allowed_mask=torch.zeros(B, 2, dtype=torch.int32)), None),
+}
+
+OPS = ["sample", "sample_with_scores"]
+
+
+def first_error_line(op_name, device, hidden, weight, kwargs):
+    """The first line of the op's error on `device` (meta: the fake), or None if it accepts."""
+    op = getattr(torch.ops.flashsampling, op_name)
+    moved = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    try:
+        op(hidden.to(device), weight.to(device), **moved)
+    except RuntimeError as error:
+        return str(error).splitlines()[0]
+    return None
+
+
+def params():
+    for name, (hidden, weight, kwargs, reason) in CASES.items():
+        for op_name in OPS:
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            yield pytest.param(op_name, hidden, weight, kwargs, id=f"{op_name}-{name}", marks=marks)
+
+
+@pytest.mark.parametrize("op_name, hidden, weight, kwargs", list(params()))
+def test_fake_and_real_checks_give_the_same_error(op_name, hidden, weight, kwargs):
+    real = first_error_line(op_name, "cpu", hidden, weight, kwargs)
+    assert real is not None and real.startswith("flashsampling.sample: "), f"the real op accepted it: {real}"
+    fake = first_error_line(op_name, "meta", hidden, weight, kwargs)
+    assert fake == real
+
+
+def test_every_case_is_rejected_by_the_real_op():
+    """Each case is a single fault the real kernel reports (so the comparisons above compare errors)."""
+    for name, (hidden, weight, kwargs, _) in CASES.items():
+        real = first_error_line("sample_with_scores", "cpu", hidden, weight, kwargs)
+        assert real is not None, name
