@@ -79,13 +79,11 @@ def flashinfer_call(fi, spec: dict, batch: int, temperature: float):
     return None
 
 
-def alternative_paths(spec: dict, batch: int) -> list[str]:
-    """Paths other than "auto"'s choice that can take this form (host int top_k <= 64: both)."""
+def alternative_paths(spec: dict) -> list[str]:
+    """Paths other than "auto"'s choice that can take this form: the logits path for a host int
+    top_k <= 64, which "auto" gives the fused top-k pass."""
     k = spec.get("top_k")
-    if isinstance(k, int) and k <= flashsampling_cuda.truncation.FUSED_TOP_K_MAX:
-        auto_fused = batch <= flashsampling_cuda.truncation.FUSED_TOP_K_MAX_BATCH
-        return ["logits"] if auto_fused else ["fused_top_k"]
-    return []
+    return ["logits"] if isinstance(k, int) and k <= flashsampling_cuda.truncation.FUSED_TOP_K_MAX else []
 
 
 def run(args) -> dict:
@@ -115,7 +113,7 @@ def run(args) -> dict:
                               **stats[temperature]}
                     record["ours_us"] = median_us(lambda: flashsampling_cuda.sample(
                         hidden, weight, temperature=temperature, **kwargs), graph=True)
-                    for path in alternative_paths(spec, batch):
+                    for path in alternative_paths(spec):
                         record[f"ours_{path}_us"] = median_us(lambda path=path: flashsampling_cuda.sample(
                             hidden, weight, temperature=temperature, truncation_path=path, **kwargs), graph=True)
                     call = flashinfer_call(fi, spec, batch, temperature) if fi is not None else None

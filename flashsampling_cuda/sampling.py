@@ -268,7 +268,7 @@ def sample(
         truncation_path: how a truncated call is sampled (flashsampling_cuda/truncation.py);
             every path gives the same tokens, up to near ties within fp32 rounding.
             ``"auto"`` (default): on CUDA, a host ``top_k <= 64`` with bf16/fp16 and no
-            sparse bias at ``B <= 64`` takes ``"fused_top_k"`` (the GEMM keeps each vocabulary
+            sparse bias takes ``"fused_top_k"`` (the GEMM keeps each vocabulary
             tile's 4 best logits, a second kernel truncates and samples), everything else
             ``"logits"`` (one fp32 logits matmul ``[B, V]``, then one kernel selects the
             survivors of each row and samples them: the weight is read once); the CPU takes

@@ -146,28 +146,21 @@ def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
 
 
 TRUNCATION_PATHS = ("auto", "fused_top_k", "logits", "materialized")
-# Up to this batch the fused top-k pass beats the logits path where both can run: its GEMM
-# is the plain sampler's, at the HBM floor for small batches, where cuBLAS's fp32-output
-# matmul is a few percent slower; from larger batches the fused pass's epilogue costs more
-# than the logits' round trip (benchmarks/bench_truncation.py measures both).
-FUSED_TOP_K_MAX_BATCH = 64
 
 
 def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tensor, weight: Tensor,
                            op_kwargs: dict) -> str:
     """The path that samples a truncated call (module docstring): ``requested`` when it can
     take the call (else ValueError naming ``truncation_path``), or for ``"auto"`` the fused
-    top-k pass where it can run and the batch is small, the logits path on CUDA, and the
-    materialised path on the CPU."""
+    top-k pass where it can run (faster than the logits path at every batch measured:
+    docs/truncation.md), the logits path on CUDA, and the materialised path on the CPU."""
     if requested not in TRUNCATION_PATHS:
         raise ValueError(f"flashsampling.sample: truncation_path must be one of {', '.join(TRUNCATION_PATHS)}, "
                          f"got {requested!r}")
     fused_ok = fused_top_k_args(truncation, hidden, weight, op_kwargs) is not None
     on_cuda = hidden.device.type == "cuda"
     if requested == "auto":
-        if fused_ok and hidden.shape[0] <= FUSED_TOP_K_MAX_BATCH:
-            return "fused_top_k"
-        return "logits" if on_cuda else "materialized"
+        return "fused_top_k" if fused_ok else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
         raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, a host "
                          f"int top_k in [1, {FUSED_TOP_K_MAX}] below V, {_FUSED_MIN_VOCAB} <= V <= {_FUSED_MAX_VOCAB} "

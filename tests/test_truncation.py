@@ -164,8 +164,10 @@ def test_chi_square_matches_truncated_softmax(top_k, top_p, min_p, temperature, 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_everything_off_is_plain_sampling(device):
-    """Off values (host scalars: the plain call; tensors: the mask path) give the tokens,
-    scores and log-probabilities of plain sampling."""
+    """Off values give the tokens, scores and log-probabilities of plain sampling: host
+    scalars take the plain call (bit for bit); tensors take the materialised path on the CPU
+    (bit for bit) and the logits path on CUDA, whose logits come from cuBLAS (the same tokens
+    here; scores and log-probabilities within fp32 rounding of the two matmuls)."""
     hidden, weight = problem(B, V, D, device, seed=4)
     c = random_controls(B, V, device, seed=4, density=0.7)
     kwargs = dict(temperature=torch.tensor(TEMPERATURES, device=device), seed=9, num_samples=5,
@@ -177,9 +179,14 @@ def test_everything_off_is_plain_sampling(device):
                 dict(top_k=torch.tensor(0), top_p=torch.tensor(1.0), min_p=torch.tensor(0.0))):
         out = fs.sample_with_scores(hidden, weight, **kwargs, **off)
         assert torch.equal(out.tokens, plain.tokens), off
-        assert torch.equal(out.scores, plain.scores), off
-        torch.testing.assert_close(out.token_logprobs, plain.token_logprobs, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(out.logsumexp, plain.logsumexp, rtol=1e-6, atol=0)
+        logits_path = device == "cuda" and any(isinstance(v, torch.Tensor) for v in off.values())
+        tolerance = dict(rtol=1e-5, atol=1e-4) if logits_path else dict(rtol=1e-6, atol=1e-6)
+        if logits_path:
+            torch.testing.assert_close(out.scores, plain.scores, **tolerance)
+        else:
+            assert torch.equal(out.scores, plain.scores), off
+        torch.testing.assert_close(out.token_logprobs, plain.token_logprobs, **tolerance)
+        torch.testing.assert_close(out.logsumexp, plain.logsumexp, **tolerance)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -15,14 +15,16 @@
 //     index only when y ties), one pass over the elements of the chosen digit per level, and
 //     none once the whole digit lies above the cut;
 //  3. top_p: the same descent on probability mass (exp(y - y0) of the keys >= the top_k cut,
-//     fp32 exponentials summed in float64) to the first key whose inclusive mass reaches
-//     top_p, stopping at a digit that holds one key;
+//     fp32 exponentials in 32.32 fixed point, so the sums are exact integers whatever the
+//     order: deterministic) to the first key whose inclusive mass reaches top_p, stopping at a
+//     digit that holds one key;
 //  4. per sample, a pass taking Gumbel-Max over the survivors with the noise of plain
 //     sampling, and (for log-probabilities) their mass.
 //
-// top_p's sums run in another order than truncation.py's float64 cumulative sum, so the two
-// can keep a different last token only where the prefix mass lies within ~1e-7 relative of
-// top_p: the tolerance the float64 reference grants the fp32 logits anyway.
+// top_p's masses are fp32 exponentials rounded to multiples of 2^-32 of the first token's,
+// where truncation.py sums float64 ones in order, so the two can keep a different last token
+// only where the prefix mass lies within ~1e-7 relative of top_p: the tolerance the float64
+// reference grants the fp32 logits anyway.
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -39,7 +41,9 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-constexpr int kUnroll = 4;  // elements a thread loads before it uses them
+// Elements a thread loads before it uses them: one CTA an SM streams its slice from L2 or HBM,
+// so its loads in flight set the pass's bandwidth (16 x 4 bytes x 512 threads = 32 KiB an SM).
+constexpr int kUnroll = 16;
 constexpr int kLevels = 6;  // digits of a key: 11, 11, 10 bits of y, then of ~index
 constexpr int kMaxBins = 2048;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
@@ -51,17 +55,22 @@ __device__ __forceinline__ int level_bits(int level) {
   return (level == 0 ? 64 : level_shift(level - 1)) - level_shift(level);
 }
 
+// Probability mass relative to the row's first token (<= 1) in 32.32 fixed point.
+using FixedMass = unsigned long long;
+constexpr float kFixedOne = 4294967296.0f;  // 2^32
+
 struct SharedState {
   // This CTA's histogram of the current level (the cluster's peers read it) and the cluster's sum.
+  // Masses as two 32-bit words: shared memory adds 32-bit integers natively.
   unsigned count[kMaxBins];
-  double mass[kMaxBins];
+  unsigned mass_lo[kMaxBins];
+  unsigned mass_hi[kMaxBins];
   unsigned total_count[kMaxBins];
-  double total_mass[kMaxBins];
+  FixedMass total_mass[kMaxBins];
   // This CTA's partial results, read by its peers after a cluster barrier.
   PackedCandidate max_key;
   unsigned allowed;
-  double top_p_mass;  // of the keys >= the top_k cut
-  double kept_mass;   // of the survivors
+  double kept_mass;  // of the survivors
   float best_score;
   int32_t best_index;
   double best_y;
@@ -76,7 +85,8 @@ struct SharedState {
   int digit;
   unsigned digit_count;
   unsigned count_above;
-  double mass_above;
+  FixedMass mass_above;
+  FixedMass mass_total;  // of the keys >= the top_k cut
 };
 
 // What an element of the row is: its transformed logit x, y and truncation key (0: excluded).
@@ -126,21 +136,24 @@ __device__ __forceinline__ void add_counts(unsigned* count, unsigned digit, bool
   if (static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(count + digit, __popc(peers));
 }
 
-// Adds `active` lanes' digits and masses: the lanes of one digit sum their masses first.
-__device__ __forceinline__ void add_counts_and_masses(unsigned* count, double* mass, unsigned digit, double m,
-                                                      bool active) {
+// Adds `active` lanes' digits and masses: the lanes of one digit sum their masses first, and
+// the sum goes into the digit's two words with the low word's carry.
+__device__ __forceinline__ void add_counts_and_masses(SharedState& sh, unsigned digit, FixedMass m, bool active) {
   int const lane = threadIdx.x % 32;
   unsigned pending = __ballot_sync(kFullMask, active);
   while (pending) {
     int const leader = __ffs(pending) - 1;
     unsigned const d = __shfl_sync(kFullMask, digit, leader);
     unsigned const group = __ballot_sync(kFullMask, ((pending >> lane) & 1u) && digit == d);
-    double s = ((group >> lane) & 1u) ? m : 0.0;
+    FixedMass sum = ((group >> lane) & 1u) ? m : 0ull;
 #pragma unroll
-    for (int delta = 16; delta > 0; delta >>= 1) s += __shfl_xor_sync(kFullMask, s, delta);
+    for (int delta = 16; delta > 0; delta >>= 1) sum += __shfl_xor_sync(kFullMask, sum, delta);
     if (lane == leader) {
-      atomicAdd(count + d, __popc(group));
-      atomicAdd(mass + d, s);
+      atomicAdd(sh.count + d, __popc(group));
+      unsigned const lo = static_cast<unsigned>(sum);
+      unsigned const old = atomicAdd(sh.mass_lo + d, lo);
+      unsigned const hi = static_cast<unsigned>(sum >> 32) + (old + lo < old ? 1u : 0u);
+      if (hi != 0) atomicAdd(sh.mass_hi + d, hi);
     }
     pending &= ~group;
   }
@@ -223,11 +236,11 @@ __device__ void cluster_sum_histograms(cg::cluster_group& cluster, SharedState& 
   unsigned const ctas = cluster.num_blocks();
   for (int i = threadIdx.x; i < bins; i += kThreads) {
     unsigned c = 0;
-    double m = 0.0;
+    FixedMass m = 0;
     for (unsigned r = 0; r < ctas; ++r) {
       SharedState const* peer = cluster.map_shared_rank(&sh, r);
       c += peer->count[i];
-      if (with_mass) m += peer->mass[i];
+      if (with_mass) m += (static_cast<FixedMass>(peer->mass_hi[i]) << 32) | peer->mass_lo[i];
     }
     sh.total_count[i] = c;
     if (with_mass) sh.total_mass[i] = m;
@@ -238,7 +251,10 @@ __device__ void cluster_sum_histograms(cg::cluster_group& cluster, SharedState& 
 __device__ void reset_histogram(SharedState& sh, int bins, bool with_mass) {
   for (int i = threadIdx.x; i < bins; i += kThreads) {
     sh.count[i] = 0;
-    if (with_mass) sh.mass[i] = 0.0;
+    if (with_mass) {
+      sh.mass_lo[i] = 0;
+      sh.mass_hi[i] = 0;
+    }
   }
   __syncthreads();
 }
@@ -276,35 +292,41 @@ __device__ void choose_digit_by_count(SharedState& sh, int bins, unsigned target
 // Warp 0: the first digit, from the top, at which (mass_above + running mass) / total reaches
 // top_p: sh.digit (-1 where rounding keeps it from being reached), its count, and the mass
 // above it.
-__device__ void choose_digit_by_mass(SharedState& sh, int bins, double mass_above, double total, double top_p) {
+// At level 0 (total == 0) the total is the histogram's, and goes to sh.mass_total.
+__device__ void choose_digit_by_mass(SharedState& sh, int bins, FixedMass mass_above, FixedMass total,
+                                     double top_p) {
   int const lane = threadIdx.x % 32;
   int const per_lane = bins / 32;
   auto digit_at = [&](int j) { return bins - 1 - lane * per_lane - j; };
-  double local = 0.0;
+  FixedMass local = 0;
   for (int j = 0; j < per_lane; ++j) local += sh.total_mass[digit_at(j)];
-  double inclusive = local;
+  FixedMass inclusive = local;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    double const other = __shfl_up_sync(kFullMask, inclusive, d);
+    FixedMass const other = __shfl_up_sync(kFullMask, inclusive, d);
     if (lane >= d) inclusive += other;
   }
-  double exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
-  if (lane == 0) exclusive = 0.0;
-  unsigned const reached = __ballot_sync(kFullMask, (mass_above + inclusive) / total >= top_p);
+  FixedMass const exclusive = inclusive - local;
+  if (total == 0) total = mass_above + __shfl_sync(kFullMask, inclusive, 31);
+  if (lane == 0) sh.mass_total = total;
+  auto reaches = [&](FixedMass mass) {
+    return static_cast<double>(mass) / static_cast<double>(total) >= top_p;
+  };
+  unsigned const reached = __ballot_sync(kFullMask, reaches(mass_above + inclusive));
   if (lane == 0) sh.digit = -1;
   __syncwarp();
   // Without a lane that reaches it (rounding), the last lane's last non-empty digit closes the prefix.
   int const owner = reached ? __ffs(reached) - 1 : 31;
   if (lane == owner) {
-    double running = mass_above + exclusive;
+    FixedMass running = mass_above + exclusive;
     for (int j = 0; j < per_lane; ++j) {
       int const digit = digit_at(j);
-      double const m = sh.total_mass[digit];
+      FixedMass const m = sh.total_mass[digit];
       if (sh.total_count[digit] != 0) {
         sh.digit = digit;
         sh.digit_count = sh.total_count[digit];
         sh.mass_above = running;
-        if ((running + m) / total >= top_p) break;
+        if (reaches(running + m)) break;
       }
       running += m;
     }
@@ -346,8 +368,8 @@ __device__ PackedCandidate select_top_k(cg::cluster_group& cluster, SharedState&
 }
 
 // exp(y - y0) of a finite y0 in fp32 (NaN y: no mass), for top_p's and the log-sum-exp's sums.
-__device__ __forceinline__ double mass_of(float y, double y0) {
-  return y != y ? 0.0 : static_cast<double>(expf(static_cast<float>(static_cast<double>(y) - y0)));
+__device__ __forceinline__ float mass_of(float y, double y0) {
+  return y != y ? 0.0f : expf(static_cast<float>(static_cast<double>(y) - y0));
 }
 
 // The smallest key of the shortest prefix, among the keys >= floor, whose mass reaches top_p
@@ -355,29 +377,20 @@ __device__ __forceinline__ double mass_of(float y, double y0) {
 __device__ PackedCandidate select_top_p(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
                                         PackedCandidate floor, double y0, double top_p) {
   PackedCandidate prefix = 0, prefix_mask = 0;
-  double mass_above = 0.0, total = 0.0;
+  FixedMass mass_above = 0, total = 0;
   for (int level = 0; level < kLevels; ++level) {
     int const shift = level_shift(level), bins = 1 << level_bits(level);
     reset_histogram(sh, bins, true);
-    double local_total = 0.0;
     for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
       bool const active = key != 0 && key >= floor && (key & prefix_mask) == prefix;
-      double const m = active ? mass_of(y, y0) : 0.0;
-      local_total += m;
-      add_counts_and_masses(sh.count, sh.mass, static_cast<unsigned>(key >> shift) & (bins - 1), m, active);
+      FixedMass const m = active ? __float2ull_rn(mass_of(y, y0) * kFixedOne) : 0ull;
+      add_counts_and_masses(sh, static_cast<unsigned>(key >> shift) & (bins - 1), m, active);
     });
-    if (level == 0) {
-      double const block_total = block_sum(local_total, sh);
-      if (threadIdx.x == 0) sh.top_p_mass = block_total;
-    }
     __syncthreads();
     cluster_sum_histograms(cluster, sh, bins, true);
-    if (level == 0) {
-      // Read after the barriers above; written again only by the next row's top_p.
-      for (unsigned r = 0; r < cluster.num_blocks(); ++r) total += cluster.map_shared_rank(&sh, r)->top_p_mass;
-    }
     if (threadIdx.x < 32) choose_digit_by_mass(sh, bins, mass_above, total, top_p);
     __syncthreads();
+    total = sh.mass_total;
     int const digit = sh.digit;
     if (digit < 0) break;  // not reached within rounding: the whole prefix so far stays
     mass_above = sh.mass_above;
@@ -517,7 +530,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
         best_y = static_cast<double>(y);
       }
       // A NaN y makes the log-sum-exp NaN, as in the fused op (top_p gives it no mass, above).
-      if (with_mass) local_mass += y != y ? static_cast<double>(NAN) : y0_finite ? mass_of(y, y0) : 0.0;
+      if (with_mass) local_mass += y != y ? static_cast<double>(NAN) : y0_finite ? double{mass_of(y, y0)} : 0.0;
     });
     block_best(best_score, best_index, best_y, sh);
     double const block_mass = with_mass ? block_sum(local_mass, sh) : 0.0;
