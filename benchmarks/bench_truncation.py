@@ -107,6 +107,8 @@ def run(args) -> dict:
                 plain = {t: median_us(lambda t=t: flashsampling_cuda.sample(hidden, weight, temperature=t), graph=True)
                          for t in stats}
                 for form, (temperature, spec) in FORMS.items():
+                    if args.forms and form not in args.forms.split(","):
+                        continue
                     kwargs = form_arguments(spec, batch)
                     record = {"D": dim, "V": vocab, "B": batch, "regime": regime, "form": form,
                               "temperature": temperature, "mm_us": mm_us, "plain_us": plain[temperature],
@@ -187,6 +189,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="4096x151936,8192x128256", help="comma list of DxV")
     parser.add_argument("--batches", default="1,16,64,128,256")
     parser.add_argument("--regimes", default=",".join(REGIMES))
+    parser.add_argument("--forms", default=None, help="comma list of FORMS names (default: all)")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     if not torch.cuda.is_available():

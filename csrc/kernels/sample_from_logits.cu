@@ -59,12 +59,17 @@ __device__ __forceinline__ int level_bits(int level) {
 using FixedMass = unsigned long long;
 constexpr float kFixedOne = 4294967296.0f;  // 2^32
 
+// A mass (<= 2^32, 33 bits) enters the histogram as three 11-bit parts, each summed in a 32-bit
+// word of its own: shared memory adds 32-bit integers natively (its float and 64-bit adds are
+// compare-and-swap loops), with no carry to propagate. A word holds the parts of 2^21 elements:
+// a CTA's slice is at most ceil(V / 2) <= 2^21 (kLogitsSamplerMaxVocab).
+constexpr int kMassParts = 3;
+constexpr int kMassPartBits = 11;
+
 struct SharedState {
   // This CTA's histogram of the current level (the cluster's peers read it) and the cluster's sum.
-  // Masses as two 32-bit words: shared memory adds 32-bit integers natively.
   unsigned count[kMaxBins];
-  unsigned mass_lo[kMaxBins];
-  unsigned mass_hi[kMaxBins];
+  unsigned mass_part[kMassParts][kMaxBins];
   unsigned total_count[kMaxBins];
   FixedMass total_mass[kMaxBins];
   // This CTA's partial results, read by its peers after a cluster barrier.
@@ -136,26 +141,20 @@ __device__ __forceinline__ void add_counts(unsigned* count, unsigned digit, bool
   if (static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(count + digit, __popc(peers));
 }
 
-// Adds `active` lanes' digits and masses: the lanes of one digit sum their masses first, and
-// the sum goes into the digit's two words with the low word's carry.
+// Adds `active` lanes' digits and masses: the lanes of one digit (one match) sum each part of
+// their masses in one warp reduction, and the digit's first lane adds the sums, with no return
+// value to wait for.
 __device__ __forceinline__ void add_counts_and_masses(SharedState& sh, unsigned digit, FixedMass m, bool active) {
-  int const lane = threadIdx.x % 32;
-  unsigned pending = __ballot_sync(kFullMask, active);
-  while (pending) {
-    int const leader = __ffs(pending) - 1;
-    unsigned const d = __shfl_sync(kFullMask, digit, leader);
-    unsigned const group = __ballot_sync(kFullMask, ((pending >> lane) & 1u) && digit == d);
-    FixedMass sum = ((group >> lane) & 1u) ? m : 0ull;
+  unsigned const active_lanes = __ballot_sync(kFullMask, active);
+  if (!active) return;
+  unsigned const peers = __match_any_sync(active_lanes, digit);
+  bool const first = static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1;
+  if (first) atomicAdd(sh.count + digit, __popc(peers));
 #pragma unroll
-    for (int delta = 16; delta > 0; delta >>= 1) sum += __shfl_xor_sync(kFullMask, sum, delta);
-    if (lane == leader) {
-      atomicAdd(sh.count + d, __popc(group));
-      unsigned const lo = static_cast<unsigned>(sum);
-      unsigned const old = atomicAdd(sh.mass_lo + d, lo);
-      unsigned const hi = static_cast<unsigned>(sum >> 32) + (old + lo < old ? 1u : 0u);
-      if (hi != 0) atomicAdd(sh.mass_hi + d, hi);
-    }
-    pending &= ~group;
+  for (int part = 0; part < kMassParts; ++part) {
+    unsigned const bits = static_cast<unsigned>(m >> (part * kMassPartBits)) & ((1u << kMassPartBits) - 1u);
+    unsigned const sum = __reduce_add_sync(peers, bits);
+    if (first && sum != 0) atomicAdd(sh.mass_part[part] + digit, sum);
   }
 }
 
@@ -240,7 +239,9 @@ __device__ void cluster_sum_histograms(cg::cluster_group& cluster, SharedState& 
     for (unsigned r = 0; r < ctas; ++r) {
       SharedState const* peer = cluster.map_shared_rank(&sh, r);
       c += peer->count[i];
-      if (with_mass) m += (static_cast<FixedMass>(peer->mass_hi[i]) << 32) | peer->mass_lo[i];
+      for (int part = 0; with_mass && part < kMassParts; ++part) {
+        m += static_cast<FixedMass>(peer->mass_part[part][i]) << (part * kMassPartBits);
+      }
     }
     sh.total_count[i] = c;
     if (with_mass) sh.total_mass[i] = m;
@@ -251,10 +252,7 @@ __device__ void cluster_sum_histograms(cg::cluster_group& cluster, SharedState& 
 __device__ void reset_histogram(SharedState& sh, int bins, bool with_mass) {
   for (int i = threadIdx.x; i < bins; i += kThreads) {
     sh.count[i] = 0;
-    if (with_mass) {
-      sh.mass_lo[i] = 0;
-      sh.mass_hi[i] = 0;
-    }
+    for (int part = 0; with_mass && part < kMassParts; ++part) sh.mass_part[part][i] = 0;
   }
   __syncthreads();
 }
@@ -584,7 +582,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_from_logits_kernel(LogitsS
 
 cudaError_t launch_sample_from_logits(LogitsSamplerParams const& params, int sm_count, cudaStream_t stream) {
   if (params.batch_size == 0) return cudaSuccess;
-  if (params.num_samples < 1 || params.vocab_size < 1) return cudaErrorInvalidValue;
+  if (params.num_samples < 1 || params.vocab_size < 1 || params.vocab_size > kLogitsSamplerMaxVocab) {
+    return cudaErrorInvalidValue;
+  }
   LogitsSamplerGrid const grid = logits_sampler_grid(params.batch_size, sm_count);
   size_t const smem = sizeof(SharedState);
   cudaError_t err = cudaFuncSetAttribute(sample_from_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

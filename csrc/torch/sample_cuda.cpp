@@ -337,6 +337,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
   TORCH_CHECK(logits.scalar_type() == at::kFloat, "flashsampling.sample_from_logits: logits must be float32, got ",
               logits.scalar_type());
   const int64_t batch = logits.size(0), vocab = logits.size(1);
+  TORCH_CHECK(vocab <= kLogitsSamplerMaxVocab, "flashsampling.sample_from_logits: logits must have V <= ",
+              kLogitsSamplerMaxVocab, " columns on CUDA, got V=", vocab);
   // The controls are checked as sample's are, against stand-ins of hidden [B, 0] and weight
   // [V, 0] on logits' device (empty: nothing is allocated), so the messages are the same.
   const auto stand_in = logits.options().dtype(at::kBFloat16);

@@ -61,16 +61,19 @@ struct LogitsSamplerParams {
 // time (a row's vocabulary split across the cluster, its histograms exchanged through
 // distributed shared memory), `clusters` of them loop over the rows. At most 64 rows are in
 // flight so that their logits (V fp32 each) stay in L2 across the row's passes; small batches
-// get up to 8 CTAs a row so that every multiprocessor works.
+// get up to 8 CTAs a row so that every multiprocessor works, larger ones 2.
 struct LogitsSamplerGrid {
   int cluster_size;
   int clusters;
 };
 
+// Largest vocabulary: a CTA sums the masses of its slice (V / 2 tokens at most) in 32-bit words.
+constexpr int64_t kLogitsSamplerMaxVocab = int64_t{1} << 22;
+
 inline LogitsSamplerGrid logits_sampler_grid(int64_t batch, int sm_count) {
   constexpr int64_t kMaxRowsInFlight = 64;
   int64_t const rows = batch < kMaxRowsInFlight ? (batch < 1 ? 1 : batch) : kMaxRowsInFlight;
-  int cluster = 1;
+  int cluster = 2;  // at least 2: a CTA's slice holds at most 2^21 tokens (kLogitsSamplerMaxVocab)
   while (cluster < 8 && rows * cluster * 2 <= sm_count) cluster *= 2;
   return {cluster, static_cast<int>(rows)};
 }
