@@ -146,6 +146,7 @@ def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
 
 
 TRUNCATION_PATHS = ("auto", "fused_top_k", "logits", "materialized")
+LOGITS_PATH_MAX_VOCAB = 1 << 22  # sample_from_logits.h: kLogitsSamplerMaxVocab
 
 
 def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tensor, weight: Tensor,
@@ -158,7 +159,7 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
         raise ValueError(f"flashsampling.sample: truncation_path must be one of {', '.join(TRUNCATION_PATHS)}, "
                          f"got {requested!r}")
     fused_ok = fused_top_k_args(truncation, hidden, weight, op_kwargs) is not None
-    on_cuda = hidden.device.type == "cuda"
+    on_cuda = hidden.device.type == "cuda" and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB
     if requested == "auto":
         return "fused_top_k" if fused_ok else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
@@ -166,8 +167,8 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
                          f"int top_k in [1, {FUSED_TOP_K_MAX}] below V, {_FUSED_MIN_VOCAB} <= V <= {_FUSED_MAX_VOCAB} "
                          "and no sparse_logit_bias")
     if requested == "logits" and not on_cuda:
-        raise ValueError("flashsampling.sample: truncation_path='logits' runs on CUDA only (the CPU takes "
-                         "'materialized')")
+        raise ValueError("flashsampling.sample: truncation_path='logits' runs on CUDA only, with V <= "
+                         f"{LOGITS_PATH_MAX_VOCAB} (elsewhere 'materialized' takes the call)")
     return requested
 
 
