@@ -10,7 +10,8 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
-from .truncation import FUSED_TOP_K_MAX, Truncation, fused_top_k_args, parse_truncation, truncated_allowed_mask
+from .truncation import (FUSED_TOP_K_MAX, Truncation, fused_top_k_args, materialized_logits, parse_truncation,
+                         truncated_allowed_mask)
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "pack_allowed_mask", "SampleOutput",
            "ScoredSample"]
@@ -115,7 +116,9 @@ def _op_kwargs(
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) becomes part of ``allowed_mask``, unless
     ``fused`` (a dict) is given and the fused top-k pass takes the call: then ``fused`` receives
-    the truncation arguments of ``torch.ops.flashsampling.sample_top_k``."""
+    the truncation arguments of ``torch.ops.flashsampling.sample_top_k``. On the CPU, with
+    ``fused`` given, ``fused["logits"]`` receives the materialised logits the mask came from,
+    which :func:`_call_op` samples from (no second logits pass)."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -142,6 +145,11 @@ def _op_kwargs(
         fused_args = None if fused is None else fused_top_k_args(truncation, hidden, weight, kwargs)
         if fused_args is not None:
             fused.update(fused_args)
+        elif fused is not None and hidden.device.type == "cpu":
+            logits = materialized_logits(hidden, weight)
+            kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
+                                                                                        truncation, logits)
+            fused["logits"] = logits
         else:
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
                                                                                         truncation)
@@ -149,7 +157,10 @@ def _op_kwargs(
 
 
 def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, fused: dict, return_logprobs: bool):
-    """The op's four outputs: the fused top-k pass when ``fused`` holds its arguments."""
+    """The op's four outputs: the fused top-k pass when ``fused`` holds its arguments, the CPU
+    op from precomputed logits when it holds ``logits``."""
+    if "logits" in fused:
+        return torch.ops.flashsampling._sample_logits(fused["logits"], **kwargs, return_logprobs=return_logprobs)
     if fused:
         return torch.ops.flashsampling.sample_top_k(hidden, weight, **kwargs, return_logprobs=return_logprobs,
                                                      **fused)
@@ -553,5 +564,31 @@ def _sample_top_k_cpu(
                   sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask,
                   empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     truncation = Truncation(top_k, top_ps if top_ps is not None else top_p, min_ps if min_ps is not None else min_p)
-    kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation)
-    return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
+    logits = materialized_logits(hidden, weight)
+    kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation,
+                                                                                logits)
+    return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
+
+
+@torch.library.register_fake("flashsampling::_logits")
+def _logits_fake(hidden, weight):
+    _check_fake_args(hidden, weight, 1, None, None, None, None, None, None, None)
+    return hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
+@torch.library.register_fake("flashsampling::_sample_logits")
+def _sample_logits_fake(
+    logits, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None, generator=None,
+    logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None, empty_mask_token=None,
+    vocab_start=0, return_logprobs=False,
+):
+    torch._check(logits.dim() == 2 and logits.dtype == torch.float32,
+                 lambda: f"flashsampling._sample_logits: logits must be float32 [B, V], got {logits.dtype} of shape "
+                 f"{list(logits.shape)}")
+    batch, shape = logits.shape[0], (logits.shape[0], num_samples)
+    return (
+        logits.new_empty(shape, dtype=torch.int64),
+        logits.new_empty(shape, dtype=torch.float32),
+        logits.new_empty(shape if return_logprobs else (0,), dtype=torch.float32),
+        logits.new_empty((batch,) if return_logprobs else (0,), dtype=torch.float32),
+    )

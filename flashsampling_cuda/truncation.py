@@ -17,7 +17,8 @@ the token of plain sampling.
 
 Cost (every truncated call, for now): one more fp32 logits matmul ``[B, V]``, a top-k
 selection per row (a host ``top_k``) or a sort of every row (otherwise), a few ``[B, V]`` elementwise passes (float64 for the probabilities), then the
-fused pass; memory ``O(B V)``. Nothing reads a device tensor's values on the host, so it
+fused pass; memory ``O(B V)``. On the CPU the sample is drawn from the materialised logits
+(``torch.ops.flashsampling._sample_logits``) instead of a second fused pass: one matmul in all. Nothing reads a device tensor's values on the host, so it
 runs under ``torch.compile`` and CUDA-graph capture, except: a user ``allowed_mask``
 without ``empty_mask_token`` still makes the op check the mask for empty rows (a host
 sync, as without truncation), and per-row parameters in CPU tensors are checked on the
@@ -38,11 +39,6 @@ from .masks import pack_allowed_mask, unpack_allowed_mask
 __all__ = ["Truncation", "parse_truncation", "fused_top_k_args", "FUSED_TOP_K_MAX", "materialized_logits",
            "transformed_logits", "scaled_logits", "survivor_mask", "truncated_allowed_mask"]
 
-# The vocabulary chunking of the CPU op (csrc/torch/sample_cpu.cpp: kChunkBytes,
-# kMinVocabChunk, kMaxVocabChunk, kTile): the logits are computed by at::mm calls of the
-# same shapes, so they have the op's bits whatever the BLAS does with the shape
-# (tests/test_truncation.py checks the scores bit for bit).
-_CPU_CHUNK_BYTES, _CPU_MIN_CHUNK, _CPU_MAX_CHUNK, _CPU_TILE = 2 << 20, 256, 2048, 64
 # Elements of the fp32 weight copy per matmul where no fp32-output matmul exists.
 _FALLBACK_CHUNK_ELEMENTS = 1 << 24
 _HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=), torch >= 2.8
@@ -149,7 +145,9 @@ def _chunked_fp32_logits(hidden: Tensor, weight: Tensor, chunk: int) -> Tensor:
 def materialized_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """The fp32 logits ``hidden @ weight.T``, float32 ``[B, V]``, as the op computes them.
 
-    CPU: bit for bit the op's (the same at::mm calls). CUDA: one cuBLAS matmul with fp32
+    CPU: bit for bit the op's (``torch.ops.flashsampling._logits``, the op's own dot-product
+    kernel, csrc/torch/logits_cpu.h; tests/test_truncation.py checks the scores bit for bit).
+    CUDA: one cuBLAS matmul with fp32
     accumulation and fp32 output (``torch.mm(..., out_dtype=torch.float32)``, no fp32 copy
     of the weight); it sums in another order than the fused kernel, so a token can differ
     from the kernel's only where two scores, or a truncation boundary, are within fp32
@@ -158,8 +156,7 @@ def materialized_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """
     dim = hidden.shape[1]
     if hidden.device.type == "cpu":
-        chunk = min(max(_CPU_CHUNK_BYTES // (4 * max(dim, 1)), _CPU_MIN_CHUNK), _CPU_MAX_CHUNK)
-        return _chunked_fp32_logits(hidden, weight, chunk // _CPU_TILE * _CPU_TILE)
+        return torch.ops.flashsampling._logits(hidden, weight)
     if _HAS_MM_OUT_DTYPE and hidden.dtype in (torch.bfloat16, torch.float16):
         return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
     return _chunked_fp32_logits(hidden, weight, max(1, _FALLBACK_CHUNK_ELEMENTS // max(dim, 1)))
@@ -302,17 +299,19 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
     return survivors if allowed is None else survivors & allowed
 
 
-def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict,
-                           truncation: Truncation) -> tuple[Tensor, int | None]:
+def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict, truncation: Truncation,
+                           logits: Tensor | None = None) -> tuple[Tensor, int | None]:
     """``(allowed_mask, empty_mask_token)`` for the op that restrict the sample to the
     survivors: the int32 ``[B, ceil(V / 32)]`` bitmask of :func:`survivor_mask` (within the
     caller's ``allowed_mask``), from the logits of :func:`materialized_logits` transformed
     with ``op_kwargs`` (the op's keyword arguments: biases, temperatures, mask,
-    vocab_start). Without a caller mask, ``empty_mask_token`` is -1 where it was None: no
+    vocab_start); ``logits``, when given, are those logits, already computed. Without a caller mask, ``empty_mask_token`` is -1 where it was None: no
     row can be empty (the top token stays), and the op then skips reading the mask to
     check (a host sync on CUDA)."""
     vocab = weight.shape[0]
-    x = transformed_logits(materialized_logits(hidden, weight), op_kwargs["logit_bias"],
+    if logits is None:
+        logits = materialized_logits(hidden, weight)
+    x = transformed_logits(logits, op_kwargs["logit_bias"],
                            op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"], op_kwargs["vocab_start"])
     y = scaled_logits(x, op_kwargs["temperature"], op_kwargs["temperatures"])
     user_mask = op_kwargs["allowed_mask"]

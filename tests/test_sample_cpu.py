@@ -90,7 +90,7 @@ def test_pathwise_equal_to_float64_reference(config):
     assert mismatches <= max(1, tokens.numel() // 100)
 
 
-@pytest.fixture(params=["default", "avx2", "avx512"])
+@pytest.fixture(params=["default", "avx2", "avx512", "avx512bf16"])
 def cpu_isa(request, monkeypatch):
     """Pins the CPU code path (FLASHSAMPLING_CPU_ISA); skips those this CPU lacks."""
     monkeypatch.setenv("FLASHSAMPLING_CPU_ISA", request.param)
@@ -119,6 +119,33 @@ def test_bit_exact_fp32_model(cpu_isa, per_row_seed):
         g = noise.gumbel_noise(seeds[:, None], 4, streams[:, None], s, torch.arange(vocab))
         scores = torch.where((temps == 0)[:, None], logits, noise.fma32(logits, inv_t[:, None], g))
         assert torch.equal(tokens[:, s], scores.argmax(dim=1)), f"sample {s}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logits_are_fp32_dot_products_on_every_code_path(cpu_isa, dtype):
+    """The CPU logits (torch.ops.flashsampling._logits: what the op scores, and what the
+    materialised truncation path reads) are fp32 dot products on every code path: within fp32
+    accumulation error of float64, and bit for bit the same whatever the thread count, the
+    weight's strides or a logit's position in the batch and the vocabulary."""
+    threads = torch.get_num_threads()
+    for batch, dim, vocab in [(1, 1, 3), (5, 37, 300), (9, 300, 1025), (4, 4096, 70)]:
+        hidden, weight = make_problem(batch, vocab, dim, dtype=dtype, seed=dim)
+        logits = torch.ops.flashsampling._logits(hidden, weight)
+        assert logits.dtype == torch.float32 and logits.shape == (batch, vocab)
+        exact = hidden.double() @ weight.double().T
+        bound = dim * 2.0**-22 * (hidden.double().abs() @ weight.double().abs().T)
+        assert ((logits.double() - exact).abs() <= bound).all()
+        assert torch.equal(torch.ops.flashsampling._logits(hidden[batch // 2 :], weight[vocab // 3 :]),
+                           logits[batch // 2 :, vocab // 3 :])
+        padded = torch.cat([weight, weight[:, :3]], dim=1)[:, :dim]  # rows dim + 3 apart
+        assert torch.equal(torch.ops.flashsampling._logits(hidden, padded), logits)
+        assert torch.equal(torch.ops.flashsampling._logits(hidden, weight.T.contiguous().T), logits)
+        try:
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                assert torch.equal(torch.ops.flashsampling._logits(hidden, weight), logits), n
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_greedy_is_argmax_of_fp32_logits():
