@@ -16,9 +16,12 @@ the allowed tokens with the noise and logits it always uses, which is an exact s
 the token of plain sampling.
 
 Cost (every truncated call, for now): one more fp32 logits matmul ``[B, V]``, a top-k
-selection per row (a host ``top_k``) or a sort of every row (otherwise), a few ``[B, V]`` elementwise passes (float64 for the probabilities), then the
-fused pass; memory ``O(B V)``. On the CPU the sample is drawn from the materialised logits
-(``torch.ops.flashsampling._sample_logits``) instead of a second fused pass: one matmul in all. Nothing reads a device tensor's values on the host, so it
+selection per row (a host ``top_k``) or a sort of every row (otherwise), a few ``[B, V]``
+elementwise passes (float64 for the probabilities), then the fused pass; memory ``O(B V)``.
+On the CPU the sample is drawn from the materialised logits
+(``torch.ops.flashsampling._sample_logits``) instead of a second fused pass, so there is one
+matmul in all, and a host ``top_k`` takes one ``torch.topk`` of the logits where that decides
+the survivors exactly (:func:`_host_top_k_mask`). Nothing reads a device tensor's values on the host, so it
 runs under ``torch.compile`` and CUDA-graph capture, except: a user ``allowed_mask``
 without ``empty_mask_token`` still makes the op check the mask for empty rows (a host
 sync, as without truncation), and per-row parameters in CPU tensors are checked on the
@@ -299,6 +302,38 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
     return survivors if allowed is None else survivors & allowed
 
 
+def _host_top_k_mask(x: Tensor, allowed: Tensor | None, truncation: Truncation, temperature: float,
+                     temperatures: Tensor | None) -> Tensor | None:
+    """The bitmask of :func:`truncated_allowed_mask` from one ``torch.topk`` of ``x`` for a host
+    int ``top_k`` where that decides the survivors exactly, else None (the general path). Reads
+    values on the host, so CPU tensors only, not under torch.compile.
+
+    The temperature scale is positive (or 1: greedy), and fl32 rounding of ``x * s`` is
+    monotonic, so every token outside the ``k + 1`` largest ``x`` has ``y`` at most the
+    ``(k + 1)``-th's. When the k-th ``y`` is above the ``(k + 1)``-th and no NaN is among them,
+    the row's first ``k`` tokens of the truncation order are those ``k``; they are then ordered
+    exactly (``y`` descending, ties to the smaller index) as in :func:`survivor_mask`. An
+    invalid temperature (the op refuses it afterwards) or a tie at the boundary takes None."""
+    k = truncation.top_k
+    batch, vocab = x.shape
+    if not isinstance(k, int) or not 1 <= k < vocab - 1 or x.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    z = x if allowed is None else x.masked_fill(~allowed, -torch.inf)
+    top_x, top_index = torch.topk(z, k + 1, dim=1)  # NaN sorts first: caught below
+    top_y = scaled_logits(top_x, temperature, temperatures)
+    if bool(torch.isnan(top_y).any()) or not bool((top_y[:, k - 1] > top_y[:, k]).all()):
+        return None
+    key = truncation_key(top_y[:, :k], None)
+    ranks = order_rank(key) * 2**31 + top_index[:, :k]  # distinct: a total order
+    perm = torch.argsort(ranks, dim=1)
+    order, sorted_key = top_index[:, :k].gather(1, perm), key.gather(1, perm)
+    keep = keep_prefix(sorted_key, torch.ones_like(order, dtype=torch.bool), truncation)
+    # Bits of distinct tokens add up to their OR.
+    words = torch.zeros((batch, (vocab + 31) // 32), dtype=torch.int64)
+    words.scatter_add_(1, order >> 5, torch.where(keep, torch.ones_like(order) << (order & 31), 0))
+    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
 def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict, truncation: Truncation,
                            logits: Tensor | None = None) -> tuple[Tensor, int | None]:
     """``(allowed_mask, empty_mask_token)`` for the op that restrict the sample to the
@@ -313,10 +348,12 @@ def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict, trun
         logits = materialized_logits(hidden, weight)
     x = transformed_logits(logits, op_kwargs["logit_bias"],
                            op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"], op_kwargs["vocab_start"])
-    y = scaled_logits(x, op_kwargs["temperature"], op_kwargs["temperatures"])
     user_mask = op_kwargs["allowed_mask"]
     allowed = None if user_mask is None else unpack_allowed_mask(user_mask, vocab)
-    mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
+    mask = _host_top_k_mask(x, allowed, truncation, op_kwargs["temperature"], op_kwargs["temperatures"])
+    if mask is None:
+        y = scaled_logits(x, op_kwargs["temperature"], op_kwargs["temperatures"])
+        mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
     empty_mask_token = op_kwargs["empty_mask_token"]
     if user_mask is None and empty_mask_token is None:
         empty_mask_token = -1
