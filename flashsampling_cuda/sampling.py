@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
 
@@ -37,11 +38,18 @@ class ScoredSample(NamedTuple):
 
 
 def _temperature_args(temperature: float | Tensor, hidden: Tensor) -> tuple[float, Tensor | None]:
-    """(scalar, per-row tensor) arguments of the op for a float, 0-d or [B] temperature."""
+    """(scalar, per-row tensor) arguments of the op for a float, 0-d or [B] temperature. A
+    tensor of any floating dtype is rounded to float32 (as a host float is) and moved to
+    hidden's device; other dtypes are refused, as is anything that is not a real number."""
     if not isinstance(temperature, Tensor):
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+            raise TypeError("flashsampling.sample: temperature must be a float, a 0-d or a [B] floating tensor, "
+                            f"got {type(temperature).__name__}")
         return float(temperature), None
-    if temperature.is_floating_point():
-        temperature = temperature.to(device=hidden.device, dtype=torch.float32)
+    if not temperature.is_floating_point():
+        raise TypeError("flashsampling.sample: temperature must be a float, a 0-d or a [B] floating tensor, "
+                        f"got a {temperature.dtype} tensor")
+    temperature = temperature.to(device=hidden.device, dtype=torch.float32)
     if temperature.dim() == 0:
         temperature = temperature.expand(hidden.shape[0])
     return 1.0, temperature
@@ -141,7 +149,8 @@ def _op_kwargs(
         # the op's fake kernel runs the same checks; torch._check messages do not trace).
         if not torch.compiler.is_compiling():
             _check_fake_args(hidden, weight, num_samples, kwargs["temperatures"], kwargs["seed"],
-                             kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"])
+                             kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"],
+                             empty_mask_token=empty_mask_token, vocab_start=vocab_start)
         fused_args = None if fused is None else fused_top_k_args(truncation, hidden, weight, kwargs)
         if fused_args is not None:
             fused.update(fused_args)
@@ -167,6 +176,38 @@ def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, fused: dict, return_l
     return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
 
 
+def _check_finite(what: str, rows: Tensor) -> None:
+    """Raises the ValueError of check_nan for the rows where ``rows`` (bool [B]) is set."""
+    bad = rows.nonzero().flatten().tolist()
+    if bad:
+        first = ", ".join(str(r) for r in bad[:8])
+        raise ValueError(f"flashsampling.sample: check_nan: {what} in {len(bad)} row(s) (first: {first})")
+
+
+def _check_nan_inputs(hidden: Tensor) -> None:
+    """check_nan before the op: hidden must be finite (one host sync)."""
+    _check_finite("hidden holds NaN or infinite values", ~torch.isfinite(hidden).all(dim=1))
+
+
+def _check_nan_outputs(weight: Tensor, kwargs: dict, tokens: Tensor, scores: Tensor, logsumexp: Tensor,
+                       return_logprobs: bool) -> None:
+    """check_nan after the op (one host sync): every row's winning score must be finite, which
+    fails exactly for a row whose allowed logits are all NaN (token -1), one with a +inf
+    logit (it would win every draw) or one whose allowed logits are all -inf; a row whose
+    mask allows nothing (given empty_mask_token) is left alone. With return_logprobs, a NaN
+    logsumexp also fails: a NaN among the allowed logits."""
+    mask = kwargs["allowed_mask"]
+    empty = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    if mask is not None and kwargs["empty_mask_token"] is not None:
+        empty = ~unpack_allowed_mask(mask, weight.shape[0]).any(dim=1)
+    _check_finite("every allowed logit is NaN (an invalid temperature gives this too)",
+                  (tokens == -1).any(dim=1) & ~empty)
+    _check_finite("a logit is +inf", (scores == torch.inf).any(dim=1))
+    _check_finite("every allowed logit is -inf", ((scores == -torch.inf) & (tokens != -1)).any(dim=1) & ~empty)
+    if return_logprobs:
+        _check_finite("a logit among the allowed tokens is NaN", torch.isnan(logsumexp) & ~empty)
+
+
 def sample(
     hidden: Tensor,
     weight: Tensor,
@@ -185,6 +226,7 @@ def sample(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
+    check_nan: bool = False,
 ) -> Tensor | SampleOutput:
     r"""Sample next tokens from ``softmax(hidden @ weight.T / T)`` without materialising logits.
 
@@ -265,6 +307,17 @@ def sample(
             ``min_p > 1`` and NaN keep the top token only. Any of them on (or any tensor)
             costs one fp32 logits matmul ``[B, V]`` and a sort of each row before the fused
             pass (README). They apply to ``weight``'s vocabulary: on a shard, to the shard.
+        check_nan: check for non-finite values (as FlashInfer's ``check_nan``), with host syncs
+            (eager only: not under torch.compile or CUDA-graph capture): raise ``ValueError``
+            naming the rows where ``hidden`` holds NaN or infinity, where the winning score is
+            not finite (every allowed logit NaN, a logit of +inf, every allowed logit -inf), or,
+            with ``return_logprobs``, where the logsumexp is NaN (a NaN among the allowed
+            logits). It does not read ``weight``: without ``return_logprobs``, a NaN logit among
+            finite ones (a NaN in a weight row or a bias) goes unreported and is never sampled.
+            Without it, non-finite logits follow fixed rules (docs/cpu.md, "Non-finite logits"):
+            a NaN logit is never sampled, a row of NaN logits returns token ``-1``, a row with
+            +inf logits returns its first +inf token every time, a row of -inf logits its first
+            allowed token.
 
     Returns:
         ``[B, num_samples]`` int64 token ids on ``hidden``'s device (``-1`` only for a row
@@ -293,14 +346,18 @@ def sample(
         ...                                 sparse_logit_bias=[{50256: -100.0}] * hidden.shape[0])
         >>> out.tokens, out.logprobs, out.logsumexp
     """
+    if check_nan:
+        _check_nan_inputs(hidden)
     fused: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, fused,
     )
-    if not return_logprobs and not fused:
+    if not return_logprobs and not fused and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
-    tokens, _, logprobs, logsumexp = _call_op(hidden, weight, kwargs, fused, return_logprobs)
+    tokens, scores, logprobs, logsumexp = _call_op(hidden, weight, kwargs, fused, return_logprobs)
+    if check_nan:
+        _check_nan_outputs(weight, kwargs, tokens, scores, logsumexp, return_logprobs)
     return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
@@ -322,6 +379,7 @@ def sample_with_scores(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
+    check_nan: bool = False,
 ) -> ScoredSample:
     """:func:`sample` (same arguments) returning every output of the op, for callers that
     combine partial samples, e.g. tensor-parallel vocabulary shards: the winning score of
@@ -336,12 +394,17 @@ def sample_with_scores(
         :class:`ScoredSample` ``(tokens int64 [B, S], scores float32 [B, S],
         token_logprobs float32 [B, S] or [0], logsumexp float32 [B] or [0])``.
     """
+    if check_nan:
+        _check_nan_inputs(hidden)
     fused: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, fused,
     )
-    return ScoredSample(*_call_op(hidden, weight, kwargs, fused, return_logprobs))
+    out = ScoredSample(*_call_op(hidden, weight, kwargs, fused, return_logprobs))
+    if check_nan:
+        _check_nan_outputs(weight, kwargs, out.tokens, out.scores, out.logsumexp, return_logprobs)
+    return out
 
 
 def sample_without_replacement(
@@ -435,7 +498,7 @@ def sample_without_replacement(
 
 def _check_fake_args(
     hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
-    allowed_mask,
+    allowed_mask, *, empty_mask_token=None, vocab_start=0,
 ):
     """The checks of csrc/torch/checks.cpp that need no tensor values, with the same
     messages: the fake kernel also serves the Meta dispatch key, which a meta tensor among
@@ -496,6 +559,12 @@ def _check_fake_args(
     words = (vocab + 31) // 32
     check("allowed_mask", allowed_mask, (torch.int32,), "int32", [(batch, words)],
           f"[B, ceil(V / 32)] = [{batch}, {words}]")
+    if isinstance(empty_mask_token, int) and isinstance(vocab_start, int):
+        torch._check(
+            empty_mask_token < 0 or vocab_start <= empty_mask_token < vocab_start + vocab,
+            lambda: f"{prefix} empty_mask_token must be a token id in [vocab_start, vocab_start + V) = "
+            f"[{vocab_start}, {vocab_start + vocab}) or negative (a marker such as -1), got {empty_mask_token}",
+        )
 
 
 @torch.library.register_fake("flashsampling::sample")
@@ -505,7 +574,7 @@ def _sample_fake(
     empty_mask_token=None, vocab_start=0,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
-                     sparse_bias_values, allowed_mask)
+                     sparse_bias_values, allowed_mask, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
 
 
@@ -516,7 +585,7 @@ def _sample_with_scores_fake(
     empty_mask_token=None, vocab_start=0, return_logprobs=False,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
-                     sparse_bias_values, allowed_mask)
+                     sparse_bias_values, allowed_mask, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     batch = hidden.shape[0]
     shape = (batch, num_samples)
     return (
