@@ -32,7 +32,7 @@ import time
 import torch
 
 import flashsampling_cuda as fs
-from report import run_header, write_results
+from report import run_header, write_results, written_files
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 CALLS = ["mm", "torch", "ours", "torch_topkp", "ours_topkp", "torch_lp", "ours_lp"]
@@ -146,7 +146,7 @@ def main() -> None:
     model = device.replace(" ", "_").replace("/", "_")
     stem = f"cpu_{model}_{results['date']}" if args.dtype == "bfloat16" else f"cpu_{args.dtype}_{model}_{results['date']}"
     path = write_results(args.out, stem, results, table)
-    print(f"[bench_cpu] wrote {path}.json and {path}.md")
+    print(f"[bench_cpu] wrote {written_files(path)}")
     print(table)
 
 

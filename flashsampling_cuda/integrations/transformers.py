@@ -479,6 +479,18 @@ def _num_new_tokens(new_tokens: Tensor, stops: Sequence[int]) -> Tensor:
     return first.to(torch.int64)
 
 
+def _cache_kwarg(forward) -> str:
+    """The KV-cache argument of a model's forward: ``cache`` from transformers 5.24 on (which
+    deprecates ``past_key_values``), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def _output_cache(out):
+    """The KV cache a forward returned (``cache`` from transformers 5.24 on, else ``past_key_values``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
 class StaticCacheDecoder:
     """Decode loop on a static KV cache with a pluggable sampler (the body of the model is
     the same for any sampler, which is what the benchmark compares).
@@ -544,6 +556,7 @@ class StaticCacheDecoder:
         self.check_every = max(1, int(check_every))
         self.cache_len_multiple = max(1, int(cache_len_multiple))
         self._pass_cache_position = "cache_position" in inspect.signature(self.body.forward).parameters
+        self._cache_kwarg = _cache_kwarg(self.body.forward)
         self._session: _Session | None = None
 
     # ------------------------------------------------------------------ pieces of a step
@@ -565,8 +578,8 @@ class StaticCacheDecoder:
 
     def _forward(self, s: _Session, ids: Tensor, pos: Tensor, valid: Tensor, cache_position: Tensor,
                  body: nn.Module | None = None) -> Tensor:
-        kwargs = dict(input_ids=ids, attention_mask=self._mask(valid), position_ids=pos,
-                      past_key_values=s.cache, use_cache=True)
+        kwargs = {"input_ids": ids, "attention_mask": self._mask(valid), "position_ids": pos,
+                  self._cache_kwarg: s.cache, "use_cache": True}
         if self._pass_cache_position:  # transformers versions whose StaticCache writes at cache_position
             kwargs["cache_position"] = cache_position
         return (self.body if body is None else body)(**kwargs).last_hidden_state
@@ -940,8 +953,9 @@ def reference_generate(
     offset_t = as_int64_tensor(offset, device)
     attn = mask.clone()
     positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+    cache_kwarg = _cache_kwarg(model.forward)
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions,
-                past_key_values=DynamicCache(config=model.config), use_cache=True)
+                **{cache_kwarg: DynamicCache(config=model.config)}, use_cache=True)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, gaps, tols = [], [], []
     for t in range(max_new_tokens):
@@ -959,7 +973,7 @@ def reference_generate(
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
         out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=positions,
-                    past_key_values=out.past_key_values, use_cache=True)
+                    **{cache_kwarg: _output_cache(out)}, use_cache=True)
     new_tokens = torch.stack(tokens, dim=1)
     return ReferenceDecodeOutput(
         sequences=torch.cat([ids, new_tokens], dim=1),
