@@ -40,6 +40,17 @@ RATIOS = [("ours", "torch"), ("ours_topkp", "torch_topkp"), ("ours_lp", "torch_l
 TEMPERATURE, TOP_K, TOP_P = 0.8, 50, 0.9
 
 
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -126,7 +137,8 @@ def main() -> None:
     results = run_header(device) | {
         "D": args.dim, "V": args.vocab, "dtype": args.dtype, "rounds": args.rounds,
         "temperature": TEMPERATURE, "top_k": TOP_K, "top_p": TOP_P,
-        "cpus": os.cpu_count(), "load_before": os.getloadavg(), "rows": [],
+        "cpus": os.cpu_count(), "avx512_bf16": "avx512_bf16" in cpu_flags(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(), "load_before": os.getloadavg(), "rows": [],
     }
     thread_counts = sorted({int(t) for t in args.threads.split(",")})
     for batch in (int(b) for b in args.batches.split(",")):
@@ -139,7 +151,8 @@ def main() -> None:
                   flush=True)
     results["load_after"] = os.getloadavg()
     table = markdown_table(results)
-    table += (f"\n\n{device}, {results['cpus']} CPUs, torch {results['torch']}, D = {args.dim}, V = {args.vocab}, "
+    table += (f"\n\n{device} ({results['cpus']} CPUs, AVX-512 BF16: {'yes' if results['avx512_bf16'] else 'no'}), "
+              f"{results['date']}, torch {results['torch']}, D = {args.dim}, V = {args.vocab}, "
               f"{args.dtype}, T = {TEMPERATURE}, top-k {TOP_K} / top-p {TOP_P}; ms per call, median of "
               f"{args.rounds} rounds; load average {results['load_before'][0]:.2f} before, "
               f"{results['load_after'][0]:.2f} after.")
