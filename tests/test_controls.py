@@ -452,8 +452,8 @@ def test_wrapper_errors_name_the_argument(device):
         (dict(seed=1.5), TypeError, r"seed: expected an int"),
         (dict(seed=1, offset=2**64), ValueError, r"offset: .* does not fit in 64 bits"),
         (dict(temperature=torch.ones(4, device=device)), RuntimeError, r"temperatures must have shape \[B\] = \[3\]"),
-        (dict(temperature=torch.ones(3, dtype=torch.int64, device=device)), RuntimeError,
-         r"temperatures must be a float32 tensor"),
+        (dict(temperature=torch.ones(3, dtype=torch.int64, device=device)), TypeError,
+         r"temperature must be a float, a 0-d or a \[B\] floating tensor, got a torch.int64 tensor"),
     ]
     for kwargs, error, message in cases:
         kwargs.setdefault("seed", 0)
