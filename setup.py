@@ -47,6 +47,15 @@ def cuda_nvcc() -> str | None:
     return nvcc
 
 
+def openmp_flags() -> list[str]:
+    """-fopenmp where torch runs its CPU threads on OpenMP (Linux builds): at::parallel_for
+    is an inline `#pragma omp parallel` there, so without the flag the CPU ops would run on
+    one thread. The extension then needs libgomp.so.1, which torch has already loaded."""
+    if sys.platform == "linux" and torch.backends.openmp.is_available():
+        return ["-fopenmp"]
+    return []
+
+
 def _ninja_escape_path(path: Path) -> str:
     return str(path).replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
@@ -133,7 +142,8 @@ def make_extension():
             EXTENSION_NAME,
             rel(p for p in sources if not is_cuda_only(p)),
             include_dirs=[str(cfg.INCLUDE_DIR)],
-            extra_compile_args={"cxx": cfg.HOST_FLAGS},
+            extra_compile_args={"cxx": cfg.HOST_FLAGS + openmp_flags()},
+            extra_link_args=openmp_flags(),
             py_limited_api=True,
         )
     archs = cfg.enabled_cuda_archs(nvcc)
@@ -143,9 +153,10 @@ def make_extension():
         rel(sources),
         include_dirs=[str(cfg.INCLUDE_DIR), *cfg.cutlass_include_dirs()],
         extra_compile_args={
-            "cxx": [*cfg.HOST_FLAGS, "-DFLASHSAMPLING_WITH_CUDA", *cfg.arch_defines(archs)],
+            "cxx": [*cfg.HOST_FLAGS, *openmp_flags(), "-DFLASHSAMPLING_WITH_CUDA", *cfg.arch_defines(archs)],
             "nvcc": [],
         },
+        extra_link_args=openmp_flags(),
         py_limited_api=True,
     )
     ext.kernel_build = (nvcc, archs)  # read by BuildExtensionWithKernels

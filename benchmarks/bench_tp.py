@@ -48,7 +48,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402, F401  (registers the op)
 from flashsampling_cuda import distributed as tp  # noqa: E402
-from report import pyplot_or_none, run_header, write_results  # noqa: E402
+from report import pyplot_or_none, run_header, write_results, written_files  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONTENDERS = ["ours", "mm+AG+multinomial", "mm+AG+gumbel", "compiled multinomial", "compiled gumbel"]
@@ -359,7 +359,7 @@ def main() -> None:
     table = markdown_table(results)
     path = write_results(args.out, f"{tag}_{device.split(' (')[0].replace(' ', '_')}_{results['date']}", results,
                          table, plot)
-    print(f"[bench_tp] wrote {path}.{{json,md,png}}")
+    print(f"[bench_tp] wrote {written_files(path)}")
     print(table)
 
 

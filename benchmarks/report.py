@@ -36,8 +36,15 @@ def write_results(out: str | Path, stem: str, results: dict, table: str,
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n\n{table.lstrip(chr(10))}\n")
     if plot is not None:
+        (out / f"{stem}.png").unlink(missing_ok=True)  # a plot of an earlier run would look like this one's
         plot(results, out / f"{stem}.png")
     return out / stem
+
+
+def written_files(stem: Path) -> str:
+    """The files :func:`write_results` wrote for ``stem``, for the log line."""
+    return ", ".join(str(stem.with_name(f"{stem.name}.{ext}")) for ext in ("json", "md", "png")
+                     if stem.with_name(f"{stem.name}.{ext}").exists())
 
 
 def pyplot_or_none(tag: str = "bench"):

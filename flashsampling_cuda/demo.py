@@ -1,10 +1,14 @@
-"""Samples next tokens for an LM-head-shaped problem and prints tokens and timings.
+"""Samples next tokens for an LM-head-shaped problem, times it against the standard pipeline
+and checks that the tokens follow the exact distribution.
 
     bash scripts/demo.sh                       # sets up, then runs this module
     python -m flashsampling_cuda.demo --batch 8 --dim 4096 --vocab 151936 --device cpu
 
-On the GPU when there is one, else on the CPU. The weights are random: the tokens show
-the API at work (a decode loop advancing the offset), the timings its speed.
+On the GPU when there is one, else on the CPU. The weights are random: the tokens show the API
+at work (a decode loop advancing the offset); the timings (warm calls, medians) put
+``flashsampling.sample`` next to torch's matmul -> softmax -> multinomial on the same device;
+a chi-square test of many draws on a small vocabulary compares the tokens' frequencies with
+``softmax(logits / T)``.
 """
 
 from __future__ import annotations
@@ -57,17 +61,52 @@ def main() -> None:
     print(f"greedy: tokens {greedy[:, 0].tolist()}")
 
     repeats = args.repeats or (50 if device.type == "cuda" else 5)
+    ours_ms = median_ms(lambda i: fs.sample(hidden, weight, temperature=args.temperature, seed=1234, offset=i),
+                        device, repeats)
+    gen_torch = torch.Generator(device=device).manual_seed(1)
+
+    def standard(_):
+        logits = (hidden @ weight.T).float() / args.temperature
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=gen_torch)
+
+    torch_ms = median_ms(standard, device, repeats)
+    tflops = 2 * args.batch * args.dim * args.vocab / (ours_ms * 1e-3) / 1e12
+    print(f"{'flashsampling.sample:':40s}{ours_ms:9.3f} ms per call ({tflops:.2f} TFLOP/s of GEMM)")
+    print(f"{'torch matmul -> softmax -> multinomial:':40s}{torch_ms:9.3f} ms per call")
+    print(f"speed-up: {torch_ms / ours_ms:.2f}x (warm calls, median of {repeats} each, same device)")
+    print(exactness_line(device, dtype, args.temperature))
+
+
+def median_ms(call, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of call(i) in ms over `repeats` calls after `warmup` untimed ones."""
     times = []
-    for i in range(repeats + 2):  # 2 warm-up calls
+    for i in range(warmup + repeats):
         synchronize(device)
         start = time.perf_counter()
-        fs.sample(hidden, weight, temperature=args.temperature, seed=1234, offset=i)
+        call(i)
         synchronize(device)
-        times.append(time.perf_counter() - start)
-    median_ms = statistics.median(times[2:]) * 1e3
-    tflops = 2 * args.batch * args.dim * args.vocab / (median_ms * 1e-3) / 1e12
-    print(f"flashsampling.sample: {median_ms:.3f} ms per call (median of {repeats}), {tflops:.2f} TFLOP/s of GEMM")
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
+
+def exactness_line(device: torch.device, dtype: torch.dtype, temperature: float, vocab: int = 20,
+                   draws: int = 200_000) -> str:
+    """One line: a chi-square test of `draws` samples of one row over a small vocabulary
+    against softmax(logits / T) computed in float64."""
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    hidden = torch.randn(1, 64, generator=gen).to(dtype)
+    weight = (torch.randn(vocab, 64, generator=gen) * 0.15).to(dtype)
+    tokens = fs.sample(hidden.to(device), weight.to(device), temperature=temperature, seed=99, num_samples=draws)
+    counts = torch.bincount(tokens.flatten().cpu(), minlength=vocab).double()
+    probs = torch.softmax((hidden.double() @ weight.double().T)[0] / temperature, dim=0)
+    expected = probs * draws
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    p = float(torch.special.gammaincc(torch.tensor((vocab - 1) / 2, dtype=torch.float64),
+                                      torch.tensor(chi2 / 2, dtype=torch.float64)))
+    verdict = "consistent with the exact distribution" if p > 1e-3 else "NOT consistent: please report this"
+    return (f"exactness: {draws} draws over V = {vocab} tokens against softmax(logits / T): chi-square = {chi2:.1f} "
+            f"({vocab - 1} dof), p = {p:.3f}: {verdict}")
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
 
@@ -12,7 +12,8 @@ from torch import Tensor
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
 from .truncation import (FUSED_TOP_K_MAX, Truncation, choose_truncation_path, fused_top_k_args, logits_path_args,
-                         logits_truncation_args, parse_truncation, sample_from_logits_cpu, transformed_logits,
+                         logits_truncation_args, materialized_logits, parse_truncation, sample_from_logits_cpu,
+                         transformed_logits,
                          truncated_allowed_mask)
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "sample_from_logits", "pack_allowed_mask",
@@ -39,11 +40,18 @@ class ScoredSample(NamedTuple):
 
 
 def _temperature_args(temperature: float | Tensor, hidden: Tensor) -> tuple[float, Tensor | None]:
-    """(scalar, per-row tensor) arguments of the op for a float, 0-d or [B] temperature."""
+    """(scalar, per-row tensor) arguments of the op for a float, 0-d or [B] temperature. A
+    tensor of any floating dtype is rounded to float32 (as a host float is) and moved to
+    hidden's device; other dtypes are refused, as is anything that is not a real number."""
     if not isinstance(temperature, Tensor):
+        if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+            raise TypeError("flashsampling.sample: temperature must be a float, a 0-d or a [B] floating tensor, "
+                            f"got {type(temperature).__name__}")
         return float(temperature), None
-    if temperature.is_floating_point():
-        temperature = temperature.to(device=hidden.device, dtype=torch.float32)
+    if not temperature.is_floating_point():
+        raise TypeError("flashsampling.sample: temperature must be a float, a 0-d or a [B] floating tensor, "
+                        f"got a {temperature.dtype} tensor")
+    temperature = temperature.to(device=hidden.device, dtype=torch.float32)
     if temperature.dim() == 0:
         temperature = temperature.expand(hidden.shape[0])
     return 1.0, temperature
@@ -119,8 +127,9 @@ def _op_kwargs(
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
     picks: with ``route`` (a dict) given, the fused top-k pass or the logits path fill it with
-    their op's name (``"op"``) and extra arguments; the materialised path (the only one
-    without ``route``) makes the survivors part of ``allowed_mask``."""
+    their op's name (``"op"``) and extra arguments; the materialised path makes the survivors
+    part of ``allowed_mask``, and on the CPU with ``route`` given also hands the logits it
+    computed to ``_sample_logits`` through ``route`` (no second logits pass)."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -143,13 +152,19 @@ def _op_kwargs(
         # the op's fake kernel runs the same checks; torch._check messages do not trace).
         if not torch.compiler.is_compiling():
             _check_fake_args(hidden, weight, num_samples, kwargs["temperatures"], kwargs["seed"],
-                             kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"])
+                             kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"],
+                             empty_mask_token=empty_mask_token, vocab_start=vocab_start)
         path = choose_truncation_path(truncation_path if route is not None else "materialized", truncation, hidden,
                                       weight, kwargs)
         if path == "fused_top_k":
             route.update(op="sample_top_k", **fused_top_k_args(truncation, hidden, weight, kwargs))
         elif path == "logits":
             route.update(op="sample_from_logits", **logits_path_args(truncation, hidden, weight, kwargs))
+        elif route is not None and hidden.device.type == "cpu":
+            logits = materialized_logits(hidden, weight)
+            kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
+                                                                                        truncation, logits)
+            route.update(op="_sample_logits", logits=logits)
         else:
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
                                                                                         truncation)
@@ -165,9 +180,43 @@ def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, route: dict, return_l
     extra = {name: value for name, value in route.items() if name != "op"}
     if route["op"] == "sample_top_k":
         return torch.ops.flashsampling.sample_top_k(hidden, weight, **kwargs, return_logprobs=return_logprobs, **extra)
+    if route["op"] == "_sample_logits":
+        return torch.ops.flashsampling._sample_logits(extra["logits"], **kwargs, return_logprobs=return_logprobs)
     logits_kwargs = {name: value for name, value in kwargs.items()
                      if name not in ("sparse_bias_ids", "sparse_bias_values", "logit_bias")}
     return torch.ops.flashsampling.sample_from_logits(**extra, **logits_kwargs, return_logprobs=return_logprobs)
+
+
+def _check_finite(what: str, rows: Tensor) -> None:
+    """Raises the ValueError of check_nan for the rows where ``rows`` (bool [B]) is set."""
+    bad = rows.nonzero().flatten().tolist()
+    if bad:
+        first = ", ".join(str(r) for r in bad[:8])
+        raise ValueError(f"flashsampling.sample: check_nan: {what} in {len(bad)} row(s) (first: {first})")
+
+
+def _check_nan_inputs(hidden: Tensor) -> None:
+    """check_nan before the op: hidden must be finite (one host sync)."""
+    _check_finite("hidden holds NaN or infinite values", ~torch.isfinite(hidden).all(dim=1))
+
+
+def _check_nan_outputs(weight: Tensor, kwargs: dict, tokens: Tensor, scores: Tensor, logsumexp: Tensor,
+                       return_logprobs: bool) -> None:
+    """check_nan after the op (one host sync): every row's winning score must be finite, which
+    fails exactly for a row whose allowed logits are all NaN (token -1), one with a +inf
+    logit (it would win every draw) or one whose allowed logits are all -inf; a row whose
+    mask allows nothing (given empty_mask_token) is left alone. With return_logprobs, a NaN
+    logsumexp also fails: a NaN among the allowed logits."""
+    mask = kwargs["allowed_mask"]
+    empty = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
+    if mask is not None and kwargs["empty_mask_token"] is not None:
+        empty = ~unpack_allowed_mask(mask, weight.shape[0]).any(dim=1)
+    _check_finite("every allowed logit is NaN (an invalid temperature gives this too)",
+                  (tokens == -1).any(dim=1) & ~empty)
+    _check_finite("a logit is +inf", (scores == torch.inf).any(dim=1))
+    _check_finite("every allowed logit is -inf", ((scores == -torch.inf) & (tokens != -1)).any(dim=1) & ~empty)
+    if return_logprobs:
+        _check_finite("a logit among the allowed tokens is NaN", torch.isnan(logsumexp) & ~empty)
 
 
 def sample(
@@ -189,6 +238,7 @@ def sample(
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
     truncation_path: str = "auto",
+    check_nan: bool = False,
 ) -> Tensor | SampleOutput:
     r"""Sample next tokens from ``softmax(hidden @ weight.T / T)`` without materialising logits.
 
@@ -275,6 +325,17 @@ def sample(
             ``"materialized"`` (float64 survivors in torch ops, then the fused op samples with
             them as a mask: the reference path, which reads the weight twice). Naming a path
             that cannot take the call is a ``ValueError``.
+        check_nan: check for non-finite values (as FlashInfer's ``check_nan``), with host syncs
+            (eager only: not under torch.compile or CUDA-graph capture): raise ``ValueError``
+            naming the rows where ``hidden`` holds NaN or infinity, where the winning score is
+            not finite (every allowed logit NaN, a logit of +inf, every allowed logit -inf), or,
+            with ``return_logprobs``, where the logsumexp is NaN (a NaN among the allowed
+            logits). It does not read ``weight``: without ``return_logprobs``, a NaN logit among
+            finite ones (a NaN in a weight row or a bias) goes unreported and is never sampled.
+            Without it, non-finite logits follow fixed rules (docs/cpu.md, "Non-finite logits"):
+            a NaN logit is never sampled, a row of NaN logits returns token ``-1``, a row with
+            +inf logits returns its first +inf token every time, a row of -inf logits its first
+            allowed token.
 
     Returns:
         ``[B, num_samples]`` int64 token ids on ``hidden``'s device (``-1`` only for a row
@@ -303,14 +364,18 @@ def sample(
         ...                                 sparse_logit_bias=[{50256: -100.0}] * hidden.shape[0])
         >>> out.tokens, out.logprobs, out.logsumexp
     """
+    if check_nan:
+        _check_nan_inputs(hidden)
     route: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
     )
-    if not return_logprobs and not route:
+    if not return_logprobs and not route and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
-    tokens, _, logprobs, logsumexp = _call_op(hidden, weight, kwargs, route, return_logprobs)
+    tokens, scores, logprobs, logsumexp = _call_op(hidden, weight, kwargs, route, return_logprobs)
+    if check_nan:
+        _check_nan_outputs(weight, kwargs, tokens, scores, logsumexp, return_logprobs)
     return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
@@ -333,6 +398,7 @@ def sample_with_scores(
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
     truncation_path: str = "auto",
+    check_nan: bool = False,
 ) -> ScoredSample:
     """:func:`sample` (same arguments) returning every output of the op, for callers that
     combine partial samples, e.g. tensor-parallel vocabulary shards: the winning score of
@@ -347,12 +413,17 @@ def sample_with_scores(
         :class:`ScoredSample` ``(tokens int64 [B, S], scores float32 [B, S],
         token_logprobs float32 [B, S] or [0], logsumexp float32 [B] or [0])``.
     """
+    if check_nan:
+        _check_nan_inputs(hidden)
     route: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
     )
-    return ScoredSample(*_call_op(hidden, weight, kwargs, route, return_logprobs))
+    out = ScoredSample(*_call_op(hidden, weight, kwargs, route, return_logprobs))
+    if check_nan:
+        _check_nan_outputs(weight, kwargs, out.tokens, out.scores, out.logsumexp, return_logprobs)
+    return out
 
 
 def sample_from_logits(
@@ -510,7 +581,7 @@ def sample_without_replacement(
 
 def _check_fake_args(
     hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
-    allowed_mask,
+    allowed_mask, *, empty_mask_token=None, vocab_start=0,
 ):
     """The checks of csrc/torch/checks.cpp that need no tensor values, with the same
     messages: the fake kernel also serves the Meta dispatch key, which a meta tensor among
@@ -571,6 +642,12 @@ def _check_fake_args(
     words = (vocab + 31) // 32
     check("allowed_mask", allowed_mask, (torch.int32,), "int32", [(batch, words)],
           f"[B, ceil(V / 32)] = [{batch}, {words}]")
+    if isinstance(empty_mask_token, int) and isinstance(vocab_start, int):
+        torch._check(
+            empty_mask_token < 0 or vocab_start <= empty_mask_token < vocab_start + vocab,
+            lambda: f"{prefix} empty_mask_token must be a token id in [vocab_start, vocab_start + V) = "
+            f"[{vocab_start}, {vocab_start + vocab}) or negative (a marker such as -1), got {empty_mask_token}",
+        )
 
 
 @torch.library.register_fake("flashsampling::sample")
@@ -580,7 +657,7 @@ def _sample_fake(
     empty_mask_token=None, vocab_start=0,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
-                     sparse_bias_values, allowed_mask)
+                     sparse_bias_values, allowed_mask, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
 
 
@@ -591,7 +668,7 @@ def _sample_with_scores_fake(
     empty_mask_token=None, vocab_start=0, return_logprobs=False,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
-                     sparse_bias_values, allowed_mask)
+                     sparse_bias_values, allowed_mask, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     batch = hidden.shape[0]
     shape = (batch, num_samples)
     return (
@@ -639,8 +716,34 @@ def _sample_top_k_cpu(
                   sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask,
                   empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     truncation = Truncation(top_k, top_ps if top_ps is not None else top_p, min_ps if min_ps is not None else min_p)
-    kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation)
-    return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
+    logits = materialized_logits(hidden, weight)
+    kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation,
+                                                                                logits)
+    return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
+
+
+@torch.library.register_fake("flashsampling::_logits")
+def _logits_fake(hidden, weight):
+    _check_fake_args(hidden, weight, 1, None, None, None, None, None, None, None)
+    return hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
+@torch.library.register_fake("flashsampling::_sample_logits")
+def _sample_logits_fake(
+    logits, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None, generator=None,
+    logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None, empty_mask_token=None,
+    vocab_start=0, return_logprobs=False,
+):
+    torch._check(logits.dim() == 2 and logits.dtype == torch.float32,
+                 lambda: f"flashsampling._sample_logits: logits must be float32 [B, V], got {logits.dtype} of shape "
+                 f"{list(logits.shape)}")
+    batch, shape = logits.shape[0], (logits.shape[0], num_samples)
+    return (
+        logits.new_empty(shape, dtype=torch.int64),
+        logits.new_empty(shape, dtype=torch.float32),
+        logits.new_empty(shape if return_logprobs else (0,), dtype=torch.float32),
+        logits.new_empty((batch,) if return_logprobs else (0,), dtype=torch.float32),
+    )
 
 
 def _stand_ins(logits: Tensor) -> tuple[Tensor, Tensor]:
@@ -698,23 +801,10 @@ def _sample_from_logits_cpu_kernel(
     logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0,
     top_ks=None, top_p=1.0, top_ps=None, min_p=0.0, min_ps=None,
 ):
-    """The op on the CPU (truncation.sample_from_logits_cpu), after the CUDA binding's checks,
-    host temperatures' values included."""
+    """The op on the CPU (truncation.sample_from_logits_cpu): the CUDA binding's checks of the
+    truncation here, the rest in the CPU op it calls."""
     _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
                           top_k, top_ks, top_p, top_ps, min_p, min_ps)
-    prefix = "flashsampling.sample:"
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise RuntimeError(f"{prefix} temperature must be finite and >= 0 (0 = greedy), got {temperature}")
-    if temperatures is not None:
-        bad = ~(torch.isfinite(temperatures) & (temperatures >= 0))
-        if bool(bad.any()):
-            row = int(bad.nonzero()[0, 0])
-            raise RuntimeError(f"{prefix} temperatures must be finite and >= 0 (0 = greedy), got "
-                               f"{temperatures[row].item()} in row {row}")
-    if offset is not None and seed is None:
-        raise RuntimeError(f"{prefix} offset was given without seed; with no seed the offset comes from the generator")
-    if seed is not None and generator is not None:
-        raise RuntimeError(f"{prefix} pass either seed or generator, not both")
     return sample_from_logits_cpu(
         logits, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed, offset=offset,
         generator=generator, logit_bias=logit_bias, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,

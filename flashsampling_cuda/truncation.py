@@ -25,7 +25,10 @@ Paths (:func:`choose_truncation_path`; ``truncation_path=`` of ``sample`` picks 
 - ``"materialized"`` (CPU, and the reference on CUDA): the fp32 logits, :func:`survivor_mask`
   in float64 torch ops (a top-k selection per row for a host ``top_k``, else a stable sort of
   every row), and the fused op samples with the survivors as its ``allowed_mask``: the weight
-  is read twice, memory ``O(B V)``.
+  is read twice, memory ``O(B V)``. On the CPU the sample is drawn from the materialised
+  logits instead (``torch.ops.flashsampling._sample_logits``), so there is one matmul in all,
+  and a host ``top_k`` takes one ``torch.topk`` of the logits where that decides the survivors
+  exactly (:func:`_host_top_k_mask`).
 
 Nothing reads a device tensor's values on the host, so every path runs under
 ``torch.compile`` and CUDA-graph capture, except: a user ``allowed_mask`` without
@@ -43,17 +46,11 @@ import torch
 from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
-from .noise import draw_seed, fma32, gumbel_noise
 
 __all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_args",
            "logits_path_args", "logits_truncation_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
            "survivor_mask", "truncated_allowed_mask", "sample_from_logits_cpu"]
 
-# The vocabulary chunking of the CPU op (csrc/torch/sample_cpu.cpp: kChunkBytes,
-# kMinVocabChunk, kMaxVocabChunk, kTile): the logits are computed by at::mm calls of the
-# same shapes, so they have the op's bits whatever the BLAS does with the shape
-# (tests/test_truncation.py checks the scores bit for bit).
-_CPU_CHUNK_BYTES, _CPU_MIN_CHUNK, _CPU_MAX_CHUNK, _CPU_TILE = 2 << 20, 256, 2048, 64
 # Elements of the fp32 weight copy per matmul where no fp32-output matmul exists.
 _FALLBACK_CHUNK_ELEMENTS = 1 << 24
 _HAS_MM_OUT_DTYPE = hasattr(torch.ops.aten.mm, "dtype")  # torch.mm(..., out_dtype=), torch >= 2.8
@@ -214,7 +211,9 @@ def _chunked_fp32_logits(hidden: Tensor, weight: Tensor, chunk: int) -> Tensor:
 def materialized_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """The fp32 logits ``hidden @ weight.T``, float32 ``[B, V]``, as the op computes them.
 
-    CPU: bit for bit the op's (the same at::mm calls). CUDA: one cuBLAS matmul with fp32
+    CPU: bit for bit the op's (``torch.ops.flashsampling._logits``, the op's own dot-product
+    kernel, csrc/torch/logits_cpu.h; tests/test_truncation.py checks the scores bit for bit).
+    CUDA: one cuBLAS matmul with fp32
     accumulation and fp32 output (``torch.mm(..., out_dtype=torch.float32)``, no fp32 copy
     of the weight); it sums in another order than the fused kernel, so a token can differ
     from the kernel's only where two scores, or a truncation boundary, are within fp32
@@ -223,8 +222,7 @@ def materialized_logits(hidden: Tensor, weight: Tensor) -> Tensor:
     """
     dim = hidden.shape[1]
     if hidden.device.type == "cpu":
-        chunk = min(max(_CPU_CHUNK_BYTES // (4 * max(dim, 1)), _CPU_MIN_CHUNK), _CPU_MAX_CHUNK)
-        return _chunked_fp32_logits(hidden, weight, chunk // _CPU_TILE * _CPU_TILE)
+        return torch.ops.flashsampling._logits(hidden, weight)
     if _HAS_MM_OUT_DTYPE and hidden.dtype in (torch.bfloat16, torch.float16):
         return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
     return _chunked_fp32_logits(hidden, weight, max(1, _FALLBACK_CHUNK_ELEMENTS // max(dim, 1)))
@@ -367,99 +365,86 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
     return survivors if allowed is None else survivors & allowed
 
 
-def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict,
-                           truncation: Truncation) -> tuple[Tensor, int | None]:
+def _host_top_k_mask(x: Tensor, allowed: Tensor | None, truncation: Truncation, temperature: float,
+                     temperatures: Tensor | None) -> Tensor | None:
+    """The bitmask of :func:`truncated_allowed_mask` from one ``torch.topk`` of ``x`` for a host
+    int ``top_k`` where that decides the survivors exactly, else None (the general path). Reads
+    values on the host, so CPU tensors only, not under torch.compile.
+
+    The temperature scale is positive (or 1: greedy), and fl32 rounding of ``x * s`` is
+    monotonic, so every token outside the ``k + 1`` largest ``x`` has ``y`` at most the
+    ``(k + 1)``-th's. When the k-th ``y`` is above the ``(k + 1)``-th and no NaN is among them,
+    the row's first ``k`` tokens of the truncation order are those ``k``; they are then ordered
+    exactly (``y`` descending, ties to the smaller index) as in :func:`survivor_mask`. An
+    invalid temperature (the op refuses it afterwards) or a tie at the boundary takes None."""
+    k = truncation.top_k
+    batch, vocab = x.shape
+    if not isinstance(k, int) or not 1 <= k < vocab - 1 or x.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    z = x if allowed is None else x.masked_fill(~allowed, -torch.inf)
+    top_x, top_index = torch.topk(z, k + 1, dim=1)  # NaN sorts first: caught below
+    top_y = scaled_logits(top_x, temperature, temperatures)
+    if bool(torch.isnan(top_y).any()) or not bool((top_y[:, k - 1] > top_y[:, k]).all()):
+        return None
+    key = truncation_key(top_y[:, :k], None)
+    ranks = order_rank(key) * 2**31 + top_index[:, :k]  # distinct: a total order
+    perm = torch.argsort(ranks, dim=1)
+    order, sorted_key = top_index[:, :k].gather(1, perm), key.gather(1, perm)
+    keep = keep_prefix(sorted_key, torch.ones_like(order, dtype=torch.bool), truncation)
+    # Bits of distinct tokens add up to their OR.
+    words = torch.zeros((batch, (vocab + 31) // 32), dtype=torch.int64)
+    words.scatter_add_(1, order >> 5, torch.where(keep, torch.ones_like(order) << (order & 31), 0))
+    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict, truncation: Truncation,
+                           logits: Tensor | None = None) -> tuple[Tensor, int | None]:
     """``(allowed_mask, empty_mask_token)`` for the op that restrict the sample to the
     survivors: the int32 ``[B, ceil(V / 32)]`` bitmask of :func:`survivor_mask` (within the
     caller's ``allowed_mask``), from the logits of :func:`materialized_logits` transformed
     with ``op_kwargs`` (the op's keyword arguments: biases, temperatures, mask,
-    vocab_start). Without a caller mask, ``empty_mask_token`` is -1 where it was None: no
+    vocab_start); ``logits``, when given, are those logits, already computed. Without a caller mask, ``empty_mask_token`` is -1 where it was None: no
     row can be empty (the top token stays), and the op then skips reading the mask to
     check (a host sync on CUDA)."""
     vocab = weight.shape[0]
-    x = transformed_logits(materialized_logits(hidden, weight), op_kwargs["logit_bias"],
+    if logits is None:
+        logits = materialized_logits(hidden, weight)
+    x = transformed_logits(logits, op_kwargs["logit_bias"],
                            op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"], op_kwargs["vocab_start"])
-    y = scaled_logits(x, op_kwargs["temperature"], op_kwargs["temperatures"])
     user_mask = op_kwargs["allowed_mask"]
     allowed = None if user_mask is None else unpack_allowed_mask(user_mask, vocab)
-    mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
+    mask = _host_top_k_mask(x, allowed, truncation, op_kwargs["temperature"], op_kwargs["temperatures"])
+    if mask is None:
+        y = scaled_logits(x, op_kwargs["temperature"], op_kwargs["temperatures"])
+        mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
     empty_mask_token = op_kwargs["empty_mask_token"]
     if user_mask is None and empty_mask_token is None:
         empty_mask_token = -1
     return mask, empty_mask_token
 
 
-def _row_noise_coordinates(batch: int, seed, offset, generator, device) -> tuple[Tensor, Tensor, Tensor]:
-    """(seed, offset, stream) int64 ``[B, 1]`` of the op's noise: a batch-wide seed (drawn
-    from ``generator`` when None) gives row b stream b, a ``[B]`` seed stream 0."""
-    if seed is None:
-        seed = draw_seed(generator, torch.device("cpu"))
-    seed = seed.to(device=device, dtype=torch.int64)
-    per_row_seed = seed.dim() == 1
-    offset = torch.zeros((), dtype=torch.int64) if offset is None else offset
-    offset = offset.to(device=device, dtype=torch.int64)
-    stream = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(batch, device=device)
-    return seed.expand(batch)[:, None], offset.expand(batch)[:, None], stream[:, None]
-
-
 def sample_from_logits_cpu(logits: Tensor, *, temperature=1.0, temperatures=None, num_samples=1, seed=None,
                            offset=None, generator=None, logit_bias=None, allowed_mask=None, empty_mask_token=None,
                            vocab_start=0, return_logprobs=False, top_k=0, top_ks=None, top_p=1.0, top_ps=None,
                            min_p=0.0, min_ps=None):
-    """``torch.ops.flashsampling.sample_from_logits`` in torch ops, for the CPU: the survivors of
-    :func:`survivor_mask` (float64), the noise of :func:`flashsampling_cuda.noise.gumbel_noise`
-    and scores ``fma32(x, fl32(1 / T), g)``, so it returns the CUDA kernel's tokens and scores
-    bit for bit wherever both keep the same survivors (the kernel sums top_p's masses in
-    another order). Builds ``[rows, V]`` int64 noise temporaries a chunk of rows at a time:
-    a reference, not a fast path (``sample`` on the CPU takes the materialised path)."""
-    batch, vocab = logits.shape
-    device = logits.device
-    x = logits if logit_bias is None else logits + logit_bias
-    temps = (temperatures if temperatures is not None
-             else torch.full((batch,), temperature, dtype=torch.float32, device=device))
-    invalid = ~(torch.isfinite(temps) & (temps >= 0))
-    y = scaled_logits(x, temperature, temperatures)
-    allowed = (torch.ones_like(x, dtype=torch.bool) if allowed_mask is None
-               else unpack_allowed_mask(allowed_mask, vocab))
-    empty = ~allowed.any(dim=1)
-    if allowed_mask is not None and empty_mask_token is None and bool(empty.any()):
-        rows = empty.nonzero().flatten().tolist()
-        raise RuntimeError(f"flashsampling.sample: allowed_mask allows no token in {len(rows)} row(s) (first: "
-                           f"{', '.join(map(str, rows[:8]))}); fix the mask, or pass empty_mask_token to get that "
-                           "token for such rows")
+    """``torch.ops.flashsampling.sample_from_logits`` on the CPU: the survivors of
+    :func:`survivor_mask` (float64) as the mask of the CPU op's sample from these logits
+    (``torch.ops.flashsampling._sample_logits``: the same noise and scores), so it returns the
+    CUDA kernel's tokens and scores bit for bit wherever both keep the same survivors (the
+    kernel sums top_p's masses in fixed point)."""
+    op_kwargs = dict(temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
+                     offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=None,
+                     sparse_bias_values=None, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,
+                     vocab_start=vocab_start)
     truncation = Truncation(top_ks if top_ks is not None else (top_k if top_k > 0 else None),
                             top_ps if top_ps is not None else (top_p if top_p < 1 else None),
                             min_ps if min_ps is not None else (min_p if min_p > 0 else None))
     if any(parameter is not None for parameter in truncation):
-        survivors = survivor_mask(y, None if allowed_mask is None else allowed, truncation)
-    else:
-        survivors = allowed
-    inv_t = torch.ones_like(temps) / temps
-    greedy = temps == 0
-    seeds, offsets, streams = _row_noise_coordinates(batch, seed, offset, generator, device)
-    index = vocab_start + torch.arange(vocab, device=device)
-    tokens = torch.full((batch, num_samples), -1, dtype=torch.int64, device=device)
-    scores = torch.full((batch, num_samples), -torch.inf, dtype=torch.float32, device=device)
-    chunk = max(1, (1 << 22) // vocab)
-    for begin in range(0, batch, chunk):
-        rows = slice(begin, min(batch, begin + chunk))
-        for s in range(num_samples):
-            noise = gumbel_noise(seeds[rows], offsets[rows], streams[rows], s, index[None, :])
-            score = torch.where(greedy[rows, None], x[rows], fma32(x[rows], inv_t[rows, None], noise))
-            candidate = survivors[rows] & ~torch.isnan(score)
-            # Best score, exact ties to the smaller index (fs_candidate_better).
-            key = torch.where(candidate, order_rank(score) * 2**31 + (2**31 - 1 - index), -(2**62))
-            best = key.argmax(dim=1)
-            found = candidate.gather(1, best[:, None])[:, 0] & ~invalid[rows]
-            tokens[rows, s] = torch.where(found, vocab_start + best, -1)
-            scores[rows, s] = torch.where(found, score.gather(1, best[:, None])[:, 0], -torch.inf)
-    tokens[empty] = -1 if allowed_mask is None or empty_mask_token is None else empty_mask_token
-    if not return_logprobs:
-        empty_out = logits.new_empty((0,))
-        return tokens, scores, empty_out, empty_out
-    y64 = torch.where(survivors, y.double(), -torch.inf)
-    lse = torch.logsumexp(y64, dim=1)
-    local = (tokens - vocab_start).clamp(0, vocab - 1)
-    token_logprobs = torch.where(tokens >= 0, y64.gather(1, local) - lse[:, None], torch.nan)
-    lse = torch.where(invalid, torch.nan, lse)
-    return tokens, scores, token_logprobs.float(), lse.float()
+        vocab = logits.shape[1]
+        x = transformed_logits(logits, logit_bias)
+        y = scaled_logits(x, temperature, temperatures)
+        allowed = None if allowed_mask is None else unpack_allowed_mask(allowed_mask, vocab)
+        op_kwargs["allowed_mask"] = pack_allowed_mask(survivor_mask(y, allowed, truncation))
+        if allowed_mask is None and empty_mask_token is None:
+            op_kwargs["empty_mask_token"] = -1  # the first token always survives: no row is empty
+    return torch.ops.flashsampling._sample_logits(logits, **op_kwargs, return_logprobs=return_logprobs)

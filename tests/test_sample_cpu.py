@@ -90,7 +90,7 @@ def test_pathwise_equal_to_float64_reference(config):
     assert mismatches <= max(1, tokens.numel() // 100)
 
 
-@pytest.fixture(params=["default", "avx2", "avx512"])
+@pytest.fixture(params=["default", "avx2", "avx512", "avx512bf16"])
 def cpu_isa(request, monkeypatch):
     """Pins the CPU code path (FLASHSAMPLING_CPU_ISA); skips those this CPU lacks."""
     monkeypatch.setenv("FLASHSAMPLING_CPU_ISA", request.param)
@@ -119,6 +119,33 @@ def test_bit_exact_fp32_model(cpu_isa, per_row_seed):
         g = noise.gumbel_noise(seeds[:, None], 4, streams[:, None], s, torch.arange(vocab))
         scores = torch.where((temps == 0)[:, None], logits, noise.fma32(logits, inv_t[:, None], g))
         assert torch.equal(tokens[:, s], scores.argmax(dim=1)), f"sample {s}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_logits_are_fp32_dot_products_on_every_code_path(cpu_isa, dtype):
+    """The CPU logits (torch.ops.flashsampling._logits: what the op scores, and what the
+    materialised truncation path reads) are fp32 dot products on every code path: within fp32
+    accumulation error of float64, and bit for bit the same whatever the thread count, the
+    weight's strides or a logit's position in the batch and the vocabulary."""
+    threads = torch.get_num_threads()
+    for batch, dim, vocab in [(1, 1, 3), (5, 37, 300), (9, 300, 1025), (4, 4096, 70)]:
+        hidden, weight = make_problem(batch, vocab, dim, dtype=dtype, seed=dim)
+        logits = torch.ops.flashsampling._logits(hidden, weight)
+        assert logits.dtype == torch.float32 and logits.shape == (batch, vocab)
+        exact = hidden.double() @ weight.double().T
+        bound = dim * 2.0**-22 * (hidden.double().abs() @ weight.double().abs().T)
+        assert ((logits.double() - exact).abs() <= bound).all()
+        assert torch.equal(torch.ops.flashsampling._logits(hidden[batch // 2 :], weight[vocab // 3 :]),
+                           logits[batch // 2 :, vocab // 3 :])
+        padded = torch.cat([weight, weight[:, :3]], dim=1)[:, :dim]  # rows dim + 3 apart
+        assert torch.equal(torch.ops.flashsampling._logits(hidden, padded), logits)
+        assert torch.equal(torch.ops.flashsampling._logits(hidden, weight.T.contiguous().T), logits)
+        try:
+            for n in (1, 3):
+                torch.set_num_threads(n)
+                assert torch.equal(torch.ops.flashsampling._logits(hidden, weight), logits), n
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_greedy_is_argmax_of_fp32_logits():
@@ -284,6 +311,116 @@ def test_wrapper_rejects_bad_seed_types():
         fs.sample(hidden, weight, seed=1.5)
     with pytest.raises(ValueError):
         fs.sample(hidden, weight, seed=2**64)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(temperature="hot"), "temperature must be a float, a 0-d or a \\[B\\] floating tensor, got str"),
+    (dict(temperature=None), "temperature must be a float.*got NoneType"),
+    (dict(temperature=[0.5, 1.0]), "temperature must be a float.*got list"),
+    (dict(temperature=True), "temperature must be a float.*got bool"),
+    (dict(temperature=torch.tensor([1, 2])), "temperature must be a float.*got a torch.int64 tensor"),
+    (dict(temperature=torch.tensor(True)), "temperature must be a float.*got a torch.bool tensor"),
+    (dict(top_k="5"), "top_k must be an int or a tensor, got str"),
+    (dict(top_p="0.9"), "top_p must be a float or a tensor, got str"),
+    (dict(min_p="a"), "min_p must be a float or a tensor, got str"),
+    (dict(seed="abc"), "seed: expected an int or an int64 tensor, got str"),
+    (dict(offset="x"), "offset: expected an int or an int64 tensor, got str"),
+])
+def test_wrapper_names_arguments_that_are_not_numbers(overrides, message):
+    hidden, weight = make_problem(2, 10, 4)
+    kwargs = dict(dict(seed=0), **overrides)
+    with pytest.raises(TypeError, match="flashsampling.sample: " + message):
+        fs.sample(hidden, weight, **kwargs)
+
+
+def test_temperature_tensors_of_every_floating_dtype_are_rounded_to_float32():
+    hidden, weight = make_problem(4, 700, 16, seed=13)
+    temps = torch.tensor([0.8, 1.3, 0.0, 2.1], dtype=torch.float64)
+    expected = fs.sample(hidden, weight, temperature=temps.float(), seed=3, num_samples=4)
+    assert torch.equal(fs.sample(hidden, weight, temperature=temps, seed=3, num_samples=4), expected)
+    for dtype in (torch.bfloat16, torch.float16):
+        rounded = temps.to(dtype)
+        assert torch.equal(fs.sample(hidden, weight, temperature=rounded, seed=3, num_samples=4),
+                           fs.sample(hidden, weight, temperature=rounded.float(), seed=3, num_samples=4))
+    assert torch.equal(fs.sample(hidden, weight, temperature=torch.tensor(0.8, dtype=torch.float64), seed=3),
+                       fs.sample(hidden, weight, temperature=0.8, seed=3))
+
+
+def test_empty_mask_token_must_be_a_token_of_the_vocabulary_or_negative():
+    hidden, weight = make_problem(2, 10, 4)
+    mask = torch.zeros(2, 10, dtype=torch.bool)
+    mask[0, 3] = True
+    message = r"empty_mask_token must be a token id in \[vocab_start, vocab_start \+ V\) = \[100, 110\)"
+    for token in (10**6, 110, 5, 99):
+        with pytest.raises(RuntimeError, match=message):
+            fs.sample(hidden, weight, seed=0, allowed_mask=mask, empty_mask_token=token, vocab_start=100)
+        with pytest.raises(RuntimeError, match=message):  # truncation checks before the logits
+            fs.sample(hidden, weight, seed=0, allowed_mask=mask, empty_mask_token=token, vocab_start=100, top_k=2)
+    for token in (100, 109, -1, -7):
+        tokens = fs.sample(hidden, weight, seed=0, allowed_mask=mask, empty_mask_token=token, vocab_start=100)
+        assert tokens[0, 0] == 103 and tokens[1, 0] == token
+    with pytest.raises(RuntimeError, match="empty_mask_token must be"):
+        torch.ops.flashsampling.sample(hidden, weight, seed=torch.tensor(0), empty_mask_token=10)
+
+
+# ---------------------------------------------------------------- non-finite logits
+
+def test_non_finite_logits_follow_the_documented_rules():
+    """Without check_nan: a NaN logit is never sampled; a row of NaN logits returns -1 (score
+    -inf, logprob NaN); a row with +inf logits returns its first +inf token on every draw (score
+    +inf); a row of -inf logits returns its first allowed token (score -inf)."""
+    hidden, weight = make_problem(4, 50, 8, seed=14)
+    w = weight.clone()
+    w[10] = math.nan
+    tokens = fs.sample(hidden, w, seed=0, num_samples=200)
+    assert (tokens != 10).all() and (tokens >= 0).all()
+    nan_hidden = hidden.clone()
+    nan_hidden[2, 5] = math.nan
+    out = fs.sample_with_scores(nan_hidden, weight, seed=0, num_samples=3, return_logprobs=True)
+    assert (out.tokens[2] == -1).all() and (out.scores[2] == -math.inf).all() and out.token_logprobs[2].isnan().all()
+    assert (out.tokens[[0, 1, 3]] >= 0).all()
+    bias = torch.zeros(50)
+    bias[[31, 7]] = math.inf
+    for seed in range(5):
+        out = fs.sample_with_scores(hidden, weight, seed=seed, num_samples=3, logit_bias=bias)
+        assert (out.tokens == 7).all() and (out.scores == math.inf).all()
+    mask = torch.zeros(4, 50, dtype=torch.bool)
+    mask[:, 20:] = True
+    out = fs.sample_with_scores(hidden, weight, seed=1, num_samples=2, logit_bias=torch.full((50,), -math.inf),
+                                allowed_mask=mask)
+    assert (out.tokens == 20).all() and (out.scores == -math.inf).all()
+
+
+def test_check_nan_raises_naming_the_row():
+    hidden, weight = make_problem(4, 50, 8, seed=14)
+    clean = dict(seed=3, num_samples=2, temperature=0.7)
+    assert torch.equal(fs.sample(hidden, weight, **clean, check_nan=True), fs.sample(hidden, weight, **clean))
+    nan_hidden = hidden.clone()
+    nan_hidden[2, 5] = math.inf
+    bias_inf, bias_nan = torch.zeros(50), torch.zeros(50)
+    bias_inf[7], bias_nan[9] = math.inf, math.nan
+    cases = [
+        (nan_hidden, {}, "hidden holds NaN or infinite values in 1 row\\(s\\) \\(first: 2\\)"),
+        (hidden, dict(logit_bias=bias_inf), "a logit is \\+inf in 4 row\\(s\\) \\(first: 0, 1, 2, 3\\)"),
+        (hidden, dict(sparse_logit_bias=[{}, {}, {v: -math.inf for v in range(50)}, {}]),
+         "every allowed logit is -inf in 1 row\\(s\\) \\(first: 2\\)"),
+        (hidden, dict(sparse_logit_bias=[{}, {}, {v: math.nan for v in range(50)}, {}]),
+         "every allowed logit is NaN .* in 1 row\\(s\\) \\(first: 2\\)"),
+        (hidden, dict(logit_bias=bias_nan, return_logprobs=True), "a logit among the allowed tokens is NaN"),
+        (hidden, dict(logit_bias=bias_inf, top_k=5), "a logit is \\+inf"),
+    ]
+    for h, kwargs, message in cases:
+        for fn in (fs.sample, fs.sample_with_scores):
+            with pytest.raises(ValueError, match="flashsampling.sample: check_nan: " + message):
+                fn(h, weight, **clean, **kwargs, check_nan=True)
+            fn(h, weight, **clean, **kwargs)  # without check_nan: the rules above, no error
+    # A NaN among finite logits is never sampled; without logprobs check_nan does not see it.
+    fs.sample(hidden, weight, **clean, logit_bias=bias_nan, check_nan=True)
+    # A row whose mask allows nothing, given empty_mask_token, is not an error.
+    mask = torch.ones(4, 50, dtype=torch.bool)
+    mask[1] = False
+    tokens = fs.sample(hidden, weight, **clean, allowed_mask=mask, empty_mask_token=-1, check_nan=True)
+    assert (tokens[1] == -1).all() and (tokens[[0, 2, 3]] >= 0).all()
 
 
 # ---------------------------------------------------------------- torch integration

@@ -129,6 +129,39 @@ def test_cpu_truncation_sees_the_ops_fp32_logits_bit_for_bit(dtype, dim):
         assert torch.equal(out.scores[:, s], scores.amax(dim=1))
 
 
+def test_cpu_host_top_k_shortcut_gives_the_general_paths_mask():
+    """On the CPU a host top_k takes one torch.topk of the logits (truncation._host_top_k_mask)
+    where that decides the survivors exactly: its bitmask is the general path's bit for bit, and
+    it steps aside (None) for a tie or a NaN at the boundary."""
+    g = torch.Generator().manual_seed(3)
+    batch, vocab = 7, 3000
+    temps = torch.tensor([1.0, 0.5, 0.0, 2.0, 0.7, 1.3, 0.0])
+    allowed = torch.rand(batch, vocab, generator=g) < 0.5
+    allowed[:, :3] = True
+    cases = [truncation.Truncation(k, p, m) for k, p, m in
+             [(1, None, None), (5, 0.9, None), (50, 0.5, 0.05), (40, torch.rand(batch, generator=g), None),
+              (vocab - 2, 0.99, None)]]
+    for quantum in (0.0, 0.25):  # continuous logits, then logits on a grid of 0.25 (ties)
+        x = torch.randn(batch, vocab, generator=g) * 3
+        if quantum:
+            x = (x / quantum).round() * quantum
+        for mask in (None, allowed):
+            for trunc in cases:
+                y = truncation.scaled_logits(x, 1.0, temps)
+                expected = fs.pack_allowed_mask(truncation.survivor_mask(y, mask, trunc))
+                got = truncation._host_top_k_mask(x, mask, trunc, 1.0, temps)
+                if quantum or (mask is not None and trunc.top_k > 1000):  # ties, or -inf at the boundary
+                    assert got is None or torch.equal(got, expected)
+                else:
+                    assert got is not None and torch.equal(got, expected), (trunc, mask is None)
+    x = torch.randn(batch, vocab, generator=g)
+    x[2, 7] = math.nan
+    assert truncation._host_top_k_mask(x, None, cases[1], 1.0, temps) is None
+    x[2, 7] = 100.0
+    x[2, 8] = 100.0  # a tie at k = 1 (row 2, greedy: y = x)
+    assert truncation._host_top_k_mask(x, None, truncation.Truncation(1, None, None), 1.0, temps) is None
+
+
 # ---------------------------------------------------------------- chi-square
 
 CHI_SQUARE_CASES = [  # (top_k, top_p, min_p, temperature)

@@ -109,10 +109,15 @@ void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const
               "flashsampling.sample: hidden [B, D] and weight [V, D] must have the same D, got "
               "hidden shape ",
               hidden.sizes(), " and weight shape ", weight.sizes());
-  const int64_t batch = hidden.size(0), vocab = weight.size(0);
+  const int64_t vocab = weight.size(0);
   TORCH_CHECK(vocab >= 1 && vocab <= kMaxInt32Extent,
               "flashsampling.sample: weight must have 1 <= V < 2^31 rows, got shape ",
               weight.sizes());
+  check_control_args(hidden, vocab, args);
+}
+
+void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArgs& args) {
+  const int64_t batch = hidden.size(0);
   TORCH_CHECK(batch <= kMaxInt32Extent,
               "flashsampling.sample: hidden must have B < 2^31 rows, got shape ", hidden.sizes());
   TORCH_CHECK(args.vocab_start >= 0 && args.vocab_start <= kMaxInt32Extent - vocab,
@@ -154,9 +159,20 @@ void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const
     check_extra("allowed_mask", *args.allowed_mask, {at::kInt}, "int32", {batch, (vocab + 31) / 32},
                 "[B, ceil(V / 32)]", hidden);
   }
+  if (args.empty_mask_token.has_value()) {
+    const int64_t token = *args.empty_mask_token;
+    TORCH_CHECK(token < 0 || (token >= args.vocab_start && token < args.vocab_start + vocab),
+                "flashsampling.sample: empty_mask_token must be a token id in [vocab_start, vocab_start + V) = [",
+                args.vocab_start, ", ", args.vocab_start + vocab, ") or negative (a marker such as -1), got ",
+                token);
+  }
 }
 
 void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, bool capturing) {
+  check_mask_rows_nonempty(weight.size(0), args, capturing);
+}
+
+void check_mask_rows_nonempty(int64_t vocab, const SampleArgs& args, bool capturing) {
   if (!args.allowed_mask.has_value() || args.empty_mask_token.has_value()) return;
   const at::Tensor& mask = *args.allowed_mask;
   if (mask.numel() == 0) return;
@@ -164,7 +180,6 @@ void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, 
               "flashsampling.sample: checking that every row of allowed_mask allows a token reads the mask "
               "(a host sync), which CUDA graph capture forbids; pass empty_mask_token (e.g. -1) to return "
               "that token for such rows instead");
-  const int64_t vocab = weight.size(0);
   // Bits past V in the last word do not count.
   const int64_t tail_bits = vocab % 32;
   at::Tensor words = mask;

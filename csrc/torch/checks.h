@@ -32,6 +32,7 @@ struct SampleArgs {
   std::optional<at::Tensor> sparse_bias_values;  // float32 [B, K]
   std::optional<at::Tensor> allowed_mask;        // int32 [B, ceil(V / 32)], bit v & 31 of word v >> 5
   // A row whose allowed_mask allows nothing gets this token; absent: such a row is an error.
+  // A global id in [vocab_start, vocab_start + V) or negative (a marker such as -1).
   std::optional<int64_t> empty_mask_token;
   int64_t vocab_start = 0;  // global index of weight row 0 (tensor-parallel shards)
   bool return_logprobs = false;
@@ -63,10 +64,16 @@ struct SampleResult {
 //                generator and uses it as a batch-wide seed.
 void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args);
 
+// The part of check_sample_args after hidden and weight: every other argument, for a batch of
+// hidden.size(0) rows on hidden's device and a vocabulary of `vocab` rows (the CPU op from
+// precomputed logits passes its logits [B, V] as `hidden`).
+void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArgs& args);
+
 // With allowed_mask given and no empty_mask_token: errors when some row allows no token
 // of [0, V). Reads the mask (a stream sync for a device mask); `capturing` (the caller's
 // stream is being captured into a CUDA graph) makes it an error pointing at empty_mask_token.
 void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, bool capturing = false);
+void check_mask_rows_nonempty(int64_t vocab, const SampleArgs& args, bool capturing = false);
 
 // The noise ops' (noise_cpu.cpp, noise_cuda.cpp) uint32 arguments: an int64 tensor whose
 // values lie in [0, 2^32). Reads the values (a host sync on a device tensor; test ops only).

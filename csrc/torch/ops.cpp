@@ -30,6 +30,16 @@ TORCH_LIBRARY(flashsampling, m) {
         ", bool return_logprobs=False, int top_k=0, float? top_p=None, Tensor? top_ps=None, float? min_p=None, "
         "Tensor? min_ps=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
+  // The CPU op from precomputed fp32 logits [B, V] (the raw hidden . weight, before biases) in
+  // place of hidden and weight: the same sample, biases, mask, noise and outputs as
+  // sample_with_scores. The materialised top-k / top-p path of the CPU samples its survivors
+  // with it from the logits it has computed once (flashsampling_cuda/truncation.py).
+  m.def("_sample_logits(Tensor logits, *, float temperature=1.0, Tensor? temperatures=None, int num_samples=1, "
+        "Tensor? seed=None, Tensor? offset=None, Generator? generator=None, Tensor? logit_bias=None, "
+        "Tensor? sparse_bias_ids=None, Tensor? sparse_bias_values=None, Tensor? allowed_mask=None, "
+        "int? empty_mask_token=None, int vocab_start=0, bool return_logprobs=False) "
+        "-> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
+        {at::Tag::nondeterministic_seeded});
 #undef FS_SAMPLE_ARGS
   // Sampling from materialised fp32 logits [B, V] (flashsampling/sample_from_logits.h): the
   // controls of sample (no sparse bias: add it to the logits), then top_k, top_p and min_p as
@@ -43,6 +53,9 @@ TORCH_LIBRARY(flashsampling, m) {
         "float min_p=0.0, Tensor? min_ps=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, "
         "Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
+  // The fp32 logits [B, V] = hidden @ weight.T exactly as the CPU op computes them
+  // (csrc/torch/logits_cpu.h), for the materialised truncation path.
+  m.def("_logits(Tensor hidden, Tensor weight) -> Tensor");
   // The Gumbel noise g(seed, offset, stream, sample, vocab_index) of philox_gumbel.h;
   // `stream` and `vocab_index` are int64 tensors broadcast together. Returns float32.
   m.def("gumbel_noise(int seed, int offset, Tensor stream, int sample, Tensor vocab_index) -> Tensor");

@@ -1,16 +1,18 @@
-// CPU implementation of flashsampling::sample and flashsampling::sample_with_scores.
+// CPU implementation of flashsampling::sample and flashsampling::sample_with_scores (and
+// flashsampling::_sample_logits, the same from precomputed logits).
 //
-// Streams over the vocabulary in chunks: one fp32 at::mm gives the logits of a chunk
-// for every row ([B, chunk] in memory, never [B, V]); the noise, the perturbed score
-// and the running argmax are those of philox_gumbel.h, so the CPU picks the tokens
-// the GPU kernels pick (up to the accumulation order of the fp32 logits).
+// One parallel pass over blocks of the vocabulary: a thread computes the fp32 logits of a
+// block for every row (logits_cpu.h: register-tiled dot products, [B, block] in cache, never
+// [B, V]), then scores them with the noise, the perturbed score and the running argmax of
+// philox_gumbel.h, so the CPU picks the tokens the GPU kernels pick (up to the accumulation
+// order of the fp32 logits).
 //
-// With logit biases, an allowed-token mask or log-probabilities, a transform pass over
-// each chunk (before the scan) turns the logits into the transformed logits x of
-// checks.h in place, accumulates the online logsumexp of y = x / T (fp32 exp terms
-// below 1, summed in float64) and writes NaN over the excluded tokens (a NaN score never
-// wins), so the scan itself, and with it the plain path, is unchanged. The transform is
-// compiled per instruction set like the scan, written so that it vectorises.
+// With logit biases, an allowed-token mask or log-probabilities, a transform pass over each
+// block (before the scan) turns the logits into the transformed logits x of checks.h in
+// place, accumulates the online logsumexp of y = x / T (fp32 exp terms below 1, summed in
+// float64) and writes NaN over the excluded tokens (a NaN score never wins), so the scan
+// itself, and with it the plain path, is unchanged. The transform is compiled per
+// instruction set like the scan, written so that it vectorises.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
@@ -19,23 +21,23 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checks.h"
 #include "flashsampling/philox_gumbel.h"
+#include "logits_cpu.h"
 
 namespace flashsampling {
 namespace {
 
-// Vocabulary rows per at::mm: their fp32 copy (chunk x D) stays near 2 MiB so the
-// conversion and the GEMM run from cache (4x faster at D = 4096 than 2048 rows);
-// memory is O(B * chunk).
-constexpr int64_t kChunkBytes = int64_t{2} << 20;
-constexpr int64_t kMinVocabChunk = 256, kMaxVocabChunk = 2048;
-constexpr int64_t kUnitVocab = 512;    // vocabulary entries of one parallel work unit
+constexpr int64_t kUnitVocab = 512;    // most vocabulary entries of one transform call
 constexpr int kTile = 64;              // vocabulary entries scored at once (stack buffers)
 constexpr int kGroupRows = 4;          // rows of one work unit: the 4 lanes of a Philox block
 
@@ -71,11 +73,11 @@ struct RowGroup {
   bool shared_block;
 };
 
-// One work unit: a row group, one sample index, vocabulary [begin, end) of the chunk.
+// One work unit: a row group, one sample index, vocabulary [begin, end) of the block.
 struct UnitArgs {
-  const float* logits;  // logit of (first row, vocabulary index chunk_begin); rows ld apart
+  const float* logits;  // logit of (first row, vocabulary index block_begin); rows ld apart
   int64_t ld;
-  int64_t chunk_begin;
+  int64_t block_begin;
   int64_t vocab_start;  // global index of local vocabulary index 0 (noise and tokens)
   const RowParams* rows;
   RowGroup group;
@@ -134,7 +136,7 @@ FS_ALWAYS_INLINE void scan_unit_body(const UnitArgs& a) {
     }
     for (int r = 0; r < a.group.num_rows; ++r) {
       const RowParams& p = a.rows[r];
-      const float* logit = a.logits + r * a.ld + (tile_begin - a.chunk_begin);
+      const float* logit = a.logits + r * a.ld + (tile_begin - a.block_begin);
       if (p.greedy) {
         keep_tile_best(a.best[r], logit, n, static_cast<int32_t>(vocab_index));
         continue;
@@ -392,29 +394,20 @@ struct CpuKernels {
   TransformUnitFn transform;
 };
 
-// The widest variant this CPU runs; FLASHSAMPLING_CPU_ISA=default|avx2|avx512 pins one
-// (tests compare them).
+// The variants of the instruction set select_logits_isa() picks (the widest this CPU runs,
+// or the one FLASHSAMPLING_CPU_ISA=default|avx2|avx512|avx512bf16 pins; tests compare them).
 CpuKernels select_kernels() {
-  const char* env = std::getenv("FLASHSAMPLING_CPU_ISA");
-  const std::string wanted = env != nullptr ? env : "";
-  const CpuKernels fallback{scan_unit_default, transform_unit_default};
-  CpuKernels widest = fallback;
-  bool found = wanted.empty() || wanted == "default";
-  CpuKernels pinned = fallback;
+  switch (select_logits_isa()) {
 #ifdef FS_HAVE_X86_VARIANTS
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    widest = CpuKernels{scan_unit_avx2, transform_unit_avx2};
-    if (wanted == "avx2") pinned = widest, found = true;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")) {
-      widest = CpuKernels{scan_unit_avx512, transform_unit_avx512};
-      if (wanted == "avx512") pinned = widest, found = true;
-    }
-  }
+    case LogitsIsa::kAvx512Bf16:
+    case LogitsIsa::kAvx512:
+      return CpuKernels{scan_unit_avx512, transform_unit_avx512};
+    case LogitsIsa::kAvx2:
+      return CpuKernels{scan_unit_avx2, transform_unit_avx2};
 #endif
-  TORCH_CHECK(found, "flashsampling.sample: FLASHSAMPLING_CPU_ISA=", wanted,
-              " is not default, avx2 or avx512, or this CPU cannot run it");
-  return wanted.empty() ? widest : pinned;
+    default:
+      return CpuKernels{scan_unit_default, transform_unit_default};
+  }
 }
 
 // Value of a seed-like tensor ([] or [B]) for every row; `fallback` when absent.
@@ -492,15 +485,33 @@ std::vector<char> empty_mask_rows(const at::Tensor& mask, int64_t vocab) {
 
 // ---------------------------------------------------------------- the op
 
-SampleResult sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
-  check_sample_args(hidden, weight, args);
-  check_mask_rows_nonempty(weight, args);
-  const int64_t batch = hidden.size(0);
-  const int64_t vocab = weight.size(0);
+// Vocabulary rows of one block: one thread computes their logits for every batch row (kept in
+// cache, [B, kBlockVocab] fp32), transforms and scans them. A multiple of kTile, so every block
+// starts on a word of allowed_mask; at most kUnitVocab (the transform's stack buffer).
+constexpr int64_t kBlockVocab = 256;
+static_assert(kBlockVocab % kTile == 0 && kBlockVocab <= kUnitVocab, "block size");
+
+// A candidate with the transformed logit x of its token (for the log-probabilities).
+struct Winner {
+  Candidate candidate = kNone;
+  float x = 0.0f;
+};
+
+// Fills out[b * ld + j], b < B, j < n, with the raw fp32 logits of vocabulary rows
+// [begin, begin + n): computed (CpuLogits) or copied from precomputed logits.
+using LogitsSource = std::function<void(int64_t begin, int64_t n, float* out, int64_t ld)>;
+
+// The sample of checks.h from the logits `source` gives, for a batch of `batch` rows and a
+// vocabulary of `vocab` rows; `options` are those of the outputs (the CPU). One parallel pass
+// over vocabulary blocks: the winners do not depend on the block order (fs_candidate_better is
+// a total order) and the logsumexp is merged in block order, so no output depends on the
+// thread count.
+SampleResult sample_blocks(int64_t batch, int64_t vocab, const at::TensorOptions& options, const SampleArgs& args,
+                           const LogitsSource& source) {
   const int64_t num_samples = args.num_samples;
-  const auto float_options = hidden.options().dtype(at::kFloat);
+  const auto float_options = options.dtype(at::kFloat);
   SampleResult result;
-  result.tokens = at::empty({batch, num_samples}, hidden.options().dtype(at::kLong));
+  result.tokens = at::empty({batch, num_samples}, options.dtype(at::kLong));
   result.scores = at::empty({batch, num_samples}, float_options);
   result.token_logprobs = args.return_logprobs ? at::empty({batch, num_samples}, float_options)
                                                : at::empty({0}, float_options);
@@ -510,8 +521,6 @@ SampleResult sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, cons
   const std::vector<RowParams> rows = resolve_rows(batch, args);
   const std::vector<RowGroup> groups = make_groups(rows, has_per_row_seed(args.seed));
   const CpuKernels kernels = select_kernels();
-  const auto num_groups = static_cast<int64_t>(groups.size());
-  const at::Tensor hidden_f = hidden.to(at::kFloat).contiguous();
 
   // The transform pass (only when something asks for it).
   Transform transform;
@@ -530,74 +539,55 @@ SampleResult sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, cons
     mask = args.allowed_mask->contiguous();
     transform.mask = mask.const_data_ptr<int32_t>();
     transform.mask_words = mask.size(1);
-    empty_row = empty_mask_rows(mask, vocab);  // only with empty_mask_token (else checked above)
+    empty_row = empty_mask_rows(mask, vocab);  // only with empty_mask_token (else checked before)
   }
   transform.logsumexp = args.return_logprobs;
   const bool run_transform = transform.bias != nullptr || transform.sparse != nullptr ||
                              transform.mask != nullptr || transform.logsumexp;
 
-  // A multiple of kTile: every unit starts on a word of allowed_mask.
-  const int64_t vocab_chunk = std::clamp(
-      kChunkBytes / (static_cast<int64_t>(sizeof(float)) * std::max<int64_t>(hidden.size(1), 1)),
-      kMinVocabChunk, kMaxVocabChunk) / kTile * kTile;
-  std::vector<Candidate> best(batch * num_samples, kNone);  // [B, num_samples]
-  std::vector<float> best_x(args.return_logprobs ? batch * num_samples : 0);  // x of the winner
+  const int64_t num_blocks = (vocab + kBlockVocab - 1) / kBlockVocab;
+  const int64_t num_winners = batch * num_samples;
+  std::vector<Winner> best(num_winners);                                          // [B, S]
+  std::vector<LogSumExp> block_lse(args.return_logprobs ? num_blocks * batch : 0);  // [blocks, B]
+  std::mutex best_mutex;
+  at::parallel_for(0, num_blocks, 1, [&](int64_t first_block, int64_t last_block) {
+    std::vector<float> logits(batch * kBlockVocab);
+    std::vector<Winner> local(num_winners);
+    Candidate block_best[kGroupRows];
+    for (int64_t block = first_block; block < last_block; ++block) {
+      const int64_t begin = block * kBlockVocab, end = std::min(vocab, begin + kBlockVocab);
+      float* x = logits.data();
+      source(begin, end - begin, x, kBlockVocab);
+      if (run_transform) {
+        for (int64_t row = 0; row < batch; ++row) {
+          kernels.transform(TransformArgs{&transform, &rows[row], row, x + row * kBlockVocab, begin, end,
+                                          transform.logsumexp ? &block_lse[block * batch + row] : nullptr});
+        }
+      }
+      for (const RowGroup& group : groups) {
+        for (int64_t sample = 0; sample < num_samples; ++sample) {
+          std::fill(block_best, block_best + kGroupRows, kNone);
+          kernels.scan(UnitArgs{x + group.first_row * kBlockVocab, kBlockVocab, begin, args.vocab_start,
+                                &rows[group.first_row], group, static_cast<uint32_t>(sample), begin, end,
+                                block_best});
+          for (int r = 0; r < group.num_rows; ++r) {
+            const int64_t row = group.first_row + r;
+            Winner& w = local[row * num_samples + sample];
+            if (keep_better(w.candidate, block_best[r]) && args.return_logprobs) {
+              w.x = x[row * kBlockVocab + (block_best[r].index - args.vocab_start - begin)];
+            }
+          }
+        }
+      }
+    }
+    // Merging in any order gives the same winners (fs_candidate_better is a total order).
+    std::lock_guard<std::mutex> lock(best_mutex);
+    for (int64_t i = 0; i < num_winners; ++i) {
+      if (keep_better(best[i].candidate, local[i].candidate)) best[i].x = local[i].x;
+    }
+  });
   std::vector<LogSumExp> row_lse(args.return_logprobs ? batch : 0);
-  std::vector<Candidate> partial;                           // [units, kGroupRows]
-  std::vector<LogSumExp> partial_lse;                       // [B * units_per_sample]
-  for (int64_t chunk_begin = 0; chunk_begin < vocab; chunk_begin += vocab_chunk) {
-    const int64_t chunk = std::min(vocab_chunk, vocab - chunk_begin);
-    at::Tensor logits =
-        at::mm(hidden_f, weight.narrow(0, chunk_begin, chunk).to(at::kFloat).t()).contiguous();
-    float* logits_data = logits.mutable_data_ptr<float>();
-    const int64_t units_per_sample = (chunk + kUnitVocab - 1) / kUnitVocab;
-
-    if (run_transform) {
-      const int64_t num_transform_units = batch * units_per_sample;
-      partial_lse.assign(transform.logsumexp ? num_transform_units : 0, LogSumExp{});
-      at::parallel_for(0, num_transform_units, 1, [&](int64_t unit_begin, int64_t unit_end) {
-        for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
-          const int64_t row = unit / units_per_sample, part = unit % units_per_sample;
-          const int64_t begin = chunk_begin + part * kUnitVocab;
-          float* x = logits_data + row * chunk + part * kUnitVocab;
-          kernels.transform(TransformArgs{&transform, &rows[row], row, x, begin,
-                                          std::min(begin + kUnitVocab, chunk_begin + chunk),
-                                          transform.logsumexp ? &partial_lse[unit] : nullptr});
-        }
-      });
-      // In unit order: the logsumexp does not depend on the thread count.
-      for (int64_t unit = 0; unit < static_cast<int64_t>(partial_lse.size()); ++unit) {
-        row_lse[unit / units_per_sample].merge(partial_lse[unit]);
-      }
-    }
-
-    const int64_t num_units = num_groups * num_samples * units_per_sample;
-    partial.assign(num_units * kGroupRows, kNone);
-    at::parallel_for(0, num_units, 1, [&](int64_t unit_begin, int64_t unit_end) {
-      for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
-        const int64_t part = unit % units_per_sample;
-        const int64_t sample = (unit / units_per_sample) % num_samples;
-        const RowGroup& group = groups[unit / (units_per_sample * num_samples)];
-        const int64_t begin = chunk_begin + part * kUnitVocab;
-        kernels.scan(UnitArgs{logits_data + group.first_row * chunk, chunk, chunk_begin, args.vocab_start,
-                           &rows[group.first_row], group, static_cast<uint32_t>(sample), begin,
-                           std::min(begin + kUnitVocab, chunk_begin + chunk),
-                           &partial[unit * kGroupRows]});
-      }
-    });
-    // Merging in any order gives the same winner (fs_candidate_better is a total order).
-    for (int64_t unit = 0; unit < num_units; ++unit) {
-      const int64_t sample = (unit / units_per_sample) % num_samples;
-      const RowGroup& group = groups[unit / (units_per_sample * num_samples)];
-      for (int r = 0; r < group.num_rows; ++r) {
-        const int64_t row = group.first_row + r;
-        const int64_t i = row * num_samples + sample;
-        if (keep_better(best[i], partial[unit * kGroupRows + r]) && args.return_logprobs) {
-          best_x[i] = logits_data[row * chunk + (best[i].index - args.vocab_start - chunk_begin)];
-        }
-      }
-    }
-  }
+  for (int64_t i = 0; i < static_cast<int64_t>(block_lse.size()); ++i) row_lse[i % batch].merge(block_lse[i]);
 
   constexpr float kInf = std::numeric_limits<float>::infinity();
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -610,16 +600,17 @@ SampleResult sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, cons
     if (logsumexp != nullptr) logsumexp[row] = empty_row[row] ? -kInf : static_cast<float>(lse);
     for (int64_t s = 0; s < num_samples; ++s) {
       const int64_t i = row * num_samples + s;
-      const bool none = best[i].index == kNoCandidate;  // every score NaN
+      const Candidate& c = best[i].candidate;
+      const bool none = c.index == kNoCandidate;  // every score NaN
       if (empty_row[row]) {
         tokens[i] = *args.empty_mask_token;
         scores[i] = -kInf;
       } else {
-        tokens[i] = none ? -1 : best[i].index;
-        scores[i] = best[i].score;  // -inf when none
+        tokens[i] = none ? -1 : c.index;
+        scores[i] = c.score;  // -inf when none
       }
       if (token_logprobs != nullptr) {
-        const float y = rows[row].greedy ? best_x[i] : fs_mul(best_x[i], rows[row].inv_temperature);
+        const float y = rows[row].greedy ? best[i].x : fs_mul(best[i].x, rows[row].inv_temperature);
         token_logprobs[i] = empty_row[row] || none ? kNaN : static_cast<float>(static_cast<double>(y) - lse);
       }
     }
@@ -627,8 +618,54 @@ SampleResult sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, cons
   return result;
 }
 
+SampleResult sample_cpu(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
+  check_sample_args(hidden, weight, args);
+  check_mask_rows_nonempty(weight, args);
+  const int64_t batch = hidden.size(0);
+  std::optional<CpuLogits> logits;
+  if (batch > 0) logits.emplace(hidden, weight);
+  return sample_blocks(batch, weight.size(0), hidden.options(), args,
+                       [&](int64_t begin, int64_t n, float* out, int64_t ld) { logits->compute(begin, n, out, ld); });
+}
+
+// flashsampling::_sample_logits: the same sample from precomputed fp32 logits [B, V].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_logits_cpu(
+    const at::Tensor& logits_in, double temperature, const std::optional<at::Tensor>& temperatures,
+    int64_t num_samples, const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+    std::optional<at::Generator> generator, const std::optional<at::Tensor>& logit_bias,
+    const std::optional<at::Tensor>& sparse_bias_ids, const std::optional<at::Tensor>& sparse_bias_values,
+    const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token, int64_t vocab_start,
+    bool return_logprobs) {
+  TORCH_CHECK(logits_in.dim() == 2 && logits_in.scalar_type() == at::kFloat && logits_in.size(1) >= 1,
+              "flashsampling._sample_logits: logits must be float32 [B, V] with V >= 1, got ",
+              logits_in.scalar_type(), " of shape ", logits_in.sizes());
+  const SampleArgs args = SampleOps<&sample_cpu>::make_args(
+      temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias, sparse_bias_ids,
+      sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, return_logprobs);
+  const int64_t vocab = logits_in.size(1);
+  TORCH_CHECK(vocab_start >= 0 && vocab_start + vocab <= (int64_t{1} << 31) - 1,
+              "flashsampling.sample: vocab_start must be >= 0 with vocab_start + V < 2^31, got vocab_start=",
+              vocab_start, " and V=", vocab);
+  TORCH_CHECK(num_samples >= 1, "flashsampling.sample: num_samples must be >= 1, got ", num_samples);
+  check_control_args(logits_in, vocab, args);
+  check_mask_rows_nonempty(vocab, args);
+  const at::Tensor logits = logits_in.contiguous();
+  const float* data = logits.const_data_ptr<float>();
+  const int64_t batch = logits.size(0);
+  SampleResult r = sample_blocks(batch, vocab, logits.options(), args,
+                                 [&](int64_t begin, int64_t n, float* out, int64_t ld) {
+                                   for (int64_t b = 0; b < batch; ++b) {
+                                     std::memcpy(out + b * ld, data + b * vocab + begin, n * sizeof(float));
+                                   }
+                                 });
+  return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(flashsampling, CPU, m) { SampleOps<&sample_cpu>::register_impls(m); }
+TORCH_LIBRARY_IMPL(flashsampling, CPU, m) {
+  SampleOps<&sample_cpu>::register_impls(m);
+  m.impl("_sample_logits", &sample_logits_cpu);
+}
 
 }  // namespace flashsampling

@@ -20,7 +20,7 @@ from ...noise import as_int64_tensor
 from .attention import _GROUPED_DECODE_SDPA
 from .head import FlashSamplingHead, Sampler, UnsupportedModelError, _prefix
 from .projections import fuse_projections as _fuse_model_projections  # the keyword argument has the same name
-from .prompts import _default_pad_token_id, _num_new_tokens, _prepare_prompts, _stop_list
+from .prompts import _cache_kwarg, _default_pad_token_id, _num_new_tokens, _prepare_prompts, _stop_list
 
 _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 
@@ -129,6 +129,7 @@ class StaticCacheDecoder:
         self.check_every = max(1, int(check_every))
         self.cache_len_multiple = max(1, int(cache_len_multiple))
         self._pass_cache_position = "cache_position" in inspect.signature(self.body.forward).parameters
+        self._cache_kwarg = _cache_kwarg(self.body.forward)
         self._session: _Session | None = None
 
     # ------------------------------------------------------------------ pieces of a step
@@ -150,8 +151,8 @@ class StaticCacheDecoder:
 
     def _forward(self, s: _Session, ids: Tensor, pos: Tensor, valid: Tensor, cache_position: Tensor,
                  body: nn.Module | None = None) -> Tensor:
-        kwargs = dict(input_ids=ids, attention_mask=self._mask(valid), position_ids=pos,
-                      past_key_values=s.cache, use_cache=True)
+        kwargs = {"input_ids": ids, "attention_mask": self._mask(valid), "position_ids": pos,
+                  self._cache_kwarg: s.cache, "use_cache": True}
         if self._pass_cache_position:  # transformers versions whose StaticCache writes at cache_position
             kwargs["cache_position"] = cache_position
         return (self.body if body is None else body)(**kwargs).last_hidden_state

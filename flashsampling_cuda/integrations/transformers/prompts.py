@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Sequence
 
 import torch
@@ -65,3 +67,15 @@ def _num_new_tokens(new_tokens: Tensor, stops: Sequence[int]) -> Tensor:
     hit = (new_tokens[:, :, None] == torch.tensor(stops, device=new_tokens.device)).any(dim=2)
     first = torch.where(hit.any(dim=1), hit.int().argmax(dim=1) + 1, n)
     return first.to(torch.int64)
+
+
+def _cache_kwarg(forward) -> str:
+    """The KV-cache argument of a model's forward: ``cache`` from transformers 5.24 on (which
+    deprecates ``past_key_values``), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def _output_cache(out):
+    """The KV cache a forward returned (``cache`` from transformers 5.24 on, else ``past_key_values``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values

@@ -13,7 +13,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
 from ...noise import as_int64_tensor, gumbel_noise
-from .prompts import _default_pad_token_id, _num_new_tokens, _prepare_prompts, _stop_list
+from .prompts import _cache_kwarg, _default_pad_token_id, _num_new_tokens, _output_cache, _prepare_prompts, _stop_list
 
 
 def logits_rtol(dtype: torch.dtype) -> float:
@@ -99,8 +99,9 @@ def reference_generate(
     offset_t = as_int64_tensor(offset, device)
     attn = mask.clone()
     positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+    cache_kwarg = _cache_kwarg(model.forward)
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions,
-                past_key_values=DynamicCache(config=model.config), use_cache=True)
+                **{cache_kwarg: DynamicCache(config=model.config)}, use_cache=True)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, gaps, tols = [], [], []
     for t in range(max_new_tokens):
@@ -118,7 +119,7 @@ def reference_generate(
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         positions = positions[:, -1:] + 1
         out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=positions,
-                    past_key_values=out.past_key_values, use_cache=True)
+                    **{cache_kwarg: _output_cache(out)}, use_cache=True)
     new_tokens = torch.stack(tokens, dim=1)
     return ReferenceDecodeOutput(
         sequences=torch.cat([ids, new_tokens], dim=1),
