@@ -9,7 +9,7 @@ One run on one GPU, every contender side by side, for each (D, V) shape and batc
   mm+FI           cuBLAS matmul -> flashinfer.sampling.sampling_from_logits (if importable)
   mm+FI top-k/p   cuBLAS matmul -> flashinfer top_k_top_p_sampling_from_logits(50, 0.9)
 With --topk (issue #5): ours with top_k=50, top_p=0.9 (the fused top-k pass; also on the
-materialised path it replaced) and with top_k=1000 (materialised), and the compiled torch equivalent (matmul -> fp32 / T -> top-k 50 -> softmax -> top-p 0.9 -> multinomial).
+materialised path) and with top_k=1000 (the logits path), and the compiled torch equivalent (matmul -> fp32 / T -> top-k 50 -> softmax -> top-p 0.9 -> multinomial).
 
 Floors (measured on the device in the same run): reading W once at the measured
 device-to-device copy bandwidth (bytes read + written / time), and 2*B*V*D FLOPs at

@@ -25,7 +25,7 @@ TORCH_LIBRARY(flashsampling, m) {
   // (1 <= top_k <= 64) largest y = x / T, then top_p and min_p (scalars, or float64 [B]
   // top_ps / min_ps that win over them; None / absent: off), then sample the survivors with the
   // noise of plain sampling. Outputs as sample_with_scores; the log-probabilities are those of
-  // the truncated, renormalised distribution. No sparse bias (it takes the materialised path).
+  // the truncated, renormalised distribution. No sparse bias (it takes the logits path).
   m.def("sample_top_k(" FS_SAMPLE_ARGS
         ", bool return_logprobs=False, int top_k=0, float? top_p=None, Tensor? top_ps=None, float? min_p=None, "
         "Tensor? min_ps=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",

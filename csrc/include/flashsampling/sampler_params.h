@@ -77,7 +77,7 @@ enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2
 // (truncate_candidates.cu recomputes that tile's logits).
 constexpr int kTopCandidatesPerTile = 4;
 // Largest top_k the fused path takes (stage 2 keeps the survivors in one warp's registers);
-// larger k takes the materialised path (flashsampling_cuda/truncation.py).
+// larger k takes the logits path (flashsampling_cuda/truncation.py).
 constexpr int kMaxFusedTopK = 64;
 
 inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const& noise, int num_samples,
@@ -172,7 +172,7 @@ cudaError_t launch_sampler(const SamplerParams& params, void* workspace, size_t 
                            int device_arch, cudaStream_t stream);
 
 // Whether the fused top-k pass's stage 2 holds this vocabulary's candidates (its shared memory
-// bounds V, ~300K tokens on sm90); false: the caller takes the materialised path.
+// bounds V, ~300K tokens on sm90); false: the caller takes the logits path.
 bool fused_top_k_fits(const SamplerParams& params, int device_arch);
 
 // Which architectures this build compiled kernels for (e.g. "sm90a,sm100a").
