@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
@@ -153,6 +154,7 @@ def _op_kwargs(
         if not torch.compiler.is_compiling():
             _check_fake_args(hidden, weight, num_samples, kwargs["temperatures"], kwargs["seed"],
                              kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"],
+                             temperature=kwargs["temperature"], generator=generator,
                              empty_mask_token=empty_mask_token, vocab_start=vocab_start)
         path = choose_truncation_path(truncation_path if route is not None else "materialized", truncation, hidden,
                                       weight, kwargs)
@@ -579,40 +581,64 @@ def sample_without_replacement(
     return torch.cat(tokens, dim=1)
 
 
+# ScalarType names as c10 prints them in checks.cpp's messages.
+_C10_DTYPE_NAMES = {
+    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+_MAX_INT32_EXTENT = 2**31 - 1
+
+
+def _c10(dtype: torch.dtype) -> str:
+    return _C10_DTYPE_NAMES.get(dtype, str(dtype))
+
+
 def _check_fake_args(
     hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
-    allowed_mask, *, empty_mask_token=None, vocab_start=0,
+    allowed_mask, *, temperature=1.0, generator=None, empty_mask_token=None, vocab_start=0,
 ):
-    """The checks of csrc/torch/checks.cpp that need no tensor values, with the same
-    messages: the fake kernel also serves the Meta dispatch key, which a meta tensor among
-    CPU ones selects, so it must reject what the real kernels reject."""
+    """The checks of csrc/torch/checks.cpp (check_sample_args) that need no tensor values, in its
+    order and with its messages (tests/test_fake_checks.py compares them): the fake kernel also
+    serves the Meta dispatch key, which a meta tensor among CPU ones selects, so it must reject
+    what the real kernels reject, in the same words."""
     prefix = "flashsampling.sample:"
     torch._check(hidden.dim() == 2, lambda: f"{prefix} hidden must be 2-D [B, D], got shape {list(hidden.shape)}")
     torch._check(weight.dim() == 2, lambda: f"{prefix} weight must be 2-D [V, D], got shape {list(weight.shape)}")
     torch._check(
         hidden.dtype in (torch.bfloat16, torch.float16, torch.float32),
-        lambda: f"{prefix} hidden must be bfloat16, float16 or float32, got {hidden.dtype}",
+        lambda: f"{prefix} hidden must be bfloat16, float16 or float32, got {_c10(hidden.dtype)}",
     )
     torch._check(
         weight.dtype == hidden.dtype,
-        lambda: f"{prefix} weight dtype ({weight.dtype}) must match hidden dtype ({hidden.dtype})",
+        lambda: f"{prefix} weight dtype ({_c10(weight.dtype)}) must match hidden dtype ({_c10(hidden.dtype)})",
     )
     torch._check(
         weight.device == hidden.device,
         lambda: f"{prefix} weight must be on hidden's device ({hidden.device}), got {weight.device}",
     )
     torch._check(
-        weight.shape[1] == hidden.shape[1] and weight.shape[0] >= 1,
-        lambda: f"{prefix} hidden [B, D] and weight [V, D] must have the same D and V >= 1, got hidden shape "
+        weight.shape[1] == hidden.shape[1],
+        lambda: f"{prefix} hidden [B, D] and weight [V, D] must have the same D, got hidden shape "
         f"{list(hidden.shape)} and weight shape {list(weight.shape)}",
     )
-    torch._check(num_samples >= 1, lambda: f"{prefix} num_samples must be >= 1, got {num_samples}")
     batch, vocab = hidden.shape[0], weight.shape[0]
+    torch._check(1 <= vocab <= _MAX_INT32_EXTENT,
+                 lambda: f"{prefix} weight must have 1 <= V < 2^31 rows, got shape {list(weight.shape)}")
+    torch._check(batch <= _MAX_INT32_EXTENT,
+                 lambda: f"{prefix} hidden must have B < 2^31 rows, got shape {list(hidden.shape)}")
+    if isinstance(vocab_start, int):
+        torch._check(0 <= vocab_start <= _MAX_INT32_EXTENT - vocab,
+                     lambda: f"{prefix} vocab_start must be >= 0 with vocab_start + V < 2^31, got "
+                     f"vocab_start={vocab_start} and V={vocab}")
+    torch._check(1 <= num_samples <= _MAX_INT32_EXTENT, lambda: f"{prefix} num_samples must be >= 1, got {num_samples}")
+    if isinstance(temperature, (int, float)):
+        torch._check(math.isfinite(temperature) and temperature >= 0,
+                     lambda: f"{prefix} temperature must be finite and >= 0 (0 = greedy), got "
+                     f"{_c10_double(temperature)}")
 
     def check(name, t, dtypes, dtype_text, shapes, shape_text, cpu_ok=False):
-        if t is None:
-            return
-        torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be {dtype_text}, got {t.dtype}")
+        torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be {dtype_text}, got {_c10(t.dtype)}")
         torch._check(
             tuple(t.shape) in shapes,
             lambda: f"{prefix} {name} must have shape {shape_text}, got shape {list(t.shape)}",
@@ -623,31 +649,47 @@ def _check_fake_args(
             lambda: f"{prefix} {name} must be {where} ({hidden.device}), got {t.device}",
         )
 
-    check("temperatures", temperatures, (torch.float32,), "a float32 tensor", [(batch,)], f"[B] = [{batch}]")
-    for name, t in (("seed", seed), ("offset", offset)):
-        check(name, t, (torch.int64,), "an int64 tensor", [(), (batch,)],
-              f"[] (batch-wide) or [B] = [{batch}] (one per row)", cpu_ok=True)
-    check("logit_bias", logit_bias, (torch.float32,), "float32", [(vocab,)], f"[V] = [{vocab}]")
+    if temperatures is not None:
+        check("temperatures", temperatures, (torch.float32,), "a float32 tensor", [(batch,)], f"[B] = [{batch}]")
+    seed_shapes = ([(), (batch,)], f"[] (batch-wide) or [B] = [{batch}] (one per row)")
+    if seed is not None:
+        check("seed", seed, (torch.int64,), "an int64 tensor", *seed_shapes, cpu_ok=True)
+        torch._check(generator is None, lambda: f"{prefix} pass either seed or generator, not both")
+    if offset is not None:
+        torch._check(seed is not None, lambda: f"{prefix} offset was given without seed; with no seed the offset "
+                     "comes from the generator")
+        check("offset", offset, (torch.int64,), "an int64 tensor", *seed_shapes, cpu_ok=True)
+    if logit_bias is not None:
+        check("logit_bias", logit_bias, (torch.float32,), "float32", [(vocab,)], f"[V] = [{vocab}]")
     torch._check(
         (sparse_bias_ids is None) == (sparse_bias_values is None),
         lambda: f"{prefix} sparse_bias_ids and sparse_bias_values go together; got only "
         f"{'sparse_bias_ids' if sparse_bias_ids is not None else 'sparse_bias_values'}",
     )
     if sparse_bias_ids is not None:
-        width = sparse_bias_ids.shape[-1] if sparse_bias_ids.dim() == 2 else -1
-        check("sparse_bias_ids", sparse_bias_ids, (torch.int32, torch.int64), "int32 or int64", [(batch, width)],
-              f"[B, K] = [{batch}, K]")
-        check("sparse_bias_values", sparse_bias_values, (torch.float32,), "float32", [(batch, width)],
-              f"[B, K] (the shape of sparse_bias_ids) = [{batch}, {width}]")
-    words = (vocab + 31) // 32
-    check("allowed_mask", allowed_mask, (torch.int32,), "int32", [(batch, words)],
-          f"[B, ceil(V / 32)] = [{batch}, {words}]")
+        torch._check(sparse_bias_ids.dim() == 2 and sparse_bias_ids.shape[0] == batch,
+                     lambda: f"{prefix} sparse_bias_ids must have shape [B, K] = [{batch}, K], got shape "
+                     f"{list(sparse_bias_ids.shape)}")
+        shape = tuple(sparse_bias_ids.shape)
+        check("sparse_bias_ids", sparse_bias_ids, (torch.int32, torch.int64), "int32 or int64", [shape],
+              f"[B, K] = {list(shape)}")
+        check("sparse_bias_values", sparse_bias_values, (torch.float32,), "float32", [shape],
+              f"[B, K] (the shape of sparse_bias_ids) = {list(shape)}")
+    if allowed_mask is not None:
+        words = (vocab + 31) // 32
+        check("allowed_mask", allowed_mask, (torch.int32,), "int32", [(batch, words)],
+              f"[B, ceil(V / 32)] = [{batch}, {words}]")
     if isinstance(empty_mask_token, int) and isinstance(vocab_start, int):
         torch._check(
             empty_mask_token < 0 or vocab_start <= empty_mask_token < vocab_start + vocab,
             lambda: f"{prefix} empty_mask_token must be a token id in [vocab_start, vocab_start + V) = "
             f"[{vocab_start}, {vocab_start + vocab}) or negative (a marker such as -1), got {empty_mask_token}",
         )
+
+
+def _c10_double(value: float) -> str:
+    """A double as c10's error messages print it (std::ostream: 6 significant digits)."""
+    return f"{value:g}" if math.isfinite(value) else ("nan" if value != value else ("inf" if value > 0 else "-inf"))
 
 
 @torch.library.register_fake("flashsampling::sample")
@@ -657,7 +699,8 @@ def _sample_fake(
     empty_mask_token=None, vocab_start=0,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
-                     sparse_bias_values, allowed_mask, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+                     sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
+                     empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
 
 
@@ -668,7 +711,8 @@ def _sample_with_scores_fake(
     empty_mask_token=None, vocab_start=0, return_logprobs=False,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
-                     sparse_bias_values, allowed_mask, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+                     sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
+                     empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     batch = hidden.shape[0]
     shape = (batch, num_samples)
     return (
@@ -755,14 +799,15 @@ def _stand_ins(logits: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
-                          top_k, top_ks, top_p, top_ps, min_p, min_ps):
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token=None, vocab_start=0):
     """The checks of sample_cuda.cpp's sample_from_logits that need no device values."""
     prefix = "flashsampling.sample_from_logits:"
     torch._check(logits.dim() == 2, lambda: f"{prefix} logits must be 2-D [B, V], got shape {list(logits.shape)}")
     torch._check(logits.dtype == torch.float32, lambda: f"{prefix} logits must be float32, got {logits.dtype}")
     torch._check(logits.shape[1] >= 1, lambda: f"{prefix} logits must have V >= 1 columns, got {list(logits.shape)}")
     hidden, weight = _stand_ins(logits)
-    _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, None, None, allowed_mask)
+    _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, None, None, allowed_mask,
+                     temperature=temperature, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     torch._check(0.0 < top_p <= 1.0, lambda: f"{prefix} top_p must be in (0, 1] (1: off), got {top_p}")
     torch._check(0.0 <= min_p <= 1.0, lambda: f"{prefix} min_p must be in [0, 1] (0: off), got {min_p}")
     batch = logits.shape[0]
@@ -784,7 +829,7 @@ def _sample_from_logits_fake(
     top_ks=None, top_p=1.0, top_ps=None, min_p=0.0, min_ps=None,
 ):
     _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
-                          top_k, top_ks, top_p, top_ps, min_p, min_ps)
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token, vocab_start)
     batch = logits.shape[0]
     shape = (batch, num_samples)
     return (
@@ -804,7 +849,7 @@ def _sample_from_logits_cpu_kernel(
     """The op on the CPU (truncation.sample_from_logits_cpu): the CUDA binding's checks of the
     truncation here, the rest in the CPU op it calls."""
     _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
-                          top_k, top_ks, top_p, top_ps, min_p, min_ps)
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token, vocab_start)
     return sample_from_logits_cpu(
         logits, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed, offset=offset,
         generator=generator, logit_bias=logit_bias, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,
