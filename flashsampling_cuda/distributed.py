@@ -21,6 +21,9 @@ global and exact: each rank materialises its shard's logits, its first ``k`` tok
 truncation order go to every rank (one more all-gather of ``B * k`` int64: (order rank,
 global id) keys), the global first ``k`` are the first ``k`` of their union, ``top_p``
 and ``min_p`` act on those, and each rank samples its share of the survivors as its mask.
+Every other form (per-row ``top_k`` tensors, ``top_p`` or ``min_p`` alone) needs the whole
+order: every rank gathers every shard's transformed logits and finds the survivors of the
+whole rows (``B * V`` fp32 over the group), exact, with its share again as its mask.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from .noise import draw_seed as _draw_seed
 from .sampling import (SampleOutput, _allowed_mask_arg, _float32, _sparse_bias_args, _temperature_args,
                        sample_with_scores)
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits, order_rank,
-                         parse_truncation, scaled_logits, transformed_logits, truncation_key)
+                         parse_truncation, scaled_logits, survivor_mask, transformed_logits, truncation_key)
 
 __all__ = ["sample", "shard_allowed_mask", "vocab_shards"]
 
@@ -149,17 +152,39 @@ def _gather(summary: Tensor, world: int, group) -> Tensor:
 _INT64_MAX = 2**63 - 1  # pads a shard's candidate list shorter than k; sorts after every key
 
 
+def _gathered_survivors(y: Tensor, allowed: Tensor | None, vocab_start: int, world: int, group, backend,
+                        truncation: Truncation) -> Tensor:
+    """This shard's survivors (bool ``[B, V_r]``) of a truncation that needs every shard's
+    whole order (a per-row ``top_k`` tensor, ``top_p`` / ``min_p`` without a host ``top_k``):
+    every rank gathers every shard's ``y`` and allowed tokens, lays them out in global-id order
+    and runs :func:`survivor_mask` on the whole rows, so the ranks agree exactly. One all-gather
+    of the shards' extents (read on the host: a sync), then of ``B * max V_r`` fp32 and bytes."""
+    batch, shard_vocab = y.shape
+    device = y.device
+    comm = _comm_device(device, backend)
+    extent = torch.tensor([vocab_start, shard_vocab], dtype=torch.int64, device=comm)
+    extents = _gather(extent, world, group).tolist()
+    starts, sizes = [e[0] for e in extents], [e[1] for e in extents]
+    width = max(sizes)
+    if allowed is None:
+        allowed = torch.ones_like(y, dtype=torch.bool)
+    pad = (0, width - shard_vocab)
+    ys = _gather(torch.nn.functional.pad(y, pad, value=float("nan")).to(comm), world, group).to(device)
+    kept = _gather(torch.nn.functional.pad(allowed.to(torch.uint8), pad).to(comm), world, group).to(device).bool()
+    order = sorted(range(world), key=lambda r: starts[r])
+    y_full = torch.cat([ys[r, :, : sizes[r]] for r in order], dim=1)
+    allowed_full = torch.cat([kept[r, :, : sizes[r]] for r in order], dim=1)
+    survivors = survivor_mask(y_full, allowed_full, truncation)
+    begin = sum(sizes[r] for r in order if starts[r] < vocab_start)
+    return survivors[:, begin : begin + shard_vocab]
+
+
 def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation,
                           temperature, logit_bias, sparse_logit_bias, allowed_mask, world: int, group,
                           backend) -> Tensor:
     """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
     truncation (module docstring), within the shard's ``allowed_mask``."""
     k = truncation.top_k
-    if not isinstance(k, int):
-        raise NotImplementedError(
-            "flashsampling.distributed.sample: truncation needs a host int top_k >= 1 here (top_p / min_p then "
-            "act on the global top-k); top_p or min_p without it, or a per-row top_k tensor, would need every "
-            "shard's whole order")
     batch, shard_vocab = hidden.shape[0], weight_shard.shape[0]
     device = hidden.device
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
@@ -169,6 +194,9 @@ def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int
     y = scaled_logits(x, scalar_temperature, temperatures)
     mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
     allowed = None if mask is None else unpack_allowed_mask(mask, shard_vocab)
+    if not isinstance(k, int):
+        survivors = _gathered_survivors(y, allowed, vocab_start, world, group, backend, truncation)
+        return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
     key = truncation_key(y, allowed)
     width = min(k, shard_vocab)
     order = _first_in_order(key, width) if width < shard_vocab else torch.sort(key, dim=1, stable=True).indices
@@ -203,7 +231,7 @@ def sample(
     allowed_mask: Tensor | None = None,
     empty_mask_token: int | None = None,
     return_logprobs: bool = False,
-    top_k: int | None = None,
+    top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
 ) -> Tensor | SampleOutput:
@@ -261,10 +289,12 @@ def sample(
             the whole allowed vocabulary and the per-row logsumexp (see
             :func:`flashsampling_cuda.sample`); under truncation, over the survivors.
         top_k, top_p, min_p: global truncation as in :func:`flashsampling_cuda.sample`,
-            the same on every rank; needs a host int ``top_k`` (``top_p``/``min_p``, scalars
-            or ``[B]`` tensors, then apply to the global top-k; without ``top_k`` they raise
-            ``NotImplementedError``). Costs each rank one fp32 logits matmul of its shard
-            and one more all-gather of ``B * top_k`` int64.
+            the same on every rank. With a host int ``top_k`` (``top_p``/``min_p`` then act on
+            the global top-k) it costs each rank one fp32 logits matmul of its shard and one
+            more all-gather of ``B * top_k`` int64; every other form (a per-row ``top_k``
+            tensor, ``top_p`` or ``min_p`` without ``top_k``) gathers every shard's
+            transformed logits, ``B * max V_r`` fp32 and bytes, after a small all-gather of
+            the shards' extents read on the host (a sync).
 
     Returns:
         ``[B, num_samples]`` int64 global token ids (``-1`` for a row whose scores are all

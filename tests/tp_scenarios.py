@@ -255,6 +255,11 @@ def scenario_truncation(ctx: Ctx):
         "top_k_min_p_per_row": dict(top_k=12, min_p=torch.tensor([0.0, 0.1, 0.3, 0.5, 0.9, 1.0]),
                                     allowed_mask=mask),
         "logprobs": dict(top_k=9, top_p=0.9, return_logprobs=True),
+        # The forms that need the whole order: every shard's logits gathered.
+        "top_p_alone": dict(top_p=0.5, logit_bias=bias),
+        "min_p_alone_per_row": dict(min_p=torch.tensor([0.0, 0.1, 0.3, 0.5, 0.9, 1.0]), allowed_mask=mask),
+        "top_k_per_row_top_p": dict(top_k=torch.tensor([1, 0, 5, 60, -1, 3]), top_p=torch.tensor(
+            [0.9, 0.5, 1.0, 0.7, 0.95, 0.2]), return_logprobs=True),
     }
     out = {}
     for name, cfg in configs.items():
@@ -268,11 +273,6 @@ def scenario_truncation(ctx: Ctx):
         if ctx.rank == 0:
             entry["expected"] = fs.sample(h, w.to(ctx.device), **{k: ctx.to(v) for k, v in common.items()})
         out[name] = entry
-    try:
-        tp.sample(h, ctx.shard(w), vocab_start=ctx.start, seed=1, top_p=0.5)
-        out["top_p_alone"] = None
-    except NotImplementedError as exc:
-        out["top_p_alone"] = str(exc)
     return out
 
 
