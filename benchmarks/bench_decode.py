@@ -24,6 +24,12 @@ time of the replayed steps / their number (CUDA events; prefill excluded), media
 --reps generations, the two paths alternating. Models are Qwen3-shaped with random bf16
 weights (normal, std 0.02), built on the GPU from the configs below; nothing is downloaded.
 
+--serving-defaults samples as a serving engine does with Qwen3's generation config
+(T = 0.6, top_k = 20, top_p = 0.95) passed per request as [B] tensors: *standard* is the
+compiled lm_head, then FlashInfer's top_k_top_p_sampling_from_logits on the fp32 logits / T
+(where FlashInfer is importable; else the compiled torch top-k -> softmax -> top-p ->
+multinomial, recorded in the results), *ours* the fused op with the same tensors.
+
 Usage (GPU):
   python benchmarks/bench_decode.py [--models qwen3-1.7b,qwen3-8b] [--batches 1,4,16,32,64]
       [--prompt-len 256] [--new-tokens 128] [--reps 5] [--out benchmarks/results]
@@ -83,6 +89,42 @@ def standard_head(model, temperature: float, compile_head: bool):
     return lambda hidden, seed, offset: head(hidden)
 
 
+# Qwen3's generation_config.json: the defaults serving engines send every step.
+QWEN3_SERVING_DEFAULTS = dict(temperature=0.6, top_k=20, top_p=0.95)
+
+
+def serving_head(model, batch: int, device: torch.device, compile_head: bool):
+    """The standard step of a serving engine with per-request [B] top_k / top_p tensors:
+    lm_head -> fp32 logits / T -> FlashInfer top_k_top_p_sampling_from_logits (or, without
+    FlashInfer, the compiled torch equivalent). Returns (sampler, name of what samples)."""
+    lm_head = model.get_output_embeddings()
+    weight, bias = lm_head.weight, lm_head.bias
+    t = QWEN3_SERVING_DEFAULTS["temperature"]
+    top_k = torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_k"], dtype=torch.int32, device=device)
+    top_p = torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_p"], dtype=torch.float32, device=device)
+    logits_of = torch.compile(lambda h: torch.nn.functional.linear(h, weight, bias).float() / t) if compile_head \
+        else (lambda h: torch.nn.functional.linear(h, weight, bias).float() / t)
+    try:
+        import flashinfer.sampling as fi
+
+        if device.type != "cuda":
+            raise ImportError("FlashInfer samples on CUDA only")
+        return (lambda hidden, seed, offset: fi.top_k_top_p_sampling_from_logits(
+            logits_of(hidden), top_k, top_p, deterministic=True)[:, None]), "flashinfer"
+    except Exception:  # noqa: BLE001 - FlashInfer is optional
+        k = QWEN3_SERVING_DEFAULTS["top_k"]
+
+        def torch_sampler(logits):
+            values, ids = torch.topk(logits, k, dim=-1)
+            probs = torch.softmax(values, dim=-1)
+            ahead = torch.cumsum(probs, dim=-1) - probs
+            probs = torch.where(ahead < top_p[:, None], probs, 0.0)
+            return ids.gather(-1, torch.multinomial(probs, 1))
+
+        sampler = torch.compile(torch_sampler) if compile_head else torch_sampler
+        return (lambda hidden, seed, offset: sampler(logits_of(hidden))), "torch"
+
+
 def run(args) -> dict:
     import transformers
 
@@ -109,6 +151,7 @@ def run(args) -> dict:
         "body_compiled": compile_body,
         "grouped_decode_attention": grouped,
         "fused_projections": not args.no_fuse_projections,
+        "serving_defaults": QWEN3_SERVING_DEFAULTS if args.serving_defaults else None,
         "rows": [],
     }
     for name in args.models.split(","):
@@ -127,12 +170,20 @@ def run(args) -> dict:
             ours_dec = FlashSamplingDecoder(model, **dec_kwargs)
             std_dec = StaticCacheDecoder(model, **dec_kwargs)
 
+            sampling = dict(temperature=args.temperature)
+            standard_sampler, standard_name = standard, "multinomial"
+            if args.serving_defaults:  # per-request [B] tensors, as serving engines send them
+                sampling = dict(temperature=QWEN3_SERVING_DEFAULTS["temperature"],
+                                top_k=torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_k"], device=device),
+                                top_p=torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_p"], device=device))
+                standard_sampler, standard_name = serving_head(model, batch, device, compile_head)
+
             def run_ours():
-                return ours_dec.generate(prompt, max_new_tokens=args.new_tokens, temperature=args.temperature,
-                                         seed=1234, return_timings=True)
+                return ours_dec.generate(prompt, max_new_tokens=args.new_tokens, seed=1234, return_timings=True,
+                                         **sampling)
 
             def run_standard():
-                return std_dec.generate_with_sampler(prompt, sampler=standard, sampler_key="standard",
+                return std_dec.generate_with_sampler(prompt, sampler=standard_sampler, sampler_key=standard_name,
                                                      max_new_tokens=args.new_tokens, return_timings=True)
 
             tpot = {"ours": [], "standard": []}
@@ -151,6 +202,7 @@ def run(args) -> dict:
                 "standard_ms_reps": tpot["standard"],
                 "ours_ms_reps": tpot["ours"],
                 "timed_steps": out.timed_steps,
+                "standard_sampler": standard_name,
             }
             row["reduction_pct"] = 100.0 * (1.0 - row["tpot_ours_ms"] / row["tpot_standard_ms"])
             results["rows"].append(row)
@@ -172,7 +224,10 @@ def markdown_table(results: dict) -> str:
         f"{'compiled' if results.get('body_compiled') else 'eager'}"
         f"{', fused q/k/v and gate/up projections' if results.get('fused_projections') else ''}"
         f"{', repeat_kv attention' if results.get('grouped_decode_attention') is False else ''}, "
-        f"median of {results['reps']} generations",
+        f"median of {results['reps']} generations"
+        + (f"; serving defaults {results['serving_defaults']} as [B] tensors, standard sampler: "
+           f"{', '.join(sorted({r.get('standard_sampler', '') for r in results['rows']}))}"
+           if results.get("serving_defaults") else ""),
         "",
         "| model | B | standard TPOT (ms) | ours TPOT (ms) | reduction |",
         "|---|---|---|---|---|",
@@ -229,6 +284,9 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even if a GPU is present")
     parser.add_argument("--tiny", action="store_true",
                         help="smoke run: --models tiny --batches 1,4 --prompt-len 16 --new-tokens 8 --reps 2")
+    parser.add_argument("--serving-defaults", action="store_true",
+                        help="Qwen3's T=0.6, top_k=20, top_p=0.95 as [B] tensors; standard = compiled lm_head + "
+                             "FlashInfer top_k_top_p_sampling_from_logits")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
     if args.tiny:
@@ -237,7 +295,8 @@ def main() -> None:
         parser.error("--new-tokens must be >= 4 (prefill token + 2 warm-up steps + timed steps)")
     results = run(args)
     table = markdown_table(results)
-    stem = f"decode_{results['device'].replace(' ', '_')}_{results['date']}" + ("_tiny" if args.tiny else "")
+    stem = (f"decode{'_serving_defaults' if args.serving_defaults else ''}_{results['device'].replace(' ', '_')}_"
+            f"{results['date']}" + ("_tiny" if args.tiny else ""))
     write_results(args.out, stem, results, table, plot)
     print(table)
 
