@@ -36,8 +36,8 @@ from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import draw_seed as _draw_seed
 from .sampling import (SampleOutput, _allowed_mask_arg, _float32, _sparse_bias_args, _temperature_args,
                        sample_with_scores)
-from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits, order_rank,
-                         parse_truncation, scaled_logits, survivor_mask, transformed_logits, truncation_key)
+from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
+                         parse_truncation, scaled_logits, survivor_mask, transformed_logits, truncation_rank)
 
 __all__ = ["sample", "shard_allowed_mask", "vocab_shards"]
 
@@ -197,11 +197,11 @@ def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int
     if not isinstance(k, int):
         survivors = _gathered_survivors(y, allowed, vocab_start, world, group, backend, truncation)
         return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
-    key = truncation_key(y, allowed)
+    rank = truncation_rank(y, allowed)
     width = min(k, shard_vocab)
-    order = _first_in_order(key, width) if width < shard_vocab else torch.sort(key, dim=1, stable=True).indices
+    order = _first_in_order(rank, width) if width < shard_vocab else torch.sort(rank, dim=1, stable=True).indices
     # (order rank, global id): the single-process order (ties to the smaller global id).
-    keys = order_rank(key.gather(1, order)) * 2**31 + (order + vocab_start)
+    keys = rank.gather(1, order) * 2**31 + (order + vocab_start)
     if width < k:
         keys = torch.cat([keys, keys.new_full((batch, k - width), _INT64_MAX)], dim=1)
     gathered = _gather(keys.to(_comm_device(device, backend)), world, group).to(device)  # [W, B, k]

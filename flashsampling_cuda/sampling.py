@@ -12,9 +12,9 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
-from .truncation import (FUSED_TOP_K_MAX, Truncation, choose_truncation_path, fused_top_k_args, logits_path_args,
-                         logits_truncation_args, materialized_logits, parse_truncation, sample_from_logits_cpu,
-                         transformed_logits,
+from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_PATHS, Truncation,
+                         choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
+                         materialized_logits, parse_truncation, sample_from_logits_cpu, transformed_logits,
                          truncated_allowed_mask)
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "sample_from_logits", "pack_allowed_mask",
@@ -170,7 +170,7 @@ def _op_kwargs(
         else:
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
                                                                                         truncation)
-    elif truncation_path not in ("auto", "materialized"):
+    elif truncation_path not in TRUNCATION_PATHS:  # nothing to truncate: any path name is fine, a typo is not
         choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
     return kwargs
 
@@ -799,7 +799,8 @@ def _stand_ins(logits: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
-                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token=None, vocab_start=0):
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token=None, vocab_start=0,
+                          generator=None):
     """The checks of sample_cuda.cpp's sample_from_logits that need no device values."""
     prefix = "flashsampling.sample_from_logits:"
     torch._check(logits.dim() == 2, lambda: f"{prefix} logits must be 2-D [B, V], got shape {list(logits.shape)}")
@@ -807,7 +808,14 @@ def _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, 
     torch._check(logits.shape[1] >= 1, lambda: f"{prefix} logits must have V >= 1 columns, got {list(logits.shape)}")
     hidden, weight = _stand_ins(logits)
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, None, None, allowed_mask,
-                     temperature=temperature, empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+                     temperature=temperature, generator=generator, empty_mask_token=empty_mask_token,
+                     vocab_start=vocab_start)
+    if logits.device.type == "cuda":  # sample_cuda.cpp's limits of the kernel
+        vocab = logits.shape[1]
+        torch._check(vocab <= LOGITS_PATH_MAX_VOCAB, lambda: f"{prefix} logits must have V <= {LOGITS_PATH_MAX_VOCAB} "
+                     f"columns on CUDA, got V={vocab}")
+        torch._check(logits.stride(1) == 1 or vocab == 1, lambda: f"{prefix} logits must have unit stride along V, "
+                     f"got strides {list(logits.stride())}")
     torch._check(0.0 < top_p <= 1.0, lambda: f"{prefix} top_p must be in (0, 1] (1: off), got {top_p}")
     torch._check(0.0 <= min_p <= 1.0, lambda: f"{prefix} min_p must be in [0, 1] (0: off), got {min_p}")
     batch = logits.shape[0]
@@ -829,7 +837,7 @@ def _sample_from_logits_fake(
     top_ks=None, top_p=1.0, top_ps=None, min_p=0.0, min_ps=None,
 ):
     _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
-                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token, vocab_start)
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token, vocab_start, generator)
     batch = logits.shape[0]
     shape = (batch, num_samples)
     return (
@@ -849,7 +857,7 @@ def _sample_from_logits_cpu_kernel(
     """The op on the CPU (truncation.sample_from_logits_cpu): the CUDA binding's checks of the
     truncation here, the rest in the CPU op it calls."""
     _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, offset, logit_bias, allowed_mask,
-                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token, vocab_start)
+                          top_k, top_ks, top_p, top_ps, min_p, min_ps, empty_mask_token, vocab_start, generator)
     return sample_from_logits_cpu(
         logits, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed, offset=offset,
         generator=generator, logit_bias=logit_bias, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,

@@ -49,7 +49,7 @@ from .masks import pack_allowed_mask, unpack_allowed_mask
 
 __all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_args",
            "logits_path_args", "logits_truncation_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
-           "survivor_mask", "truncated_allowed_mask", "sample_from_logits_cpu"]
+           "survivor_mask", "truncation_rank", "truncated_allowed_mask", "sample_from_logits_cpu"]
 
 # Elements of the fp32 weight copy per matmul where no fp32-output matmul exists.
 _FALLBACK_CHUNK_ELEMENTS = 1 << 24
@@ -156,7 +156,10 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
         raise ValueError(f"flashsampling.sample: truncation_path must be one of {', '.join(TRUNCATION_PATHS)}, "
                          f"got {requested!r}")
     fused_ok = fused_top_k_args(truncation, hidden, weight, op_kwargs) is not None
-    on_cuda = hidden.device.type == "cuda" and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB
+    # The logits path takes what the fused op takes on CUDA (bf16 / fp16: fp32 logits of fp32
+    # inputs would come from a matmul that may run in TF32) and the vocabularies of its kernel.
+    on_cuda = (hidden.device.type == "cuda" and hidden.dtype in (torch.bfloat16, torch.float16)
+               and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB)
     if requested == "auto":
         return "fused_top_k" if fused_ok else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
@@ -164,8 +167,8 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
                          f"int top_k in [1, {FUSED_TOP_K_MAX}] below V, {_FUSED_MIN_VOCAB} <= V <= {_FUSED_MAX_VOCAB} "
                          "and no sparse_logit_bias")
     if requested == "logits" and not on_cuda:
-        raise ValueError("flashsampling.sample: truncation_path='logits' runs on CUDA only, with V <= "
-                         f"{LOGITS_PATH_MAX_VOCAB} (elsewhere 'materialized' takes the call)")
+        raise ValueError("flashsampling.sample: truncation_path='logits' runs on CUDA only, with bfloat16/float16 "
+                         f"and V <= {LOGITS_PATH_MAX_VOCAB} (elsewhere 'materialized' takes the call)")
     return requested
 
 
@@ -290,20 +293,33 @@ def key_of_rank(rank: Tensor) -> Tensor:
     return ((bits + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
 
 
-def _first_in_order(key: Tensor, k: int) -> Tensor:
-    """Indices ``[B, k]`` of the first ``k`` entries of ``torch.sort(key, stable=True)``
-    (ascending, NaN last, ties to the smaller index) without sorting whole rows: one
-    ``topk`` over the int64 keys ``order_rank(key) * 2^31 + index``."""
-    index = torch.arange(key.shape[1], device=key.device)
-    return torch.topk(order_rank(key) * 2**31 + index, k, dim=1, largest=False, sorted=True).indices
+def _first_in_order(rank: Tensor, k: int) -> Tensor:
+    """Indices ``[B, k]`` of the first ``k`` entries of a row in the order of the int64
+    ``rank`` (ascending, ties to the smaller index) without sorting whole rows: one ``topk``
+    over ``rank * 2^31 + index`` (ranks within ``[-2^31, 2^31]``)."""
+    index = torch.arange(rank.shape[1], device=rank.device)
+    return torch.topk(rank * 2**31 + index, k, dim=1, largest=False, sorted=True).indices
 
 
 def truncation_key(y: Tensor, allowed: Tensor | None) -> Tensor:
-    """Sort key of the truncation order, fp32 ``[B, V]``: ``-y`` ascending, stable (ties to
-    the smaller index); an allowed NaN sorts after every number (+inf), an excluded token
-    (NaN key) after that."""
+    """fp32 ``[B, V]`` key from which :func:`keep_prefix` reads ``y`` back: ``-y``; an allowed
+    NaN +inf (no mass, as ``-inf``), an excluded token NaN. The order itself is
+    :func:`truncation_rank`'s, which also places an allowed NaN after ``-inf``."""
     key = torch.where(torch.isnan(y), torch.inf, -y)
     return key if allowed is None else torch.where(allowed, key, torch.nan)
+
+
+# The rank of an allowed NaN y: after every number (-inf's rank is order_rank(+inf)), before the
+# excluded tokens (_NAN_RANK), as the kernels' keys order them (candidate_math.cuh, order_bits).
+_NAN_Y_RANK = 0x7F800001
+
+
+def truncation_rank(y: Tensor, allowed: Tensor | None) -> Tensor:
+    """int64 ``[B, V]`` ranks of the truncation order, first = smallest, ties to the smaller
+    index: ``y`` descending, an allowed NaN after every number (``-inf`` included), an excluded
+    token after every allowed one."""
+    rank = torch.where(torch.isnan(y), _NAN_Y_RANK, order_rank(torch.where(torch.isnan(y), 0.0, -y)))
+    return rank if allowed is None else torch.where(allowed, rank, _NAN_RANK)
 
 
 def keep_prefix(sorted_key: Tensor, keep: Tensor, truncation: Truncation) -> Tensor:
@@ -347,12 +363,12 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
     """
     batch, vocab = y.shape
     device = y.device
-    key = truncation_key(y, allowed)
+    key, rank = truncation_key(y, allowed), truncation_rank(y, allowed)
     if isinstance(truncation.top_k, int) and truncation.top_k < vocab:
-        order = _first_in_order(key, truncation.top_k)  # a host top_k: only the first k ranks can survive
-        sorted_key = key.gather(1, order)
+        order = _first_in_order(rank, truncation.top_k)  # a host top_k: only the first k ranks can survive
     else:
-        sorted_key, order = torch.sort(key, dim=1, stable=True)
+        order = torch.sort(rank, dim=1, stable=True).indices
+    sorted_key = key.gather(1, order)
     width = order.shape[1]
     rank = torch.arange(width, device=device)
     if isinstance(truncation.top_k, Tensor):

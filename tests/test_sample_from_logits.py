@@ -297,3 +297,50 @@ def test_bad_arguments_name_them():
         fs.sample_from_logits(logits, seed=1, allowed_mask=torch.zeros(4, 100, dtype=torch.bool), top_p=0.5)
     with pytest.raises(ValueError, match="truncation_path must be one of"):
         fs.sample(torch.randn(2, 8), torch.randn(50, 8), top_k=3, truncation_path="fast")
+
+
+@pytest.mark.parametrize("form", [dict(top_k=1), dict(top_p=0.5), dict(top_k=torch.tensor([1, 1]))])
+def test_an_allowed_nan_comes_after_minus_infinity(form):
+    """The truncation order puts an allowed NaN y after every number, -inf included (as the
+    kernels' keys do), so a row of [NaN, -inf, -inf] keeps token 1, the plain-sampling token."""
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor([[nan, -inf, -inf], [-inf, nan, 2.0]])
+    survivors = truncation.survivor_mask(logits, None, truncation.Truncation(*(form.get(n) for n in
+                                                                                ("top_k", "top_p", "min_p"))))
+    assert survivors.tolist() == [[False, True, False], [False, False, True]]
+    tokens = fs.sample_from_logits(logits, seed=1, **form)
+    assert tokens.flatten().tolist() == [1, 2]
+    assert tokens.flatten().tolist() == fs.sample_from_logits(logits, seed=1).flatten().tolist()
+
+
+class _CudaShape:
+    """What choose_truncation_path reads of a tensor (shape, dtype, device), on CUDA without a GPU."""
+
+    def __init__(self, *shape, dtype=torch.bfloat16):
+        self.shape, self.dtype, self.device = shape, dtype, torch.device("cuda")
+
+
+def test_path_choice_on_cuda():
+    """On CUDA: a host top_k <= 64 takes the fused pass, other forms the logits path, which takes
+    what the fused op takes (bf16 / fp16: fp32 logits of fp32 inputs may come from a TF32
+    matmul) and V <= 2^22; everything else the materialised path."""
+    kwargs = dict(sparse_bias_ids=None)
+    top_p, k20 = truncation.Truncation(None, 0.9, None), truncation.Truncation(20, 0.9, None)
+    choose = truncation.choose_truncation_path
+    assert choose("auto", k20, _CudaShape(4, 16), _CudaShape(32768, 16), kwargs) == "fused_top_k"
+    assert choose("auto", top_p, _CudaShape(4, 16), _CudaShape(32768, 16), kwargs) == "logits"
+    assert choose("logits", k20, _CudaShape(4, 16), _CudaShape(32768, 16), kwargs) == "logits"
+    fp32 = (_CudaShape(4, 16, dtype=torch.float32), _CudaShape(32768, 16, dtype=torch.float32))
+    assert choose("auto", top_p, *fp32, kwargs) == "materialized"
+    big = (_CudaShape(4, 16), _CudaShape(truncation.LOGITS_PATH_MAX_VOCAB + 1, 16))
+    assert choose("auto", top_p, *big, kwargs) == "materialized"
+    with pytest.raises(ValueError, match="bfloat16/float16"):
+        choose("logits", top_p, *fp32, kwargs)
+
+
+def test_fake_kernel_checks_seed_with_generator():
+    logits = torch.randn(2, 50)
+    for device in ("cpu", "meta"):
+        with pytest.raises(RuntimeError, match="pass either seed or generator, not both"):
+            torch.ops.flashsampling.sample_from_logits(logits.to(device), seed=torch.tensor(1),
+                                                       generator=torch.Generator())

@@ -15,16 +15,18 @@
 //     index only when y ties), one pass over the elements of the chosen digit per level, and
 //     none once the whole digit lies above the cut;
 //  3. top_p: the same descent on probability mass (exp(y - y0) of the keys >= the top_k cut,
-//     fp32 exponentials in 32.32 fixed point, so the sums are exact integers whatever the
-//     order: deterministic) to the first key whose inclusive mass reaches top_p, stopping at a
-//     digit that holds one key;
+//     fp32 exponentials in fixed point with 41 fraction bits, so the sums are exact integers
+//     whatever the order: deterministic) to the first key whose inclusive mass reaches top_p,
+//     stopping at a digit that holds one key;
 //  4. per sample, a pass taking Gumbel-Max over the survivors with the noise of plain
 //     sampling, and (for log-probabilities) their mass.
 //
-// top_p's masses are fp32 exponentials rounded to multiples of 2^-32 of the first token's,
-// where truncation.py sums float64 ones in order, so the two can keep a different last token
-// only where the prefix mass lies within ~1e-7 relative of top_p: the tolerance the float64
-// reference grants the fp32 logits anyway.
+// top_p's masses are fp32 exponentials rounded to multiples of 2^-41 of the first token's,
+// where truncation.py sums float64 ones in order: the fp32 exponentials differ from float64
+// ones by ~1e-7 relative (the tolerance the float64 reference grants the fp32 logits anyway),
+// and the rounding adds at most V * 2^-42 of the first token's mass (1e-6 of it at V = 2^22;
+// masses below 2^-42 of it count as 0), so the two keep a different last token only where the
+// prefix mass lies that close to top_p.
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -55,15 +57,16 @@ __device__ __forceinline__ int level_bits(int level) {
   return (level == 0 ? 64 : level_shift(level - 1)) - level_shift(level);
 }
 
-// Probability mass relative to the row's first token (<= 1) in 32.32 fixed point.
+// Probability mass relative to the row's first token (<= 1) in fixed point with 41 fraction
+// bits: at most 2^41 an element, and at most 2^22 * 2^41 = 2^63 for a row (kLogitsSamplerMaxVocab).
 using FixedMass = unsigned long long;
-constexpr float kFixedOne = 4294967296.0f;  // 2^32
+constexpr float kFixedOne = 2199023255552.0f;  // 2^41
 
-// A mass (<= 2^32, 33 bits) enters the histogram as three 11-bit parts, each summed in a 32-bit
+// A mass (<= 2^41, 42 bits) enters the histogram as four 11-bit parts, each summed in a 32-bit
 // word of its own: shared memory adds 32-bit integers natively (its float and 64-bit adds are
 // compare-and-swap loops), with no carry to propagate. A word holds the parts of 2^21 elements:
 // a CTA's slice is at most ceil(V / 2) <= 2^21 (kLogitsSamplerMaxVocab).
-constexpr int kMassParts = 3;
+constexpr int kMassParts = 4;
 constexpr int kMassPartBits = 11;
 
 struct SharedState {
@@ -104,7 +107,7 @@ struct RowInput {
   uint32_t vocab_start;
 
   __device__ __forceinline__ PackedCandidate key(int64_t v, bool in_range, float raw, float& x, float& y) const {
-    x = bias ? fs_add(raw, __ldg(bias + v)) : raw;
+    x = bias ? fs_add(raw, __ldg(bias + (in_range ? v : 0))) : raw;  // lanes past the row read a valid bias
     y = greedy ? x : fs_mul(x, inv_t);
     bool const allowed = in_range && (mask == nullptr || ((__ldg(mask + (v >> 5)) >> (v & 31)) & 1u));
     return allowed ? pack_top_candidate(y, vocab_start + static_cast<uint32_t>(v)) : PackedCandidate{0};
@@ -436,7 +439,22 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   bool const leader = rank == 0;
   float const inv_t = p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
   if (inv_t != inv_t) {  // an invalid temperature in a device tensor: no candidate
-    if (leader) write_row_without_sample(p, row, -1, __uint_as_float(0x7fc00000u));
+    if (leader) {
+      // A row whose mask allows nothing still reports empty_mask_token (as the fused op does).
+      bool empty = false;
+      if (p.allowed_mask) {
+        uint32_t const* words = p.allowed_mask + row * p.mask_words;
+        int any = 0;
+        for (int64_t w = threadIdx.x; w < p.mask_words; w += kThreads) {
+          int64_t const tail = p.vocab_size - 32 * w;  // bits past V do not count
+          uint32_t const valid = tail >= 32 ? 0xFFFFFFFFu : (1u << tail) - 1u;
+          any |= (__ldg(words + w) & valid) != 0;
+        }
+        empty = !__syncthreads_or(any);
+      }
+      write_row_without_sample(p, row, empty ? p.empty_mask_token : -1,
+                               empty ? -INFINITY : __uint_as_float(0x7fc00000u));
+    }
     return;
   }
   RowInput const in{p.logits + row * p.logits_row_stride, p.logit_bias,
