@@ -49,7 +49,7 @@ from .masks import pack_allowed_mask, unpack_allowed_mask
 
 __all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_args",
            "logits_path_args", "logits_truncation_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
-           "survivor_mask", "truncation_rank", "truncated_allowed_mask", "sample_from_logits_cpu"]
+           "survivor_mask", "truncation_rank", "truncated_allowed_mask", "logits_allowed_mask", "sample_from_logits_cpu"]
 
 # Elements of the fp32 weight copy per matmul where no fp32-output matmul exists.
 _FALLBACK_CHUNK_ELEMENTS = 1 << 24
@@ -415,16 +415,20 @@ def _host_top_k_mask(x: Tensor, allowed: Tensor | None, truncation: Truncation, 
 
 def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict, truncation: Truncation,
                            logits: Tensor | None = None) -> tuple[Tensor, int | None]:
+    """:func:`logits_allowed_mask` of the logits of :func:`materialized_logits` (``logits``,
+    when given, are those logits, already computed)."""
+    return logits_allowed_mask(materialized_logits(hidden, weight) if logits is None else logits, op_kwargs,
+                               truncation)
+
+
+def logits_allowed_mask(logits: Tensor, op_kwargs: dict, truncation: Truncation) -> tuple[Tensor, int | None]:
     """``(allowed_mask, empty_mask_token)`` for the op that restrict the sample to the
     survivors: the int32 ``[B, ceil(V / 32)]`` bitmask of :func:`survivor_mask` (within the
-    caller's ``allowed_mask``), from the logits of :func:`materialized_logits` transformed
-    with ``op_kwargs`` (the op's keyword arguments: biases, temperatures, mask,
-    vocab_start); ``logits``, when given, are those logits, already computed. Without a caller mask, ``empty_mask_token`` is -1 where it was None: no
-    row can be empty (the top token stays), and the op then skips reading the mask to
-    check (a host sync on CUDA)."""
-    vocab = weight.shape[0]
-    if logits is None:
-        logits = materialized_logits(hidden, weight)
+    caller's ``allowed_mask``) of fp32 ``logits [B, V]`` transformed with ``op_kwargs`` (the op's
+    keyword arguments: biases, temperatures, mask, vocab_start). Without a caller mask,
+    ``empty_mask_token`` is -1 where it was None: no row can be empty (the top token stays),
+    and the op then skips reading the mask to check (a host sync on CUDA)."""
+    vocab = logits.shape[1]
     x = transformed_logits(logits, op_kwargs["logit_bias"],
                            op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"], op_kwargs["vocab_start"])
     user_mask = op_kwargs["allowed_mask"]
@@ -444,7 +448,7 @@ def sample_from_logits_cpu(logits: Tensor, *, temperature=1.0, temperatures=None
                            vocab_start=0, return_logprobs=False, top_k=0, top_ks=None, top_p=1.0, top_ps=None,
                            min_p=0.0, min_ps=None):
     """``torch.ops.flashsampling.sample_from_logits`` on the CPU: the survivors of
-    :func:`survivor_mask` (float64) as the mask of the CPU op's sample from these logits
+    :func:`logits_allowed_mask` as the mask of the CPU op's sample from these logits
     (``torch.ops.flashsampling._sample_logits``: the same noise and scores), so it returns the
     CUDA kernel's tokens and scores bit for bit wherever both keep the same survivors (the
     kernel sums top_p's masses in fixed point)."""
@@ -456,11 +460,5 @@ def sample_from_logits_cpu(logits: Tensor, *, temperature=1.0, temperatures=None
                             top_ps if top_ps is not None else (top_p if top_p < 1 else None),
                             min_ps if min_ps is not None else (min_p if min_p > 0 else None))
     if any(parameter is not None for parameter in truncation):
-        vocab = logits.shape[1]
-        x = transformed_logits(logits, logit_bias)
-        y = scaled_logits(x, temperature, temperatures)
-        allowed = None if allowed_mask is None else unpack_allowed_mask(allowed_mask, vocab)
-        op_kwargs["allowed_mask"] = pack_allowed_mask(survivor_mask(y, allowed, truncation))
-        if allowed_mask is None and empty_mask_token is None:
-            op_kwargs["empty_mask_token"] = -1  # the first token always survives: no row is empty
+        op_kwargs["allowed_mask"], op_kwargs["empty_mask_token"] = logits_allowed_mask(logits, op_kwargs, truncation)
     return torch.ops.flashsampling._sample_logits(logits, **op_kwargs, return_logprobs=return_logprobs)
