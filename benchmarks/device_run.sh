@@ -3,7 +3,7 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench truncation ab controls controls_ab decode ncu tp" (default:
+#   STEPS: any of "build tests sanitizer bench truncation ab controls controls_ab decode ncu truncprof tp" (default:
 #   build tests sanitizer bench); truncation runs bench_truncation.py (TRUNCATION_ARGS adds options);
 #   PYTEST_TARGETS picks test files (default: tests); controls_ab runs bench_controls.py with
 #   FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass and with the default (the schedule A/B of docs/kernel.md);
@@ -70,6 +70,14 @@ if has_step ncu; then  # stall reasons and source counters of the plain kernel (
     --section WarpStateStats --section SourceCounters --section InstructionStats \
     python3 benchmarks/probes/profile_kernel.py ${NCU_ARGS:---batch 256 --dim 4096} > "$OUT/ncu.txt" 2>&1
   summary+=("ncu: rc=$? ($(wc -l < "$OUT/ncu.txt") lines in ncu.txt)")
+fi
+if has_step truncprof; then  # per-kernel times of the truncation forms, ncu of the selection kernel
+  python3 benchmarks/probes/profile_truncation.py ${TRUNCPROF_ARGS:-} 2>&1 | tee "$OUT/truncprof.log" | tail -60
+  ncu --kernel-name sample_from_logits_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
+    python3 benchmarks/probes/profile_truncation.py --batches ${NCU_BATCH:-64} --regimes flat --forms "p0.9 [B]" \
+    --path logits --calls 1 > "$OUT/ncu_logits.txt" 2>&1
+  summary+=("ncu logits kernel: rc=$? ($(wc -l < "$OUT/ncu_logits.txt") lines)")
 fi
 if has_step tp; then
   gpus=$(nvidia-smi -L | wc -l)

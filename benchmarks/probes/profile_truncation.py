@@ -1,0 +1,67 @@
+"""Per-kernel device times of the truncation forms of bench_truncation.py (torch.profiler):
+the logits GEMM, the selection kernel and anything else each form launches.
+
+  python3 benchmarks/probes/profile_truncation.py --batches 1,16,64,256 --regimes flat,llm
+"""
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import flashsampling_cuda
+from flashsampling_cuda.problems import hidden_states, lm_head_weight
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+from bench_truncation import FORMS, form_arguments
+
+
+def kernel_times(call, calls: int) -> dict:
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    totals = defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name
+            short = "cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-36:]
+            totals[short] += event.device_time / calls
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--shape", default="4096x151936")
+    parser.add_argument("--regimes", default="flat,llm")
+    parser.add_argument("--forms", default=None)
+    parser.add_argument("--path", default="auto")
+    parser.add_argument("--calls", type=int, default=10)
+    args = parser.parse_args()
+    dim, vocab = (int(x) for x in args.shape.split("x"))
+    weight = lm_head_weight(vocab, dim)
+    for regime in args.regimes.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            hidden = hidden_states(weight, batch, regime, seed=batch)
+            for form, (temperature, spec) in FORMS.items():
+                if args.forms and form not in args.forms.split(","):
+                    continue
+                kwargs = form_arguments(spec, batch)
+                path = args.path
+                if path == "fused_top_k" and not (isinstance(spec.get("top_k"), int) and spec["top_k"] <= 64):
+                    path = "auto"
+                totals = kernel_times(lambda: flashsampling_cuda.sample(  # noqa: B023
+                    hidden, weight, temperature=temperature, truncation_path=path, **kwargs), args.calls)
+                parts = ", ".join(f"{n} {us:.1f}" for n, us in sorted(totals.items(), key=lambda kv: -kv[1]))
+                print(f"[{regime} B={batch} {form}] total {sum(totals.values()):.1f} us: {parts}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
