@@ -69,15 +69,26 @@ constexpr float kFixedOne = 2199023255552.0f;  // 2^41
 constexpr int kMassParts = 4;
 constexpr int kMassPartBits = 11;
 
+// Keys of one bin of the row, gathered from the cluster into the leader CTA and sorted there.
+constexpr int kListCapacity = 4096;
+
 struct SharedState {
   // This CTA's histogram of the current level (the cluster's peers read it) and the cluster's sum.
   unsigned count[kMaxBins];
   unsigned mass_part[kMassParts][kMaxBins];
   unsigned total_count[kMaxBins];
   FixedMass total_mass[kMaxBins];
+  // The leader's list: the keys of one bin (every CTA adds its own through distributed shared
+  // memory), sorted descending, with their inclusive prefix masses; and the cut found in it.
+  PackedCandidate list[kListCapacity];
+  FixedMass list_mass[kListCapacity];
+  unsigned list_size;
+  PackedCandidate list_cut;    // top_k's
+  PackedCandidate list_cut_p;  // top_p's
   // This CTA's partial results, read by its peers after a cluster barrier.
   PackedCandidate max_key;
   unsigned allowed;
+  float min_y;  // of its finite allowed y
   double kept_mass;  // of the survivors
   float best_score;
   int32_t best_index;
@@ -86,6 +97,8 @@ struct SharedState {
   PackedCandidate warp_key[kWarps];
   unsigned warp_count[kWarps];
   double warp_mass[kWarps];
+  float warp_min[kWarps];
+  FixedMass warp_fixed[kWarps];
   float warp_score[kWarps];
   int32_t warp_index[kWarps];
   double warp_y[kWarps];
@@ -198,6 +211,17 @@ __device__ double block_sum(double v, SharedState& sh) {
   return r;
 }
 
+__device__ float block_min(float v, SharedState& sh) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) v = fminf(v, __shfl_xor_sync(kFullMask, v, delta));
+  if (threadIdx.x % 32 == 0) sh.warp_min[threadIdx.x / 32] = v;
+  __syncthreads();
+  float r = sh.warp_min[0];
+  for (int w = 1; w < kWarps; ++w) r = fminf(r, sh.warp_min[w]);
+  __syncthreads();
+  return r;
+}
+
 // The best (score, index) of the block by fs_candidate_better, with its y.
 __device__ void block_best(float& score, int32_t& index, double& y, SharedState& sh) {
 #pragma unroll
@@ -236,6 +260,26 @@ __device__ void block_best(float& score, int32_t& index, double& y, SharedState&
 __device__ void cluster_sum_histograms(cg::cluster_group& cluster, SharedState& sh, int bins, bool with_mass) {
   cluster.sync();  // every CTA's histogram is complete
   unsigned const ctas = cluster.num_blocks();
+  if (bins == 4 * kThreads) {  // four neighbouring bins a thread, in 16-byte reads of each peer
+    int const i = 4 * threadIdx.x;
+    uint4 c = {0, 0, 0, 0};
+    FixedMass m[4] = {0, 0, 0, 0};
+    for (unsigned r = 0; r < ctas; ++r) {
+      SharedState const* peer = cluster.map_shared_rank(&sh, r);
+      uint4 const pc = *reinterpret_cast<uint4 const*>(peer->count + i);
+      c.x += pc.x, c.y += pc.y, c.z += pc.z, c.w += pc.w;
+      for (int part = 0; with_mass && part < kMassParts; ++part) {
+        uint4 const pm = *reinterpret_cast<uint4 const*>(peer->mass_part[part] + i);
+        int const shift = part * kMassPartBits;
+        m[0] += static_cast<FixedMass>(pm.x) << shift, m[1] += static_cast<FixedMass>(pm.y) << shift;
+        m[2] += static_cast<FixedMass>(pm.z) << shift, m[3] += static_cast<FixedMass>(pm.w) << shift;
+      }
+    }
+    *reinterpret_cast<uint4*>(sh.total_count + i) = c;
+    for (int j = 0; with_mass && j < 4; ++j) sh.total_mass[i + j] = m[j];
+    cluster.sync();  // every CTA has read the others'
+    return;
+  }
   for (int i = threadIdx.x; i < bins; i += kThreads) {
     unsigned c = 0;
     FixedMass m = 0;
@@ -253,9 +297,10 @@ __device__ void cluster_sum_histograms(cg::cluster_group& cluster, SharedState& 
 }
 
 __device__ void reset_histogram(SharedState& sh, int bins, bool with_mass) {
-  for (int i = threadIdx.x; i < bins; i += kThreads) {
-    sh.count[i] = 0;
-    for (int part = 0; with_mass && part < kMassParts; ++part) sh.mass_part[part][i] = 0;
+  uint4 const zero = {0, 0, 0, 0};
+  for (int i = 4 * threadIdx.x; i < bins; i += 4 * kThreads) {
+    *reinterpret_cast<uint4*>(sh.count + i) = zero;
+    for (int part = 0; with_mass && part < kMassParts; ++part) *reinterpret_cast<uint4*>(sh.mass_part[part] + i) = zero;
   }
   __syncthreads();
 }
@@ -339,23 +384,21 @@ struct Slice {
 };
 
 // The k-th largest key of the row (k < the allowed tokens), as the smallest key of a digit
-// prefix that holds exactly the first k: keys >= it are the top k. Level 0's histogram is in
-// total_count already.
+// prefix that holds exactly the first k: keys >= it are the top k. The fallback of
+// cut_by_bins: one pass per digit level over the whole row.
 __device__ PackedCandidate select_top_k(cg::cluster_group& cluster, SharedState& sh, RowInput const& in,
                                         Slice slice, unsigned k) {
   PackedCandidate prefix = 0, prefix_mask = 0;
   unsigned remaining = k;
   for (int level = 0; level < kLevels; ++level) {
     int const shift = level_shift(level), bins = 1 << level_bits(level);
-    if (level > 0) {
-      reset_histogram(sh, bins, false);
-      for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float, PackedCandidate key) {
-        bool const active = key != 0 && (key & prefix_mask) == prefix;
-        add_counts(sh.count, static_cast<unsigned>(key >> shift) & (bins - 1), active);
-      });
-      __syncthreads();
-      cluster_sum_histograms(cluster, sh, bins, false);
-    }
+    reset_histogram(sh, bins, false);
+    for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float, PackedCandidate key) {
+      bool const active = key != 0 && (key & prefix_mask) == prefix;
+      add_counts(sh.count, static_cast<unsigned>(key >> shift) & (bins - 1), active);
+    });
+    __syncthreads();
+    cluster_sum_histograms(cluster, sh, bins, false);
     if (threadIdx.x < 32) choose_digit_by_count(sh, bins, remaining);
     __syncthreads();
     remaining -= sh.count_above;
@@ -402,6 +445,199 @@ __device__ PackedCandidate select_top_p(cg::cluster_group& cluster, SharedState&
     if (single) break;
   }
   return prefix;
+}
+
+// ---- The bin route: a row's cuts from one histogram over bins of y, then one sorted bin.
+//
+// Digits of the key put most of a flat row's tokens into a few digits at the first level (its
+// exponent bits), whose histogram then contends on a few shared-memory words and takes several
+// passes to resolve. Bins of y spread over the row's range instead: digit(y) is monotone in the
+// key (fp32 subtraction and multiplication by a positive number are monotone), ties share a
+// bin, so each bin holds a contiguous range of keys, and the cut lies in one bin whose keys are
+// few. One pass histograms counts (and masses for top_p) by bin; the crossing bin's keys are
+// gathered into the leader CTA, sorted, and the cut read off them exactly. A bin too full for
+// the list (massive ties) sends the row to the digit descent above.
+struct Binning {
+  float y0, scale;
+  // 2047 for the first token's bin down to 0; NaN and -inf y (and overflowing distances) in 0.
+  __device__ __forceinline__ int digit(float y) const {
+    float const d = (y0 - y) * scale;
+    return d < static_cast<float>(kMaxBins - 1) ? kMaxBins - 1 - static_cast<int>(d) : 0;
+  }
+};
+
+// The bins over [min_y, y0] of the row's finite y (y0 finite): 2040 bins wide, so the smallest
+// finite y lands below bin 2047 - 2040 whatever the rounding.
+__device__ __forceinline__ Binning row_binning(float y0, float min_y) {
+  float const range = y0 - min_y;
+  float scale = 2040.0f / range;
+  if (!(range > 0.0f) || !(scale > 0.0f) || !(scale <= 1e30f)) scale = 1.0f;
+  return {y0, scale};
+}
+
+__device__ __forceinline__ FixedMass fixed_mass(float y, double y0) {
+  return __float2ull_rn(mass_of(y, y0) * kFixedOne);
+}
+
+// Counts (and fixed-point masses) of the allowed keys by bin: total_count (total_mass).
+__device__ void histogram_by_bin(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
+                                 Binning bins, bool with_mass, double y0) {
+  reset_histogram(sh, kMaxBins, with_mass);
+  for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
+    if (key == 0) return;
+    int const digit = bins.digit(y);
+    atomicAdd(sh.count + digit, 1u);
+    if (!with_mass) return;
+    FixedMass const m = fixed_mass(y, y0);
+#pragma unroll
+    for (int part = 0; part < kMassParts; ++part) {
+      unsigned const bits = static_cast<unsigned>(m >> (part * kMassPartBits)) & ((1u << kMassPartBits) - 1u);
+      if (bits != 0) atomicAdd(sh.mass_part[part] + digit, bits);
+    }
+  });
+  __syncthreads();
+  cluster_sum_histograms(cluster, sh, kMaxBins, with_mass);
+}
+
+// Gathers the allowed keys of bin `digit` into the leader's list (one remote atomic a warp
+// step); returns their number, the same in every CTA (more than kListCapacity: not all kept).
+__device__ unsigned gather_bin(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
+                               Binning bins, int digit) {
+  SharedState* lead = cluster.map_shared_rank(&sh, 0);
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) sh.list_size = 0;
+  cluster.sync();  // the reset is visible, and the previous readers of the list are done
+  int const lane = threadIdx.x % 32;
+  for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
+    bool const active = key != 0 && bins.digit(y) == digit;
+    unsigned const lanes = __ballot_sync(kFullMask, active);
+    if (lanes == 0) return;
+    int const first = __ffs(lanes) - 1;
+    unsigned base = 0;
+    if (lane == first) base = atomicAdd(&lead->list_size, static_cast<unsigned>(__popc(lanes)));
+    base = __shfl_sync(kFullMask, base, first);
+    unsigned const position = base + __popc(lanes & ((1u << lane) - 1u));
+    if (active && position < kListCapacity) lead->list[position] = key;
+  });
+  cluster.sync();  // every key is in
+  return lead->list_size;
+}
+
+// Leader CTA: sorts list[0, n) descending (n <= kListCapacity) and, with masses, writes their
+// inclusive prefix sums to list_mass (exact integers: the same sums as the histograms').
+__device__ void sort_list(SharedState& sh, unsigned n, bool with_mass, double y0) {
+  unsigned padded = 32;
+  while (padded < n) padded <<= 1;
+  for (unsigned i = n + threadIdx.x; i < padded; i += kThreads) sh.list[i] = 0;  // below every allowed key
+  __syncthreads();
+  for (unsigned k = 2; k <= padded; k <<= 1) {
+    for (unsigned j = k >> 1; j > 0; j >>= 1) {
+      for (unsigned i = threadIdx.x; i < padded; i += kThreads) {
+        unsigned const partner = i ^ j;
+        if (partner > i) {
+          PackedCandidate const a = sh.list[i], b = sh.list[partner];
+          if (((i & k) == 0) ? a < b : a > b) {
+            sh.list[i] = b;
+            sh.list[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (!with_mass) return;
+  constexpr int kChunk = kListCapacity / kThreads;
+  unsigned const begin = threadIdx.x * kChunk;
+  FixedMass running[kChunk];
+  FixedMass sum = 0;
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    unsigned const i = begin + j;
+    sum += i < n ? fixed_mass(from_order_bits(static_cast<uint32_t>(sh.list[i] >> 32)), y0) : 0ull;
+    running[j] = sum;
+  }
+  int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  FixedMass inclusive = sum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    FixedMass const other = __shfl_up_sync(kFullMask, inclusive, d);
+    if (lane >= d) inclusive += other;
+  }
+  if (lane == 31) sh.warp_fixed[warp] = inclusive;
+  __syncthreads();
+  FixedMass before = inclusive - sum;
+  for (int w = 0; w < warp; ++w) before += sh.warp_fixed[w];
+#pragma unroll
+  for (int j = 0; j < kChunk; ++j) {
+    if (begin + j < n) sh.list_mass[begin + j] = before + running[j];
+  }
+  __syncthreads();
+}
+
+// What cut_by_bins decided.
+enum class BinRoute { kDone, kTopKFallback, kTopPFallback };
+
+// The top_k cut (need_k: k < the allowed tokens) and the top_p cut over the keys >= it
+// (need_p: 0 < top_p < 1), y0 finite. kDone: `threshold` is the row's cut. kTopKFallback: no
+// cut yet (the top_k bin is too full); kTopPFallback: `threshold` is the top_k cut (or 0), the
+// top_p bin is too full.
+__device__ BinRoute cut_by_bins(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
+                                Binning bins, double y0, bool need_k, unsigned k, bool need_p, double top_p,
+                                PackedCandidate& threshold) {
+  bool const leader = cluster.block_rank() == 0;
+  SharedState const* lead = cluster.map_shared_rank(&sh, 0);
+  histogram_by_bin(cluster, sh, in, slice, bins, need_p, y0);
+  int digit_k = -1;
+  unsigned kept = 0;
+  if (need_k) {
+    if (threadIdx.x < 32) choose_digit_by_count(sh, kMaxBins, k);
+    __syncthreads();
+    digit_k = sh.digit;
+    kept = k - sh.count_above;  // of the bin's keys, from its first
+    __syncthreads();
+    unsigned const n = gather_bin(cluster, sh, in, slice, bins, digit_k);
+    if (n > kListCapacity) return BinRoute::kTopKFallback;
+    if (leader) {
+      sort_list(sh, n, need_p, y0);
+      if (threadIdx.x == 0) sh.list_cut = sh.list[kept - 1];
+    }
+    cluster.sync();
+    threshold = lead->list_cut;
+  }
+  if (!need_p) return BinRoute::kDone;
+  // top_p's histogram: the keys >= the top_k cut (bins below digit_k out, `kept` keys of it).
+  if (need_k) {
+    FixedMass const kept_mass = lead->list_mass[kept - 1];
+    for (int i = threadIdx.x; i <= digit_k; i += kThreads) {
+      sh.total_count[i] = i == digit_k ? kept : 0u;
+      sh.total_mass[i] = i == digit_k ? kept_mass : 0ull;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x < 32) choose_digit_by_mass(sh, kMaxBins, 0, 0, top_p);
+  __syncthreads();
+  int const digit_p = sh.digit;
+  FixedMass const above = sh.mass_above, total = sh.mass_total;
+  __syncthreads();
+  if (digit_p < 0) return BinRoute::kDone;  // not reached within rounding: the top_k cut stays
+  unsigned limit = kept;
+  if (digit_p != digit_k) {
+    limit = gather_bin(cluster, sh, in, slice, bins, digit_p);
+    if (limit > kListCapacity) return BinRoute::kTopPFallback;
+    if (leader) sort_list(sh, limit, true, y0);
+  }
+  if (leader) {
+    // The first key whose inclusive mass reaches top_p: the number of keys before it that do not.
+    unsigned short_of = 0;
+    for (unsigned i = threadIdx.x; i < limit; i += kThreads) {
+      short_of += static_cast<double>(above + sh.list_mass[i]) / static_cast<double>(total) < top_p;
+    }
+    unsigned const index = block_sum(short_of, sh);
+    if (threadIdx.x == 0) sh.list_cut_p = sh.list[index < limit ? index : limit - 1];
+  }
+  cluster.sync();
+  PackedCandidate const cut = lead->list_cut_p;
+  threshold = cut > threshold ? cut : threshold;
+  return BinRoute::kDone;
 }
 
 // min_p's test of a survivor candidate: exp(y - y0) >= min_p in float64 (truncation.py), NaN
@@ -463,32 +699,34 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   Slice const slice{p.vocab_size * rank / ctas, p.vocab_size * (rank + 1) / ctas};
   int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
 
-  // 1. The first key, the allowed tokens and (for top_k) the top digits' histogram.
-  bool const k_on = k >= 1;
-  if (k_on) reset_histogram(sh, kMaxBins, false);
+  // 1. The first key, the allowed tokens and the smallest finite y.
   PackedCandidate local_max = 0;
   unsigned local_allowed = 0;
-  for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float, PackedCandidate key) {
+  float local_min = INFINITY;
+  for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
     local_max = key > local_max ? key : local_max;
     local_allowed += key != 0;
-    if (k_on) add_counts(sh.count, static_cast<unsigned>(key >> 53), key != 0);
+    if (key != 0 && isfinite(y)) local_min = fminf(local_min, y);
   });
   PackedCandidate const block_first = block_max(local_max, sh);
   unsigned const block_allowed = block_sum(local_allowed, sh);
+  float const block_min_y = block_min(local_min, sh);
   if (threadIdx.x == 0) {
     sh.max_key = block_first;
     sh.allowed = block_allowed;
+    sh.min_y = block_min_y;
   }
-  __syncthreads();
-  cluster_sum_histograms(cluster, sh, k_on ? kMaxBins : 0, false);
+  cluster.sync();
   PackedCandidate first = 0;
   int64_t allowed = 0;
+  float min_y = INFINITY;
   for (unsigned r = 0; r < ctas; ++r) {
     SharedState const* peer = cluster.map_shared_rank(&sh, r);
     first = peer->max_key > first ? peer->max_key : first;
     allowed += peer->allowed;
+    min_y = fminf(min_y, peer->min_y);
   }
-  // The peers' max_key / allowed are not written again before the next row's first barrier.
+  // The peers' max_key / allowed / min_y are not written again before the next row's barriers.
   if (allowed == 0) {
     if (leader) write_row_without_sample(p, row, p.allowed_mask ? p.empty_mask_token : -1, -INFINITY);
     cluster.sync();
@@ -498,21 +736,26 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   double const y0 = static_cast<double>(y0f);
   bool const y0_finite = isfinite(y0f);
 
-  // 2. top_k.
-  PackedCandidate threshold = 0;
-  if (k_on && k < allowed) threshold = select_top_k(cluster, sh, in, slice, static_cast<unsigned>(k));
-
-  // 3. top_p over the top_k survivors. Without a finite y0 the probabilities are NaN and only
-  // the first token stays (as in truncation.py's float64 arithmetic).
+  // 2.-3. The cut: top_k, then top_p over its survivors. A top_p of NaN or <= 0, or a row
+  // without a finite y0 (NaN probabilities, as in truncation.py's float64 arithmetic), keeps
+  // only the first token.
   bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
   double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
-  if (top_p_on && !(top_p >= 1.0)) {
-    if (top_p > 0.0 && y0_finite) {
-      PackedCandidate const cut = select_top_p(cluster, sh, in, slice, threshold, y0, top_p);
-      threshold = cut > threshold ? cut : threshold;
-    } else {
-      threshold = first;
-    }
+  bool const first_only = top_p_on && !(top_p >= 1.0) && !(top_p > 0.0 && y0_finite);
+  bool const need_k = !first_only && k >= 1 && k < allowed;
+  bool const need_p = !first_only && top_p_on && top_p > 0.0 && top_p < 1.0;  // y0 finite here
+  PackedCandidate threshold = first_only ? first : 0;
+  BinRoute route = need_k ? BinRoute::kTopKFallback : BinRoute::kTopPFallback;
+  if (y0_finite && (need_k || need_p)) {
+    route = cut_by_bins(cluster, sh, in, slice, row_binning(y0f, min_y), y0, need_k, static_cast<unsigned>(k), need_p,
+                        top_p, threshold);
+  }
+  if (route == BinRoute::kTopKFallback && need_k) {
+    threshold = select_top_k(cluster, sh, in, slice, static_cast<unsigned>(k));
+  }
+  if (route != BinRoute::kDone && need_p) {
+    PackedCandidate const cut = select_top_p(cluster, sh, in, slice, threshold, y0, top_p);
+    threshold = cut > threshold ? cut : threshold;
   }
   MinP min_p;
   min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
