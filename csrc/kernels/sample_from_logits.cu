@@ -43,9 +43,11 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
-// Elements a thread loads before it uses them: one CTA an SM streams its slice from L2 or HBM,
-// so its loads in flight set the pass's bandwidth (16 x 4 bytes x 512 threads = 32 KiB an SM).
-constexpr int kUnroll = 16;
+// Elements a thread uses a step. One CTA an SM streams its slice from L2 or HBM, so the loads in
+// flight set a pass's bandwidth: the next step's are issued before this step's are used (16
+// loads a thread in flight, 32 KiB an SM, overlapping the work; 16 a step without the overlap
+// took 1.1-1.3x longer on an H100).
+constexpr int kUnroll = 8;
 constexpr int kLevels = 6;  // digits of a key: 11, 11, 10 bits of y, then of ~index
 constexpr int kMaxBins = 2048;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
@@ -132,12 +134,20 @@ struct RowInput {
 template <class F>
 __device__ __forceinline__ void for_each_element(RowInput const& in, int64_t begin, int64_t end, F&& f) {
   int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int64_t base = begin + warp * 32; base < end; base += int64_t{kUnroll} * kThreads) {
-    float raw[kUnroll];
+  // The next step's loads are in flight while this step's elements are used.
+  float raw[kUnroll], next[kUnroll];
+  int64_t base = begin + warp * 32;
+#pragma unroll
+  for (int j = 0; j < kUnroll; ++j) {
+    int64_t const v = base + j * kThreads + lane;
+    raw[j] = v < end ? __ldg(in.logits + v) : 0.0f;
+  }
+  for (; base < end; base += int64_t{kUnroll} * kThreads) {
+    int64_t const following = base + int64_t{kUnroll} * kThreads;
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
-      int64_t const v = base + j * kThreads + lane;
-      raw[j] = v < end ? __ldg(in.logits + v) : 0.0f;
+      int64_t const v = following + j * kThreads + lane;
+      next[j] = v < end ? __ldg(in.logits + v) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
@@ -146,6 +156,8 @@ __device__ __forceinline__ void for_each_element(RowInput const& in, int64_t beg
       PackedCandidate const key = in.key(v, v < end, raw[j], x, y);
       f(v, x, y, key);
     }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) raw[j] = next[j];
   }
 }
 
