@@ -29,6 +29,7 @@
 // prefix mass lies that close to top_p.
 #include <cooperative_groups.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -853,28 +854,62 @@ __global__ void __launch_bounds__(kThreads, 1) sample_from_logits_kernel(LogitsS
 
 }  // namespace
 
+namespace {
+
+cudaLaunchConfig_t launch_config(int cluster_size, int clusters, size_t smem, cudaStream_t stream,
+                                 cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * cluster_size));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(cluster_size);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// Clusters of 2, 4 and 8 CTAs the current device runs at once, asked once per device.
+cudaError_t resident_clusters(size_t smem, int resident[3]) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices][3] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  for (int i = 0; i < 3; ++i) {
+    int n = device < kMaxDevices ? cache[device][i].load(std::memory_order_relaxed) : 0;
+    if (n == 0) {
+      cudaLaunchAttribute attribute;
+      cudaLaunchConfig_t const config = launch_config(2 << i, 2 << i, smem, nullptr, &attribute);
+      err = cudaOccupancyMaxActiveClusters(&n, sample_from_logits_kernel, &config);
+      if (err != cudaSuccess) return err;
+      if (device < kMaxDevices) cache[device][i].store(n, std::memory_order_relaxed);
+    }
+    resident[i] = n;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
+
 cudaError_t launch_sample_from_logits(LogitsSamplerParams const& params, int sm_count, cudaStream_t stream) {
   if (params.batch_size == 0) return cudaSuccess;
   if (params.num_samples < 1 || params.vocab_size < 1 || params.vocab_size > kLogitsSamplerMaxVocab) {
     return cudaErrorInvalidValue;
   }
-  LogitsSamplerGrid const grid = logits_sampler_grid(params.batch_size, sm_count);
   size_t const smem = sizeof(SharedState);
   cudaError_t err = cudaFuncSetAttribute(sample_from_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid.clusters * grid.cluster_size));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = static_cast<unsigned>(grid.cluster_size);
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
+  int resident[3];
+  err = resident_clusters(smem, resident);
+  if (err != cudaSuccess) return err;
+  LogitsSamplerGrid const grid = logits_sampler_grid(params.batch_size, sm_count, resident);
+  cudaLaunchAttribute attribute;
+  cudaLaunchConfig_t const config = launch_config(grid.cluster_size, grid.clusters, smem, stream, &attribute);
   return cudaLaunchKernelEx(&config, sample_from_logits_kernel, params);
 }
 

@@ -70,11 +70,16 @@ struct LogitsSamplerGrid {
 // Largest vocabulary: a CTA sums the masses of its slice (V / 2 tokens at most) in 32-bit words.
 constexpr int64_t kLogitsSamplerMaxVocab = int64_t{1} << 22;
 
-inline LogitsSamplerGrid logits_sampler_grid(int64_t batch, int sm_count) {
+// `resident[i]`: how many clusters of 2 << i CTAs (2, 4, 8) the device runs at once
+// (cudaOccupancyMaxActiveClusters; clusters live within one GPC, so 132 SMs may not hold 16
+// clusters of 8). A cluster size is taken only when every row in flight gets a cluster at once:
+// a second wave of clusters would double the row's time.
+inline LogitsSamplerGrid logits_sampler_grid(int64_t batch, int sm_count, const int resident[3]) {
   constexpr int64_t kMaxRowsInFlight = 64;
-  int64_t const rows = batch < kMaxRowsInFlight ? (batch < 1 ? 1 : batch) : kMaxRowsInFlight;
+  int64_t rows = batch < kMaxRowsInFlight ? (batch < 1 ? 1 : batch) : kMaxRowsInFlight;
+  if (resident[0] >= 1 && rows > resident[0]) rows = resident[0];
   int cluster = 2;  // at least 2: a CTA's slice holds at most 2^21 tokens (kLogitsSamplerMaxVocab)
-  while (cluster < 8 && rows * cluster * 2 <= sm_count) cluster *= 2;
+  for (int next = 1; next < 3 && rows * (2 << next) <= sm_count && rows <= resident[next]; ++next) cluster = 2 << next;
   return {cluster, static_cast<int>(rows)};
 }
 
