@@ -520,16 +520,18 @@ __device__ void histogram_by_bin(cg::cluster_group& cluster, SharedState& sh, Ro
   cluster_sum_histograms(cluster, sh, kMaxBins, with_mass);
 }
 
-// Gathers the allowed keys of bin `digit` into the leader's list (one remote atomic a warp
-// step); returns their number, the same in every CTA (more than kListCapacity: not all kept).
-__device__ unsigned gather_bin(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
-                               Binning bins, int digit) {
+// Gathers the allowed keys of bin `digit` (or of every bin from `digit` up) into the leader's
+// list (one remote atomic a warp step); returns their number, the same in every CTA (more than
+// kListCapacity: not all kept).
+__device__ unsigned gather_bins(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
+                                Binning bins, int digit, bool and_above) {
   SharedState* lead = cluster.map_shared_rank(&sh, 0);
   if (cluster.block_rank() == 0 && threadIdx.x == 0) sh.list_size = 0;
   cluster.sync();  // the reset is visible, and the previous readers of the list are done
   int const lane = threadIdx.x % 32;
   for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
-    bool const active = key != 0 && bins.digit(y) == digit;
+    int const d = bins.digit(y);
+    bool const active = key != 0 && (d == digit || (and_above && d > digit));
     unsigned const lanes = __ballot_sync(kFullMask, active);
     if (lanes == 0) return;
     int const first = __ffs(lanes) - 1;
@@ -597,16 +599,34 @@ __device__ void sort_list(SharedState& sh, unsigned n, bool with_mass, double y0
 // What cut_by_bins decided.
 enum class BinRoute { kDone, kTopKFallback, kTopPFallback };
 
+// The first index i < n of the sorted list whose inclusive mass (above + list_mass[i]) reaches
+// top_p of `total`: the number of those before it that do not (leader CTA).
+__device__ unsigned first_reaching(SharedState& sh, unsigned n, FixedMass above, FixedMass total, double top_p) {
+  unsigned short_of = 0;
+  for (unsigned i = threadIdx.x; i < n; i += kThreads) {
+    short_of += static_cast<double>(above + sh.list_mass[i]) / static_cast<double>(total) < top_p;
+  }
+  unsigned const index = block_sum(short_of, sh);
+  return index < n ? index : n - 1;
+}
+
 // The top_k cut (need_k: k < the allowed tokens) and the top_p cut over the keys >= it
 // (need_p: 0 < top_p < 1), y0 finite. kDone: `threshold` is the row's cut. kTopKFallback: no
 // cut yet (the top_k bin is too full); kTopPFallback: `threshold` is the top_k cut (or 0), the
 // top_p bin is too full.
+//
+// Where the keys from the crossing bin up fit the list (most rows: top_k's first keys, or the
+// few top_p survivors of a peaked row), they are all gathered, the cuts are read off the
+// sorted list from its first key, and `complete` gets their number: every survivor is in the
+// leader's list, and the samples come from it without another pass over the row.
 __device__ BinRoute cut_by_bins(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
                                 Binning bins, double y0, bool need_k, unsigned k, bool need_p, double top_p,
-                                PackedCandidate& threshold) {
+                                PackedCandidate& threshold, unsigned& complete) {
   bool const leader = cluster.block_rank() == 0;
   SharedState const* lead = cluster.map_shared_rank(&sh, 0);
-  histogram_by_bin(cluster, sh, in, slice, bins, need_p, y0);
+  complete = 0;
+  // With top_k the masses come from the list, unless its bin is too full.
+  histogram_by_bin(cluster, sh, in, slice, bins, need_p && !need_k, y0);
   int digit_k = -1;
   unsigned kept = 0;
   if (need_k) {
@@ -614,15 +634,32 @@ __device__ BinRoute cut_by_bins(cg::cluster_group& cluster, SharedState& sh, Row
     __syncthreads();
     digit_k = sh.digit;
     kept = k - sh.count_above;  // of the bin's keys, from its first
+    bool const whole = sh.count_above + sh.digit_count <= kListCapacity;
     __syncthreads();
-    unsigned const n = gather_bin(cluster, sh, in, slice, bins, digit_k);
+    unsigned const n = gather_bins(cluster, sh, in, slice, bins, digit_k, whole);
     if (n > kListCapacity) return BinRoute::kTopKFallback;
+    if (whole) {  // the list holds the row's first n >= k keys
+      if (leader) {
+        sort_list(sh, n, need_p, y0);
+        if (threadIdx.x == 0) sh.list_cut = sh.list[k - 1];
+        if (need_p) {
+          unsigned const index = first_reaching(sh, k, 0, sh.list_mass[k - 1], top_p);
+          if (threadIdx.x == 0) sh.list_cut = sh.list[index];
+        }
+      }
+      cluster.sync();
+      threshold = lead->list_cut;
+      complete = n;
+      return BinRoute::kDone;
+    }
     if (leader) {
       sort_list(sh, n, need_p, y0);
       if (threadIdx.x == 0) sh.list_cut = sh.list[kept - 1];
     }
     cluster.sync();
     threshold = lead->list_cut;
+    if (!need_p) return BinRoute::kDone;
+    histogram_by_bin(cluster, sh, in, slice, bins, true, y0);
   }
   if (!need_p) return BinRoute::kDone;
   // top_p's histogram: the keys >= the top_k cut (bins below digit_k out, `kept` keys of it).
@@ -638,26 +675,25 @@ __device__ BinRoute cut_by_bins(cg::cluster_group& cluster, SharedState& sh, Row
   __syncthreads();
   int const digit_p = sh.digit;
   FixedMass const above = sh.mass_above, total = sh.mass_total;
-  __syncthreads();
+  unsigned from_digit_p = 0;  // keys from digit_p up
+  for (int i = threadIdx.x; i < kMaxBins; i += kThreads) from_digit_p += i >= digit_p ? sh.total_count[i] : 0u;
+  from_digit_p = block_sum(from_digit_p, sh);
   if (digit_p < 0) return BinRoute::kDone;  // not reached within rounding: the top_k cut stays
+  bool const whole = !need_k && from_digit_p <= kListCapacity;
   unsigned limit = kept;
-  if (digit_p != digit_k) {
-    limit = gather_bin(cluster, sh, in, slice, bins, digit_p);
+  if (whole || digit_p != digit_k) {
+    limit = gather_bins(cluster, sh, in, slice, bins, digit_p, whole);
     if (limit > kListCapacity) return BinRoute::kTopPFallback;
     if (leader) sort_list(sh, limit, true, y0);
   }
   if (leader) {
-    // The first key whose inclusive mass reaches top_p: the number of keys before it that do not.
-    unsigned short_of = 0;
-    for (unsigned i = threadIdx.x; i < limit; i += kThreads) {
-      short_of += static_cast<double>(above + sh.list_mass[i]) / static_cast<double>(total) < top_p;
-    }
-    unsigned const index = block_sum(short_of, sh);
-    if (threadIdx.x == 0) sh.list_cut_p = sh.list[index < limit ? index : limit - 1];
+    unsigned const index = first_reaching(sh, limit, whole ? 0 : above, total, top_p);
+    if (threadIdx.x == 0) sh.list_cut_p = sh.list[index];
   }
   cluster.sync();
   PackedCandidate const cut = lead->list_cut_p;
   threshold = cut > threshold ? cut : threshold;
+  if (whole) complete = limit;
   return BinRoute::kDone;
 }
 
@@ -688,6 +724,22 @@ __device__ void write_row_without_sample(LogitsSamplerParams const& p, int64_t r
     if (p.token_logprobs) p.token_logprobs[out] = __uint_as_float(0x7fc00000u);
   }
   if (threadIdx.x == 0 && p.logsumexp) p.logsumexp[row] = lse;
+}
+
+// Sample s of the row: its token, score, log-probability and (s = 0) the log-sum-exp over the
+// survivors of mass `kept_mass` relative to y0.
+__device__ void write_sample(LogitsSamplerParams const& p, int64_t row, int s, float best_score, int32_t best_index,
+                             double best_y, double y0, bool y0_finite, double kept_mass) {
+  // Without a finite first y the log-sum-exp is that y (+-inf, or NaN), or NaN with a NaN term.
+  double const lse = y0_finite ? y0 + log(kept_mass) : kept_mass != kept_mass ? kept_mass : y0;
+  bool const found = best_index != kNoCandidate;
+  int64_t const out = row * p.num_samples + s;
+  p.tokens[out] = found ? best_index : -1;
+  if (p.scores) p.scores[out] = found ? best_score : -INFINITY;
+  if (p.token_logprobs) {
+    p.token_logprobs[out] = found ? static_cast<float>(best_y - lse) : __uint_as_float(0x7fc00000u);
+    if (s == 0) p.logsumexp[row] = static_cast<float>(lse);
+  }
 }
 
 __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSamplerParams const& p, int64_t row,
@@ -767,9 +819,10 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   bool const need_p = !first_only && top_p_on && top_p > 0.0 && top_p < 1.0;  // y0 finite here
   PackedCandidate threshold = first_only ? first : 0;
   BinRoute route = need_k ? BinRoute::kTopKFallback : BinRoute::kTopPFallback;
+  unsigned complete = 0;  // > 0: every survivor is among the leader's first `complete` list keys
   if (y0_finite && (need_k || need_p)) {
     route = cut_by_bins(cluster, sh, in, slice, row_binning(y0f, min_y), y0, need_k, static_cast<unsigned>(k), need_p,
-                        top_p, threshold);
+                        top_p, threshold, complete);
   }
   if (route == BinRoute::kTopKFallback && need_k) {
     threshold = select_top_k(cluster, sh, in, slice, static_cast<unsigned>(k));
@@ -814,6 +867,28 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
       // A NaN y makes the log-sum-exp NaN, as in the fused op (top_p gives it no mass, above).
       if (with_mass) local_mass += y != y ? static_cast<double>(NAN) : y0_finite ? double{mass_of(y, y0)} : 0.0;
     };
+    if (complete > 0) {
+      // Every survivor is in the leader's sorted list: the leader draws from it, and the other
+      // CTAs go on to their next row (the list is written again only after the next row's
+      // barriers, which wait for the leader).
+      if (!leader) break;
+      for (unsigned i = threadIdx.x; i < complete; i += kThreads) {
+        PackedCandidate const key = sh.list[i];
+        if (key < threshold) continue;
+        uint32_t const index = top_candidate_index(key);
+        int64_t const v = static_cast<int64_t>(index) - p.vocab_start;
+        float x, y;
+        in.key(v, true, __ldg(in.logits + v), x, y);
+        if (key != first && !min_p.keeps(y)) continue;
+        draw(index, x, y);
+        add_mass(y);
+      }
+      block_best(best_score, best_index, best_y, sh);
+      double const mass = with_mass ? block_sum(local_mass, sh) : 0.0;
+      if (with_mass) kept_mass = mass;
+      if (threadIdx.x == 0) write_sample(p, row, s, best_score, best_index, best_y, y0, y0_finite, kept_mass);
+      continue;
+    }
     if (few_survivors) {
       for_each_element(in, slice.begin, slice.end, [&](int64_t, float x, float y, PackedCandidate key) {
         if (key == 0 || key < threshold || (key != first && !min_p.keeps(y))) return;
@@ -872,16 +947,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
         mass += peer->kept_mass;
       }
       if (with_mass) kept_mass = mass;
-      // Without a finite first y the log-sum-exp is that y (+-inf, or NaN), or NaN with a NaN term.
-      double const lse = y0_finite ? y0 + log(kept_mass) : kept_mass != kept_mass ? kept_mass : y0;
-      bool const found = best_index != kNoCandidate;
-      int64_t const out = row * p.num_samples + s;
-      p.tokens[out] = found ? best_index : -1;
-      if (p.scores) p.scores[out] = found ? best_score : -INFINITY;
-      if (p.token_logprobs) {
-        p.token_logprobs[out] = found ? static_cast<float>(best_y - lse) : __uint_as_float(0x7fc00000u);
-        if (s == 0) p.logsumexp[row] = static_cast<float>(lse);
-      }
+      write_sample(p, row, s, best_score, best_index, best_y, y0, y0_finite, kept_mass);
     }
     cluster.sync();  // the leader has read every peer's partials
   }
