@@ -9,17 +9,22 @@
 // the order bits of y (hi; NaN 1, excluded tokens key 0) and ~global index (lo), so unsigned
 // order is the truncation order and every key is distinct. Per row:
 //
-//  1. one pass: the largest key (the first token, y0), the allowed tokens, and for top_k the
-//     histogram of the keys' top 11 bits;
-//  2. top_k: radix select of the k-th key, digit by digit (11, 11, 10 bits of y, then of the
-//     index only when y ties), one pass over the elements of the chosen digit per level, and
-//     none once the whole digit lies above the cut;
-//  3. top_p: the same descent on probability mass (exp(y - y0) of the keys >= the top_k cut,
-//     fp32 exponentials in fixed point with 41 fraction bits, so the sums are exact integers
-//     whatever the order: deterministic) to the first key whose inclusive mass reaches top_p,
-//     stopping at a digit that holds one key;
-//  4. per sample, a pass taking Gumbel-Max over the survivors with the noise of plain
-//     sampling, and (for log-probabilities) their mass.
+//  1. one pass: the largest key (the first token, y0), the allowed tokens and the smallest
+//     finite y;
+//  2. (top_k or top_p) one pass histograms the keys by bins of y over [min y, y0] (2048 bins,
+//     monotone in the key): counts, and for top_p alone masses (exp(y - y0) in fp32, in fixed
+//     point with 41 fraction bits, so the sums are exact integers whatever the order:
+//     deterministic). The cut's bin follows from the histogram (top_k: the k-th key's; top_p:
+//     the first whose inclusive mass reaches top_p);
+//  3. one pass gathers keys into the leader CTA's list (4096 keys): every key from the cut's bin
+//     up where they fit (the usual case for top_k, and for top_p on a peaked row), else the
+//     cut's bin alone; the leader sorts the list and reads the exact cut off it (top_p over the
+//     top_k survivors from the list's masses). A bin too full for the list (massive ties) sends
+//     the row to a radix descent over key digits (11, 11, 10 bits of y, then of the index), one
+//     pass a level, with the same arithmetic;
+//  4. per sample, Gumbel-Max over the survivors with the noise of plain sampling and (for
+//     log-probabilities) their mass: from the list where it holds every survivor (no pass),
+//     else a pass over the row whose survivors queue per warp for their noise.
 //
 // top_p's masses are fp32 exponentials rounded to multiples of 2^-41 of the first token's,
 // where truncation.py sums float64 ones in order: the fp32 exponentials differ from float64
