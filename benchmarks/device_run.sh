@@ -36,7 +36,7 @@ if has_step tests; then
   summary+=("gpu tests: $(tail -1 "$OUT/tests_gpu.log")")
 fi
 if has_step sanitizer; then
-  for tool in memcheck racecheck; do
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck}; do
     compute-sanitizer --tool $tool --error-exitcode 3 python3 benchmarks/probes/sanitizer_shapes.py > "$OUT/sanitizer_$tool.log" 2>&1
     summary+=("compute-sanitizer $tool: rc=$? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log" | tail -1))")
   done

@@ -968,6 +968,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_from_logits_kernel(LogitsS
   for (int64_t row = blockIdx.x / ctas; row < p.batch_size; row += gridDim.x / ctas) {
     sample_row(cluster, sh, p, row, batch_seed, batch_offset);
   }
+  cluster.sync();  // no CTA leaves while a peer may still read its shared memory
 }
 
 }  // namespace
