@@ -15,13 +15,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import flashsampling_cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: bench_*.py, report.py
 from bench_controls import VARIANTS as CONTROL_VARIANTS
 from bench_controls import variant_kwargs
+from stage2_share import kernel_times_us  # benchmarks/probes/, this script's folder
 
 MODES = {
     "plain": {},
@@ -57,19 +57,9 @@ def main() -> None:
 
 
 def profile_call(call, mode: str, args, batch: int) -> None:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(args.calls):
-            call()
-        torch.cuda.synchronize()
     totals = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = event.name
-            short = "gemm+epilogue" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:]
-            totals[short] += event.device_time / args.calls
+    for name, us in kernel_times_us(call, args.calls).items():
+        totals["gemm+epilogue" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:]] += us
     parts = ", ".join(f"{name} {us:.1f}" for name, us in sorted(totals.items(), key=lambda kv: -kv[1]))
     label = f"topk k={args.top_k}" if mode == "topk" else mode
     print(f"[{label}] D={args.dim} V={args.vocab} B={batch}: total {sum(totals.values()):.1f} us: {parts}")

@@ -9,30 +9,19 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 import flashsampling_cuda
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from bench_truncation import FORMS, form_arguments
+from stage2_share import kernel_times_us  # benchmarks/probes/, this script's folder
 
 
 def kernel_times(call, calls: int) -> dict:
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
+    """Device µs per call by kernel, CUTLASS's GEMM as "cutlass", other names shortened."""
     totals = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = event.name
-            short = "cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-36:]
-            totals[short] += event.device_time / calls
+    for name, us in kernel_times_us(call, calls).items():
+        totals["cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-36:]] += us
     return totals
 
 
