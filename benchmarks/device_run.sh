@@ -3,10 +3,9 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench truncation ab controls controls_ab decode ncu truncprof tp" (default:
+#   STEPS: any of "build tests sanitizer bench truncation controls decode ncu truncprof tp" (default:
 #   build tests sanitizer bench); truncation runs bench_truncation.py (TRUNCATION_ARGS adds options);
-#   PYTEST_TARGETS picks test files (default: tests); controls_ab runs bench_controls.py with
-#   FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass and with the default (the schedule A/B of docs/kernel.md);
+#   PYTEST_TARGETS picks test files (default: tests);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
@@ -21,7 +20,7 @@ export PYTHONPATH=/tmp/site
 if [ -d .fi ]; then bash .fi/setup.sh > /tmp/fi_exports.sh 2> "$OUT/fi_setup.log" && . /tmp/fi_exports.sh; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 summary=()
-has_step() { [[ " $STEPS " == *" $1 "* ]]; }  # whole words: "controls_ab" is not "ab" or "controls"
+has_step() { [[ " $STEPS " == *" $1 "* ]]; }  # whole words: "truncprof" is not "truncation"
 if has_step build; then
   t0=$(date +%s)
   if ! MAX_JOBS=${MAX_JOBS:-16} FLASHSAMPLING_CUDA_ARCHS=${FLASHSAMPLING_CUDA_ARCHS:-90a} FLASHSAMPLING_WITH_CUDA=1 \
@@ -48,19 +47,8 @@ if has_step truncation; then
   python3 benchmarks/bench_truncation.py --out "$OUT" ${TRUNCATION_ARGS:-} 2>&1 | tee "$OUT/truncation.log" \
     | grep -v "^\[bench\] {"
 fi
-if has_step ab; then  # A/B of dispatch knobs against the default (benchmarks/probes/ab_schedules.py)
-  python3 benchmarks/probes/ab_schedules.py --out "$OUT" ${AB_ARGS:-} > "$OUT/ab.log" 2>&1
-  summary+=("A/B: rc=$? ($OUT/ab.log)")
-fi
 if has_step controls; then
   python3 benchmarks/bench_controls.py --out "$OUT" ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls.log" | grep -v "^\[bench\] {"
-fi
-if has_step controls_ab; then
-  for schedule in cutlass default; do
-    mkdir -p "$OUT/controls_$schedule"
-    FLASHSAMPLING_CONTROLS_SCHEDULE=$schedule python3 benchmarks/bench_controls.py --out "$OUT/controls_$schedule" \
-      ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls_$schedule.log" | grep "^|"
-  done
 fi
 if has_step decode; then
   python3 benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30

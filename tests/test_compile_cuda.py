@@ -21,18 +21,17 @@ import build_config as cfg  # noqa: E402
 
 NVCC = cfg.find_nvcc()
 ALL_ARCHS = list(cfg.CUDA_ARCHS.values())
-# Plain narrow (inlined noise) and wide (out-of-line noise) loops, the common and the all
-# controls' loops, the top-k pass; pingpong, clusters, cooperative and the kernel with epilogue
+# The plain, common and all controls' loops, the top-k pass; pingpong, clusters, cooperative
+# and the kernel with epilogue
 # warpgroups (one CTA and column pairs: the cluster launch) on sm90; bf16 only (the
 # fp16 units instantiate the same code with another element type).
 REPRESENTATIVE_GEMMS = {
     "sampler_bf16_n16_plain_pingpong_sm90.cu",
-    "sampler_bf16_n128_plain_cooperative_sm90.cu",
     "sampler_bf16_n128_plain_epilogue_warpgroups_sm90.cu",
     "sampler_bf16_n128_common_controls_epilogue_warpgroups_sm90.cu",
     "sampler_bf16_n128_plain_epilogue_warpgroups_cluster_n2_sm90.cu",
-    "sampler_bf16_n64_common_controls_pingpong_cluster_m2_sm90.cu",
-    "sampler_bf16_n32_all_controls_pingpong_sm90.cu",
+    "sampler_bf16_n64_plain_pingpong_cluster_m2_sm90.cu",
+    "sampler_bf16_n16_all_controls_pingpong_sm90.cu",
     "sampler_bf16_n128_top_candidates_cooperative_sm90.cu",
     "sampler_bf16_n16_plain_sm100.cu",
     "sampler_bf16_n64_common_controls_sm100.cu",

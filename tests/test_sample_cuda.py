@@ -6,6 +6,7 @@ chi-square over >= 1M GPU samples. Also GPU == CPU op, generator/graph behaviour
 clear errors for inputs the kernel cannot take.
 """
 
+import contextlib
 import itertools
 
 import pytest
@@ -117,27 +118,15 @@ def test_wide_batches_match_float64_reference(batch, vocab, dim, temperature, vo
     assert total <= max(1, batch // 1000)
 
 
-# Dispatch knobs a sub-process must not inherit from the caller's environment.
-DISPATCH_KNOBS = ("FLASHSAMPLING_PLAIN_TILE_N", "FLASHSAMPLING_CONTROLS_TILE_N", "FLASHSAMPLING_PLAIN_WIDE_SCHEDULE",
-                  "FLASHSAMPLING_CONTROLS_SCHEDULE", "FLASHSAMPLING_PAD_COLUMNS", "FLASHSAMPLING_NOISE_SKIP",
-                  "FLASHSAMPLING_EWG_CLUSTER", "FLASHSAMPLING_ALL_CONTROLS_SCHEDULE", "FLASHSAMPLING_LSE_REFERENCE")
-
-
-def knob_env(**knobs):
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k not in DISPATCH_KNOBS}
-    return {**env, **knobs}
-
-
-def run_probe(tmp_path, probe, name, **knobs):
-    """The tensors `probe` saves, run in a sub-process with the given dispatch knobs."""
-    import subprocess
-    import sys
-
-    path = tmp_path / f"{name}.pt"
-    subprocess.run([sys.executable, "-c", probe, str(path)], env=knob_env(**knobs), check=True)
-    return torch.load(path)
+@contextlib.contextmanager
+def dispatch_options(**options):
+    """Runs the block with these DispatchOptions (sampler_params.h: variants of the dispatch
+    that must give the same tokens), then restores the defaults."""
+    torch.ops.flashsampling._set_dispatch_options(**options)
+    try:
+        yield
+    finally:
+        torch.ops.flashsampling._set_dispatch_options()
 
 
 def assert_bitwise_equal(results, reference):
@@ -147,78 +136,78 @@ def assert_bitwise_equal(results, reference):
                            want.view(torch.int32) if want.is_floating_point() else want)
 
 
-PAD_PROBE = r"""
-import sys, torch, flashsampling_cuda
-gen = torch.Generator(device="cuda").manual_seed(5)
-out = []
-for batch, k in ((33, 0), (65, 0), (129, 0), (5, 3), (40, 50)):
-    hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(torch.bfloat16)
-    weight = (torch.randn(5003, 256, device="cuda", generator=gen) * 0.2).to(torch.bfloat16)
-    temperature = torch.rand(batch, device="cuda", generator=gen) + 0.5
-    if k == 0:
-        out.append(flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=9))
-        out.append(flashsampling_cuda.sample(hidden, weight, temperature=temperature, seed=9, return_logprobs=True).tokens)
-    elif k == 3:
-        out.append(flashsampling_cuda.sample(hidden, weight, seed=9, num_samples=k))
-    else:
-        out.append(flashsampling_cuda.sample(hidden, weight, seed=9, top_k=k, top_p=0.9))
-torch.save([t.cpu() for t in out], sys.argv[1])
-"""
+def pad_probe():
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    out = []
+    for batch, k in ((33, 0), (65, 0), (129, 0), (5, 3), (40, 50)):
+        hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(torch.bfloat16)
+        weight = (torch.randn(5003, 256, device="cuda", generator=gen) * 0.2).to(torch.bfloat16)
+        temperature = torch.rand(batch, device="cuda", generator=gen) + 0.5
+        if k == 0:
+            out.append(flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=9))
+            out.append(flashsampling_cuda.sample(hidden, weight, temperature=temperature, seed=9,
+                                                 return_logprobs=True).tokens)
+        elif k == 3:
+            out.append(flashsampling_cuda.sample(hidden, weight, seed=9, num_samples=k))
+        else:
+            out.append(flashsampling_cuda.sample(hidden, weight, seed=9, top_k=k, top_p=0.9))
+    return [t.cpu() for t in out]
 
 
-def test_padding_hidden_rows_changes_no_token(tmp_path):
-    """launch_sampler pads the hidden rows to whole N tiles (FLASHSAMPLING_PAD_COLUMNS, read once
-    per process): the same calls with and without it give the same tokens (plain, per-row T with
-    logprobs, several samples, fused top-k)."""
-    padded = run_probe(tmp_path, PAD_PROBE, "pad1", FLASHSAMPLING_PAD_COLUMNS="1")
-    ragged = run_probe(tmp_path, PAD_PROBE, "pad0", FLASHSAMPLING_PAD_COLUMNS="0")
+def test_padding_hidden_rows_changes_no_token():
+    """launch_sampler pads the hidden rows to whole N tiles (DispatchOptions::pad_columns): the
+    same calls with and without it give the same tokens (plain, per-row T with logprobs, several
+    samples, fused top-k)."""
+    padded = pad_probe()
+    with dispatch_options(pad_columns=False):
+        ragged = pad_probe()
     assert_bitwise_equal(padded, ragged)
 
 
-NOISE_SKIP_PROBE = r"""
-import sys, torch, flashsampling_cuda
-op = torch.ops.flashsampling.sample_with_scores
-gen = torch.Generator(device="cuda").manual_seed(6)
-out = []
-# Batches on the epilogue-warpgroup kernels (plain: > 64 columns; common controls: > 32), one to
-# three N tiles, ~2-8 vocabulary tiles per SM so that later tiles skip against earlier ones.
-for batch, vocab, dtype, vocab_start in ((65, 64000, torch.bfloat16, 0), (128, 100003, torch.float16, 7),
-                                         (257, 64000, torch.bfloat16, 0), (48, 151936, torch.bfloat16, 0),
-                                         (256, 50001, torch.bfloat16, 3), (200, 30011, torch.float16, 0)):
-    hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
-    weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
-    temps = torch.rand(batch, device="cuda", generator=gen) * 1.5 + 0.05
-    temps[::5] = 0.0  # greedy rows
-    mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), device="cuda", generator=gen,
-                         dtype=torch.int64).to(torch.int32) | 0x10  # token 4 of every word always allowed
-    bias = torch.randn(vocab, device="cuda", generator=gen)
-    for kwargs in (dict(temperature=0.7), dict(temperature=0.05), dict(temperatures=temps),
-                   dict(temperatures=temps, allowed_mask=mask, logit_bias=bias, return_logprobs=True),
-                   dict(temperature=0.0), dict(temperature=0.0, allowed_mask=mask, return_logprobs=True)):
-        result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), vocab_start=vocab_start, **kwargs)
-        out.extend(t for t in result if isinstance(t, torch.Tensor))
-torch.save([t.cpu() for t in out], sys.argv[1])
-"""
+def noise_skip_probe():
+    op = torch.ops.flashsampling.sample_with_scores
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    out = []
+    # Batches on the epilogue-warpgroup kernels (plain: > 64 columns; common controls: > 32), one to
+    # three N tiles, ~2-8 vocabulary tiles per SM so that later tiles skip against earlier ones.
+    for batch, vocab, dtype, vocab_start in ((65, 64000, torch.bfloat16, 0), (128, 100003, torch.float16, 7),
+                                             (257, 64000, torch.bfloat16, 0), (48, 151936, torch.bfloat16, 0),
+                                             (256, 50001, torch.bfloat16, 3), (200, 30011, torch.float16, 0)):
+        hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
+        weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
+        temps = torch.rand(batch, device="cuda", generator=gen) * 1.5 + 0.05
+        temps[::5] = 0.0  # greedy rows
+        mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), device="cuda", generator=gen,
+                             dtype=torch.int64).to(torch.int32) | 0x10  # token 4 of every word always allowed
+        bias = torch.randn(vocab, device="cuda", generator=gen)
+        for kwargs in (dict(temperature=0.7), dict(temperature=0.05), dict(temperatures=temps),
+                       dict(temperatures=temps, allowed_mask=mask, logit_bias=bias, return_logprobs=True),
+                       dict(temperature=0.0), dict(temperature=0.0, allowed_mask=mask, return_logprobs=True)):
+            result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), vocab_start=vocab_start, **kwargs)
+            out.extend(t for t in result if isinstance(t, torch.Tensor))
+    return [t.cpu() for t in out]
 
 
-def test_noise_skip_changes_no_token(tmp_path):
+def test_noise_skip_changes_no_token():
     """The epilogue-warpgroup kernels skip the exact noise of elements whose score bound lies below
-    their column's best (FLASHSAMPLING_NOISE_SKIP, read once per process): with and without it the
-    same tokens, scores and log-probabilities, bit for bit (low and per-row temperatures, greedy
-    rows and greedy batches, mask, bias, fp16, several N tiles)."""
-    skipped = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip1", FLASHSAMPLING_NOISE_SKIP="1")
-    exact = run_probe(tmp_path, NOISE_SKIP_PROBE, "skip0", FLASHSAMPLING_NOISE_SKIP="0")
+    their column's best (DispatchOptions::noise_skip): with and without it the same tokens,
+    scores and log-probabilities, bit for bit (low and per-row temperatures, greedy rows and
+    greedy batches, mask, bias, fp16, several N tiles)."""
+    skipped = noise_skip_probe()
+    with dispatch_options(noise_skip=False):
+        exact = noise_skip_probe()
     assert_bitwise_equal(skipped, exact)
 
 
-def test_lse_references_change_no_token(tmp_path):
+def test_lse_references_change_no_token():
     """The controls' loop of the epilogue-warpgroup kernels sums each column's log-sum-exp terms
-    against its log-sum-exp of earlier tiles (FLASHSAMPLING_LSE_REFERENCE=0: against each
-    step's max): the same tokens and scores bit for bit, the same log-probabilities
-    and logsumexp to float rounding; and a second process gives every output bit for bit again
-    (the references follow the persistent schedule, not the timing of other CTAs)."""
-    referenced = run_probe(tmp_path, NOISE_SKIP_PROBE, "referenced")
-    step_max = run_probe(tmp_path, NOISE_SKIP_PROBE, "step_max", FLASHSAMPLING_LSE_REFERENCE="0")
+    against its log-sum-exp of earlier tiles (DispatchOptions::lse_references = false: against
+    each step's max): the same tokens and scores bit for bit, the same log-probabilities and
+    logsumexp to float rounding; and a second run gives every output bit for bit again (the
+    references follow the persistent schedule, not the timing of other CTAs)."""
+    referenced = noise_skip_probe()
+    with dispatch_options(lse_references=False):
+        step_max = noise_skip_probe()
     assert len(referenced) == len(step_max) > 0 and len(referenced) % 4 == 0
     for call in range(0, len(referenced), 4):  # (tokens, scores, token_logprobs, logsumexp) per call
         assert_bitwise_equal(referenced[call:call + 2], step_max[call:call + 2])
@@ -228,23 +217,25 @@ def test_lse_references_change_no_token(tmp_path):
             ulps = 16 * lse[lse.isfinite()].abs().max().item() * 2.0**-23
             for got, want in zip(referenced[call + 2:call + 4], step_max[call + 2:call + 4]):
                 torch.testing.assert_close(got, want, rtol=0, atol=ulps, equal_nan=True)
-    assert_bitwise_equal(run_probe(tmp_path, NOISE_SKIP_PROBE, "referenced_again"), referenced)
+    assert_bitwise_equal(noise_skip_probe(), referenced)
 
 
-def test_epilogue_warpgroup_clusters_change_no_token(tmp_path):
+def test_epilogue_warpgroup_clusters_change_no_token():
     """The epilogue-warpgroup kernels run an even number of column tiles in clusters of two CTAs
-    that share each W tile by TMA multicast (B = 200, 256 here; FLASHSAMPLING_EWG_CLUSTER=1 turns
-    that off): the same tiles, so the same tokens, scores and log-probabilities as one CTA per
-    cluster, bit for bit (bf16 and fp16, both loops)."""
-    clustered = run_probe(tmp_path, NOISE_SKIP_PROBE, "clusters")
-    single = run_probe(tmp_path, NOISE_SKIP_PROBE, "single", FLASHSAMPLING_EWG_CLUSTER="1")
+    that share each W tile by TMA multicast (B = 200, 256 here; DispatchOptions::column_clusters
+    = false: one CTA a cluster): the same tiles, so the same tokens, scores and
+    log-probabilities, bit for bit (bf16 and fp16, both loops)."""
+    clustered = noise_skip_probe()
+    with dispatch_options(column_clusters=False):
+        single = noise_skip_probe()
     assert_bitwise_equal(clustered, single)
     # and the default really runs the pairs: the mainloop's cluster shape (1, 2, 1) in the kernel name
     import re
 
     column_pairs = re.compile(r"C<1>,\s*cute::C<2>,\s*cute::C<1>")
-    assert any(column_pairs.search(n) for n in controls_kernel_names({}, 256))
-    assert not any(column_pairs.search(n) for n in controls_kernel_names(dict(FLASHSAMPLING_EWG_CLUSTER="1"), 256))
+    assert any(column_pairs.search(n) for n in controls_kernel_names(256))
+    with dispatch_options(column_clusters=False):
+        assert not any(column_pairs.search(n) for n in controls_kernel_names(256))
 
 
 def test_default_generator_reproducible_and_advancing():
@@ -422,8 +413,7 @@ def test_common_controls_on_every_tile_config(batch, temperature):
 
 
 # The common controls' loop with some inputs absent, special values and a row whose mask allows
-# nothing, bf16 and fp16, on tiles of 32, 64 and 128 columns (also run in processes under each
-# FLASHSAMPLING_CONTROLS_SCHEDULE, below).
+# nothing, bf16 and fp16, on tiles of 32, 64 and 128 columns (also run without padding, below).
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch", [20, 40, 100])
 @pytest.mark.parametrize("variant", ["no_logprobs", "bias_only", "empty_mask_row", "special_values"])
@@ -468,30 +458,19 @@ def test_common_controls_variants(dtype, batch, variant):
         assert out.logsumexp[torch.arange(batch, device="cuda") != 1].isfinite().all()
 
 
-KERNEL_NAMES_PROBE = r"""
-import sys, torch, flashsampling_cuda
-from torch.profiler import ProfilerActivity, profile
-batch = int(sys.argv[1])
-hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
-weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
-kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda"))  # per-row T: the common controls
-flashsampling_cuda.sample(hidden, weight, **kwargs)
-with profile(activities=[ProfilerActivity.CUDA]) as prof:
-    flashsampling_cuda.sample(hidden, weight, **kwargs)
-    torch.cuda.synchronize()
-print("\n".join(e.name for e in prof.events() if e.device_type.name == "CUDA"))
-"""
-
-
-def controls_kernel_names(knobs, batch):
+def controls_kernel_names(batch):
     """Names of the CUDA kernels one common-controls sample() call (bf16, per-row temperatures)
-    runs in a process with exactly these dispatch knobs (read once per process)."""
-    import subprocess
-    import sys
+    runs."""
+    from torch.profiler import ProfilerActivity, profile
 
-    out = subprocess.run([sys.executable, "-c", KERNEL_NAMES_PROBE, str(batch)], env=knob_env(**knobs),
-                         check=True, capture_output=True, text=True).stdout
-    return out.splitlines()
+    hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
+    weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
+    kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda"))  # per-row T: the common controls
+    flashsampling_cuda.sample(hidden, weight, **kwargs)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flashsampling_cuda.sample(hidden, weight, **kwargs)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
 def runs_controls_on_epilogue_warpgroups(names, tile_n):
@@ -503,53 +482,41 @@ def runs_controls_on_epilogue_warpgroups(names, tile_n):
 
 
 def test_common_controls_schedules_by_tile():
-    """Common-controls passes on 32-, 64- and 128-wide tiles (more than 16 columns)
-    run the epilogue-warpgroup kernel with the common controls' loop, up to 16 columns the CUTLASS
-    schedules; FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass runs the CUTLASS schedules for all."""
-    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 20), 32)
-    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 50), 64)
-    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names({}, 100), 128)
-    assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names({}, 10))
-    knobs = dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass")
-    for batch in (20, 50, 100):
-        assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names(knobs, batch))
+    """Common-controls passes on 32-, 64- and 128-wide tiles (more than 16 columns) run the
+    epilogue-warpgroup kernel with the common controls' loop, up to 16 columns the CUTLASS
+    pingpong schedule (kernel_choice.h; tests/test_kernel_choice.py has the whole table)."""
+    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names(20), 32)
+    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names(50), 64)
+    assert runs_controls_on_epilogue_warpgroups(controls_kernel_names(100), 128)
+    assert not any("EpilogueWarpGroups" in n for n in controls_kernel_names(10))
 
 
 def test_per_row_temperatures_need_no_kernel_before_the_gemm_on_the_visitor():
-    """The CUTLASS schedules' common-controls loop (up to 16 columns; more with
-    FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass) divides each column's temperature itself: no kernel
-    before the GEMM, one graph node fewer. The epilogue-warpgroup kernels load 1/T prepared by the
-    kernel that zeroes their noise floors anyway. (The tokens: the per-row temperature tests.)"""
+    """The CUTLASS schedules' common-controls loop (up to 16 columns) divides each column's
+    temperature itself: no kernel before the GEMM, one graph node fewer. The epilogue-warpgroup
+    kernels load 1/T prepared by the kernel that zeroes their noise floors anyway. (The tokens:
+    the per-row temperature tests.)"""
 
     def prepares(names):
         return any("prepare_gemm_inputs" in n for n in names)
 
-    assert not prepares(controls_kernel_names({}, 10))
-    assert not prepares(controls_kernel_names(dict(FLASHSAMPLING_CONTROLS_SCHEDULE="cutlass"), 50))
-    assert prepares(controls_kernel_names({}, 20))
-    assert prepares(controls_kernel_names({}, 50))
+    assert not prepares(controls_kernel_names(10))
+    assert prepares(controls_kernel_names(20))
+    assert prepares(controls_kernel_names(50))
 
 
-@pytest.mark.parametrize("schedule,pad", [("default", "0"), ("cutlass", "1")])
-def test_common_controls_sweep_under_schedule_knob(schedule, pad):
-    """The common-controls sweep (pathwise against the float64 reference, logprobs within 1e-4,
-    the CPU op, masks, greedy rows, tiles of 32, 64 and 128 columns, several N tiles, fp16, no
-    logprobs, special values, an empty mask row) also passes in a process whose hidden rows
-    are not padded to whole tiles, and in one whose FLASHSAMPLING_CONTROLS_SCHEDULE=cutlass (read
-    once per process) runs every tile on the CUTLASS schedules."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    knobs = dict(FLASHSAMPLING_PAD_COLUMNS=pad)
-    if schedule != "default":
-        knobs["FLASHSAMPLING_CONTROLS_SCHEDULE"] = schedule
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", str(Path(__file__).resolve()), "-q", "-p", "no:cacheprovider", "-k",
-         "test_common_controls_on_every_tile_config or test_common_controls_variants"],
-        env=knob_env(**knobs), cwd=root, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+def test_common_controls_sweep_without_padding():
+    """The common-controls sweep (pathwise against the float64 reference, logprobs, the CPU op,
+    masks, greedy rows, tiles of 32, 64 and 128 columns, several N tiles, fp16, special values,
+    an empty mask row) also passes with the hidden rows not padded to whole tiles."""
+    with dispatch_options(pad_columns=False):
+        for batch in COMMON_CONTROL_BATCHES:
+            for temperature in ("per_row", "scalar", "greedy"):
+                test_common_controls_on_every_tile_config(batch, temperature)
+        for dtype in (torch.bfloat16, torch.float16):
+            for batch in (20, 40, 100):
+                for variant in ("no_logprobs", "bias_only", "empty_mask_row", "special_values"):
+                    test_common_controls_variants(dtype, batch, variant)
 
 
 @pytest.mark.parametrize("batch", [20, 50, 100, 200, 300])
@@ -628,59 +595,72 @@ def test_per_row_temperatures_win_over_a_zero_scalar(batch, num_samples, sparse)
     assert pathwise_mismatches(zero[0], ref)[1] == 0
 
 
-ALL_CONTROLS_PROBE = r"""
-import sys, torch, flashsampling_cuda
-from torch.profiler import ProfilerActivity, profile
-op = torch.ops.flashsampling.sample_with_scores
-gen = torch.Generator(device="cuda").manual_seed(8)
-out, on_epilogue_warpgroups = [], []
-for batch, vocab, dtype in ((20, 9001, torch.float16), (40, 30011, torch.bfloat16), (130, 64000, torch.float16),
-                           (256, 50001, torch.bfloat16)):
-    hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
-    weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
-    seeds = torch.randint(0, 2**62, (batch,), device="cuda", generator=gen)
-    offsets = torch.randint(0, 2**40, (batch,), device="cuda", generator=gen)
-    temps = torch.rand(batch, device="cuda", generator=gen) + 0.2
-    temps[::6] = 0.0
-    mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), device="cuda", generator=gen,
-                         dtype=torch.int64).to(torch.int32) | 0x10
-    ids = torch.randint(0, vocab, (batch, 5), device="cuda", generator=gen)
-    ids[:, 1] = ids[:, 0]
-    ids[:, 2] = -1
-    values = torch.randn(batch, 5, device="cuda", generator=gen) * 2 + 3
-    sparse = dict(sparse_bias_ids=ids, sparse_bias_values=values)
-    common = dict(temperatures=temps, allowed_mask=mask, return_logprobs=True)
-    for kwargs in (dict(seed=seeds, offset=torch.tensor(5)), dict(seed=torch.tensor(9), offset=offsets),
-                   dict(seed=seeds, offset=offsets, **common),
-                   dict(seed=torch.tensor(4), offset=torch.tensor(6), num_samples=3),
-                   dict(seed=torch.tensor(4), offset=torch.tensor(6), num_samples=2, **common),
-                   dict(seed=seeds, offset=offsets, num_samples=2, **sparse),
-                   dict(seed=torch.tensor(4), offset=torch.tensor(6), **sparse, **common)):
+def all_controls_calls():
+    """Calls that need every control (per-row seeds / offsets, several samples, sparse bias) at
+    20-256 rows: (hidden, weight, kwargs) of sample_with_scores."""
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    for batch, vocab, dtype in ((20, 9001, torch.float16), (40, 30011, torch.bfloat16),
+                                (130, 64000, torch.float16), (256, 50001, torch.bfloat16)):
+        hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
+        weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
+        seeds = torch.randint(0, 2**62, (batch,), device="cuda", generator=gen)
+        offsets = torch.randint(0, 2**40, (batch,), device="cuda", generator=gen)
+        temps = torch.rand(batch, device="cuda", generator=gen) + 0.2
+        temps[::6] = 0.0
+        mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), device="cuda", generator=gen,
+                             dtype=torch.int64).to(torch.int32) | 0x10
+        ids = torch.randint(0, vocab, (batch, 5), device="cuda", generator=gen)
+        ids[:, 1] = ids[:, 0]
+        ids[:, 2] = -1
+        values = torch.randn(batch, 5, device="cuda", generator=gen) * 2 + 3
+        sparse = dict(sparse_bias_ids=ids, sparse_bias_values=values)
+        common = dict(temperatures=temps, allowed_mask=mask, return_logprobs=True)
+        for kwargs in (dict(seed=seeds, offset=torch.tensor(5)), dict(seed=torch.tensor(9), offset=offsets),
+                       dict(seed=seeds, offset=offsets, **common),
+                       dict(seed=torch.tensor(4), offset=torch.tensor(6), num_samples=3),
+                       dict(seed=torch.tensor(4), offset=torch.tensor(6), num_samples=2, **common),
+                       dict(seed=seeds, offset=offsets, num_samples=2, **sparse),
+                       dict(seed=torch.tensor(4), offset=torch.tensor(6), **sparse, **common)):
+            yield hidden, weight, kwargs
+
+
+def rows_of(kwargs: dict, rows: slice) -> dict:
+    """The arguments of a call on these rows alone (per-row tensors sliced)."""
+    per_row = ("temperatures", "allowed_mask", "sparse_bias_ids", "sparse_bias_values")
+    return {k: (v[rows] if k in per_row or (k in ("seed", "offset") and v.dim() == 1) else v)
+            for k, v in kwargs.items()}
+
+
+def test_all_controls_beyond_16_columns_match_the_all_controls_loop():
+    """Calls needing every control run, beyond 16 GEMM columns, on the epilogue-warpgroup kernels'
+    controls loop; up to 16 on the loop for all controls. With per-row seeds the noise does not
+    depend on a row's place in the batch, so the same rows sampled 16 columns at a time (the other
+    loop) give the same tokens and scores bit for bit and log-probabilities within rounding of the
+    two loops' sums (bf16, fp16, up to two 128-wide column tiles, greedy rows, mask, sparse bias,
+    several samples)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    op = torch.ops.flashsampling.sample_with_scores
+    compared = 0
+    for hidden, weight, kwargs in all_controls_calls():
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             result = op(hidden, weight, **kwargs)
             torch.cuda.synchronize()
-        out.append([t.cpu() for t in result])  # tokens, scores, token_logprobs, logsumexp
-        on_epilogue_warpgroups.append(any("EpilogueWarpGroups" in e.name for e in prof.events()))
-torch.save([out, on_epilogue_warpgroups], sys.argv[1])
-"""
-
-
-def test_all_controls_schedule_changes_no_token(tmp_path):
-    """Per-row seeds / offsets, several samples and sparse bias beyond 16 columns run on the
-    epilogue-warpgroup kernels; FLASHSAMPLING_ALL_CONTROLS_SCHEDULE=narrow_tiles runs
-    them on the loop for all controls. Same noise, so the same tokens and scores bit for bit (bf16,
-    fp16, 32-wide to four 128-wide N tiles, greedy rows, mask, row quads and columns keyed one by one), log-probabilities
-    within rounding of the two loops' sums."""
-    (new_out, new_ewg) = run_probe(tmp_path, ALL_CONTROLS_PROBE, "ewg")
-    (old_out, old_ewg) = run_probe(tmp_path, ALL_CONTROLS_PROBE, "narrow",
-                                   FLASHSAMPLING_ALL_CONTROLS_SCHEDULE="narrow_tiles")
-    assert all(new_ewg) and not any(old_ewg)
-    assert len(new_out) == len(old_out) > 0
-    for (tokens, scores, logprobs, lse), (tokens_ref, scores_ref, logprobs_ref, lse_ref) in zip(new_out, old_out):
-        assert torch.equal(tokens, tokens_ref)
-        assert torch.equal(scores.view(torch.int32), scores_ref.view(torch.int32))  # the same fma of the same noise
-        assert torch.allclose(logprobs, logprobs_ref, rtol=1e-5, atol=1e-5, equal_nan=True)
-        assert torch.allclose(lse, lse_ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+        assert any("EpilogueWarpGroups" in e.name for e in prof.events())
+        if kwargs["seed"].dim() == 0:
+            continue  # batch-wide seed: each row's noise stream is its place in the batch
+        step = 16 // kwargs.get("num_samples", 1)
+        parts = [op(hidden[i:i + step], weight, **rows_of(kwargs, slice(i, i + step)))
+                 for i in range(0, hidden.shape[0], step)]
+        tokens, scores = (torch.cat([part[j] for part in parts]) for j in (0, 1))
+        assert torch.equal(result[0], tokens)
+        assert torch.equal(result[1].view(torch.int32), scores.view(torch.int32))  # the same fma of the same noise
+        if kwargs.get("return_logprobs"):
+            for j in (2, 3):
+                want = torch.cat([part[j] for part in parts])
+                assert torch.allclose(result[j], want, rtol=1e-5, atol=1e-5, equal_nan=True)
+        compared += 1
+    assert compared == 12
 
 
 def test_graph_replay_with_per_row_device_seeds_and_all_controls():

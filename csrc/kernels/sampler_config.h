@@ -42,13 +42,6 @@ FLASHSAMPLING_HOST_DEVICE int64_t sampler_gemm_columns(SamplerParams const& p) {
 // Candidates per (vocabulary tile, GEMM column) in the workspace.
 inline int64_t candidates_per_slot(SamplerParams const& p) { return p.top_k > 0 ? kTopCandidatesPerTile : 1; }
 
-// Batch buckets: the narrowest N tile that covers the GEMM columns, at most 128; more
-// columns run several N tiles (neighbouring CTAs share each W tile through L2). Two
-// 128-wide tiles are faster than one 256-wide tile at B = 256 (docs/kernel.md).
-inline int sampler_tile_n_for_batch(int64_t batch_size) {
-  return batch_size <= 16 ? 16 : batch_size <= 32 ? 32 : batch_size <= 64 ? 64 : 128;
-}
-
 inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
   return (p.vocab_size + vocab_tile - 1) / vocab_tile;
 }

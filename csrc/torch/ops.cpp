@@ -4,6 +4,31 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <string>
+
+#include "flashsampling/kernel_choice.h"
+
+namespace {
+
+// The fused-GEMM unit the CUDA dispatch runs for a call (flashsampling/kernel_choice.h): its
+// file stem in csrc/kernels/instantiations/, "" for an architecture without kernels. A pure
+// function, so CPU builds answer it too (tests/test_kernel_choice.py).
+std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters) {
+  using flashsampling::SamplerLoop;
+  SamplerLoop const kind = loop == "plain"             ? SamplerLoop::kPlain
+                           : loop == "common_controls" ? SamplerLoop::kCommonControls
+                           : loop == "all_controls"    ? SamplerLoop::kAllControls
+                           : loop == "top_candidates"  ? SamplerLoop::kTopCandidates
+                                                       : static_cast<SamplerLoop>(-1);
+  TORCH_CHECK(static_cast<int>(kind) >= 0, "flashsampling._kernel_choice: loop must be plain, common_controls, ",
+              "all_controls or top_candidates, got '", loop, "'");
+  TORCH_CHECK(columns >= 1, "flashsampling._kernel_choice: columns must be >= 1, got ", columns);
+  return flashsampling::kernel_unit_name(
+      flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters), bf16);
+}
+
+}  // namespace
+
 TORCH_LIBRARY(flashsampling, m) {
   // Exact Gumbel-Max sampling fused with the LM-head GEMM:
   //   token[b, s] = argmax_v(score(b, s, v)), score = fma(x[b, v], fl32(1 / T_b), g(seed, offset, stream_b, s, v)),
@@ -71,6 +96,9 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_gumbel_from_bits(Tensor bits) -> Tensor");
   // The skip bound of the epilogue-warpgroup kernels (fs_gumbel_upper_bound_from_bits).
   m.def("_gumbel_upper_bound(Tensor bits) -> Tensor");
+  // The dispatch's kernel choice (above).
+  m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True) -> str",
+        &kernel_choice);
 }
 
 // `import flashsampling_cuda._C` loads this library (and so runs the registrations

@@ -407,6 +407,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
 
 }  // namespace
 
+// Test hook: variants of the dispatch that must give the same tokens (DispatchOptions), for the
+// process, until set again; tests/test_sample_cuda.py compares them in one process.
+static void set_dispatch_options(bool column_clusters, bool pad_columns, bool noise_skip, bool lse_references) {
+  DispatchOptions options;
+  options.column_clusters = column_clusters;
+  options.pad_columns = pad_columns;
+  options.noise_skip = noise_skip;
+  options.lse_references = lse_references;
+  set_sampler_dispatch_options(options);
+}
+
+TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
+  m.def("_set_dispatch_options(bool column_clusters=True, bool pad_columns=True, bool noise_skip=True, "
+        "bool lse_references=True) -> ()",
+        &set_dispatch_options);
+}
+
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
   SampleOps<&sample_cuda>::register_impls(m);
   m.impl("sample_top_k", &sample_top_k_cuda);

@@ -8,6 +8,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "flashsampling/sampler_loop.h"
+
 namespace flashsampling {
 
 enum class ElementType : int { kBFloat16 = 0, kFloat16 = 1 };
@@ -58,19 +60,7 @@ inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& nois
          noise.row_offsets == nullptr;
 }
 
-// The epilogue's element loops, each compiled into kernels of its own (code of a loop that
-// is not taken still costs instruction cache: benchmarks/NOTES.md, v5 and v13).
-//   kPlain:          is_plain_sampling.
-//   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
-//                    logit bias, allowed-token mask, logprobs: what serving engines send every step.
-//   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
-//                    sm90 beyond 32 GEMM columns the epilogue-warpgroup kernels' kCommonControls
-//                    loop takes these too: v27-v29, sampler_dispatch.cu).
-//   kTopCandidates:  fused top-k (SamplerParams::top_k > 0): no noise in the epilogue; each
-//                    (vocabulary tile, row) keeps its kTopCandidatesPerTile largest transformed
-//                    logits (dense bias and mask applied) and stage 2 (truncate_candidates.cu)
-//                    selects the row's top-k, truncates (top-p, min-p) and samples the survivors.
-enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2, kTopCandidates = 3 };
+// The epilogue's element loops: flashsampling/sampler_loop.h.
 
 // Candidates per (vocabulary tile, row) of the fused top-k pass. Exact whatever the data: a
 // row where some tile may hold more than these of the row's top-k is repaired in stage 2
@@ -138,20 +128,19 @@ struct SamplerParams {
   // multiple of the CTA's N tile (0: not padded; see sampler_dispatch.cu).
   int64_t padded_columns = 0;
   // Set by launch_sampler, not by callers: whether the kernel skips the exact noise of elements
-  // that cannot reach their column's best score (the epilogue-warpgroup kernels, v24; the tokens
-  // are the same either way). It then gets a zeroed [columns] buffer of the best scores so far.
+  // that cannot reach their column's best score (the epilogue-warpgroup kernels; the tokens are
+  // the same either way). It then gets a zeroed [columns] buffer of the best scores so far.
   bool skip_unreachable_noise = false;
   // Set by launch_sampler, not by callers: whether the epilogue-warpgroup kernels' controls loop
-  // sums log-probability terms against each column's log-sum-exp of earlier tiles (v39) instead
-  // of its max over the lanes; the tokens are the same either way, the log-probabilities to ~1e-7.
+  // sums log-probability terms against each column's log-sum-exp of earlier tiles instead of
+  // its max over the lanes; the tokens are the same either way, the log-probabilities to ~1e-7.
   bool lse_references = false;
   // Set by launch_sampler, not by callers: with per-row temperatures, whether a small kernel
   // before the GEMM fills controls.inv_temperatures. It does for the kernels that load that
-  // array: the epilogue-warpgroup kernels (the kernel zeroes the buffer above for them anyway,
-  // unless FLASHSAMPLING_NOISE_SKIP=0) and the loop for all controls, which looks a column's row
-  // up per element. The CUTLASS schedules' common-controls loop divides once per column it loads
-  // instead, and the fused top-k's stage 2 once per row: a kernel and a graph node fewer before
-  // the GEMM (v31).
+  // array: the epilogue-warpgroup kernels and the loop for all controls, which looks a column's
+  // row up per element. The CUTLASS schedules' common-controls loop divides once per column it
+  // loads instead, and the fused top-k's stage 2 once per row: a kernel and a graph node fewer
+  // before the GEMM.
   bool prepare_inv_temperatures = false;
 };
 
@@ -160,6 +149,18 @@ struct SamplerParams {
 //   hi 32 bits: order-preserving bits of the fp32 score (NaN -> 0)
 //   lo 32 bits: ~vocab_index
 using PackedCandidate = unsigned long long;
+
+// Variants of the dispatch that give the same tokens, for tests that compare them
+// (flashsampling::_set_dispatch_options, CUDA builds): each default is what runs.
+struct DispatchOptions {
+  bool column_clusters = true;  // pairs of 128-wide column tiles sharing each W tile (kernel_choice.h)
+  bool pad_columns = true;      // hidden rows padded to whole N tiles where the last is at most half full
+  bool noise_skip = true;       // the epilogue-warpgroup kernels skip noise that cannot win
+  bool lse_references = true;   // and sum log-sum-exp terms against earlier tiles' (else each step's max)
+};
+// Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
+void set_sampler_dispatch_options(const DispatchOptions& options);
+DispatchOptions sampler_dispatch_options();
 
 // Bytes of device workspace launch_sampler needs for these parameters (candidates
 // of every vocabulary tile plus CUTLASS's own workspace). Depends only on shapes.

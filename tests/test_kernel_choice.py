@@ -1,0 +1,79 @@
+"""The dispatch's kernel choice (csrc/include/flashsampling/kernel_choice.h), a pure function of
+(architecture, loop, GEMM columns): checked on the CPU through torch.ops.flashsampling._kernel_choice,
+against the units csrc/kernels/generate_kernels.py writes (no GPU, no child process)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import flashsampling_cuda  # noqa: F401  (registers the ops)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "csrc" / "kernels"))
+import generate_kernels  # noqa: E402
+
+LOOPS = ("plain", "common_controls", "all_controls", "top_candidates")
+COLUMNS = (*range(1, 300), 383, 384, 385, 511, 512, 513, 1000, 1024, 4096)
+UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels()}
+
+
+def choice(arch, loop, columns, bf16=True, column_clusters=True):
+    return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters)
+
+
+def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
+    chosen = set()
+    for arch in (90, 100):
+        for loop in LOOPS:
+            for columns in COLUMNS:
+                for bf16 in (True, False):
+                    for clusters in (True, False):
+                        chosen.add(choice(arch, loop, columns, bf16, clusters))
+    assert chosen <= UNITS, f"chosen but not generated: {sorted(chosen - UNITS)}"
+    assert UNITS <= chosen, f"generated but never chosen: {sorted(UNITS - chosen)}"
+
+
+@pytest.mark.parametrize("columns,unit", [
+    (1, "n16_plain_pingpong"), (16, "n16_plain_pingpong"), (17, "n32_plain_pingpong_cluster_m2"),
+    (33, "n64_plain_pingpong_cluster_m2"), (64, "n64_plain_pingpong_cluster_m2"),
+    (65, "n128_plain_epilogue_warpgroups"), (128, "n128_plain_epilogue_warpgroups"),
+    (129, "n128_plain_epilogue_warpgroups_cluster_n2"), (256, "n128_plain_epilogue_warpgroups_cluster_n2"),
+    (257, "n128_plain_epilogue_warpgroups"),  # three column tiles: no pairs
+])
+def test_plain_table_sm90(columns, unit):
+    assert choice(90, "plain", columns) == f"sampler_bf16_{unit}_sm90"
+
+
+def test_controls_sm90():
+    # up to 16 columns the CUTLASS pingpong tile; beyond, the epilogue-warpgroup kernels, which
+    # also take the calls needing every control
+    assert choice(90, "common_controls", 16) == "sampler_bf16_n16_common_controls_pingpong_sm90"
+    assert choice(90, "all_controls", 16) == "sampler_bf16_n16_all_controls_pingpong_sm90"
+    for loop in ("common_controls", "all_controls"):
+        assert choice(90, loop, 17) == "sampler_bf16_n32_common_controls_epilogue_warpgroups_sm90"
+        assert choice(90, loop, 50) == "sampler_bf16_n64_common_controls_epilogue_warpgroups_sm90"
+        assert choice(90, loop, 200) == "sampler_bf16_n128_common_controls_epilogue_warpgroups_cluster_n2_sm90"
+        assert choice(90, loop, 200, column_clusters=False) == "sampler_bf16_n128_common_controls_epilogue_warpgroups_sm90"
+
+
+def test_top_candidates_and_sm100():
+    assert [choice(90, "top_candidates", c) for c in (32, 33, 65)] == [
+        "sampler_bf16_n16_top_candidates_pingpong_sm90", "sampler_bf16_n64_top_candidates_pingpong_cluster_m2_sm90",
+        "sampler_bf16_n128_top_candidates_cooperative_sm90"]
+    assert [choice(100, "plain", c, bf16=False) for c in (16, 32, 64, 500)] == [
+        f"sampler_fp16_n{n}_plain_sm100" for n in (16, 32, 64, 128)]
+    assert [choice(100, "all_controls", c) for c in (32, 33, 500)] == [
+        "sampler_bf16_n16_all_controls_sm100", "sampler_bf16_n32_all_controls_sm100",
+        "sampler_bf16_n32_all_controls_sm100"]
+
+
+def test_other_architectures_have_no_kernel():
+    assert choice(80, "plain", 4) == "" and choice(120, "plain", 4) == ""
+
+
+def test_bad_arguments_name_themselves():
+    with pytest.raises(RuntimeError, match="loop must be"):
+        choice(90, "plain_loop", 4)
+    with pytest.raises(RuntimeError, match="columns must be"):
+        choice(90, "plain", 0)
