@@ -78,15 +78,62 @@ def _allowed_chunk(allowed_mask: Tensor, begin: int, end: int) -> Tensor:
     return ((words >> (v & 31)) & 1).bool()
 
 
+class ReferenceLogitTransform(NamedTuple):
+    """The model-side transforms and penalties of flashsampling_cuda/penalties.py in float64,
+    with dense tables (a reference: [B, V] memory)."""
+
+    scale: float
+    softcap: float | None
+    repetition: Tensor  # [B] float64, 1: off
+    frequency: Tensor  # [B] float64
+    presence: Tensor  # [B] float64
+    seen: Tensor  # [B, V] bool: in the prompt or the output (local columns)
+    counts: Tensor  # [B, V] float64: count among the output tokens
+
+
+def reference_logit_transform(batch: int, vocab: int, *, logit_scale: float = 1.0, logit_softcap: float | None = None,
+                              repetition_penalty=None, frequency_penalty=None, presence_penalty=None,
+                              prompt_token_ids=None, output_token_ids=None, vocab_start: int = 0,
+                              device="cpu") -> ReferenceLogitTransform:
+    """The arguments of :func:`flashsampling_cuda.sample` of those names as float64 tables:
+    penalties as floats or [B] tensors (None: off), token ids as [B, L] int tensors or lists of
+    lists (negative: padding; global ids, ``vocab_start`` the id of column 0)."""
+
+    def rows(value, off):
+        if value is None:
+            value = off
+        return torch.as_tensor(value, dtype=torch.float64, device=device).expand(batch).clone()
+
+    seen = torch.zeros((batch, vocab), dtype=torch.bool, device=device)
+    counts = torch.zeros((batch, vocab), dtype=torch.float64, device=device)
+    for ids, is_output in ((prompt_token_ids, False), (output_token_ids, True)):
+        if ids is None:
+            continue
+        for b, row in enumerate(ids.tolist() if isinstance(ids, Tensor) else ids):
+            for token in row:
+                if token >= 0 and 0 <= token - vocab_start < vocab:
+                    seen[b, token - vocab_start] = True
+                    counts[b, token - vocab_start] += float(is_output)
+    return ReferenceLogitTransform(float(logit_scale), logit_softcap, rows(repetition_penalty, 1.0),
+                                   rows(frequency_penalty, 0.0), rows(presence_penalty, 0.0), seen, counts)
+
+
 def _transformed_chunk(h: Tensor, weight: Tensor, begin: int, end: int, logit_bias: Tensor | None,
-                       sparse: tuple[Tensor, Tensor] | None, vocab_start: int) -> tuple[Tensor, Tensor]:
+                       sparse: tuple[Tensor, Tensor] | None, vocab_start: int,
+                       transform: ReferenceLogitTransform | None = None) -> tuple[Tensor, Tensor]:
     """(x, magnitude), float64 [B, end - begin]: the transformed logits of local vocabulary
-    [begin, end) for float64 hidden h [B, D] (logit + logit_bias + the sparse values of
-    the id) and sum_d |w h| + |biases|, their fp32 error scale."""
+    [begin, end) for float64 hidden h [B, D] (logit, its model-side transforms, + logit_bias +
+    the sparse values of the id, then the penalties) and their fp32 error scale, sum_d |w h| +
+    |biases| carried through the transforms."""
     device = h.device
     w = weight[begin:end].to(device, torch.float64)
     x = h @ w.T
     magnitude = h.abs() @ w.abs().T
+    if transform is not None:
+        x = x * transform.scale
+        magnitude = magnitude * transform.scale
+        if transform.softcap is not None:  # tanh' <= 1: errors do not grow
+            x = transform.softcap * torch.tanh(x / transform.softcap)
     if logit_bias is not None:
         bias = logit_bias[begin:end].to(device, torch.float64)
         x = x + bias
@@ -98,6 +145,15 @@ def _transformed_chunk(h: Tensor, weight: Tensor, begin: int, end: int, logit_bi
         row_of = torch.arange(h.shape[0], device=device)[:, None].expand_as(ids)
         x = x.index_put((row_of[hit], local[hit]), values[hit], accumulate=True)
         magnitude = magnitude.index_put((row_of[hit], local[hit]), values[hit].abs(), accumulate=True)
+    if transform is not None:
+        seen = transform.seen[:, begin:end].to(device)
+        r = transform.repetition.to(device)[:, None]
+        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
+        magnitude = torch.where(seen, magnitude * torch.maximum(r, 1 / r), magnitude)
+        counts = transform.counts[:, begin:end].to(device)
+        q = transform.frequency.to(device)[:, None] * counts + transform.presence.to(device)[:, None] * (counts > 0)
+        x = x - q
+        magnitude = magnitude + q.abs()
     return x, magnitude
 
 
@@ -113,14 +169,15 @@ def _row_params(temperature, seed, offset, batch: int, device: torch.device) -> 
 
 
 def _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias, allowed_mask, vocab_start,
-                    top_k, top_p, min_p) -> tuple[Tensor | None, Tensor]:
+                    top_k, top_p, min_p, logit_transform=None) -> tuple[Tensor | None, Tensor]:
     """(allowed_mask restricted to the survivors of :func:`reference_truncation`,
     boundary_gap [B]); the mask as given and an inf gap when nothing is truncated."""
     if top_k is None and top_p is None and min_p is None:
         return allowed_mask, torch.full((hidden.shape[0],), torch.inf, dtype=torch.float64, device=hidden.device)
     return reference_truncation(hidden, weight, temperature, logit_bias=logit_bias,
                                 sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
-                                vocab_start=vocab_start, top_k=top_k, top_p=top_p, min_p=min_p)
+                                vocab_start=vocab_start, top_k=top_k, top_p=top_p, min_p=min_p,
+                                logit_transform=logit_transform)
 
 
 def reference_sample(
@@ -141,6 +198,7 @@ def reference_sample(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
+    logit_transform: ReferenceLogitTransform | None = None,
 ) -> ReferenceSample:
     """Reference of ``flashsampling.sample(hidden, weight, temperature=..., seed=...,
     offset=..., num_samples=..., <controls>, return_logprobs=True)`` with an explicit seed.
@@ -161,11 +219,13 @@ def reference_sample(
         rtol: relative fp32 error budget of a score; tolerance per row is
             rtol * (max_v (sum_d |w[v, d] h[d]| + |biases of v|) / T + 1) (T = 1 for greedy rows).
         max_chunk_elements: bounds B * vocab chunk, the size of every temporary.
+        logit_transform: the model-side transforms and penalties
+            (:func:`reference_logit_transform`), or None.
     """
     batch, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
     allowed_mask, boundary_gap = _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias,
-                                                 allowed_mask, vocab_start, top_k, top_p, min_p)
+                                                 allowed_mask, vocab_start, top_k, top_p, min_p, logit_transform)
     h = hidden.double()
     greedy, inv_t, seeds, offsets, streams = _row_params(temperature, seed, offset, batch, device)
     sparse = _sparse_pair(sparse_logit_bias, batch, device)
@@ -182,7 +242,7 @@ def reference_sample(
     chunk = max(1, max_chunk_elements // max(batch, 1))
     for begin in range(0, vocab, chunk):
         end = min(begin + chunk, vocab)
-        x, magnitude = _transformed_chunk(h, weight, begin, end, logit_bias, sparse, vocab_start)
+        x, magnitude = _transformed_chunk(h, weight, begin, end, logit_bias, sparse, vocab_start, logit_transform)
         abs_dot_max = torch.maximum(abs_dot_max, magnitude.amax(dim=1))
         allowed = torch.ones_like(x, dtype=torch.bool)
         if allowed_mask is not None:
@@ -243,6 +303,7 @@ def reference_truncation(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
+    logit_transform: ReferenceLogitTransform | None = None,
 ) -> ReferenceTruncation:
     """The survivors of top-k, top-p and min-p in float64, row by row, read off the
     semantics: y = x / T (x for greedy rows, x as in :func:`reference_sample`) of the
@@ -260,7 +321,7 @@ def reference_truncation(
     batch, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
     x, _ = _transformed_chunk(hidden.double(), weight, 0, vocab, logit_bias,
-                              _sparse_pair(sparse_logit_bias, batch, device), vocab_start)
+                              _sparse_pair(sparse_logit_bias, batch, device), vocab_start, logit_transform)
     temps = torch.as_tensor(temperature, dtype=torch.float64, device=device).expand(batch)
     y = torch.where(temps[:, None] == 0, x, x / temps[:, None]).cpu()
     allowed = torch.ones((batch, vocab), dtype=torch.bool)

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
+from .penalties import PenaltyState, model_logits, parse_penalties, penalty_bias, repetition_penalized
 from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          materialized_logits, parse_truncation, sample_from_logits_cpu, transformed_logits,
@@ -120,10 +121,34 @@ def _seed_arg(name: str, x: int | Tensor | None) -> Tensor | None:
         raise type(e)(f"flashsampling.sample: {name}: {e}") from None
 
 
+class LogitTransforms(NamedTuple):
+    """The model-side transforms and penalties of a call, as the caller gave them."""
+
+    logit_scale: float = 1.0
+    logit_softcap: float | None = None
+    repetition_penalty: float | Tensor | None = None
+    frequency_penalty: float | Tensor | None = None
+    presence_penalty: float | Tensor | None = None
+    penalty_state: PenaltyState | None = None
+    prompt_token_ids: object = None
+    output_token_ids: object = None
+
+
+def _model_transform_args(logit_scale, logit_softcap) -> tuple[float, float | None]:
+    for name, value in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap)):
+        if value is None and name == "logit_softcap":
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"flashsampling.sample: {name} must be a float, got {type(value).__name__}")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"flashsampling.sample: {name} must be finite and > 0, got {value}")
+    return float(logit_scale), None if logit_softcap is None else float(logit_softcap)
+
+
 def _op_kwargs(
     hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
     allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, route: dict | None = None,
-    truncation_path: str = "auto",
+    truncation_path: str = "auto", transforms: LogitTransforms = LogitTransforms(),
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
@@ -148,6 +173,17 @@ def _op_kwargs(
         vocab_start=vocab_start,
     )
     truncation = parse_truncation(top_k, top_p, min_p, hidden)
+    scale, softcap = _model_transform_args(transforms.logit_scale, transforms.logit_softcap)
+    penalties = parse_penalties(transforms.repetition_penalty, transforms.frequency_penalty,
+                                transforms.presence_penalty, transforms.penalty_state, transforms.prompt_token_ids,
+                                transforms.output_token_ids, hidden)
+    model_side = scale != 1.0 or softcap is not None
+    if penalties is not None and not model_side and penalties.repetition is None and sparse_ids is None:
+        # Frequency and presence alone: their terms are sparse bias entries of the fused op.
+        kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"] = penalty_bias(penalties)
+    elif model_side or penalties is not None:
+        _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties)
+        return kwargs
     if truncation is not None:
         # The op's own argument errors come before the logits are materialised (traced,
         # the op's fake kernel runs the same checks; torch._check messages do not trace).
@@ -173,6 +209,36 @@ def _op_kwargs(
     elif truncation_path not in TRUNCATION_PATHS:  # nothing to truncate: any path name is fine, a typo is not
         choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
     return kwargs
+
+
+def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncation_path: str, scale: float,
+                  softcap: float | None, penalties) -> None:
+    """Fills ``route`` for a call with model-side transforms or penalties the fused op cannot
+    apply: the fp32 logits once (:func:`materialized_logits`), the rule of
+    flashsampling_cuda/penalties.py on them in torch ops, then
+    ``torch.ops.flashsampling.sample_from_logits`` (its CUDA kernel, or the CPU op), which
+    applies the mask, temperature, truncation and noise. No host sync."""
+    if truncation_path not in TRUNCATION_PATHS or truncation_path == "fused_top_k":
+        raise ValueError("flashsampling.sample: with logit_scale / logit_softcap or penalties, truncation_path must be "
+                         f"'auto', 'logits' or 'materialized', got {truncation_path!r}")
+    if not torch.compiler.is_compiling():
+        _check_fake_args(hidden, weight, kwargs["num_samples"], kwargs["temperatures"], kwargs["seed"],
+                         kwargs["offset"], kwargs["logit_bias"], kwargs["sparse_bias_ids"],
+                         kwargs["sparse_bias_values"], kwargs["allowed_mask"], temperature=kwargs["temperature"],
+                         generator=kwargs["generator"], empty_mask_token=kwargs["empty_mask_token"],
+                         vocab_start=kwargs["vocab_start"])
+    x = model_logits(materialized_logits(hidden, weight), scale, softcap)
+    bias = kwargs["logit_bias"]
+    if penalties is not None or kwargs["sparse_bias_ids"] is not None:
+        x = transformed_logits(x, bias, kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"], kwargs["vocab_start"])
+        bias = None
+    if penalties is not None:
+        x = repetition_penalized(x, penalties, kwargs["vocab_start"])
+        entries = penalty_bias(penalties)
+        if entries is not None:
+            x = transformed_logits(x, None, *entries, kwargs["vocab_start"])
+    route.update(op="sample_from_logits", logits=x, logit_bias=bias,
+                 **logits_truncation_args(truncation, hidden.shape[0], hidden.device))
 
 
 def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, route: dict, return_logprobs: bool):
@@ -241,6 +307,14 @@ def sample(
     min_p: float | Tensor | None = None,
     truncation_path: str = "auto",
     check_nan: bool = False,
+    logit_scale: float = 1.0,
+    logit_softcap: float | None = None,
+    repetition_penalty: float | Tensor | None = None,
+    frequency_penalty: float | Tensor | None = None,
+    presence_penalty: float | Tensor | None = None,
+    penalty_state: PenaltyState | None = None,
+    prompt_token_ids: Tensor | Sequence[Sequence[int]] | None = None,
+    output_token_ids: Tensor | Sequence[Sequence[int]] | None = None,
 ) -> Tensor | SampleOutput:
     r"""Sample next tokens from ``softmax(hidden @ weight.T / T)`` without materialising logits.
 
@@ -327,6 +401,21 @@ def sample(
             ``"materialized"`` (float64 survivors in torch ops, then the fused op samples with
             them as a mask: the reference path, which reads the weight twice). Naming a path
             that cannot take the call is a ``ValueError``.
+        logit_scale, logit_softcap: model-side transforms of the raw logits, before the biases:
+            ``l * logit_scale``, then ``logit_softcap * tanh(l / logit_softcap)`` (Gemma's
+            ``final_logit_softcapping``; Granite's ``logits_scaling`` is ``1 / logit_scale``).
+            Off by default (1.0, None); either on takes the logits route (docs/penalties.md).
+        repetition_penalty, frequency_penalty, presence_penalty: vLLM's penalties, after the
+            biases and before the temperature: a host float, or a 0-d / ``[B]`` float tensor
+            (per row). Repetition (off: 1.0, host values > 0) divides a positive logit of a token
+            seen in the prompt or the output by it and multiplies a negative one; frequency and
+            presence (off: 0.0) subtract ``f * count + p * [count > 0]`` over the output tokens.
+            Frequency and presence alone (and no ``sparse_logit_bias``) run fused as sparse
+            bias entries; the repetition penalty takes the logits route (docs/penalties.md).
+        penalty_state: the token history of every row (:class:`flashsampling_cuda.PenaltyState`,
+            on hidden's device; ``penalty_state.update(tokens)`` after each step, graph-safe).
+        prompt_token_ids, output_token_ids: instead of ``penalty_state``, the history as
+            ``[B, L]`` int tensors or lists of lists (negative ids: padding).
         check_nan: check for non-finite values (as FlashInfer's ``check_nan``), with host syncs
             (eager only: not under torch.compile or CUDA-graph capture): raise ``ValueError``
             naming the rows where ``hidden`` holds NaN or infinity, where the winning score is
@@ -372,6 +461,8 @@ def sample(
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
+        LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
+                        penalty_state, prompt_token_ids, output_token_ids),
     )
     if not return_logprobs and not route and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
@@ -401,6 +492,14 @@ def sample_with_scores(
     min_p: float | Tensor | None = None,
     truncation_path: str = "auto",
     check_nan: bool = False,
+    logit_scale: float = 1.0,
+    logit_softcap: float | None = None,
+    repetition_penalty: float | Tensor | None = None,
+    frequency_penalty: float | Tensor | None = None,
+    presence_penalty: float | Tensor | None = None,
+    penalty_state: PenaltyState | None = None,
+    prompt_token_ids: Tensor | Sequence[Sequence[int]] | None = None,
+    output_token_ids: Tensor | Sequence[Sequence[int]] | None = None,
 ) -> ScoredSample:
     """:func:`sample` (same arguments) returning every output of the op, for callers that
     combine partial samples, e.g. tensor-parallel vocabulary shards: the winning score of
@@ -421,6 +520,8 @@ def sample_with_scores(
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
+        LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
+                        penalty_state, prompt_token_ids, output_token_ids),
     )
     out = ScoredSample(*_call_op(hidden, weight, kwargs, route, return_logprobs))
     if check_nan:

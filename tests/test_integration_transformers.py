@@ -117,6 +117,19 @@ def test_other_families_equal_reference_path(fst, family):
     assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
 
 
+def test_final_logit_softcapping_follows_the_model(fst):
+    """Gemma 2 soft-caps its logits (final_logit_softcapping, 30 by default; 2 here so that it
+    matters): the head passes it to the op, and the tokens follow the model's own path."""
+    transformers = import_or_skip("transformers")
+    config = transformers.Gemma2Config(**COMMON, final_logit_softcapping=2.0, sliding_window=128)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    assert fst.FlashSamplingHead(model).logit_softcap == 2.0
+    kwargs = dict(max_new_tokens=6, temperature=0.8, seed=3)
+    out = fst.generate(model, PROMPTS, **kwargs)
+    assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+
 def test_eager_attention_and_tensor_prompts(fst):
     model = tiny_model("llama", attn="eager")
     ids = torch.tensor([[0, 0, 4, 5, 6], [1, 2, 3, 4, 5]])
@@ -384,10 +397,6 @@ def test_lm_head_bias(fst):
 
 def test_refuses_what_it_cannot_do_exactly(fst):
     transformers = import_or_skip("transformers")
-    gemma2 = transformers.Gemma2Config(**COMMON)  # final_logit_softcapping=30 by default
-    model = transformers.AutoModelForCausalLM.from_config(gemma2, attn_implementation="eager").eval()
-    with pytest.raises(fst.UnsupportedModelError, match="final_logit_softcapping"):
-        fst.FlashSamplingDecoder(model)
     gpt2 = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=100)
     with pytest.raises(fst.UnsupportedModelError, match="model_type 'gpt2'"):
         fst.FlashSamplingHead(transformers.AutoModelForCausalLM.from_config(gpt2))

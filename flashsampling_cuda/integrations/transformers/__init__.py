@@ -10,12 +10,12 @@ distribution, sampled exactly with the Gumbel-Max trick, without writing the log
 Supported: ``model_type`` in :data:`SUPPORTED_MODEL_TYPES` (Llama, Mistral, Qwen2,
 Qwen3, Gemma, Gemma 2, Gemma 3 text), tied or untied embeddings, a plain
 ``torch.nn.Linear`` head (a bias goes in as the op's ``logit_bias``),
-``attn_implementation`` ``"sdpa"`` or ``"eager"``. Refused, with
-:class:`UnsupportedModelError`: final-logit soft-capping (Gemma 2/3's
-``final_logit_softcapping``: ``cap * tanh(logits / cap)`` is not applied by the op, so
-its samples would not follow the model's distribution), logit scaling configs
-(``logit_scale``, ``logits_scaling``), quantized, vocab-parallel (DTensor) or wrapped
-heads, sliding-window attention beyond its window, other model types.
+``attn_implementation`` ``"sdpa"`` or ``"eager"``; Gemma 2/3's final-logit soft-capping
+(``final_logit_softcapping``) goes to the op as ``logit_softcap`` (the logits route:
+docs/penalties.md). Refused, with :class:`UnsupportedModelError`: logit scaling configs
+(``logit_scale``, ``logits_scaling``) of model types it does not know, quantized,
+vocab-parallel (DTensor) or wrapped heads, sliding-window attention beyond its window,
+other model types.
 
 ``top_k``, ``top_p`` and ``min_p`` go to the op, which truncates exactly: on CUDA with a
 host ``top_k`` of at most 64 in the fused top-k pass (the logits are still never written),

@@ -25,10 +25,11 @@ def _prefix(model: nn.Module) -> str:
     return f"flashsampling transformers integration ({type(model).__name__}):"
 
 
-def _lm_head_of(model: nn.Module) -> tuple[Tensor, Tensor | None]:
-    """(weight [V, D], float32 logit bias [V] or None) of the model's head, after
-    checking that logits = weight @ hidden (+ bias) is all the model does after its
-    body, so that sampling them with the op is exact."""
+def _lm_head_of(model: nn.Module) -> tuple[Tensor, Tensor | None, float | None]:
+    """(weight [V, D], float32 logit bias [V] or None, final-logit soft-cap or None) of the
+    model's head, after checking that logits = weight @ hidden (+ bias), soft-capped as
+    ``cap * tanh(logits / cap)`` where the config says so (Gemma 2/3), is all the model does
+    after its body, so that sampling them with the op (``logit_softcap``) is exact."""
     prefix = _prefix(model)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -39,13 +40,8 @@ def _lm_head_of(model: nn.Module) -> tuple[Tensor, Tensor | None]:
             "after lm_head (scaling, soft-capping) and need a check of their own first"
         )
     softcap = getattr(config, "final_logit_softcapping", None)
-    if softcap is not None:
-        raise UnsupportedModelError(
-            f"{prefix} config.final_logit_softcapping={softcap}: the model samples from "
-            "softcap * tanh(logits / softcap), which flashsampling.sample does not apply, so its "
-            "tokens would not follow the model's distribution. Refusing; set "
-            "config.final_logit_softcapping = None only to sample the uncapped logits"
-        )
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise UnsupportedModelError(f"{prefix} config.final_logit_softcapping={softcap!r} is not a positive number")
     for attr in ("logit_scale", "logits_scaling", "output_multiplier_scale"):
         value = getattr(config, attr, None)
         if value is not None and value != 1:
@@ -74,21 +70,23 @@ def _lm_head_of(model: nn.Module) -> tuple[Tensor, Tensor | None]:
     logit_bias = None
     if head.bias is not None:
         logit_bias = head.bias.detach().to(torch.float32).contiguous()
-    return weight.detach(), logit_bias
+    return weight.detach(), logit_bias, None if softcap is None else float(softcap)
 
 
 class FlashSamplingHead:
     """The model's ``lm_head`` + temperature + multinomial as one ``flashsampling.sample``.
 
     ``head(hidden, temperature=..., seed=..., offset=...)`` samples next tokens
-    ``[B, num_samples]`` from ``softmax((hidden @ lm_head.weight.T + bias) / T)`` for the
+    ``[B, num_samples]`` from ``softmax((hidden @ lm_head.weight.T + bias) / T)`` (soft-capped
+    first where the config says so: the op's ``logit_softcap``, which takes the logits route,
+    docs/penalties.md) for the
     final-norm hidden states ``hidden [B, D]`` (what ``model.model(...)`` returns as
     ``last_hidden_state[:, -1]``). Built once per model: it holds references to the head's
     weight (tied or not) and a float32 copy of its bias.
     """
 
     def __init__(self, model: nn.Module):
-        self.weight, self.logit_bias = _lm_head_of(model)
+        self.weight, self.logit_bias, self.logit_softcap = _lm_head_of(model)
 
     def __call__(
         self,
@@ -103,7 +101,7 @@ class FlashSamplingHead:
         top_p: float | Tensor | None = None,
         min_p: float | Tensor | None = None,
     ) -> Tensor:
-        kwargs = dict(top_k=top_k, top_p=top_p, min_p=min_p)
+        kwargs = dict(top_k=top_k, top_p=top_p, min_p=min_p, logit_softcap=self.logit_softcap)
         if self.logit_bias is not None:
             if self.logit_bias.device != hidden.device:
                 self.logit_bias = self.logit_bias.to(hidden.device)

@@ -1,0 +1,266 @@
+"""Repetition, frequency and presence penalties, and the model-side logit transforms
+(``logit_scale``, ``logit_softcap``), as :func:`flashsampling_cuda.sample` applies them.
+
+The rule, per row ``b`` and token ``v`` (fp32, in this order; docs/penalties.md):
+
+1. model side, on the raw logit ``l = hidden . weight[v]``: ``l = fl(l * logit_scale)``, then
+   ``l = fl(cap * tanh(fl(l / cap)))`` with ``cap = logit_softcap`` (Gemma 2/3
+   ``final_logit_softcapping``; Granite's ``logits_scaling`` is ``logit_scale = 1 / it``, Cohere's
+   ``logit_scale`` is itself);
+2. the biases and the mask, as without penalties: ``x = fl(fl(l + logit_bias[v]) + s)``, ``s`` the
+   row's sparse bias;
+3. vLLM's penalties (``vllm/v1/sample/ops/penalties.py``): the repetition penalty ``r_b`` on
+   every token seen in the prompt or the output, ``x = x / r_b`` where ``x > 0`` and ``x * r_b``
+   elsewhere; then ``x = fl(x + q)`` with ``q = -fl(fl(f_b * c) + fl(p_b * [c > 0]))``, ``c`` the
+   token's count among the output tokens, ``f_b`` / ``p_b`` the frequency / presence penalties;
+4. temperature, truncation and the noise as without penalties (``y = x / T``).
+
+A row whose penalties are off (``r = 1``, ``f = p = 0``) and whose model transforms are off gets
+the logits of plain sampling, bit for bit.
+
+The token history lives in a :class:`PenaltyState`: per row the distinct ids seen, whether each
+was in the prompt and its count among the output tokens, in ``O(B * capacity)`` device memory
+(not a ``[B, V]`` count table), updated on the device from each step's tokens without a host
+sync, so a decode step that samples and updates can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["PenaltyState"]
+
+
+def _token_matrix(name: str, ids, batch: int | None, device) -> Tensor:
+    """``ids`` as an int64 ``[B, L]`` tensor (``-1``: padding); lists of lists are padded."""
+    if isinstance(ids, Tensor):
+        if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 2:
+            raise TypeError(f"flashsampling.PenaltyState: {name} must be an int32/int64 [B, L] tensor, got "
+                            f"{ids.dtype} with shape {list(ids.shape)}")
+        t = ids.to(device=device if device is not None else ids.device, dtype=torch.int64)
+    elif isinstance(ids, (list, tuple)):
+        rows = [list(r) for r in ids]
+        if not all(isinstance(v, int) for r in rows for v in r):
+            raise TypeError(f"flashsampling.PenaltyState: {name} must hold ints")
+        width = max((len(r) for r in rows), default=0)
+        t = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64,
+                         device=device).reshape(len(rows), width)
+    else:
+        raise TypeError(f"flashsampling.PenaltyState: {name} must be a [B, L] tensor or a list of lists, got "
+                        f"{type(ids).__name__}")
+    if batch is not None and t.shape[0] != batch:
+        raise ValueError(f"flashsampling.PenaltyState: {name} must have {batch} rows, got {t.shape[0]}")
+    return t
+
+
+class PenaltyState:
+    """The tokens each row has seen, for the penalties of :func:`flashsampling_cuda.sample`.
+
+    Tensors (on ``device``; ``C = capacity``): ``ids`` int64 ``[B, C]`` (distinct ids, ``-1`` in
+    free slots), ``output_counts`` int32 ``[B, C]`` (count among the output tokens),
+    ``in_prompt`` bool ``[B, C]``, ``size`` int64 ``[B]`` (slots in use) and ``overflowed`` bool
+    ``[B]``: a row that had more distinct tokens than ``capacity`` (its later new tokens are not
+    recorded; :meth:`check` raises for it). Give a capacity of at least the prompt's distinct
+    tokens plus the steps to come.
+
+    Args:
+        prompt_token_ids: ``[B, L]`` int tensor or list of lists (``-1`` or any negative id:
+            padding), or None.
+        output_token_ids: the same for tokens generated so far, or None.
+        capacity: slots per row (default: ``L_prompt + L_output + 256``).
+        batch, device: needed when both id sets are None.
+    """
+
+    def __init__(self, prompt_token_ids=None, output_token_ids=None, *, capacity: int | None = None,
+                 batch: int | None = None, device: torch.device | str | None = None):
+        parts = []
+        for name, ids, is_output in (("prompt_token_ids", prompt_token_ids, False),
+                                     ("output_token_ids", output_token_ids, True)):
+            if ids is not None:
+                t = _token_matrix(name, ids, batch, device)
+                batch, device = t.shape[0], t.device
+                parts.append((t, is_output))
+        if batch is None:
+            raise ValueError("flashsampling.PenaltyState: give prompt_token_ids, output_token_ids or batch")
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        width = sum(t.shape[1] for t, _ in parts)
+        if capacity is None:
+            capacity = width + 256
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ValueError(f"flashsampling.PenaltyState: capacity must be an int >= 1, got {capacity!r}")
+        self.ids = torch.full((batch, capacity), -1, dtype=torch.int64, device=device)
+        self.output_counts = torch.zeros((batch, capacity), dtype=torch.int32, device=device)
+        self.in_prompt = torch.zeros((batch, capacity), dtype=torch.bool, device=device)
+        self.size = torch.zeros(batch, dtype=torch.int64, device=device)
+        self.overflowed = torch.zeros(batch, dtype=torch.bool, device=device)
+        if parts:
+            self._insert_all(torch.cat([t for t, _ in parts], dim=1),
+                             torch.cat([torch.full_like(t, int(o), dtype=torch.bool) for t, o in parts], dim=1))
+
+    @property
+    def batch(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        return self.ids.shape[1]
+
+    def _insert_all(self, ids: Tensor, is_output: Tensor) -> None:
+        """Fills the empty state with the distinct non-negative ids of each row (sorted)."""
+        valid = ids >= 0
+        key = torch.where(valid, ids, torch.iinfo(torch.int64).max)
+        key, order = key.sort(dim=1, stable=True)
+        is_output = is_output.gather(1, order) & (key != torch.iinfo(torch.int64).max)
+        is_prompt = ~is_output & (key != torch.iinfo(torch.int64).max)
+        first = torch.ones_like(key, dtype=torch.bool)
+        first[:, 1:] = key[:, 1:] != key[:, :-1]
+        first &= key != torch.iinfo(torch.int64).max
+        slot = torch.cumsum(first.long(), dim=1) - 1  # the slot of each id's run
+        fits = (slot < self.capacity) & (key != torch.iinfo(torch.int64).max)
+        self.overflowed = (slot >= self.capacity).logical_and(key != torch.iinfo(torch.int64).max).any(dim=1)
+        spare = self.capacity  # writes that do not fit go to a spare column, dropped below
+        column = torch.where(fits, slot, spare)
+        ids_wide = torch.full((self.batch, self.capacity + 1), -1, dtype=torch.int64, device=key.device)
+        ids_wide.scatter_(1, torch.where(first & fits, column, spare), torch.where(first & fits, key, -1))
+        counts = torch.zeros((self.batch, self.capacity + 1), dtype=torch.int32, device=key.device)
+        counts.scatter_add_(1, column, is_output.int())
+        prompt = torch.zeros((self.batch, self.capacity + 1), dtype=torch.int32, device=key.device)
+        prompt.scatter_add_(1, column, is_prompt.int())
+        self.ids = ids_wide[:, :-1].contiguous()
+        self.output_counts = counts[:, :-1].contiguous()
+        self.in_prompt = prompt[:, :-1] > 0
+        self.size = (self.ids >= 0).sum(dim=1)
+
+    def update(self, tokens: Tensor) -> None:
+        """Counts each row's new output token, in place, on the device: ``tokens`` int ``[B]``
+        or ``[B, 1]`` (a negative id, e.g. a finished row's ``-1``, records nothing)."""
+        if not isinstance(tokens, Tensor) or tokens.dtype not in (torch.int32, torch.int64):
+            raise TypeError("flashsampling.PenaltyState.update: tokens must be an int32/int64 tensor")
+        if tokens.dim() == 2 and tokens.shape[1] == 1:
+            tokens = tokens[:, 0]
+        if tokens.dim() != 1 or tokens.shape[0] != self.batch:
+            raise ValueError(f"flashsampling.PenaltyState.update: tokens must be [B] or [B, 1] with B = {self.batch}, "
+                             f"got shape {list(tokens.shape)}")
+        tokens = tokens.to(device=self.ids.device, dtype=torch.int64)
+        live = tokens >= 0
+        match = (self.ids == tokens[:, None]) & live[:, None]
+        self.output_counts += match.int()
+        new = live & ~match.any(dim=1)
+        fits = new & (self.size < self.capacity)
+        slot = self.size.clamp(max=self.capacity - 1)[:, None]
+        self.ids.scatter_(1, slot, torch.where(fits, tokens, self.ids.gather(1, slot)[:, 0])[:, None])
+        self.output_counts.scatter_(1, slot, torch.where(fits, 1, self.output_counts.gather(1, slot)[:, 0])[:, None]
+                                    .int())
+        self.size += fits.long()
+        self.overflowed |= new & ~fits
+
+    def check(self) -> None:
+        """Raises ``RuntimeError`` naming the rows whose history did not fit ``capacity`` (a host sync)."""
+        rows = torch.nonzero(self.overflowed).flatten().tolist()
+        if rows:
+            raise RuntimeError(f"flashsampling.PenaltyState: rows {rows[:16]} saw more than capacity={self.capacity} "
+                               "distinct tokens; their penalties miss the later ones (build the state with a larger "
+                               "capacity)")
+
+
+class Penalties(NamedTuple):
+    """The parsed penalty arguments of one call: each None (off for every row), a host float,
+    or a float32 ``[B]`` tensor."""
+    repetition: float | Tensor | None
+    frequency: float | Tensor | None
+    presence: float | Tensor | None
+    state: PenaltyState | None
+
+
+def _penalty(name: str, value, hidden: Tensor, off: float, low: float, low_text: str):
+    if value is None:
+        return None
+    if isinstance(value, Tensor):
+        if not value.is_floating_point() or value.dim() > 1 or (value.dim() == 1 and value.shape[0] != hidden.shape[0]):
+            raise ValueError(f"flashsampling.sample: {name} must be a float, or a floating 0-d or [B] tensor with "
+                             f"B = {hidden.shape[0]}, got {value.dtype} with shape {list(value.shape)}")
+        return value.to(device=hidden.device, dtype=torch.float32).expand(hidden.shape[0])
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"flashsampling.sample: {name} must be a float or a tensor, got {type(value).__name__}")
+    value = float(value)
+    if not (value >= low) or value == float("inf"):
+        raise ValueError(f"flashsampling.sample: {name} must be {low_text}, got {value}")
+    return None if value == off else value
+
+
+def parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, penalty_state, prompt_token_ids,
+                    output_token_ids, hidden: Tensor) -> Penalties | None:
+    """The call's penalties, or None when every one is off as a host value. Host values out of
+    range raise ``ValueError`` naming the argument (``repetition_penalty > 0``; frequency and
+    presence finite); values inside tensors are not read (no sync)."""
+    repetition = _penalty("repetition_penalty", repetition_penalty, hidden, 1.0, float.fromhex("0x1p-126"), "> 0")
+    frequency = _penalty("frequency_penalty", frequency_penalty, hidden, 0.0, -float("inf"), "finite")
+    presence = _penalty("presence_penalty", presence_penalty, hidden, 0.0, -float("inf"), "finite")
+    if penalty_state is not None and (prompt_token_ids is not None or output_token_ids is not None):
+        raise ValueError("flashsampling.sample: give penalty_state or prompt_token_ids / output_token_ids, not both")
+    if penalty_state is None and (prompt_token_ids is not None or output_token_ids is not None):
+        penalty_state = PenaltyState(prompt_token_ids, output_token_ids, batch=hidden.shape[0], device=hidden.device)
+    if penalty_state is not None:
+        if not isinstance(penalty_state, PenaltyState):
+            raise TypeError(f"flashsampling.sample: penalty_state must be a PenaltyState, got "
+                            f"{type(penalty_state).__name__}")
+        if penalty_state.batch != hidden.shape[0] or penalty_state.ids.device != hidden.device:
+            raise ValueError(f"flashsampling.sample: penalty_state must have B = {hidden.shape[0]} rows on "
+                             f"{hidden.device}, got {penalty_state.batch} on {penalty_state.ids.device}")
+    if repetition is None and frequency is None and presence is None:
+        return None
+    if penalty_state is None:
+        raise ValueError("flashsampling.sample: penalties need the token history: penalty_state, or prompt_token_ids "
+                         "/ output_token_ids")
+    return Penalties(repetition, frequency, presence, penalty_state)
+
+
+def model_logits(logits: Tensor, logit_scale: float, logit_softcap: float | None) -> Tensor:
+    """Step 1 of the rule on fp32 raw logits ``[B, V]``."""
+    if logit_scale != 1.0:
+        logits = logits * logit_scale
+    if logit_softcap is not None:
+        logits = torch.tanh(logits / logit_softcap) * logit_softcap
+    return logits
+
+
+def _local_ids(state: PenaltyState, vocab: int, vocab_start: int) -> tuple[Tensor, Tensor]:
+    """(column of each slot's id in this vocabulary, ``vocab`` where out of it or free; in range)."""
+    local = state.ids - vocab_start
+    inside = (state.ids >= 0) & (local >= 0) & (local < vocab)
+    return torch.where(inside, local, vocab), inside
+
+
+def repetition_penalized(x: Tensor, penalties: Penalties, vocab_start: int) -> Tensor:
+    """Step 3's repetition penalty on fp32 ``x [B, V]`` (a new tensor)."""
+    if penalties.repetition is None:
+        return x
+    batch, vocab = x.shape
+    column, inside = _local_ids(penalties.state, vocab, vocab_start)
+    r = penalties.repetition
+    r = r[:, None] if isinstance(r, Tensor) else r
+    wide = torch.cat([x, x.new_zeros(batch, 1)], dim=1)  # a spare column for free slots
+    seen = wide.gather(1, column)
+    penalized = torch.where(seen > 0, seen / r, seen * r)
+    return wide.scatter(1, column, torch.where(inside, penalized, seen))[:, :vocab]
+
+
+def penalty_bias(penalties: Penalties) -> tuple[Tensor, Tensor] | None:
+    """Step 3's ``q`` as sparse-bias entries: (global ids int64 ``[B, C]``, fp32 values ``[B, C]``),
+    or None without frequency and presence penalties."""
+    if penalties.frequency is None and penalties.presence is None:
+        return None
+    state = penalties.state
+    counts = state.output_counts.float()
+    q = torch.zeros_like(counts)
+    if penalties.frequency is not None:
+        f = penalties.frequency
+        q = q + (f[:, None] if isinstance(f, Tensor) else f) * counts
+    if penalties.presence is not None:
+        p = penalties.presence
+        q = q + (p[:, None] if isinstance(p, Tensor) else p) * (counts > 0).float()
+    counted = (state.ids >= 0) & (state.output_counts > 0)  # prompt-only tokens get no entry
+    return torch.where(counted, state.ids, -1), torch.where(counted, -q, 0.0)

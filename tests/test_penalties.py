@@ -1,0 +1,213 @@
+"""Repetition / frequency / presence penalties and the model-side logit transforms
+(flashsampling_cuda/penalties.py): the token history (PenaltyState) against a dense recount,
+pathwise samples against the float64 reference (reference_logit_transform), bit-exact agreement of
+the routes and with plain sampling where everything is off, a chi-square of the penalised
+distribution, argument errors. CPU always; CUDA where there is a GPU."""
+
+import math
+
+import pytest
+import torch
+
+import flashsampling_cuda as fs
+from flashsampling_cuda import PenaltyState
+from flashsampling_cuda.reference import reference_logit_transform, reference_sample
+from sampling_stats import assert_matches_reference, chi_square_pvalue
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def problem(batch, vocab, dim, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, dim, generator=g).to(torch.bfloat16).to(device)
+    weight = (torch.randn(vocab, dim, generator=g) * 2 / dim**0.5).to(torch.bfloat16).to(device)
+    return hidden, weight
+
+
+def histories(batch, vocab, seed=0, prompt_len=30, output_len=20):
+    g = torch.Generator().manual_seed(seed + 1)
+    prompt = torch.randint(0, vocab, (batch, prompt_len), generator=g)
+    output = torch.randint(0, vocab // 4, (batch, output_len), generator=g)  # repeats
+    prompt[0, 5:] = -1  # padding
+    output[1] = -1
+    return prompt, output
+
+
+def dense_counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    counts = torch.zeros(ids.shape[0], vocab, dtype=torch.int64)
+    for b, row in enumerate(ids.tolist()):
+        for t in row:
+            if t >= 0:
+                counts[b, t] += 1
+    return counts
+
+
+def state_tables(state: PenaltyState, vocab: int):
+    seen = torch.zeros(state.batch, vocab, dtype=torch.bool)
+    counts = torch.zeros(state.batch, vocab, dtype=torch.int64)
+    prompt = torch.zeros(state.batch, vocab, dtype=torch.bool)
+    for b in range(state.batch):
+        for slot in range(state.capacity):
+            t = int(state.ids[b, slot])
+            if t >= 0:
+                assert not seen[b, t], "an id twice in a row's slots"
+                seen[b, t] = True
+                counts[b, t] = int(state.output_counts[b, slot])
+                prompt[b, t] = bool(state.in_prompt[b, slot])
+    return seen, counts, prompt
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_matches_a_dense_recount_through_updates(device):
+    vocab = 300
+    prompt, output = histories(6, vocab)
+    state = PenaltyState(prompt.to(device), output.to(device), capacity=128)
+    g = torch.Generator().manual_seed(5)
+    outputs = [output]
+    for _ in range(15):
+        step = torch.randint(-1, vocab // 3, (6,), generator=g)  # -1: a finished row
+        state.update(step.to(device))
+        outputs.append(step[:, None])
+    everything = torch.cat(outputs, dim=1)
+    seen, counts, in_prompt = state_tables(state, vocab)
+    want_counts = dense_counts(everything, vocab)
+    want_prompt = dense_counts(prompt, vocab) > 0
+    assert torch.equal(counts, want_counts)
+    assert torch.equal(in_prompt, want_prompt)
+    assert torch.equal(seen, want_prompt | (want_counts > 0))
+    assert torch.equal(state.size.cpu(), seen.sum(dim=1))
+    assert not state.overflowed.any()
+    state.check()
+
+
+def test_state_overflow_is_flagged_not_silent():
+    state = PenaltyState([[1, 2, 3]], capacity=4)
+    state.update(torch.tensor([4]))
+    assert not state.overflowed.any()
+    state.update(torch.tensor([5]))  # a fifth distinct id
+    assert state.overflowed.tolist() == [True]
+    with pytest.raises(RuntimeError, match="capacity=4"):
+        state.check()
+    assert PenaltyState([[1, 2, 3, 4, 5]], capacity=2).overflowed.tolist() == [True]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["repetition", "frequency_presence", "all_per_row", "softcap_scale", "everything"])
+def test_pathwise_against_float64_reference(device, case):
+    batch, vocab, dim = 12, 3001, 64
+    hidden, weight = problem(batch, vocab, dim, device, seed=3)
+    prompt, output = histories(batch, vocab)
+    per_row = torch.linspace(0.5, 2.0, batch)
+    args = {
+        "repetition": dict(repetition_penalty=1.3),
+        "frequency_presence": dict(frequency_penalty=0.7, presence_penalty=0.4),
+        "all_per_row": dict(repetition_penalty=per_row, frequency_penalty=per_row - 0.5, presence_penalty=-0.2),
+        "softcap_scale": dict(logit_scale=3.0, logit_softcap=5.0),
+        "everything": dict(logit_scale=0.5, logit_softcap=8.0, repetition_penalty=1.1, frequency_penalty=0.3,
+                           presence_penalty=0.3),
+    }[case]
+    bias = torch.randn(vocab, generator=torch.Generator().manual_seed(2))
+    controls = dict(temperature=0.8, seed=11, offset=3, num_samples=3, logit_bias=bias.to(device))
+    if case == "everything":
+        controls.update(top_k=torch.full((batch,), 200), top_p=0.95, min_p=0.01)
+    out = fs.sample(hidden, weight, **controls, **args, prompt_token_ids=prompt.to(device),
+                    output_token_ids=output.to(device), return_logprobs=True)
+    penalties = {k: v for k, v in args.items() if k.endswith("penalty")}
+    transform = reference_logit_transform(batch, vocab, logit_scale=args.get("logit_scale", 1.0),
+                                          logit_softcap=args.get("logit_softcap"), prompt_token_ids=prompt,
+                                          output_token_ids=output, device=device, **penalties)
+    ref = reference_sample(hidden, weight, **{k: v for k, v in controls.items()}, logit_transform=transform)
+    assert_matches_reference(out.tokens, ref)
+    same = out.tokens.cpu() == ref.tokens.cpu()
+    assert torch.allclose(out.logprobs.cpu()[same], ref.logprobs.cpu().float()[same], atol=2e-4, rtol=1e-4)
+
+
+def test_rows_without_penalties_get_the_plain_tokens_bit_for_bit():
+    """CPU: the logits route computes the op's own logits, so a row whose penalties are off
+    gets the token and score of plain sampling, bit for bit."""
+    batch, vocab, dim = 16, 2000, 64
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=4)
+    prompt, output = histories(batch, vocab)
+    rep = torch.ones(batch)
+    rep[::3] = 1.5
+    freq = torch.zeros(batch)
+    freq[::3] = 0.5
+    kwargs = dict(temperature=torch.rand(batch) + 0.3, seed=torch.arange(batch), offset=7, top_p=0.9)
+    plain = fs.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
+    penalized = fs.sample_with_scores(hidden, weight, **kwargs, repetition_penalty=rep, frequency_penalty=freq,
+                                      prompt_token_ids=prompt, output_token_ids=output, return_logprobs=True)
+    off = rep == 1
+    assert torch.equal(plain.tokens[off], penalized.tokens[off])
+    assert torch.equal(plain.scores[off].view(torch.int32), penalized.scores[off].view(torch.int32))
+    assert torch.equal(plain.logsumexp[off].view(torch.int32), penalized.logsumexp[off].view(torch.int32))
+    assert (plain.logsumexp[~off] != penalized.logsumexp[~off]).any()  # the penalties did change rows
+
+
+def test_fused_and_logits_routes_agree_bit_for_bit():
+    """Frequency and presence alone run on the fused op as sparse bias entries; with a
+    repetition penalty of exactly 1 (on, but changing nothing) the same call takes the logits
+    route: the same logits, so the same tokens and scores, bit for bit (CPU)."""
+    batch, vocab, dim = 10, 4000, 64
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=6)
+    state = PenaltyState(*histories(batch, vocab, seed=2))
+    kwargs = dict(temperature=0.7, seed=5, num_samples=2, frequency_penalty=0.9, presence_penalty=1.5,
+                  penalty_state=state, logit_bias=torch.randn(vocab), return_logprobs=True)
+    fused = fs.sample_with_scores(hidden, weight, **kwargs)
+    logits_route = fs.sample_with_scores(hidden, weight, **kwargs, repetition_penalty=torch.ones(batch))
+    assert torch.equal(fused.tokens, logits_route.tokens)
+    assert torch.equal(fused.scores.view(torch.int32), logits_route.scores.view(torch.int32))
+    torch.testing.assert_close(fused.token_logprobs, logits_route.token_logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_penalised_distribution_chi_square():
+    """Many samples of one small row: the empirical distribution is the softmax of the
+    penalised, soft-capped logits (float64), chi-square p > 1e-3 (fixed seed)."""
+    vocab, dim, draws = 40, 32, 20000
+    hidden, weight = problem(1, vocab, dim, "cpu", seed=9)
+    prompt, output = [[1, 2, 3, 4]], [[2, 2, 5, 7, 7, 7]]
+    args = dict(logit_softcap=3.0, repetition_penalty=1.7, frequency_penalty=0.3, presence_penalty=0.5)
+    tokens = fs.sample(hidden, weight, temperature=0.9, seed=2024, num_samples=draws, **args,
+                       prompt_token_ids=prompt, output_token_ids=output)
+    transform = reference_logit_transform(1, vocab, logit_softcap=3.0, repetition_penalty=1.7, frequency_penalty=0.3,
+                                          presence_penalty=0.5, prompt_token_ids=prompt, output_token_ids=output)
+    x = hidden.double() @ weight.double().T
+    x = 3.0 * torch.tanh(x / 3.0)
+    r = 1.7
+    x = torch.where(transform.seen, torch.where(x > 0, x / r, x * r), x)
+    x = x - 0.3 * transform.counts - 0.5 * (transform.counts > 0)
+    probs = torch.softmax(x[0] / 0.9, dim=0)
+    assert chi_square_pvalue([tokens[0]], [probs]) > 1e-3
+
+
+def test_graph_safe_decode_step_on_cpu_compiles():
+    """A decode step (sample with penalties, then update the state) traces with
+    torch.compile(fullgraph=True): no host sync on the route."""
+    batch, vocab, dim = 4, 500, 32
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=1)
+    state = PenaltyState([[1, 2]] * batch, capacity=16)
+
+    def step(h, offset):
+        tokens = fs.sample(h, weight, seed=3, offset=offset, repetition_penalty=1.2, frequency_penalty=0.1,
+                           penalty_state=state)
+        return tokens
+
+    compiled = torch.compile(step, fullgraph=True)
+    assert torch.equal(compiled(hidden, 0), step(hidden, 0))
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(repetition_penalty=0.0, prompt_token_ids=[[1]]), ValueError, "repetition_penalty"),
+    (dict(repetition_penalty="1.2", prompt_token_ids=[[1]]), TypeError, "repetition_penalty"),
+    (dict(frequency_penalty=math.nan, prompt_token_ids=[[1]]), ValueError, "frequency_penalty"),
+    (dict(presence_penalty=torch.ones(3), prompt_token_ids=[[1]]), ValueError, "presence_penalty"),
+    (dict(frequency_penalty=0.5), ValueError, "penalty_state"),
+    (dict(frequency_penalty=0.5, penalty_state=PenaltyState([[1], [2]])), ValueError, "penalty_state"),
+    (dict(logit_softcap=-1.0), ValueError, "logit_softcap"),
+    (dict(logit_scale=0.0), ValueError, "logit_scale"),
+    (dict(logit_softcap=30.0, top_k=5, truncation_path="fused_top_k"), ValueError, "truncation_path"),
+    (dict(frequency_penalty=0.5, prompt_token_ids=torch.ones(1, 2)), TypeError, "prompt_token_ids"),
+])
+def test_bad_arguments_name_themselves(kwargs, error, match):
+    hidden, weight = problem(1, 100, 16, "cpu")
+    with pytest.raises(error, match=match):
+        fs.sample(hidden, weight, **kwargs)
