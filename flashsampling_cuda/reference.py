@@ -169,7 +169,8 @@ def _row_params(temperature, seed, offset, batch: int, device: torch.device) -> 
 
 
 def _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias, allowed_mask, vocab_start,
-                    top_k, top_p, min_p, logit_transform=None) -> tuple[Tensor | None, Tensor]:
+                    top_k, top_p, min_p, logit_transform=None,
+                    truncation_order="top_k_first") -> tuple[Tensor | None, Tensor]:
     """(allowed_mask restricted to the survivors of :func:`reference_truncation`,
     boundary_gap [B]); the mask as given and an inf gap when nothing is truncated."""
     if top_k is None and top_p is None and min_p is None:
@@ -177,7 +178,7 @@ def _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias, 
     return reference_truncation(hidden, weight, temperature, logit_bias=logit_bias,
                                 sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
                                 vocab_start=vocab_start, top_k=top_k, top_p=top_p, min_p=min_p,
-                                logit_transform=logit_transform)
+                                logit_transform=logit_transform, truncation_order=truncation_order)
 
 
 def reference_sample(
@@ -199,6 +200,7 @@ def reference_sample(
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
     logit_transform: ReferenceLogitTransform | None = None,
+    truncation_order: str = "top_k_first",
 ) -> ReferenceSample:
     """Reference of ``flashsampling.sample(hidden, weight, temperature=..., seed=...,
     offset=..., num_samples=..., <controls>, return_logprobs=True)`` with an explicit seed.
@@ -225,7 +227,8 @@ def reference_sample(
     batch, vocab = hidden.shape[0], weight.shape[0]
     device = hidden.device
     allowed_mask, boundary_gap = _truncated_mask(hidden, weight, temperature, logit_bias, sparse_logit_bias,
-                                                 allowed_mask, vocab_start, top_k, top_p, min_p, logit_transform)
+                                                 allowed_mask, vocab_start, top_k, top_p, min_p, logit_transform,
+                                                 truncation_order)
     h = hidden.double()
     greedy, inv_t, seeds, offsets, streams = _row_params(temperature, seed, offset, batch, device)
     sparse = _sparse_pair(sparse_logit_bias, batch, device)
@@ -304,13 +307,17 @@ def reference_truncation(
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
     logit_transform: ReferenceLogitTransform | None = None,
+    truncation_order: str = "top_k_first",
 ) -> ReferenceTruncation:
     """The survivors of top-k, top-p and min-p in float64, row by row, read off the
     semantics: y = x / T (x for greedy rows, x as in :func:`reference_sample`) of the
     allowed tokens, in descending order with ties to the smaller index; keep the first
     ``top_k`` (``<= 0``: all); softmax over those; keep the shortest prefix whose
     probabilities add up to ``top_p`` (the first always); drop those whose probability is
-    below ``min_p`` times the first's. Arguments as in :func:`reference_sample`.
+    below ``min_p`` times the first's. Arguments as in :func:`reference_sample`;
+    ``truncation_order`` as in ``flashsampling_cuda.sample``: top_p's softmax over the top_k
+    survivors ("top_k_first"), over those that also pass min_p ("min_p_first") or over all
+    ("joint").
 
     ``boundary_gap`` bounds how far the fp32 inputs may move before the set changes: if
     every y moves by at most d, a difference of two y by 2d, a probability by a factor
@@ -340,16 +347,22 @@ def reference_truncation(
         n = order.numel() if k <= 0 else min(k, order.numel())
         if n < order.numel():
             gaps.append((ys[n - 1] - ys[n]).item() / 2)
-        probs = torch.softmax(ys[:n], dim=0)
-        if p < 1:
-            ahead = torch.cumsum(probs, dim=0) - probs  # mass before each token
-            n = max(1, int((ahead < p).sum()))
-            gaps += [abs(ahead[i].item() - p) / (2 * max(ahead[i].item(), p)) for i in (n - 1, n)
-                     if 0 < i < ahead.numel()]
+        log_ratio = ys - ys[0]  # log(p_i / p_0): the same whatever the normalisation
+        n_min_p = order.numel()
         if m > 0:
-            log_ratio = torch.log(probs[:n] / probs[0])
-            n = max(1, int((log_ratio >= math.log(m)).sum()))
-            gaps += [abs(log_ratio[i].item() - math.log(m)) / 2 for i in (n - 1, n) if 0 < i < log_ratio.numel()]
+            n_min_p = max(1, int((log_ratio[:n] >= math.log(m)).sum()))
+            gaps += [abs(log_ratio[i].item() - math.log(m)) / 2 for i in (n_min_p - 1, n_min_p)
+                     if 0 < i < min(n, log_ratio.numel())]
+        if p < 1:
+            # top_p's probabilities: over the top_k survivors, those that also pass min_p, or all
+            base = {"top_k_first": n, "min_p_first": min(n, n_min_p), "joint": order.numel()}[truncation_order]
+            probs = torch.softmax(ys[:base], dim=0)
+            ahead = torch.cumsum(probs, dim=0) - probs  # mass before each token
+            n_top_p = max(1, int((ahead < p).sum()))
+            gaps += [abs(ahead[i].item() - p) / (2 * max(ahead[i].item(), p)) for i in (n_top_p - 1, n_top_p)
+                     if 0 < i < ahead.numel()]
+            n = min(n, n_top_p)
+        n = min(n, n_min_p)
         survivors[b, order[:n]] = True
         boundary_gap[b] = min(gaps, default=math.inf)
     return ReferenceTruncation(survivors.to(device), boundary_gap.to(device))

@@ -13,10 +13,10 @@ from torch import Tensor
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, model_logits, parse_penalties, penalty_bias, repetition_penalized
-from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_PATHS, Truncation,
+from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
-                         materialized_logits, parse_truncation, sample_from_logits_cpu, transformed_logits,
-                         truncated_allowed_mask)
+                         logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
+                         transformed_logits, truncated_allowed_mask)
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "sample_from_logits", "pack_allowed_mask",
            "SampleOutput", "ScoredSample"]
@@ -148,7 +148,8 @@ def _model_transform_args(logit_scale, logit_softcap) -> tuple[float, float | No
 def _op_kwargs(
     hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
     allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, route: dict | None = None,
-    truncation_path: str = "auto", transforms: LogitTransforms = LogitTransforms(),
+    truncation_path: str = "auto", truncation_order: str = "top_k_first",
+    transforms: LogitTransforms = LogitTransforms(),
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
@@ -173,6 +174,8 @@ def _op_kwargs(
         vocab_start=vocab_start,
     )
     truncation = parse_truncation(top_k, top_p, min_p, hidden)
+    order = _truncation_order(truncation_order, truncation)
+    _check_order_path(order, truncation_path)
     scale, softcap = _model_transform_args(transforms.logit_scale, transforms.logit_softcap)
     penalties = parse_penalties(transforms.repetition_penalty, transforms.frequency_penalty,
                                 transforms.presence_penalty, transforms.penalty_state, transforms.prompt_token_ids,
@@ -182,7 +185,7 @@ def _op_kwargs(
         # Frequency and presence alone: their terms are sparse bias entries of the fused op.
         kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"] = penalty_bias(penalties)
     elif model_side or penalties is not None:
-        _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties)
+        _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties, order)
         return kwargs
     if truncation is not None:
         # The op's own argument errors come before the logits are materialised (traced,
@@ -192,8 +195,8 @@ def _op_kwargs(
                              kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"],
                              temperature=kwargs["temperature"], generator=generator,
                              empty_mask_token=empty_mask_token, vocab_start=vocab_start)
-        path = choose_truncation_path(truncation_path if route is not None else "materialized", truncation, hidden,
-                                      weight, kwargs)
+        path = choose_truncation_path(truncation_path if route is not None and order == "top_k_first"
+                                      else "materialized", truncation, hidden, weight, kwargs)
         if path == "fused_top_k":
             route.update(op="sample_top_k", **fused_top_k_args(truncation, hidden, weight, kwargs))
         elif path == "logits":
@@ -201,18 +204,35 @@ def _op_kwargs(
         elif route is not None and hidden.device.type == "cpu":
             logits = materialized_logits(hidden, weight)
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
-                                                                                        truncation, logits)
+                                                                                        truncation, logits, order)
             route.update(op="_sample_logits", logits=logits)
         else:
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
-                                                                                        truncation)
+                                                                                        truncation, order=order)
     elif truncation_path not in TRUNCATION_PATHS:  # nothing to truncate: any path name is fine, a typo is not
         choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
     return kwargs
 
 
+def _truncation_order(truncation_order, truncation) -> str:
+    """The validated order; "top_k_first" wherever the order cannot change the survivors
+    (top_p off, or neither top_k nor min_p on)."""
+    if truncation_order not in TRUNCATION_ORDERS:
+        raise ValueError(f"flashsampling.sample: truncation_order must be one of {', '.join(TRUNCATION_ORDERS)}, "
+                         f"got {truncation_order!r}")
+    if truncation is None or truncation.top_p is None or (truncation.top_k is None and truncation.min_p is None):
+        return "top_k_first"
+    return truncation_order
+
+
+def _check_order_path(order: str, truncation_path: str) -> None:
+    if order != "top_k_first" and truncation_path in ("fused_top_k", "logits"):
+        raise ValueError(f"flashsampling.sample: truncation_path={truncation_path!r} truncates in the order "
+                         f"'top_k_first' only; truncation_order={order!r} takes 'auto' or 'materialized'")
+
+
 def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncation_path: str, scale: float,
-                  softcap: float | None, penalties) -> None:
+                  softcap: float | None, penalties, order: str = "top_k_first") -> None:
     """Fills ``route`` for a call with model-side transforms or penalties the fused op cannot
     apply: the fp32 logits once (:func:`materialized_logits`), the rule of
     flashsampling_cuda/penalties.py on them in torch ops, then
@@ -237,6 +257,10 @@ def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncat
         entries = penalty_bias(penalties)
         if entries is not None:
             x = transformed_logits(x, None, *entries, kwargs["vocab_start"])
+    if order != "top_k_first":  # the kernel truncates top_k first: hand it the survivors as its mask
+        op_kwargs = {**kwargs, "logit_bias": bias, "sparse_bias_ids": None, "sparse_bias_values": None}
+        kwargs["allowed_mask"], kwargs["empty_mask_token"] = logits_allowed_mask(x, op_kwargs, truncation, order)
+        truncation = None
     route.update(op="sample_from_logits", logits=x, logit_bias=bias,
                  **logits_truncation_args(truncation, hidden.shape[0], hidden.device))
 
@@ -306,6 +330,7 @@ def sample(
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
     truncation_path: str = "auto",
+    truncation_order: str = "top_k_first",
     check_nan: bool = False,
     logit_scale: float = 1.0,
     logit_softcap: float | None = None,
@@ -401,6 +426,11 @@ def sample(
             ``"materialized"`` (float64 survivors in torch ops, then the fused op samples with
             them as a mask: the reference path, which reads the weight twice). Naming a path
             that cannot take the call is a ``ValueError``.
+        truncation_order: what top_p's probabilities are normalised over: the top_k survivors
+            (``"top_k_first"``, the default), those that also pass min_p (``"min_p_first"``, vLLM's
+            order), or every allowed token (``"joint"``, SGLang's and FlashInfer's joint
+            top-k/top-p). Only calls with top_p and top_k or min_p differ; for those the other
+            orders take the materialised path (docs/truncation.md has an example).
         logit_scale, logit_softcap: model-side transforms of the raw logits, before the biases:
             ``l * logit_scale``, then ``logit_softcap * tanh(l / logit_softcap)`` (Gemma's
             ``final_logit_softcapping``; Granite's ``logits_scaling`` is ``1 / logit_scale``).
@@ -460,7 +490,7 @@ def sample(
     route: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path, truncation_order,
         LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
                         penalty_state, prompt_token_ids, output_token_ids),
     )
@@ -491,6 +521,7 @@ def sample_with_scores(
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
     truncation_path: str = "auto",
+    truncation_order: str = "top_k_first",
     check_nan: bool = False,
     logit_scale: float = 1.0,
     logit_softcap: float | None = None,
@@ -519,7 +550,7 @@ def sample_with_scores(
     route: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path,
+        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path, truncation_order,
         LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
                         penalty_state, prompt_token_ids, output_token_ids),
     )

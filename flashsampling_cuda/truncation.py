@@ -49,7 +49,7 @@ from .masks import pack_allowed_mask, unpack_allowed_mask
 
 __all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_args",
            "logits_path_args", "logits_truncation_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
-           "survivor_mask", "truncation_rank", "truncated_allowed_mask", "logits_allowed_mask", "sample_from_logits_cpu"]
+           "survivor_mask", "TRUNCATION_ORDERS", "truncation_rank", "truncated_allowed_mask", "logits_allowed_mask", "sample_from_logits_cpu"]
 
 # Elements of the fp32 weight copy per matmul where no fp32-output matmul exists.
 _FALLBACK_CHUNK_ELEMENTS = 1 << 24
@@ -322,32 +322,51 @@ def truncation_rank(y: Tensor, allowed: Tensor | None) -> Tensor:
     return rank if allowed is None else torch.where(allowed, rank, _NAN_RANK)
 
 
-def keep_prefix(sorted_key: Tensor, keep: Tensor, truncation: Truncation) -> Tensor:
+TRUNCATION_ORDERS = ("top_k_first", "min_p_first", "joint")
+
+
+def keep_prefix(sorted_key: Tensor, keep: Tensor, truncation: Truncation, order: str = "top_k_first",
+                all_mass: Tensor | None = None) -> Tensor:
     """``keep`` (bool ``[B, w]``, the top-k survivors of a row's first ``w`` tokens in
     order, whose :func:`truncation_key` is ``sorted_key``) narrowed by ``top_p`` and
-    ``min_p``, float64 probabilities from the fp32 ``y``; the first token always stays."""
+    ``min_p``, float64 probabilities from the fp32 ``y``; the first token always stays.
+
+    ``order`` picks what top_p's probabilities are normalised over (every cut keeps a prefix
+    of the order, and min_p's ratios to the first token do not depend on it): the top_k
+    survivors (``"top_k_first"``), those that also pass min_p (``"min_p_first"``, vLLM), or every
+    allowed token (``"joint"``, SGLang / FlashInfer; ``all_mass [B]``: their probabilities over the
+    first token's, summed, where the first ``w`` are not all of them)."""
     if truncation.top_p is None and truncation.min_p is None:
         return keep
     batch, width = sorted_key.shape
     device = sorted_key.device
     rank = torch.arange(width, device=device)
-    y_sorted = torch.where(torch.isnan(sorted_key), -torch.inf, -sorted_key.double())
-    y_sorted = torch.where(keep, y_sorted, -torch.inf)  # the top_k survivors
+    y_all = torch.where(torch.isnan(sorted_key), -torch.inf, -sorted_key.double())
+    y_sorted = torch.where(keep, y_all, -torch.inf)  # the top_k survivors
     ratio = torch.exp(y_sorted - y_sorted[:, :1])  # probability / the top token's (NaN: +-inf top)
+    base = ratio
     if truncation.min_p is not None:
         min_p = _per_row(truncation.min_p, batch, torch.float64, device)
         keep = keep & ((ratio >= min_p) | (rank == 0))
+        if order == "min_p_first":
+            base = torch.where(keep, ratio, 0.0)
     if truncation.top_p is not None:
         top_p = _per_row(truncation.top_p, batch, torch.float64, device)
-        probs = ratio / ratio.sum(dim=1, keepdim=True)
+        if order == "joint":
+            base = torch.exp(y_all - y_all[:, :1])
+            total = base.sum(dim=1, keepdim=True) if all_mass is None else all_mass[:, None]
+        else:
+            total = base.sum(dim=1, keepdim=True)
+        probs = base / total
         # Mass of the tokens ahead (an exclusive sum, not cumsum - probs, which rounds).
         before = torch.cat([torch.zeros_like(probs[:, :1]), torch.cumsum(probs, dim=1)[:, :-1]], dim=1)
         keep = keep & ((before < top_p) | (top_p >= 1) | (rank == 0))
     return keep
 
 
-def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> Tensor:
-    """The survivors of top-k, then top-p, then min-p (module docstring), bool ``[B, V]``.
+def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation, order: str = "top_k_first") -> Tensor:
+    """The survivors of top-k, then top-p, then min-p (module docstring; ``order``: what top_p
+    is normalised over, :func:`keep_prefix`), bool ``[B, V]``.
 
     Args:
         y: float32 ``[B, V]`` transformed logits (:func:`scaled_logits`).
@@ -364,20 +383,26 @@ def survivor_mask(y: Tensor, allowed: Tensor | None, truncation: Truncation) -> 
     batch, vocab = y.shape
     device = y.device
     key, rank = truncation_key(y, allowed), truncation_rank(y, allowed)
+    all_mass = None
     if isinstance(truncation.top_k, int) and truncation.top_k < vocab:
-        order = _first_in_order(rank, truncation.top_k)  # a host top_k: only the first k ranks can survive
+        ranked = _first_in_order(rank, truncation.top_k)  # a host top_k: only the first k ranks can survive
+        if order == "joint" and truncation.top_p is not None:
+            excluded = torch.isnan(y) if allowed is None else torch.isnan(y) | ~allowed
+            y_allowed = torch.where(excluded, -torch.inf, y.double())
+            y0 = y_allowed.amax(dim=1, keepdim=True)  # the first token's y
+            all_mass = torch.exp(y_allowed - y0).sum(dim=1)
     else:
-        order = torch.sort(rank, dim=1, stable=True).indices
-    sorted_key = key.gather(1, order)
-    width = order.shape[1]
+        ranked = torch.sort(rank, dim=1, stable=True).indices
+    sorted_key = key.gather(1, ranked)
+    width = ranked.shape[1]
     rank = torch.arange(width, device=device)
     if isinstance(truncation.top_k, Tensor):
         k = _per_row(truncation.top_k, batch, torch.int64, device)
         keep = rank < torch.where(k > 0, k, vocab)
     else:
         keep = torch.ones((batch, width), dtype=torch.bool, device=device)
-    keep = keep_prefix(sorted_key, keep, truncation)
-    survivors = torch.zeros((batch, vocab), dtype=torch.bool, device=device).scatter_(1, order, keep)
+    keep = keep_prefix(sorted_key, keep, truncation, order, all_mass)
+    survivors = torch.zeros((batch, vocab), dtype=torch.bool, device=device).scatter_(1, ranked, keep)
     return survivors if allowed is None else survivors & allowed
 
 
@@ -414,14 +439,15 @@ def _host_top_k_mask(x: Tensor, allowed: Tensor | None, truncation: Truncation, 
 
 
 def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict, truncation: Truncation,
-                           logits: Tensor | None = None) -> tuple[Tensor, int | None]:
+                           logits: Tensor | None = None, order: str = "top_k_first") -> tuple[Tensor, int | None]:
     """:func:`logits_allowed_mask` of the logits of :func:`materialized_logits` (``logits``,
     when given, are those logits, already computed)."""
     return logits_allowed_mask(materialized_logits(hidden, weight) if logits is None else logits, op_kwargs,
-                               truncation)
+                               truncation, order)
 
 
-def logits_allowed_mask(logits: Tensor, op_kwargs: dict, truncation: Truncation) -> tuple[Tensor, int | None]:
+def logits_allowed_mask(logits: Tensor, op_kwargs: dict, truncation: Truncation,
+                        order: str = "top_k_first") -> tuple[Tensor, int | None]:
     """``(allowed_mask, empty_mask_token)`` for the op that restrict the sample to the
     survivors: the int32 ``[B, ceil(V / 32)]`` bitmask of :func:`survivor_mask` (within the
     caller's ``allowed_mask``) of fp32 ``logits [B, V]`` transformed with ``op_kwargs`` (the op's
@@ -433,10 +459,12 @@ def logits_allowed_mask(logits: Tensor, op_kwargs: dict, truncation: Truncation)
                            op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"], op_kwargs["vocab_start"])
     user_mask = op_kwargs["allowed_mask"]
     allowed = None if user_mask is None else unpack_allowed_mask(user_mask, vocab)
-    mask = _host_top_k_mask(x, allowed, truncation, op_kwargs["temperature"], op_kwargs["temperatures"])
+    mask = None
+    if order == "top_k_first" or truncation.top_p is None:
+        mask = _host_top_k_mask(x, allowed, truncation, op_kwargs["temperature"], op_kwargs["temperatures"])
     if mask is None:
         y = scaled_logits(x, op_kwargs["temperature"], op_kwargs["temperatures"])
-        mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
+        mask = pack_allowed_mask(survivor_mask(y, allowed, truncation, order))
     empty_mask_token = op_kwargs["empty_mask_token"]
     if user_mask is None and empty_mask_token is None:
         empty_mask_token = -1
