@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
+from .logprobs import LogprobsOutput, logprob_outputs, parse_logprob_args
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, model_logits, parse_penalties, penalty_bias, repetition_penalized
 from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
@@ -149,7 +150,7 @@ def _op_kwargs(
     hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
     allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, route: dict | None = None,
     truncation_path: str = "auto", truncation_order: str = "top_k_first",
-    transforms: LogitTransforms = LogitTransforms(),
+    transforms: LogitTransforms = LogitTransforms(), context: dict | None = None,
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
@@ -181,6 +182,9 @@ def _op_kwargs(
                                 transforms.presence_penalty, transforms.penalty_state, transforms.prompt_token_ids,
                                 transforms.output_token_ids, hidden)
     model_side = scale != 1.0 or softcap is not None
+    if context is not None:  # the call as given, for outputs computed beside the sample (logprobs.py)
+        context.update(kwargs=dict(kwargs), truncation=truncation, order=order, scale=scale, softcap=softcap,
+                       penalties=penalties)
     if penalties is not None and not model_side and penalties.repetition is None and sparse_ids is None:
         # Frequency and presence alone: their terms are sparse bias entries of the fused op.
         kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"] = penalty_bias(penalties)
@@ -340,7 +344,10 @@ def sample(
     penalty_state: PenaltyState | None = None,
     prompt_token_ids: Tensor | Sequence[Sequence[int]] | None = None,
     output_token_ids: Tensor | Sequence[Sequence[int]] | None = None,
-) -> Tensor | SampleOutput:
+    top_logprobs: int = 0,
+    token_ids: Tensor | Sequence[Sequence[int]] | None = None,
+    logprobs_mode: str = "processed",
+) -> Tensor | SampleOutput | LogprobsOutput:
     r"""Sample next tokens from ``softmax(hidden @ weight.T / T)`` without materialising logits.
 
     FlashSampling fuses the Gumbel-Max trick into the LM-head matrix multiply:
@@ -446,6 +453,14 @@ def sample(
             on hidden's device; ``penalty_state.update(tokens)`` after each step, graph-safe).
         prompt_token_ids, output_token_ids: instead of ``penalty_state``, the history as
             ``[B, L]`` int tensors or lists of lists (negative ids: padding).
+        top_logprobs: with ``return_logprobs``, also the ``N`` (0-64) most probable tokens of
+            each row and their log-probabilities, and each sampled token's 1-based rank
+            (:class:`flashsampling_cuda.logprobs.LogprobsOutput`; docs/api.md).
+        token_ids: with ``return_logprobs``, also the log-probabilities of these ids, ``[B, K]``
+            int tensor or lists (negative: padding, NaN out).
+        logprobs_mode: ``"processed"`` (the distribution sampled from: transforms, biases,
+            mask, penalties, temperature, truncation) or ``"raw"`` (``log_softmax`` of
+            ``hidden @ weight.T``), for every logprob output.
         check_nan: check for non-finite values (as FlashInfer's ``check_nan``), with host syncs
             (eager only: not under torch.compile or CUDA-graph capture): raise ``ValueError``
             naming the rows where ``hidden`` holds NaN or infinity, where the winning score is
@@ -487,18 +502,23 @@ def sample(
     """
     if check_nan:
         _check_nan_inputs(hidden)
+    top_n, wanted_ids, mode = parse_logprob_args(return_logprobs, top_logprobs, token_ids, logprobs_mode,
+                                                 hidden.shape[0], hidden.device)
     route: dict = {}
+    context: dict = {}
     kwargs = _op_kwargs(
         hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path, truncation_order,
         LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
-                        penalty_state, prompt_token_ids, output_token_ids),
+                        penalty_state, prompt_token_ids, output_token_ids), context,
     )
     if not return_logprobs and not route and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
     tokens, scores, logprobs, logsumexp = _call_op(hidden, weight, kwargs, route, return_logprobs)
     if check_nan:
         _check_nan_outputs(weight, kwargs, tokens, scores, logsumexp, return_logprobs)
+    if top_n > 0 or wanted_ids is not None or mode != "processed":
+        return logprob_outputs(hidden, weight, context, tokens, logprobs, logsumexp, top_n, wanted_ids, mode)
     return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 

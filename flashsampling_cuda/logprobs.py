@@ -1,0 +1,137 @@
+"""Logprobs as serving APIs return them: the top-N log-probabilities of each row with the
+sampled tokens' ranks, the log-probabilities of given token ids, processed or raw
+(:func:`flashsampling_cuda.sample`'s ``top_logprobs``, ``token_ids``, ``logprobs_mode``).
+
+- ``logprobs_mode="processed"`` (default): the distribution actually sampled from: ``y`` after
+  the model-side transforms, biases, mask, penalties and temperature, truncated (tokens outside
+  the survivors get ``-inf``), normalised by the call's ``logsumexp``, so a token's top-N entry
+  equals its ``logprobs`` entry to the float32 rounding of that logsumexp.
+- ``logprobs_mode="raw"``: ``log_softmax`` of the raw logits ``hidden @ weight.T`` (before
+  everything else), for every logprob output, ``logprobs`` and ``logsumexp`` included.
+
+This first implementation computes them from the fp32 logits in torch ops (one more matmul
+where the sample did not already materialise them; no host sync, so graphs and
+``torch.compile`` work); the fused version, in the GEMM's epilogue, is issue #34's goal.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .masks import unpack_allowed_mask
+from .penalties import model_logits, penalty_bias, repetition_penalized
+from .truncation import materialized_logits, scaled_logits, survivor_mask, transformed_logits
+
+__all__ = ["LogprobsOutput", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS"]
+
+LOGPROBS_MODES = ("processed", "raw")
+MAX_TOP_LOGPROBS = 64
+
+
+class LogprobsOutput(NamedTuple):
+    """What :func:`flashsampling_cuda.sample` returns with ``top_logprobs`` or ``token_ids``."""
+
+    tokens: Tensor  # int64 [B, S]
+    logprobs: Tensor  # float32 [B, S]: of each sampled token (per logprobs_mode)
+    logsumexp: Tensor  # float32 [B]
+    top_ids: Tensor  # int64 [B, N]: the N most probable tokens, descending, exact ties to the smaller id
+    top_logprobs: Tensor  # float32 [B, N]
+    ranks: Tensor  # int64 [B, S]: 1-based rank of each sampled token in its row (0: no token)
+    token_ids_logprobs: Tensor  # float32 [B, K]: of the given token ids (NaN where padded)
+
+
+def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_mode: str, batch: int,
+                       device) -> tuple[int, Tensor | None, str]:
+    """(N, token ids int64 [B, K] or None, mode), checked; ValueError / TypeError name the argument."""
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"flashsampling.sample: logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, "
+                         f"got {logprobs_mode!r}")
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int):
+        raise TypeError(f"flashsampling.sample: top_logprobs must be an int, got {type(top_logprobs).__name__}")
+    if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"flashsampling.sample: top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
+    ids = None
+    if token_ids is not None:
+        if isinstance(token_ids, Tensor):
+            if token_ids.dtype not in (torch.int32, torch.int64) or token_ids.dim() != 2 or token_ids.shape[0] != batch:
+                raise ValueError(f"flashsampling.sample: token_ids must be an int [B, K] tensor with B = {batch}, got "
+                                 f"{token_ids.dtype} with shape {list(token_ids.shape)}")
+            ids = token_ids.to(device=device, dtype=torch.int64)
+        elif isinstance(token_ids, (list, tuple)) and len(token_ids) == batch:
+            rows = [list(r) for r in token_ids]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for r in rows for v in r):
+                raise TypeError("flashsampling.sample: token_ids must hold ints")
+            width = max((len(r) for r in rows), default=0)
+            ids = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64,
+                               device=device).reshape(batch, width)
+        else:
+            raise TypeError(f"flashsampling.sample: token_ids must be an int [B, K] tensor or a list of B lists, got "
+                            f"{type(token_ids).__name__}")
+    if (top_logprobs > 0 or ids is not None or logprobs_mode != "processed") and not return_logprobs:
+        raise ValueError("flashsampling.sample: top_logprobs, token_ids and logprobs_mode need return_logprobs=True")
+    return top_logprobs, ids, logprobs_mode
+
+
+def processed_logits(hidden: Tensor, weight: Tensor, kwargs: dict, scale: float, softcap: float | None,
+                     penalties) -> Tensor:
+    """``x`` of the call, float32 ``[B, V]``: model-side transforms, biases, penalties
+    (flashsampling_cuda/penalties.py's rule), before the temperature."""
+    x = model_logits(materialized_logits(hidden, weight), scale, softcap)
+    x = transformed_logits(x, kwargs["logit_bias"], kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"],
+                           kwargs["vocab_start"])
+    if penalties is not None:
+        x = repetition_penalized(x, penalties, kwargs["vocab_start"])
+        entries = penalty_bias(penalties)
+        if entries is not None:
+            x = transformed_logits(x, None, *entries, kwargs["vocab_start"])
+    return x
+
+
+def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, tokens: Tensor, logprobs: Tensor,
+                    logsumexp: Tensor, top_n: int, token_ids: Tensor | None, mode: str) -> LogprobsOutput:
+    """The outputs of :class:`LogprobsOutput` for a sample already drawn (``tokens``, and the op's
+    ``logprobs`` / ``logsumexp`` of the processed distribution); ``context``: the call's arguments
+    as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them."""
+    kwargs = context["kwargs"]
+    vocab_start = kwargs["vocab_start"]
+    if mode == "raw":
+        raw = materialized_logits(hidden, weight).double()
+        lse = torch.logsumexp(raw, dim=1)
+        table = (raw - lse[:, None]).float()
+        logsumexp = lse.float()
+    else:
+        x = processed_logits(hidden, weight, kwargs, context["scale"], context["softcap"], context["penalties"])
+        y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
+        allowed = None
+        if kwargs["allowed_mask"] is not None:
+            allowed = unpack_allowed_mask(kwargs["allowed_mask"], y.shape[1])
+        if context["truncation"] is not None:
+            allowed = survivor_mask(y, allowed, context["truncation"], context["order"])
+        table = y - logsumexp[:, None]
+        if allowed is not None:
+            table = torch.where(allowed, table, -torch.inf)
+    batch, vocab = table.shape
+    local = tokens - vocab_start
+    valid = (local >= 0) & (local < vocab)
+    safe = torch.where(valid, local, 0)
+    if mode == "raw":
+        logprobs = torch.where(valid, table.gather(1, safe), torch.nan)
+    # Rank: 1 + tokens ahead in the order (log-probability descending, exact ties to the smaller id).
+    mine = table.gather(1, safe)  # [B, S]
+    ids = torch.arange(vocab, device=table.device)
+    ahead = torch.stack([((table > mine[:, s : s + 1]) | ((table == mine[:, s : s + 1]) & (ids < safe[:, s : s + 1])))
+                         .sum(dim=1) for s in range(tokens.shape[1])], dim=1)
+    ranks = torch.where(valid, ahead + 1, 0)
+    order = torch.sort(table, dim=1, descending=True, stable=True)
+    top_ids = order.indices[:, :top_n] + vocab_start
+    top_logprobs = order.values[:, :top_n]
+    if token_ids is None:
+        token_ids_logprobs = table.new_empty((batch, 0))
+    else:
+        wanted = token_ids - vocab_start
+        inside = (token_ids >= 0) & (wanted >= 0) & (wanted < vocab)
+        token_ids_logprobs = torch.where(inside, table.gather(1, torch.where(inside, wanted, 0)), torch.nan)
+    return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)

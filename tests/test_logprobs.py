@@ -1,0 +1,117 @@
+"""top_logprobs / token_ids / logprobs_mode (flashsampling_cuda/logprobs.py): against float64
+log-softmax, consistent with the sampled tokens' logprobs, ranks, ties, truncation, vocabulary
+shards, argument errors. CPU always; CUDA where there is a GPU."""
+
+import pytest
+import torch
+
+import flashsampling_cuda as fs
+from flashsampling_cuda.logprobs import LogprobsOutput
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def problem(batch, vocab, dim, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, dim, generator=g).to(torch.bfloat16).to(device)
+    weight = (torch.randn(vocab, dim, generator=g) * 2 / dim**0.5).to(torch.bfloat16).to(device)
+    return hidden, weight
+
+
+def float64_log_softmax(hidden, weight, temperature=1.0, bias=None):
+    x = hidden.double() @ weight.double().T
+    if bias is not None:
+        x = x + bias.double()
+    return torch.log_softmax(x / temperature, dim=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["processed", "raw"])
+def test_top_logprobs_ranks_and_ids_against_float64(device, mode):
+    batch, vocab, dim, n = 8, 1500, 64, 20
+    hidden, weight = problem(batch, vocab, dim, device, seed=2)
+    bias = torch.randn(vocab, generator=torch.Generator().manual_seed(3)).to(device)
+    ids = torch.randint(-1, vocab, (batch, 6), generator=torch.Generator().manual_seed(4)).to(device)
+    out = fs.sample(hidden, weight, temperature=0.7, seed=5, num_samples=3, logit_bias=bias, return_logprobs=True,
+                    top_logprobs=n, token_ids=ids, logprobs_mode=mode)
+    assert isinstance(out, LogprobsOutput)
+    want = (float64_log_softmax(hidden, weight, 0.7, bias) if mode == "processed"
+            else float64_log_softmax(hidden, weight)).cpu()
+    top = torch.sort(want, dim=1, descending=True, stable=True)
+    assert out.top_ids.shape == (batch, n) and out.top_logprobs.dtype == torch.float32
+    torch.testing.assert_close(out.top_logprobs.cpu().double(), top.values[:, :n], atol=2e-4, rtol=1e-4)
+    # ids agree except where two log-probabilities are within float rounding
+    gap = (top.values[:, :n] - top.values[:, 1 : n + 1]).abs()
+    assert ((out.top_ids.cpu() == top.indices[:, :n]) | (gap < 1e-4) | (gap.roll(1, 1) < 1e-4)).all()
+    # the sampled tokens: their logprob, and their rank in the row's order
+    mine = want.gather(1, out.tokens.cpu())
+    torch.testing.assert_close(out.logprobs.cpu().double(), mine, atol=2e-4, rtol=1e-4)
+    assert ((out.ranks.cpu() - 1 - (want[:, None, :] > mine[:, :, None] + 1e-4).sum(2)).abs() <= 2).all()
+    assert (out.ranks >= 1).all()
+    # given ids: NaN where padded
+    inside = ids.cpu() >= 0
+    got = out.token_ids_logprobs.cpu().double()
+    assert got[~inside].isnan().all()
+    torch.testing.assert_close(got[inside], want.gather(1, ids.cpu().clamp(min=0))[inside], atol=2e-4, rtol=1e-4)
+
+
+def test_processed_entries_agree_with_the_op_logprobs():
+    """A sampled token found in its row's top-N has the same logprob in both outputs (to the
+    float32 rounding of the logsumexp), and its rank is its place in the list."""
+    hidden, weight = problem(16, 800, 32, "cpu", seed=7)
+    out = fs.sample(hidden, weight, temperature=1.2, seed=1, return_logprobs=True, top_logprobs=64)
+    hit = out.top_ids == out.tokens  # [B, 64] vs [B, 1]
+    rows = hit.any(dim=1)
+    assert rows.sum() >= 8
+    torch.testing.assert_close(out.top_logprobs[hit], out.logprobs[rows, 0], atol=2e-6, rtol=0)
+    assert torch.equal(out.ranks[rows, 0], hit.float().argmax(dim=1)[rows] + 1)
+
+
+def test_truncated_processed_logprobs_cover_the_survivors_only():
+    hidden, weight = problem(6, 1000, 32, "cpu", seed=8)
+    out = fs.sample(hidden, weight, seed=2, top_k=torch.tensor([3, 5, 8, 13, 21, 34]), top_p=0.9,
+                    return_logprobs=True, top_logprobs=40)
+    finite = out.top_logprobs.isfinite()
+    assert (finite.sum(dim=1) <= torch.tensor([3, 5, 8, 13, 21, 34])).all()
+    torch.testing.assert_close(out.top_logprobs.exp().nan_to_num(0).sum(dim=1), torch.ones(6), atol=1e-5, rtol=0)
+    assert (out.ranks <= finite.sum(dim=1, keepdim=True)).all()
+
+
+def test_ties_go_to_the_smaller_id_and_ids_are_global():
+    vocab, dim = 50, 16
+    hidden, weight = problem(2, vocab, dim, "cpu", seed=9)
+    weight[30] = weight[7]  # token 30 ties token 7 exactly
+    weight[12] = weight[7]
+    out = fs.sample(hidden, weight, seed=3, return_logprobs=True, top_logprobs=vocab, vocab_start=1000)
+    for b in range(2):
+        row = out.top_ids[b].tolist()
+        assert row.index(1007) < row.index(1012) < row.index(1030)
+        assert row.index(1030) == row.index(1007) + 2 or out.top_logprobs[b, row.index(1007) + 1] == \
+            out.top_logprobs[b, row.index(1007)]
+    assert (out.top_ids >= 1000).all() and (out.top_ids < 1000 + vocab).all()
+
+
+def test_compiles_fullgraph_on_cpu():
+    hidden, weight = problem(4, 300, 16, "cpu", seed=1)
+
+    def step(h):
+        out = fs.sample(h, weight, seed=3, return_logprobs=True, top_logprobs=5, token_ids=torch.zeros(4, 2).long())
+        return out.top_ids, out.top_logprobs, out.ranks
+
+    compiled = torch.compile(step, fullgraph=True)
+    for got, want in zip(compiled(hidden), step(hidden)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(top_logprobs=5), ValueError, "return_logprobs"),
+    (dict(return_logprobs=True, top_logprobs=65), ValueError, "top_logprobs"),
+    (dict(return_logprobs=True, top_logprobs=2.0), TypeError, "top_logprobs"),
+    (dict(return_logprobs=True, logprobs_mode="raw_logits"), ValueError, "logprobs_mode"),
+    (dict(return_logprobs=True, token_ids=torch.zeros(3, 2).long()), ValueError, "token_ids"),
+    (dict(return_logprobs=True, token_ids="1,2"), TypeError, "token_ids"),
+])
+def test_argument_errors(kwargs, error, match):
+    hidden, weight = problem(2, 100, 16, "cpu")
+    with pytest.raises(error, match=match):
+        fs.sample(hidden, weight, **kwargs)
