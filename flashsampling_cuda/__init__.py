@@ -8,6 +8,7 @@ import torch  # noqa: F401  (loads libtorch/libc10, which _C links against)
 
 from . import _C  # noqa: F401  (registers torch.ops.flashsampling)
 from .penalties import PenaltyState
+from .speculative import SpeculativeOutput, speculative_sample
 from .sampling import (
     SampleOutput,
     ScoredSample,
@@ -20,5 +21,5 @@ from .sampling import (
 from . import distributed, grouped  # noqa: E402  (tensor-parallel and grouped sampling)
 
 __all__ = ["sample", "sample_with_scores", "sample_from_logits", "sample_without_replacement", "pack_allowed_mask",
-           "PenaltyState", "SampleOutput", "ScoredSample"]
+           "PenaltyState", "speculative_sample", "SpeculativeOutput", "SampleOutput", "ScoredSample"]
 __version__ = "0.1.0"

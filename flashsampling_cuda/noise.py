@@ -140,6 +140,19 @@ def gumbel_from_bits(bits: Tensor) -> Tensor:
     return -logf(-logf(uniform_open01(bits)))
 
 
+def uniform_noise(
+    seed: int | Tensor,
+    offset: int | Tensor,
+    stream: int | Tensor,
+    sample: int | Tensor,
+    vocab_index: int | Tensor,
+) -> Tensor:
+    """The fp32 uniform in (0, 1) under :func:`gumbel_noise` at the same coordinates
+    (``uniform_open01`` of the same Philox bits): speculative verification's acceptance draws use
+    it at ``vocab_index = 2^32 - 1``, an index no token has."""
+    return _uniform_at(seed, offset, stream, sample, vocab_index)
+
+
 def gumbel_noise(
     seed: int | Tensor,
     offset: int | Tensor,
@@ -158,6 +171,11 @@ def gumbel_noise(
     Returns: float32 tensor of the broadcast shape, on the device of the tensor
     arguments (CPU when all are ints).
     """
+    return gumbel_from_bits(_bits_at(seed, offset, stream, sample, vocab_index))
+
+
+def _bits_at(seed, offset, stream, sample, vocab_index) -> Tensor:
+    """The Philox bits of noise coordinates (fs_gumbel_noise's counter, key and lane)."""
     args = (seed, offset, stream, sample, vocab_index)
     device = next((a.device for a in args if isinstance(a, Tensor)), torch.device("cpu"))
     seed, offset, stream, sample, vocab_index = (as_int64_tensor(a, device) for a in args)
@@ -171,5 +189,8 @@ def gumbel_noise(
         (seed >> 32) & MASK32,
     )
     lane = stream & 3
-    bits = torch.where(lane == 0, r[0], torch.where(lane == 1, r[1], torch.where(lane == 2, r[2], r[3])))
-    return gumbel_from_bits(bits)
+    return torch.where(lane == 0, r[0], torch.where(lane == 1, r[1], torch.where(lane == 2, r[2], r[3])))
+
+
+def _uniform_at(seed, offset, stream, sample, vocab_index) -> Tensor:
+    return uniform_open01(_bits_at(seed, offset, stream, sample, vocab_index))

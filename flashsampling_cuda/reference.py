@@ -408,3 +408,95 @@ def reference_sample_without_replacement(
     gap = torch.where(torch.isnan(steps), torch.inf, steps).amin(dim=1)  # NaN: two excluded tokens
     tolerance = rtol * (magnitude.amax(dim=1) * inv_t + 1.0)
     return ReferenceTopK(order[:, :k] + vocab_start, gap, tolerance, boundary_gap)
+
+
+class ReferenceSpeculative(NamedTuple):
+    tokens: Tensor  # int64 [B, n + 1]
+    num_accepted: Tensor  # int64 [B]
+    margin: Tensor  # float64 [B]: the smallest |u - acceptance probability| and Gumbel top-2 gap a row's path met
+
+
+def reference_speculative_sample(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs=None, *,
+                                 temperature: float | Tensor = 1.0, seed: int | Tensor = 0, offset: int | Tensor = 0,
+                                 logit_bias: Tensor | None = None, allowed_mask: Tensor | None = None,
+                                 top_k=None, top_p=None, min_p=None, vocab_start: int = 0) -> ReferenceSpeculative:
+    """Reference of ``flashsampling_cuda.speculative_sample`` (its module docstring has the rule
+    and the noise) in float64, row by row and position by position; ``margin`` bounds how far
+    fp32 rounding may move a decision (compare rows whose margin is not tiny)."""
+    from .noise import uniform_noise
+
+    batch, positions, dim = hidden.shape
+    n = positions - 1
+    vocab = weight.shape[0]
+    device = hidden.device
+    greedy, inv_t, seeds, offsets, streams = _row_params(temperature, seed, offset, batch, device)
+    flat = hidden.reshape(batch * positions, dim)
+    x, _ = _transformed_chunk(flat.double(), weight, 0, vocab, logit_bias, None, vocab_start)
+    x = x.reshape(batch, positions, vocab)
+    temps = torch.as_tensor(temperature, dtype=torch.float64, device=device).expand(batch)
+    flat_mask = None if allowed_mask is None else allowed_mask.repeat_interleave(positions, dim=0)
+    rows_t = temps[:, None].expand(batch, positions).reshape(-1)
+    rep = [v.expand(batch)[:, None].expand(batch, positions).reshape(-1) if isinstance(v, Tensor) else v
+           for v in (top_k, top_p, min_p)]
+    truncated = top_k is not None or top_p is not None or min_p is not None
+    if truncated:
+        keep = reference_truncation(flat, weight, rows_t, logit_bias=logit_bias, allowed_mask=flat_mask,
+                                    vocab_start=vocab_start, top_k=rep[0], top_p=rep[1], min_p=rep[2]).survivors
+    else:
+        keep = torch.ones((batch * positions, vocab), dtype=torch.bool, device=device)
+        if flat_mask is not None:
+            keep = _allowed_chunk(flat_mask.to(device), 0, vocab)
+    keep = keep.reshape(batch, positions, vocab)
+    y = torch.where(greedy[:, None, None], x, x * inv_t[:, None, None])
+    logp = torch.log_softmax(y.masked_fill(~keep, -torch.inf), dim=2)
+    tokens = torch.full((batch, positions), -1, dtype=torch.int64)
+    accepted_count = torch.zeros(batch, dtype=torch.int64)
+    margin = torch.full((batch,), math.inf, dtype=torch.float64)
+    ids = torch.arange(vocab, device=device)
+    for b in range(batch):
+        for j in range(positions):
+            candidates = keep[b, j].clone()
+            scores = None
+            if j < n:
+                d = int(draft_token_ids[b, j]) - vocab_start
+                inside = 0 <= d < vocab
+                if greedy[b]:
+                    target = int(torch.where(candidates, y[b, j], -torch.inf).argmax())
+                    if inside and d == target:
+                        tokens[b, j] = d + vocab_start
+                        accepted_count[b] += 1
+                        continue
+                else:
+                    p = float(logp[b, j, d].exp()) if inside else 0.0
+                    if draft_probs is not None:
+                        qd = float(draft_probs[b, j, d]) if inside else 0.0
+                        a = 1.0 if qd == 0 else min(1.0, p / qd)
+                        a = a if inside else 0.0
+                    else:
+                        a = p
+                    u = float(uniform_noise(int(seeds[b]), int(offsets[b]), int(streams[b]), j, 2**32 - 1))
+                    margin[b] = min(margin[b], abs(u - a))
+                    if u < a:
+                        tokens[b, j] = d + vocab_start
+                        accepted_count[b] += 1
+                        continue
+                    if draft_probs is None:
+                        if inside:
+                            candidates[d] = False
+                    else:
+                        residual = (logp[b, j].exp() - draft_probs[b, j].to(device, torch.float64)).clamp(min=0)
+                        candidates = residual > 0
+                        scores = torch.log(residual)
+            g = gumbel_noise(int(seeds[b]), int(offsets[b]) + j, int(streams[b]), 0, ids + vocab_start).double()
+            if greedy[b]:
+                s = x[b, j]
+            elif scores is not None:
+                s = scores + g
+            else:
+                s = x[b, j] * inv_t[b] + g
+            s = torch.where(candidates, s, -torch.inf)
+            top2 = torch.topk(s, 2).values
+            margin[b] = min(margin[b], float(top2[0] - top2[1]))
+            tokens[b, j] = int(s.argmax()) + vocab_start
+            break
+    return ReferenceSpeculative(tokens.to(device), accepted_count.to(device), margin.to(device))

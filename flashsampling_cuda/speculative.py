@@ -1,0 +1,216 @@
+"""Speculative-decoding verification: exact rejection sampling of draft tokens against the
+target model's distribution (Leviathan et al. 2023; Chen et al. 2023), with the noise of
+:func:`flashsampling_cuda.sample`.
+
+Per row ``b``, positions ``j = 0 .. n - 1`` in order, ``p_j`` the target's distribution at
+position ``j`` (the logits ``hidden[b, j] . weight``, then the biases, mask, temperature and
+truncation of ``sample``), ``d_j`` the draft token:
+
+- one-hot drafts (``draft_probs=None``: greedy EAGLE / MTP drafts, n-grams): accept ``d_j`` when
+  ``u_j < p_j(d_j)``; on rejection emit a sample of ``p_j`` without ``d_j`` (renormalised) and stop;
+- sampled drafts (``draft_probs [B, n, V]``, the draft model's ``q``): accept when
+  ``u_j < min(1, p_j(d_j) / q_j(d_j))``; on rejection emit a sample of ``max(0, p_j - q_j)``
+  (renormalised) and stop;
+- a greedy row (``T = 0``): accept while ``d_j`` is the argmax of ``p_j``; on rejection emit the
+  argmax;
+- all ``n`` accepted: emit the bonus token, a sample of ``p_n``.
+
+The output follows the target's distribution exactly (up to the uniforms' 2^-23 grid). Noise
+(documented counters, so ``(seed, offset)`` reproduces a step): the acceptance uniform of
+``(b, j)`` is :func:`flashsampling_cuda.noise.uniform_noise` at ``(seed, offset, stream_b, j,
+2^32 - 1)``; the sample emitted at position ``j`` is Gumbel-Max with the noise of ``sample`` at
+offset ``offset + j`` (stream ``b``, or 0 with per-row seeds): the bonus token is the token
+``sample(hidden[:, n], weight, offset=offset + n)`` returns. The residual samples use
+``log max(0, p - q)`` as their logits.
+
+This first implementation computes the target logits once (``[B * (n + 1), V]`` fp32, cuBLAS
+on CUDA, the op's own kernels on the CPU) and draws each position's sample with the
+``sample_from_logits`` op, with no host sync (CUDA-graph capture; ``torch.compile`` is not yet
+tested). Verification fused into the LM-head GEMM is issue #36's goal.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from .masks import pack_allowed_mask, unpack_allowed_mask
+from .noise import as_int64_tensor, draw_seed, uniform_noise
+from .truncation import (logits_truncation_args, materialized_logits, parse_truncation, scaled_logits,
+                         survivor_mask, transformed_logits)
+
+__all__ = ["speculative_sample", "SpeculativeOutput"]
+
+_ACCEPT_INDEX = 2**32 - 1  # the acceptance uniforms' vocabulary index: no token has it
+
+
+class SpeculativeOutput(NamedTuple):
+    tokens: Tensor  # int64 [B, n + 1]: accepted drafts, then the corrective or bonus token, -1 after
+    num_accepted: Tensor  # int64 [B]
+    logprobs: Tensor | None  # float32 [B, n + 1]: log p_j of each emitted token (NaN after), or None
+
+
+def _per_row_int64(name: str, value, batch: int, device) -> tuple[Tensor, bool]:
+    """(int64 [B] values, per_row) of a seed / offset given as an int, 0-d or [B] tensor."""
+    if isinstance(value, Tensor):
+        if value.dtype != torch.int64 or value.dim() > 1 or (value.dim() == 1 and value.shape[0] != batch):
+            raise ValueError(f"flashsampling.speculative_sample: {name} must be an int, or an int64 0-d or [B] "
+                             f"tensor with B = {batch}, got {value.dtype} with shape {list(value.shape)}")
+        return value.to(device).expand(batch), value.dim() == 1
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"flashsampling.speculative_sample: {name} must be an int or a tensor, got "
+                        f"{type(value).__name__}")
+    return as_int64_tensor(value, device).expand(batch), False
+
+
+def speculative_sample(
+    hidden: Tensor,
+    weight: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor | None = None,
+    *,
+    temperature: float | Tensor = 1.0,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor = 0,
+    generator: torch.Generator | None = None,
+    logit_bias: Tensor | None = None,
+    allowed_mask: Tensor | None = None,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
+    vocab_start: int = 0,
+    return_logprobs: bool = False,
+) -> SpeculativeOutput:
+    """Verifies ``n`` draft tokens per row against the target (module docstring) and emits the
+    accepted prefix plus one corrective or bonus token.
+
+    Args:
+        hidden: ``[B, n + 1, D]`` bf16 / fp16 / fp32: the target's hidden states at the ``n``
+            draft positions and the bonus position.
+        weight: ``[V, D]``, the LM head.
+        draft_token_ids: ``[B, n]`` int64 global ids (``vocab_start`` the id of column 0).
+        draft_probs: ``[B, n, V]`` floating (the draft's probabilities of every token at each
+            position), or None for one-hot drafts.
+        temperature, seed, offset, generator, logit_bias, allowed_mask, top_k, top_p, min_p,
+        vocab_start: as in :func:`flashsampling_cuda.sample` (per row where ``[B]``); the mask is
+            per row (``[B, ceil(V / 32)]``) and applies at every position.
+        return_logprobs: also each emitted token's log-probability under the target.
+
+    Returns:
+        :class:`SpeculativeOutput` ``(tokens [B, n + 1] int64, num_accepted [B] int64,
+        logprobs [B, n + 1] float32 or None)``.
+    """
+    if not isinstance(hidden, Tensor) or hidden.dim() != 3:
+        raise ValueError("flashsampling.speculative_sample: hidden must be [B, n + 1, D], got "
+                         f"{list(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}")
+    batch, positions, dim = hidden.shape
+    n = positions - 1
+    if n < 0:
+        raise ValueError("flashsampling.speculative_sample: hidden must have n + 1 >= 1 positions")
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] != dim:
+        raise ValueError(f"flashsampling.speculative_sample: weight must be [V, {dim}], got "
+                         f"{list(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+    vocab = weight.shape[0]
+    device = hidden.device
+    if (not isinstance(draft_token_ids, Tensor) or draft_token_ids.dtype != torch.int64
+            or tuple(draft_token_ids.shape) != (batch, n)):
+        raise ValueError(f"flashsampling.speculative_sample: draft_token_ids must be int64 [{batch}, {n}], got "
+                         f"{getattr(draft_token_ids, 'dtype', type(draft_token_ids).__name__)} "
+                         f"{list(getattr(draft_token_ids, 'shape', []))}")
+    if draft_probs is not None and (not isinstance(draft_probs, Tensor) or not draft_probs.is_floating_point()
+                                    or tuple(draft_probs.shape) != (batch, n, vocab)):
+        raise ValueError(f"flashsampling.speculative_sample: draft_probs must be floating [{batch}, {n}, {vocab}] or "
+                         f"None, got {list(getattr(draft_probs, 'shape', []))}")
+    if seed is None:
+        seed = draw_seed(generator, device)
+    seeds, per_row_seed = _per_row_int64("seed", seed, batch, device)
+    offsets, _ = _per_row_int64("offset", offset, batch, device)
+    streams = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(
+        batch, device=device)
+    if isinstance(temperature, Tensor):
+        temps = temperature.to(device=device, dtype=torch.float32).expand(batch)
+    else:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"flashsampling.speculative_sample: temperature must be a float >= 0 or a tensor, got "
+                             f"{temperature!r}")
+        temps = torch.full((batch,), float(temperature), dtype=torch.float32, device=device)
+    greedy = temps == 0
+    truncation = parse_truncation(top_k, top_p, min_p, hidden[:, 0])
+
+    # The target at every position: x, y and the survivors, rows (b, j) -> b * (n + 1) + j.
+    flat = hidden.reshape(batch * positions, dim)
+    x = transformed_logits(materialized_logits(flat, weight), None if logit_bias is None else
+                           logit_bias.to(device, torch.float32))
+    x = x.reshape(batch, positions, vocab)
+    rows_temps = temps[:, None].expand(batch, positions).reshape(-1)
+    y = scaled_logits(x.reshape(-1, vocab), 1.0, rows_temps).reshape(batch, positions, vocab)
+    allowed = None
+    if allowed_mask is not None:
+        allowed = unpack_allowed_mask(allowed_mask.to(device), vocab)[:, None, :].expand(batch, positions, vocab)
+    if truncation is not None:
+        repeat = [(v.to(device).expand(batch)[:, None].expand(batch, positions).reshape(-1)
+                   if isinstance(v, Tensor) else v) for v in truncation]
+        flat_allowed = None if allowed is None else allowed.reshape(-1, vocab)
+        allowed = survivor_mask(y.reshape(-1, vocab), flat_allowed, type(truncation)(*repeat)).reshape(
+            batch, positions, vocab)
+    yd = y.double()
+    if allowed is not None:
+        yd = yd.masked_fill(~allowed, -torch.inf)
+    logp = torch.log_softmax(yd, dim=2)  # the target's log-probabilities, float64 [B, n + 1, V]
+
+    # Acceptance of each draft.
+    draft_local = draft_token_ids - vocab_start
+    inside = (draft_local >= 0) & (draft_local < vocab)
+    safe = torch.where(inside, draft_local, 0)
+    p_draft = torch.where(inside, logp[:, :n].gather(2, safe[:, :, None])[:, :, 0].exp(), 0.0)
+    if draft_probs is not None:
+        q = draft_probs.to(device, torch.float64)
+        q_draft = q.gather(2, safe[:, :, None])[:, :, 0]
+        ratio = torch.where(q_draft > 0, p_draft / q_draft, torch.inf)
+        accept_prob = torch.where(inside, ratio.clamp(max=1.0), 0.0)
+    else:
+        accept_prob = p_draft
+    j = torch.arange(n, device=device)
+    u = uniform_noise(seeds[:, None], offsets[:, None], streams[:, None], j[None, :], _ACCEPT_INDEX).double()
+    argmax = torch.where(torch.isnan(y[:, :n]), -torch.inf, y[:, :n])
+    if allowed is not None:
+        argmax = argmax.masked_fill(~allowed[:, :n], -torch.inf)
+    target_top = argmax.argmax(dim=2)  # first index of the max: ties to the smaller index
+    accepted = torch.where(greedy[:, None], (draft_local == target_top) & inside, u < accept_prob)
+    num_accepted = torch.cumprod(accepted.long(), dim=1).sum(dim=1)
+
+    # The sample each position would emit: corrective (j < n) or bonus (j = n).
+    emitted = []
+    for pos in range(positions):
+        x_pos, temps_pos = x[:, pos], temps
+        keep = allowed[:, pos] if allowed is not None else torch.ones((batch, vocab), dtype=torch.bool, device=device)
+        if pos < n:
+            if draft_probs is None:
+                drop = torch.zeros_like(keep).scatter_(1, safe[:, pos : pos + 1], inside[:, pos : pos + 1])
+                keep = torch.where(greedy[:, None], keep, keep & ~drop)
+            else:
+                residual = (logp[:, pos].exp() - q[:, pos]).clamp(min=0.0)
+                x_pos = torch.where(greedy[:, None], x_pos, torch.log(residual).float())
+                temps_pos = torch.where(greedy, 0.0, 1.0)
+                keep = torch.where(greedy[:, None], keep, residual > 0)
+        tokens_pos, _, _, _ = torch.ops.flashsampling.sample_from_logits(
+            x_pos.contiguous(), temperature=1.0, temperatures=temps_pos, num_samples=1,
+            seed=seeds if per_row_seed else seeds[0], offset=offsets + pos, generator=None, logit_bias=None,
+            allowed_mask=pack_allowed_mask(keep), empty_mask_token=-1, vocab_start=vocab_start,
+            return_logprobs=False, **logits_truncation_args(None, batch, device))
+        emitted.append(tokens_pos[:, 0])
+    emitted = torch.stack(emitted, dim=1)  # [B, n + 1]
+
+    slot = torch.arange(positions, device=device)[None, :]
+    final = emitted.gather(1, num_accepted[:, None])
+    drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
+    tokens = torch.where(slot < num_accepted[:, None], drafts, torch.where(slot == num_accepted[:, None], final, -1))
+    logprobs = None
+    if return_logprobs:
+        local = tokens - vocab_start
+        valid = (tokens >= 0) & (local >= 0) & (local < vocab)
+        logprobs = torch.where(valid, logp.gather(2, torch.where(valid, local, 0)[:, :, None])[:, :, 0],
+                               torch.nan).float()
+    return SpeculativeOutput(tokens, num_accepted, logprobs)

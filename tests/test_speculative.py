@@ -1,0 +1,116 @@
+"""speculative_sample (flashsampling_cuda/speculative.py): the emitted tokens follow the target
+(chi-square, one-hot and sampled drafts), pathwise against the float64 reference, the bonus token
+is sample()'s, greedy verification, argument errors. CPU always; CUDA where there is a GPU.
+(torch.compile of the step is not tested: inductor takes minutes on the Philox uniforms.)"""
+
+import pytest
+import torch
+
+import flashsampling_cuda as fs
+from flashsampling_cuda.reference import reference_speculative_sample
+from sampling_stats import chi_square_pvalue
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def problem(batch, positions, vocab, dim, device, seed=0, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(batch, positions, dim, generator=g).to(torch.bfloat16).to(device)
+    weight = (torch.randn(vocab, dim, generator=g) * scale / dim**0.5).to(torch.bfloat16).to(device)
+    return hidden, weight
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampled_drafts", [False, True])
+def test_emitted_tokens_follow_the_target(device, sampled_drafts):
+    """Many independent rows (per-row seeds) of one problem: the first emitted token is a sample
+    of the target p_0 whatever the draft; the second, on rows that accepted the first draft, of
+    p_1 (chi-square, fixed seeds)."""
+    rows, n, vocab, dim = 20000, 2, 24, 16
+    one, weight = problem(1, n + 1, vocab, dim, device, seed=1, scale=3.0)
+    hidden = one.expand(rows, n + 1, dim).contiguous()
+    x = one[0].double() @ weight.double().T
+    p = torch.softmax(x / 0.8, dim=1).cpu()
+    g = torch.Generator().manual_seed(2)
+    if sampled_drafts:
+        q = torch.softmax(torch.randn(n, vocab, generator=g) * 1.5, dim=1)
+        drafts = torch.stack([torch.multinomial(q[j], rows, replacement=True, generator=g) for j in range(n)], dim=1)
+        draft_probs = q[None].expand(rows, n, vocab).to(device)
+    else:
+        drafts = torch.tensor([[int(p[0].argmax()), 5]]).expand(rows, n)
+        draft_probs = None
+    out = fs.speculative_sample(hidden, weight, drafts.to(device).contiguous(), draft_probs, temperature=0.8,
+                                seed=torch.arange(rows, device=device) * 7 + 1, offset=3)
+    first = out.tokens[:, 0].cpu()
+    assert chi_square_pvalue([first], [p[0]]) > 1e-3
+    took_first = out.num_accepted.cpu() >= 1
+    assert chi_square_pvalue([out.tokens[took_first, 1].cpu()], [p[1]]) > 1e-3
+    # every emitted token is a real token up to the first non-draft, -1 after
+    emitted = out.num_accepted.cpu() + 1
+    slots = torch.arange(n + 1)[None, :]
+    assert ((out.tokens.cpu() >= 0) == (slots < emitted[:, None])).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ["one_hot", "sampled", "greedy_rows", "truncated_masked"])
+def test_pathwise_against_float64_reference(device, case):
+    batch, n, vocab, dim = 24, 4, 400, 32
+    hidden, weight = problem(batch, n + 1, vocab, dim, device, seed=3, scale=4.0)
+    x = hidden.float() @ weight.float().T
+    g = torch.Generator().manual_seed(4)
+    near = torch.rand(batch, n, generator=g) < 0.7
+    drafts = torch.where(near, x[:, :n].argmax(2).cpu(), torch.randint(0, vocab, (batch, n), generator=g)).to(device)
+    kwargs = dict(seed=11, offset=5, temperature=0.9)
+    draft_probs = None
+    if case == "sampled":
+        draft_probs = torch.softmax(torch.randn(batch, n, vocab, generator=g), dim=2).to(device)
+    if case == "greedy_rows":
+        kwargs["temperature"] = torch.tensor([0.0, 0.7, 1.3] * (batch // 3), device=device)
+    if case == "truncated_masked":
+        mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
+        kwargs.update(top_k=torch.randint(3, 60, (batch,), generator=g).to(device), top_p=0.9,
+                      allowed_mask=(mask.to(torch.int32) | 0x1).to(device), logit_bias=torch.randn(vocab).to(device))
+    out = fs.speculative_sample(hidden, weight, drafts, draft_probs, **kwargs)
+    ref = reference_speculative_sample(hidden, weight, drafts, draft_probs, **kwargs)
+    clear = ref.margin.cpu() > 1e-4
+    assert clear.sum() >= batch // 2
+    assert torch.equal(out.tokens.cpu()[clear], ref.tokens.cpu()[clear])
+    assert torch.equal(out.num_accepted.cpu()[clear], ref.num_accepted.cpu()[clear])
+
+
+def test_bonus_token_is_the_plain_sample():
+    """No drafts (n = 0): the emitted token is sample()'s at the same seed and offset; with n
+    drafts all accepted, the bonus is sample()'s at offset + n."""
+    hidden, weight = problem(6, 1, 500, 32, "cpu", seed=5)
+    out = fs.speculative_sample(hidden, weight, torch.zeros(6, 0, dtype=torch.int64), seed=4, offset=10)
+    assert torch.equal(out.tokens[:, 0], fs.sample(hidden[:, 0], weight, seed=4, offset=10)[:, 0])
+    hidden, weight = problem(6, 3, 500, 32, "cpu", seed=6)
+    greedy_path = (hidden.float() @ weight.float().T).argmax(2)
+    out = fs.speculative_sample(hidden, weight, greedy_path[:, :2].contiguous(), temperature=0.0, seed=4, offset=10)
+    assert (out.num_accepted == 2).all()
+    assert torch.equal(out.tokens, greedy_path)
+
+
+def test_greedy_rejection_emits_the_argmax():
+    hidden, weight = problem(4, 4, 300, 32, "cpu", seed=7)
+    path = (hidden.float() @ weight.float().T).argmax(2)
+    drafts = path[:, :3].clone()
+    drafts[:, 1] = (drafts[:, 1] + 1) % 300  # wrong at position 1
+    out = fs.speculative_sample(hidden, weight, drafts, temperature=0.0, seed=1, return_logprobs=True)
+    assert (out.num_accepted == 1).all()
+    assert torch.equal(out.tokens[:, :2], path[:, :2]) and (out.tokens[:, 2:] == -1).all()
+    assert out.logprobs[:, :2].isfinite().all() and out.logprobs[:, 2:].isnan().all()
+
+
+@pytest.mark.parametrize("args,kwargs,match", [
+    (lambda h, w: (h[:, 0], w, torch.zeros(2, 1, dtype=torch.int64)), {}, "hidden"),
+    (lambda h, w: (h, w, torch.zeros(2, 3, dtype=torch.int64)), {}, "draft_token_ids"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int32)), {}, "draft_token_ids"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1, 7)), {}, "draft_probs"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(temperature=-1.0), "temperature"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(seed=torch.zeros(3, dtype=torch.int64)), "seed"),
+])
+def test_argument_errors(args, kwargs, match):
+    hidden, weight = problem(2, 2, 50, 8, "cpu")
+    with pytest.raises(ValueError, match=match):
+        fs.speculative_sample(*args(hidden, weight), **kwargs)
