@@ -7,15 +7,9 @@ import torch
 
 import flashsampling_cuda as fs
 from flashsampling_cuda.logprobs import LogprobsOutput
+from sampling_stats import problem
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def problem(batch, vocab, dim, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(batch, dim, generator=g).to(torch.bfloat16).to(device)
-    weight = (torch.randn(vocab, dim, generator=g) * 2 / dim**0.5).to(torch.bfloat16).to(device)
-    return hidden, weight
 
 
 def float64_log_softmax(hidden, weight, temperature=1.0, bias=None):
@@ -29,7 +23,7 @@ def float64_log_softmax(hidden, weight, temperature=1.0, bias=None):
 @pytest.mark.parametrize("mode", ["processed", "raw"])
 def test_top_logprobs_ranks_and_ids_against_float64(device, mode):
     batch, vocab, dim, n = 8, 1500, 64, 20
-    hidden, weight = problem(batch, vocab, dim, device, seed=2)
+    hidden, weight = problem(batch, vocab, dim, device, seed=2, logit_std=2.0)
     bias = torch.randn(vocab, generator=torch.Generator().manual_seed(3)).to(device)
     ids = torch.randint(-1, vocab, (batch, 6), generator=torch.Generator().manual_seed(4)).to(device)
     out = fs.sample(hidden, weight, temperature=0.7, seed=5, num_samples=3, logit_bias=bias, return_logprobs=True,
@@ -58,7 +52,7 @@ def test_top_logprobs_ranks_and_ids_against_float64(device, mode):
 def test_processed_entries_agree_with_the_op_logprobs():
     """A sampled token found in its row's top-N has the same logprob in both outputs (to the
     float32 rounding of the logsumexp), and its rank is its place in the list."""
-    hidden, weight = problem(16, 800, 32, "cpu", seed=7)
+    hidden, weight = problem(16, 800, 32, "cpu", seed=7, logit_std=2.0)
     out = fs.sample(hidden, weight, temperature=1.2, seed=1, return_logprobs=True, top_logprobs=64)
     hit = out.top_ids == out.tokens  # [B, 64] vs [B, 1]
     rows = hit.any(dim=1)
@@ -68,7 +62,7 @@ def test_processed_entries_agree_with_the_op_logprobs():
 
 
 def test_truncated_processed_logprobs_cover_the_survivors_only():
-    hidden, weight = problem(6, 1000, 32, "cpu", seed=8)
+    hidden, weight = problem(6, 1000, 32, "cpu", seed=8, logit_std=2.0)
     out = fs.sample(hidden, weight, seed=2, top_k=torch.tensor([3, 5, 8, 13, 21, 34]), top_p=0.9,
                     return_logprobs=True, top_logprobs=40)
     finite = out.top_logprobs.isfinite()
@@ -79,7 +73,7 @@ def test_truncated_processed_logprobs_cover_the_survivors_only():
 
 def test_ties_go_to_the_smaller_id_and_ids_are_global():
     vocab, dim = 50, 16
-    hidden, weight = problem(2, vocab, dim, "cpu", seed=9)
+    hidden, weight = problem(2, vocab, dim, "cpu", seed=9, logit_std=2.0)
     weight[30] = weight[7]  # token 30 ties token 7 exactly
     weight[12] = weight[7]
     out = fs.sample(hidden, weight, seed=3, return_logprobs=True, top_logprobs=vocab, vocab_start=1000)
@@ -92,7 +86,7 @@ def test_ties_go_to_the_smaller_id_and_ids_are_global():
 
 
 def test_compiles_fullgraph_on_cpu():
-    hidden, weight = problem(4, 300, 16, "cpu", seed=1)
+    hidden, weight = problem(4, 300, 16, "cpu", seed=1, logit_std=2.0)
 
     def step(h):
         out = fs.sample(h, weight, seed=3, return_logprobs=True, top_logprobs=5, token_ids=torch.zeros(4, 2).long())
@@ -112,6 +106,6 @@ def test_compiles_fullgraph_on_cpu():
     (dict(return_logprobs=True, token_ids="1,2"), TypeError, "token_ids"),
 ])
 def test_argument_errors(kwargs, error, match):
-    hidden, weight = problem(2, 100, 16, "cpu")
+    hidden, weight = problem(2, 100, 16, "cpu", logit_std=2.0)
     with pytest.raises(error, match=match):
         fs.sample(hidden, weight, **kwargs)

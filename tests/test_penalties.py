@@ -12,16 +12,9 @@ import torch
 import flashsampling_cuda as fs
 from flashsampling_cuda import PenaltyState
 from flashsampling_cuda.reference import reference_logit_transform, reference_sample
-from sampling_stats import assert_matches_reference, chi_square_pvalue
+from sampling_stats import problem, assert_matches_reference, chi_square_pvalue
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-
-
-def problem(batch, vocab, dim, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(batch, dim, generator=g).to(torch.bfloat16).to(device)
-    weight = (torch.randn(vocab, dim, generator=g) * 2 / dim**0.5).to(torch.bfloat16).to(device)
-    return hidden, weight
 
 
 def histories(batch, vocab, seed=0, prompt_len=30, output_len=20):
@@ -95,7 +88,7 @@ def test_state_overflow_is_flagged_not_silent():
 @pytest.mark.parametrize("case", ["repetition", "frequency_presence", "all_per_row", "softcap_scale", "everything"])
 def test_pathwise_against_float64_reference(device, case):
     batch, vocab, dim = 12, 3001, 64
-    hidden, weight = problem(batch, vocab, dim, device, seed=3)
+    hidden, weight = problem(batch, vocab, dim, device, seed=3, logit_std=2.0)
     prompt, output = histories(batch, vocab)
     per_row = torch.linspace(0.5, 2.0, batch)
     args = {
@@ -126,7 +119,7 @@ def test_rows_without_penalties_get_the_plain_tokens_bit_for_bit():
     """CPU: the logits route computes the op's own logits, so a row whose penalties are off
     gets the token and score of plain sampling, bit for bit."""
     batch, vocab, dim = 16, 2000, 64
-    hidden, weight = problem(batch, vocab, dim, "cpu", seed=4)
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=4, logit_std=2.0)
     prompt, output = histories(batch, vocab)
     rep = torch.ones(batch)
     rep[::3] = 1.5
@@ -148,7 +141,7 @@ def test_fused_and_logits_routes_agree_bit_for_bit():
     repetition penalty of exactly 1 (on, but changing nothing) the same call takes the logits
     route: the same logits, so the same tokens and scores, bit for bit (CPU)."""
     batch, vocab, dim = 10, 4000, 64
-    hidden, weight = problem(batch, vocab, dim, "cpu", seed=6)
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=6, logit_std=2.0)
     state = PenaltyState(*histories(batch, vocab, seed=2))
     kwargs = dict(temperature=0.7, seed=5, num_samples=2, frequency_penalty=0.9, presence_penalty=1.5,
                   penalty_state=state, logit_bias=torch.randn(vocab), return_logprobs=True)
@@ -163,7 +156,7 @@ def test_penalised_distribution_chi_square():
     """Many samples of one small row: the empirical distribution is the softmax of the
     penalised, soft-capped logits (float64), chi-square p > 1e-3 (fixed seed)."""
     vocab, dim, draws = 40, 32, 20000
-    hidden, weight = problem(1, vocab, dim, "cpu", seed=9)
+    hidden, weight = problem(1, vocab, dim, "cpu", seed=9, logit_std=2.0)
     prompt, output = [[1, 2, 3, 4]], [[2, 2, 5, 7, 7, 7]]
     args = dict(logit_softcap=3.0, repetition_penalty=1.7, frequency_penalty=0.3, presence_penalty=0.5)
     tokens = fs.sample(hidden, weight, temperature=0.9, seed=2024, num_samples=draws, **args,
@@ -183,7 +176,7 @@ def test_graph_safe_decode_step_on_cpu_compiles():
     """A decode step (sample with penalties, then update the state) traces with
     torch.compile(fullgraph=True): no host sync on the route."""
     batch, vocab, dim = 4, 500, 32
-    hidden, weight = problem(batch, vocab, dim, "cpu", seed=1)
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=1, logit_std=2.0)
     state = PenaltyState([[1, 2]] * batch, capacity=16)
 
     def step(h, offset):
@@ -208,6 +201,6 @@ def test_graph_safe_decode_step_on_cpu_compiles():
     (dict(frequency_penalty=0.5, prompt_token_ids=torch.ones(1, 2)), TypeError, "prompt_token_ids"),
 ])
 def test_bad_arguments_name_themselves(kwargs, error, match):
-    hidden, weight = problem(1, 100, 16, "cpu")
+    hidden, weight = problem(1, 100, 16, "cpu", logit_std=2.0)
     with pytest.raises(error, match=match):
         fs.sample(hidden, weight, **kwargs)
