@@ -9,8 +9,8 @@ sampled tokens' ranks, the log-probabilities of given token ids, processed or ra
 - ``logprobs_mode="raw"``: ``log_softmax`` of the raw logits ``hidden @ weight.T`` (before
   everything else), for every logprob output, ``logprobs`` and ``logsumexp`` included.
 
-This first implementation computes them from the fp32 logits in torch ops (one more matmul
-where the sample did not already materialise them; no host sync, so graphs and
+This first implementation computes them from the fp32 logits in torch ops (the sample's own where
+its route materialised them, else one more matmul; no host sync, so graphs and
 ``torch.compile`` work); the fused version, in the GEMM's epilogue, is issue #34's goal.
 """
 
@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from .masks import unpack_allowed_mask
-from .penalties import model_logits, penalty_bias, repetition_penalized
-from .truncation import materialized_logits, scaled_logits, survivor_mask, transformed_logits
+from .penalties import rule_logits
+from .truncation import materialized_logits, scaled_logits, survivor_mask
 
 __all__ = ["LogprobsOutput", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS"]
 
@@ -75,35 +75,38 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
     return top_logprobs, ids, logprobs_mode
 
 
-def processed_logits(hidden: Tensor, weight: Tensor, kwargs: dict, scale: float, softcap: float | None,
-                     penalties) -> Tensor:
-    """``x`` of the call, float32 ``[B, V]``: model-side transforms, biases, penalties
-    (flashsampling_cuda/penalties.py's rule), before the temperature."""
-    x = model_logits(materialized_logits(hidden, weight), scale, softcap)
-    x = transformed_logits(x, kwargs["logit_bias"], kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"],
-                           kwargs["vocab_start"])
-    if penalties is not None:
-        x = repetition_penalized(x, penalties, kwargs["vocab_start"])
-        entries = penalty_bias(penalties)
-        if entries is not None:
-            x = transformed_logits(x, None, *entries, kwargs["vocab_start"])
-    return x
+def _raw_logits(hidden: Tensor, weight: Tensor, route: dict) -> Tensor:
+    """The fp32 raw logits: those the sample's route already computed, else one matmul."""
+    return route["logits"] if route.get("op") == "_sample_logits" else materialized_logits(hidden, weight)
 
 
-def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, tokens: Tensor, logprobs: Tensor,
+def processed_logits(hidden: Tensor, weight: Tensor, context: dict, route: dict) -> Tensor:
+    """``x`` of the call, float32 ``[B, V]`` (flashsampling_cuda/penalties.py's rule, before the
+    temperature): the logits route's own, with its bias, where the sample took that route."""
+    if route.get("op") == "sample_from_logits":
+        x, bias = route["logits"], route["logit_bias"]
+        return x if bias is None else x + bias
+    kwargs = context["kwargs"]
+    return rule_logits(_raw_logits(hidden, weight, route), kwargs["logit_bias"], kwargs["sparse_bias_ids"],
+                       kwargs["sparse_bias_values"], kwargs["vocab_start"], context["scale"], context["softcap"],
+                       context["penalties"])
+
+
+def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, tokens: Tensor, logprobs: Tensor,
                     logsumexp: Tensor, top_n: int, token_ids: Tensor | None, mode: str) -> LogprobsOutput:
     """The outputs of :class:`LogprobsOutput` for a sample already drawn (``tokens``, and the op's
     ``logprobs`` / ``logsumexp`` of the processed distribution); ``context``: the call's arguments
-    as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them."""
+    as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them; ``route``: how it sampled
+    (logits it computed are not computed again)."""
     kwargs = context["kwargs"]
     vocab_start = kwargs["vocab_start"]
     if mode == "raw":
-        raw = materialized_logits(hidden, weight).double()
+        raw = _raw_logits(hidden, weight, route).double()
         lse = torch.logsumexp(raw, dim=1)
         table = (raw - lse[:, None]).float()
         logsumexp = lse.float()
     else:
-        x = processed_logits(hidden, weight, kwargs, context["scale"], context["softcap"], context["penalties"])
+        x = processed_logits(hidden, weight, context, route)
         y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
         allowed = None
         if kwargs["allowed_mask"] is not None:

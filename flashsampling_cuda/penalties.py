@@ -31,6 +31,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .truncation import transformed_logits
+
 __all__ = ["PenaltyState"]
 
 
@@ -110,17 +112,17 @@ class PenaltyState:
 
     def _insert_all(self, ids: Tensor, is_output: Tensor) -> None:
         """Fills the empty state with the distinct non-negative ids of each row (sorted)."""
-        valid = ids >= 0
-        key = torch.where(valid, ids, torch.iinfo(torch.int64).max)
-        key, order = key.sort(dim=1, stable=True)
-        is_output = is_output.gather(1, order) & (key != torch.iinfo(torch.int64).max)
-        is_prompt = ~is_output & (key != torch.iinfo(torch.int64).max)
+        padding = torch.iinfo(torch.int64).max  # sorts after every id
+        key, order = torch.where(ids >= 0, ids, padding).sort(dim=1, stable=True)
+        real = key != padding
+        is_output = is_output.gather(1, order) & real
+        is_prompt = ~is_output & real
         first = torch.ones_like(key, dtype=torch.bool)
         first[:, 1:] = key[:, 1:] != key[:, :-1]
-        first &= key != torch.iinfo(torch.int64).max
+        first &= real
         slot = torch.cumsum(first.long(), dim=1) - 1  # the slot of each id's run
-        fits = (slot < self.capacity) & (key != torch.iinfo(torch.int64).max)
-        self.overflowed = (slot >= self.capacity).logical_and(key != torch.iinfo(torch.int64).max).any(dim=1)
+        fits = (slot < self.capacity) & real
+        self.overflowed = (real & ~fits).any(dim=1)
         spare = self.capacity  # writes that do not fit go to a spare column, dropped below
         column = torch.where(fits, slot, spare)
         ids_wide = torch.full((self.batch, self.capacity + 1), -1, dtype=torch.int64, device=key.device)
@@ -264,3 +266,17 @@ def penalty_bias(penalties: Penalties) -> tuple[Tensor, Tensor] | None:
         q = q + (p[:, None] if isinstance(p, Tensor) else p) * (counts > 0).float()
     counted = (state.ids >= 0) & (state.output_counts > 0)  # prompt-only tokens get no entry
     return torch.where(counted, state.ids, -1), torch.where(counted, -q, 0.0)
+
+
+def rule_logits(logits: Tensor, logit_bias: Tensor | None, sparse_bias_ids: Tensor | None,
+                sparse_bias_values: Tensor | None, vocab_start: int, scale: float, softcap: float | None,
+                penalties: Penalties | None) -> Tensor:
+    """Steps 1-3 of the rule on fp32 raw logits ``[B, V]``: ``x`` before the temperature."""
+    x = transformed_logits(model_logits(logits, scale, softcap), logit_bias, sparse_bias_ids, sparse_bias_values,
+                           vocab_start)
+    if penalties is not None:
+        x = repetition_penalized(x, penalties, vocab_start)
+        entries = penalty_bias(penalties)
+        if entries is not None:
+            x = transformed_logits(x, None, *entries, vocab_start)
+    return x

@@ -13,7 +13,7 @@ from torch import Tensor
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .logprobs import LogprobsOutput, logprob_outputs, parse_logprob_args
 from .noise import as_int64_tensor, draw_seed
-from .penalties import PenaltyState, model_logits, parse_penalties, penalty_bias, repetition_penalized
+from .penalties import PenaltyState, parse_penalties, penalty_bias, rule_logits
 from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
@@ -192,13 +192,7 @@ def _op_kwargs(
         _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties, order)
         return kwargs
     if truncation is not None:
-        # The op's own argument errors come before the logits are materialised (traced,
-        # the op's fake kernel runs the same checks; torch._check messages do not trace).
-        if not torch.compiler.is_compiling():
-            _check_fake_args(hidden, weight, num_samples, kwargs["temperatures"], kwargs["seed"],
-                             kwargs["offset"], kwargs["logit_bias"], sparse_ids, sparse_values, kwargs["allowed_mask"],
-                             temperature=kwargs["temperature"], generator=generator,
-                             empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+        _check_op_args_eagerly(hidden, weight, kwargs)
         path = choose_truncation_path(truncation_path if route is not None and order == "top_k_first"
                                       else "materialized", truncation, hidden, weight, kwargs)
         if path == "fused_top_k":
@@ -235,6 +229,17 @@ def _check_order_path(order: str, truncation_path: str) -> None:
                          f"'top_k_first' only; truncation_order={order!r} takes 'auto' or 'materialized'")
 
 
+def _check_op_args_eagerly(hidden: Tensor, weight: Tensor, kwargs: dict) -> None:
+    """The op's own argument errors, before any logits are materialised for it (traced, the
+    op's fake kernel runs the same checks; torch._check messages do not trace)."""
+    if not torch.compiler.is_compiling():
+        _check_fake_args(hidden, weight, kwargs["num_samples"], kwargs["temperatures"], kwargs["seed"],
+                         kwargs["offset"], kwargs["logit_bias"], kwargs["sparse_bias_ids"],
+                         kwargs["sparse_bias_values"], kwargs["allowed_mask"], temperature=kwargs["temperature"],
+                         generator=kwargs["generator"], empty_mask_token=kwargs["empty_mask_token"],
+                         vocab_start=kwargs["vocab_start"])
+
+
 def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncation_path: str, scale: float,
                   softcap: float | None, penalties, order: str = "top_k_first") -> None:
     """Fills ``route`` for a call with model-side transforms or penalties the fused op cannot
@@ -245,27 +250,15 @@ def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncat
     if truncation_path not in TRUNCATION_PATHS or truncation_path == "fused_top_k":
         raise ValueError("flashsampling.sample: with logit_scale / logit_softcap or penalties, truncation_path must be "
                          f"'auto', 'logits' or 'materialized', got {truncation_path!r}")
-    if not torch.compiler.is_compiling():
-        _check_fake_args(hidden, weight, kwargs["num_samples"], kwargs["temperatures"], kwargs["seed"],
-                         kwargs["offset"], kwargs["logit_bias"], kwargs["sparse_bias_ids"],
-                         kwargs["sparse_bias_values"], kwargs["allowed_mask"], temperature=kwargs["temperature"],
-                         generator=kwargs["generator"], empty_mask_token=kwargs["empty_mask_token"],
-                         vocab_start=kwargs["vocab_start"])
-    x = model_logits(materialized_logits(hidden, weight), scale, softcap)
-    bias = kwargs["logit_bias"]
-    if penalties is not None or kwargs["sparse_bias_ids"] is not None:
-        x = transformed_logits(x, bias, kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"], kwargs["vocab_start"])
-        bias = None
-    if penalties is not None:
-        x = repetition_penalized(x, penalties, kwargs["vocab_start"])
-        entries = penalty_bias(penalties)
-        if entries is not None:
-            x = transformed_logits(x, None, *entries, kwargs["vocab_start"])
+    _check_op_args_eagerly(hidden, weight, kwargs)
+    # Every bias is folded into x here (the same fp32 adds the kernel would do).
+    x = rule_logits(materialized_logits(hidden, weight), kwargs["logit_bias"], kwargs["sparse_bias_ids"],
+                    kwargs["sparse_bias_values"], kwargs["vocab_start"], scale, softcap, penalties)
     if order != "top_k_first":  # the kernel truncates top_k first: hand it the survivors as its mask
-        op_kwargs = {**kwargs, "logit_bias": bias, "sparse_bias_ids": None, "sparse_bias_values": None}
+        op_kwargs = {**kwargs, "logit_bias": None, "sparse_bias_ids": None, "sparse_bias_values": None}
         kwargs["allowed_mask"], kwargs["empty_mask_token"] = logits_allowed_mask(x, op_kwargs, truncation, order)
         truncation = None
-    route.update(op="sample_from_logits", logits=x, logit_bias=bias,
+    route.update(op="sample_from_logits", logits=x, logit_bias=None,
                  **logits_truncation_args(truncation, hidden.shape[0], hidden.device))
 
 
@@ -518,7 +511,7 @@ def sample(
     if check_nan:
         _check_nan_outputs(weight, kwargs, tokens, scores, logsumexp, return_logprobs)
     if top_n > 0 or wanted_ids is not None or mode != "processed":
-        return logprob_outputs(hidden, weight, context, tokens, logprobs, logsumexp, top_n, wanted_ids, mode)
+        return logprob_outputs(hidden, weight, context, route, tokens, logprobs, logsumexp, top_n, wanted_ids, mode)
     return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
