@@ -150,7 +150,7 @@ def uniform_noise(
     """The fp32 uniform in (0, 1) under :func:`gumbel_noise` at the same coordinates
     (``uniform_open01`` of the same Philox bits): speculative verification's acceptance draws use
     it at ``vocab_index = 2^32 - 1``, an index no token has."""
-    return _uniform_at(seed, offset, stream, sample, vocab_index)
+    return uniform_open01(_bits_at(seed, offset, stream, sample, vocab_index))
 
 
 def gumbel_noise(
@@ -190,7 +190,3 @@ def _bits_at(seed, offset, stream, sample, vocab_index) -> Tensor:
     )
     lane = stream & 3
     return torch.where(lane == 0, r[0], torch.where(lane == 1, r[1], torch.where(lane == 2, r[2], r[3])))
-
-
-def _uniform_at(seed, offset, stream, sample, vocab_index) -> Tensor:
-    return uniform_open01(_bits_at(seed, offset, stream, sample, vocab_index))

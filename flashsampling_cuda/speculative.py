@@ -38,8 +38,7 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed, uniform_noise
-from .truncation import (logits_truncation_args, materialized_logits, parse_truncation, scaled_logits,
-                         survivor_mask, transformed_logits)
+from .truncation import materialized_logits, parse_truncation, scaled_logits, survivor_mask, transformed_logits
 
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
@@ -199,7 +198,7 @@ def speculative_sample(
             x_pos.contiguous(), temperature=1.0, temperatures=temps_pos, num_samples=1,
             seed=seeds if per_row_seed else seeds[0], offset=offsets + pos, generator=None, logit_bias=None,
             allowed_mask=pack_allowed_mask(keep), empty_mask_token=-1, vocab_start=vocab_start,
-            return_logprobs=False, **logits_truncation_args(None, batch, device))
+            return_logprobs=False)
         emitted.append(tokens_pos[:, 0])
     emitted = torch.stack(emitted, dim=1)  # [B, n + 1]
 
