@@ -144,7 +144,7 @@ def run(args) -> dict:
         "dtype": str(dtype).replace("torch.", ""),
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
-        "temperature": args.temperature,
+        "temperature": QWEN3_SERVING_DEFAULTS["temperature"] if args.serving_defaults else args.temperature,
         "reps": args.reps,
         "cuda_graphs": graphs,
         "standard_head_compiled": compile_head,

@@ -1,0 +1,115 @@
+"""Same-run A/B of two builds of the package on one GPU: the kernel benchmark's variants
+(bench_controls.VARIANTS: plain, per-row temperatures, mask, logprobs, dense and sparse bias,
+per-row seeds, all three common controls, four samples) timed with whichever
+flashsampling_cuda comes first on sys.path, one process per build and round, rounds
+alternating between the builds; then a table of after / before per cell.
+
+  PYTHONPATH=<tree> python benchmarks/probes/ab_builds.py time --label before --round 0 --out DIR
+  python benchmarks/probes/ab_builds.py compare --out DIR --stem ab_<what>_<gpu>_<date>
+
+ab_builds.sh runs the whole A/B on the GPU machine (two builds, alternating rounds, table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*, report
+
+import torch  # noqa: E402
+
+
+def time_build(args) -> None:
+    import flashsampling_cuda  # the build under test: first on PYTHONPATH
+
+    from bench_controls import VARIANTS, variant_kwargs
+    from bench_sampler import median_us
+
+    device = torch.device("cuda")
+    op = torch.ops.flashsampling.sample_with_scores
+    records = []
+    for shape in args.shapes.split(","):
+        dim, vocab = (int(x) for x in shape.split("x"))
+        torch.manual_seed(0)
+        weight = torch.randn(vocab, dim, device=device, dtype=torch.bfloat16) * dim**-0.5
+        for batch in (int(b) for b in args.batches.split(",")):
+            hidden = torch.randn(batch, dim, device=device, dtype=torch.bfloat16)
+            for name in VARIANTS:
+                kwargs = variant_kwargs(name, batch, vocab, device)
+                us = median_us(lambda kwargs=kwargs: op(hidden, weight, **kwargs), graph=True)
+                records.append({"D": dim, "V": vocab, "B": batch, "variant": name, "us": us})
+        del weight
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"label": args.label, "round": args.round, "package": flashsampling_cuda.__file__,
+              "device": torch.cuda.get_device_properties(0).name, "records": records}
+    (out / f"{args.label}_r{args.round}.json").write_text(json.dumps(result))
+    print(f"[ab] {args.label} round {args.round}: {len(records)} cells from {flashsampling_cuda.__file__}")
+
+
+def compare(args) -> None:
+    from report import run_header
+
+    runs = [json.loads(p.read_text()) for label in (args.before, args.after)
+            for p in sorted(Path(args.out).glob(f"{label}_r*.json"))]
+    times: dict[tuple, dict[str, list[float]]] = {}
+    for run in runs:
+        for r in run["records"]:
+            times.setdefault((r["D"], r["V"], r["B"], r["variant"]), {}).setdefault(run["label"], []).append(r["us"])
+    rows = []
+    for (dim, vocab, batch, variant), by_label in times.items():
+        before = statistics.median(by_label[args.before])
+        after = statistics.median(by_label[args.after])
+        rows.append({"D": dim, "V": vocab, "B": batch, "variant": variant, "before_us": before,
+                     "after_us": after, "after_over_before": after / before,
+                     "rounds": len(by_label[args.before])})
+    worst = max(rows, key=lambda r: abs(r["after_over_before"] - 1))
+    header = run_header(runs[0]["device"])
+    results = {**header, "before": args.before_desc, "after": args.after_desc, "rows": rows,
+               "worst_cell": worst}
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    lines = [f"Same-run A/B, {header['device']}, {header['date']}: after / before, medians of "
+             f"{rows[0]['rounds']} alternating rounds each of CUDA-graph replay medians.",
+             f"before: {args.before_desc}; after: {args.after_desc}.", ""]
+    for shape in dict.fromkeys((r["D"], r["V"]) for r in rows):
+        lines += [f"**D={shape[0]}, V={shape[1]}** (after / before)", "",
+                  "| B | " + " | ".join(variants) + " |", "|---" * (len(variants) + 1) + "|"]
+        for batch in dict.fromkeys(r["B"] for r in rows if (r["D"], r["V"]) == shape):
+            cells = {r["variant"]: r for r in rows if (r["D"], r["V"], r["B"]) == (*shape, batch)}
+            lines.append(f"| {batch} | " + " | ".join(f"{cells[v]['after_over_before']:.3f}" for v in variants) + " |")
+        lines.append("")
+    lines.append(f"Largest difference: {worst['after_over_before']:.3f} (D={worst['D']}, B={worst['B']}, "
+                 f"{worst['variant']}: {worst['before_us']:.1f} -> {worst['after_us']:.1f} µs).")
+    table = "\n".join(lines)
+    out = Path(args.out)
+    (out / f"{args.stem}.json").write_text(json.dumps(results, indent=1))
+    (out / f"{args.stem}.md").write_text(table + "\n")
+    print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode", required=True)
+    t = sub.add_parser("time")
+    t.add_argument("--label", required=True)
+    t.add_argument("--round", type=int, default=0)
+    t.add_argument("--shapes", default="4096x151936,8192x128256")
+    t.add_argument("--batches", default="1,4,16,32,64,128,256")
+    t.add_argument("--out", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("--out", required=True)
+    c.add_argument("--stem", required=True)
+    c.add_argument("--before", default="before")
+    c.add_argument("--after", default="after")
+    c.add_argument("--before-desc", default="before")
+    c.add_argument("--after-desc", default="after")
+    args = parser.parse_args()
+    time_build(args) if args.mode == "time" else compare(args)
+
+
+if __name__ == "__main__":
+    main()
