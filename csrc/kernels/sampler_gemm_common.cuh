@@ -9,14 +9,11 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/gemm/kernel/tile_scheduler_params.h"
 
+#include "flashsampling/kernel/gemm_setup.hpp"
 #include "flashsampling/sampler_params.h"
 #include "sampler_config.h"
 
 namespace flashsampling {
-
-// A = weight [V, D] (M x K, K-major), B = hidden [B, D] (N x K, K-major).
-using SamplerLayoutA = cutlass::layout::RowMajor;
-using SamplerLayoutB = cutlass::layout::ColumnMajor;
 
 // Element of the scratch D an architecture without a void-D epilogue stores into
 // (column-major [V, B], leading dimension padded to 16 bytes for TMA).
@@ -26,20 +23,16 @@ inline int64_t scratch_d_leading_dim(SamplerParams const& p) { return (p.vocab_s
 
 // The GEMM's (M, N, K, L): vocabulary x GEMM columns x hidden. N = S * B columns: p.hidden
 // holds the batch repeated num_samples times.
-inline cute::Shape<int, int, int, int> sampler_problem_shape(SamplerParams const& p) {
-  return {static_cast<int>(p.vocab_size), static_cast<int>(sampler_gemm_columns(p)), static_cast<int>(p.hidden_dim),
-          1};
+inline kernel::GemmProblemShape sampler_problem_shape(SamplerParams const& p) {
+  return kernel::weight_hidden_problem_shape(static_cast<int>(p.vocab_size), static_cast<int>(sampler_gemm_columns(p)),
+                                             static_cast<int>(p.hidden_dim));
 }
 
-// A = W, B = h: pointers and strides (K-major both).
+// A = W, B = h.
 template <class Element, class GemmKernel, class MainloopArguments>
 void fill_sampler_mainloop_arguments(MainloopArguments& mainloop, SamplerParams const& p) {
-  using StrideA = typename GemmKernel::StrideA;
-  using StrideB = typename GemmKernel::StrideB;
-  mainloop.ptr_A = static_cast<Element const*>(p.weight);
-  mainloop.dA = StrideA{p.weight_row_stride, cute::_1{}, int64_t(0)};
-  mainloop.ptr_B = static_cast<Element const*>(p.hidden);
-  mainloop.dB = StrideB{p.hidden_row_stride, cute::_1{}, int64_t(0)};
+  kernel::fill_weight_hidden_operands<Element, GemmKernel>(mainloop, p.weight, p.weight_row_stride, p.hidden,
+                                                           p.hidden_row_stride);
 }
 
 // The Gumbel-argmax node's arguments (epilogue/sm90_visitor_gumbel_argmax.hpp).

@@ -22,7 +22,7 @@ struct SamplerGemmSm100 {
   // One 128-row tcgen05 MMA per CTA (1-SM); the vocabulary tile matches sm90.
   using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  static constexpr int kAlignment = 16 / sizeof(Element);
+  static constexpr int kAlignment = kernel::kOperandAlignment<Element>;
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
@@ -39,8 +39,8 @@ struct SamplerGemmSm100 {
       cutlass::epilogue::TmaWarpSpecialized1Sm, FusionCallbacks>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
-      SamplerLayoutB, kAlignment, float, TileShape, ClusterShape,
+      cutlass::arch::Sm100, cutlass::arch::OpClassTensorOp, Element, kernel::WeightLayout, kAlignment, Element,
+      kernel::HiddenLayout, kAlignment, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecialized1SmSm100>::CollectiveOp;

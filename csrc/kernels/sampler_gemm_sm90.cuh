@@ -16,6 +16,7 @@
 #include "cutlass/device_kernel.h"
 
 #include "flashsampling/epilogue/sm90_visitor_gumbel_argmax.hpp"
+#include "flashsampling/kernel/gemm_setup.hpp"
 #include "flashsampling/kernel/sm90_sampler_epilogue_warpgroups.hpp"
 #include "sampler_gemm_common.cuh"
 
@@ -28,32 +29,16 @@ struct SamplerGemmSm90 {
   using Config = SamplerTileConfig<TileN, kPingpong>;
   using TileShape = cute::Shape<cute::Int<Config::kTileM>, cute::Int<TileN>, cute::Int<Config::kTileK>>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
-  static constexpr int kAlignment = 16 / sizeof(Element);
 
   // Sm90 EVT nodes serve both architectures (the sm100 collective reuses them).
   using FusionCallbacks = cutlass::epilogue::fusion::Sm90EVT<
       epilogue::Sm90GumbelArgmaxRowReduction<TileShape, float, kLoop>, cutlass::epilogue::fusion::Sm90AccFetch>;
 
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      void, cutlass::layout::RowMajor, kAlignment,  // no C
-      void, cutlass::layout::RowMajor, kAlignment,  // no D: logits stay on chip
-      cute::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
-                          cutlass::epilogue::TmaWarpSpecializedCooperative>,
-      FusionCallbacks>::CollectiveOp;
-
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
-      SamplerLayoutB, kAlignment, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
-
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  // No D: the logits stay on chip.
+  using Setup = kernel::Sm90PersistentGemm<Element, TileShape, ClusterShape, kPingpong, void, cutlass::layout::RowMajor,
+                                           kernel::kOperandAlignment<Element>, FusionCallbacks>;
+  using GemmKernel = typename Setup::GemmKernel;
+  using Gemm = typename Setup::Gemm;
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
 
@@ -68,12 +53,9 @@ struct SamplerGemmSm90EpilogueWarpGroups {
   // (memory-bound), 64 at N = 128.
   using TileShape = cute::Shape<cute::_128, cute::Int<TileN>, cute::Int<SamplerTileConfig<TileN, false>::kTileK>>;
   using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::Int<kClusterN>, cute::_1>;
-  static constexpr int kAlignment = 16 / sizeof(Element);
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, SamplerLayoutA, kAlignment, Element,
-      SamplerLayoutB, kAlignment, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(HandOver))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+  using CollectiveMainloop =
+      kernel::Sm90WeightHiddenMainloop<Element, TileShape, ClusterShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                       static_cast<int>(sizeof(HandOver))>;
   using GemmKernel = kernel::Sm90SamplerEpilogueWarpGroups<CollectiveMainloop, kLoop>;
   static_assert(GemmKernel::kHalfM == kEpilogueWarpGroupsVocabTile, "stage 2 reads candidates per half tile");
   // The hand-over's shared memory leaves the mainloop 5 stages at N = 128 (4 are slower:

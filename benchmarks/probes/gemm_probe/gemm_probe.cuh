@@ -9,57 +9,40 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+
+#include "flashsampling/kernel/gemm_setup.hpp"
 
 namespace gemm_probe {
 
+// The sampler's sm90 GEMM (kernel/gemm_setup.hpp) with CUTLASS's linear-combination epilogue
+// in place of the sampling node.
 template <int M, int N, int K, int ClusterM, int ClusterN, bool kPingpong>
 struct ProbeGemm {
   using Element = cutlass::bfloat16_t;
   using TileShape = cute::Shape<cute::Int<M>, cute::Int<N>, cute::Int<K>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
-  static constexpr int kAlignment = 8;
   // D column-major [V, B]: the same bytes as torch's row-major [B, V] result.
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::ColumnMajor,
-      kAlignment, Element, cutlass::layout::ColumnMajor, kAlignment,
-      cute::conditional_t<kPingpong, cutlass::epilogue::TmaWarpSpecialized,
-                          cutlass::epilogue::TmaWarpSpecializedCooperative>>::CollectiveOp;
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor, kAlignment, Element,
-      cutlass::layout::ColumnMajor, kAlignment, float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cute::conditional_t<kPingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
-                          cutlass::gemm::KernelTmaWarpSpecializedCooperative>>::CollectiveOp;
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                          CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+  using Setup = flashsampling::kernel::Sm90PersistentGemm<Element, TileShape, ClusterShape, kPingpong, Element,
+                                                          cutlass::layout::ColumnMajor,
+                                                          flashsampling::kernel::kOperandAlignment<Element>>;
+  using GemmKernel = typename Setup::GemmKernel;
+  using Gemm = typename Setup::Gemm;
 
   // raster: 0 CUTLASS's heuristic, 1 along M (vocabulary tiles first), 2 along N (a vocabulary
   // tile's column tiles on neighbouring CTAs, as the sampler runs them).
   static typename Gemm::Arguments arguments(void const* weight, void const* hidden, void* out, int vocab, int batch,
                                             int dim, int raster) {
-    using cute::make_shape;
-    auto a = cutlass::make_cute_packed_stride(typename GemmKernel::StrideA{}, make_shape(vocab, dim, 1));
-    auto b = cutlass::make_cute_packed_stride(typename GemmKernel::StrideB{}, make_shape(batch, dim, 1));
-    auto c = cutlass::make_cute_packed_stride(typename GemmKernel::StrideC{}, make_shape(vocab, batch, 1));
-    auto d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, make_shape(vocab, batch, 1));
-    cutlass::KernelHardwareInfo hw;
-    cudaGetDevice(&hw.device_id);
-    hw.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw.device_id);
-    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
-                                  {vocab, batch, dim, 1},
-                                  {static_cast<Element const*>(weight), a, static_cast<Element const*>(hidden), b},
-                                  {{1.0f, 0.0f}, nullptr, c, static_cast<Element*>(out), d},
-                                  hw};
+    typename Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = flashsampling::kernel::weight_hidden_problem_shape(vocab, batch, dim);
+    flashsampling::kernel::fill_weight_hidden_operands<Element, GemmKernel>(args.mainloop, weight, dim, hidden, dim);
+    auto const c = cutlass::make_cute_packed_stride(typename GemmKernel::StrideC{}, cute::make_shape(vocab, batch, 1));
+    auto const d = cutlass::make_cute_packed_stride(typename GemmKernel::StrideD{}, cute::make_shape(vocab, batch, 1));
+    args.epilogue = {{1.0f, 0.0f}, nullptr, c, static_cast<Element*>(out), d};
+    cudaGetDevice(&args.hw_info.device_id);
+    args.hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(args.hw_info.device_id);
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
     return args;

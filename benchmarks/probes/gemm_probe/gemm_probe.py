@@ -43,8 +43,9 @@ def build(build_dir: Path, configs: list[str]) -> Path:
     build_dir.mkdir(parents=True, exist_ok=True)
     sources = [HERE / f"gemm_probe_{config}.cu" for config in configs]
     objects = [build_dir / (s.stem + ".o") for s in sources]
-    # (an object newer than its source and the header is kept: a second run in one session links at once)
-    newest_input = (HERE / "gemm_probe.cuh").stat().st_mtime
+    # (an object newer than its source and the headers is kept: a second run in one session links at once)
+    headers = [HERE / "gemm_probe.cuh", bc.INCLUDE_DIR / "flashsampling" / "kernel" / "gemm_setup.hpp"]
+    newest_input = max(h.stat().st_mtime for h in headers)
     commands = [bc.nvcc_command(nvcc, s, o, arch) for s, o in zip(sources, objects)
                 if not o.exists() or o.stat().st_mtime < max(s.stat().st_mtime, newest_input)]
     jobs = int(os.environ.get("MAX_JOBS", os.cpu_count() or 2))

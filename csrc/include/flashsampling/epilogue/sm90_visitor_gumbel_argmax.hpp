@@ -1,37 +1,43 @@
-// Epilogue-visitor-tree node: Gumbel-Max sampling over the M (vocabulary) mode.
-//
-// The GEMM computes logits[v, b] = W[v, :] . h[b, :] with the vocabulary on M and
-// the batch on N. This node sits at the root of the tree over Sm90AccFetch:
-//
-//   Sm90EVT<Sm90GumbelArgmaxRowReduction<CtaTileShapeMNK>, Sm90AccFetch>
-//
-// While an accumulator tile is in registers it perturbs every logit with the
-// Philox Gumbel noise of its global (batch row, vocab index), keeps the best
-// (score, index) per batch column and writes one packed candidate per
-// (vocabulary tile, batch column) to a workspace; kernels/reduce_candidates.cu
-// reduces those to one token per row. No logits reach global memory.
-//
-// Layout and reduction choreography follow Sm90RowReduction
-// (sm90_visitor_store_tma_warpspecialized.hpp), which also reduces over M and
-// emits one value per N column: per-thread registers aliased over M (stride-0
-// modes), a warp-shuffle stage over the lanes that share a column, a
-// shared-memory stage over the warps stacked in M, then a global write. Two
-// differences: the reduced value is a (score, index) pair packed into 64 bits,
-// and the cross-thread stages run once per epilogue column strip (epi_n) instead
-// of once per tile, so each thread keeps state only for the columns of one
-// strip; that keeps the register budget flat at batch 256.
-//
-// kLoop selects which of three element loops the node is compiled with
-// (sampler_params.h, SamplerLoop). The plain loop serves one sample with a batch-wide
-// temperature and seed and nothing else. The common controls' loop adds what serving
-// engines send every step: per-row temperatures (T = 0: greedy), a dense logit bias and the
-// allowed-token mask transform each logit before the noise, and with logprobs the node also
-// keeps an online (max, sum of exp) per column in log2 units and the transformed logit of
-// each column's best candidate, reduced alongside. The loop for all controls adds sparse
-// per-row bias, per-row seeds and offsets and several samples per pass (column s * B + b
-// draws sample s of row b, so the weight tile is read once for all of them).
-// They are separate kernels because the epilogue inlines visit() once per subtile: code of
-// a loop that is not taken still costs instruction cache (docs/epilogue.md).
+/*! \file
+  \brief Epilogue-visitor-tree node: Gumbel-Max sampling over the M (vocabulary) mode.
+
+  The GEMM computes logits[v, b] = W[v, :] . h[b, :] with the vocabulary on M and
+  the batch on N. This node sits at the root of the tree over Sm90AccFetch:
+
+    Sm90EVT<Sm90GumbelArgmaxRowReduction<CtaTileShapeMNK>, Sm90AccFetch>
+
+  While an accumulator tile is in registers it perturbs every logit with the
+  Philox Gumbel noise of its global (batch row, vocab index), keeps the best
+  (score, index) per batch column and writes one packed candidate per
+  (vocabulary tile, batch column) to a workspace; kernels/reduce_candidates.cu
+  reduces those to one token per row. No logits reach global memory.
+
+  Layout and reduction choreography follow Sm90RowReduction
+  (sm90_visitor_store_tma_warpspecialized.hpp), which also reduces over M and
+  emits one value per N column: per-thread registers aliased over M (stride-0
+  modes), a warp-shuffle stage over the lanes that share a column, a
+  shared-memory stage over the warps stacked in M, then a global write. Two
+  differences: the reduced value is a (score, index) pair packed into 64 bits,
+  and the cross-thread stages run once per epilogue column strip (epi_n) instead
+  of once per tile, so each thread keeps state only for the columns of one
+  strip; that keeps the register budget flat at batch 256.
+
+  kLoop selects which element loop the node is compiled with (sampler_loop.h,
+  SamplerLoop). The plain loop serves one sample with a batch-wide temperature and
+  seed and nothing else. The common controls' loop adds what serving engines send
+  every step: per-row temperatures (T = 0: greedy), a dense logit bias and the
+  allowed-token mask transform each logit before the noise, and with logprobs the
+  node also keeps an online (max, sum of exp) per column in log2 units and the
+  transformed logit of each column's best candidate, reduced alongside. The loop for
+  all controls adds sparse per-row bias, per-row seeds and offsets and several
+  samples per pass (column s * B + b draws sample s of row b, so the weight tile is
+  read once for all of them). The top-candidates loop keeps each column's best few
+  transformed logits instead of drawing noise. They are separate kernels because the
+  epilogue inlines visit() once per subtile: code of a loop that is not taken still
+  costs instruction cache (docs/epilogue.md). For the same reason every step of
+  visit() and reduce() below is CUTLASS_DEVICE (force-inlined): a step is a name
+  for a piece of the one inlined loop, not a call.
+*/
 #pragma once
 
 #include <cstdint>
@@ -305,6 +311,30 @@ struct Sm90GumbelArgmaxRowReduction {
     return EmptyProducerLoadCallbacks{};
   }
 
+  // The fields of ConsumerStoreCallbacks::args_tuple, in the order get_consumer_store_callbacks
+  // packs them; ConsumerStoreCallbacks::arg<I>() reads one.
+  enum StoreArg : int {
+    kReferenceSrc,   // bool_constant: the epilogue partitions like its source (true) or like D
+    kScore,          // per strip column: the running best score...
+    kIndex,          // ...and its vocab index
+    kLogit,          // the transformed logit of that best (logprobs)
+    kLseMax,         // the online log-sum-exp's max (log2 units, logprobs)...
+    kLseSum,         // ...and sum of exp
+    kCoordD,         // coordinates of the thread's accumulators, (CPY, CPY_M, CPY_N, EPI_M, EPI_N)
+    kResidueCoordD,  // how far the problem extends past the thread's first coordinate
+    kProblemMN,      // (M, N) of the problem
+    kLaneLayoutMN,   // (M, N) -> lane of the epilogue's warps
+    kLaneMN,         // this lane's (M, N) position
+    kWarpLayoutMN,   // (M, N) -> warp
+    kWarpMN,         // this warp's (M, N) position
+    kTileCoordMNKL,  // the CTA tile's coordinate
+    kEpiTile,        // the epilogue subtile's shape
+    kTiledCopy,      // the epilogue's register <-> shared-memory copy
+    kThreadIdx,      // thread index in the epilogue
+    kTop,            // the top-k pass's per-thread lists (kTopCandidatesPerTile keys per strip slot)
+    kNumStoreArgs
+  };
+
   template <class ArgsTuple>
   struct ConsumerStoreCallbacks : EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE ConsumerStoreCallbacks(ArgsTuple&& args_tuple, Params const& params)
@@ -316,273 +346,534 @@ struct Sm90GumbelArgmaxRowReduction {
     uint64_t offset = 0;
     PackedCandidate scan_top[kTopCandidatesPerTile] = {};  // the top-k scan's list (kTopScan)
 
+    // The one place that reads args_tuple's fields: each step takes the ones it uses. A
+    // reference to a field, or (cute::get of an empty type, e.g. a static shape) its value.
+    template <StoreArg I>
+    CUTLASS_DEVICE decltype(auto) arg() {
+      return get<I>(args_tuple);
+    }
+
+    // The epilogue's static geometry, from the fields' types.
+    template <StoreArg I>
+    using ArgType = remove_cvref_t<decltype(get<I>(declval<ArgsTuple&>()))>;
+    static constexpr bool ReferenceSrc = ArgType<kReferenceSrc>::value;
+    static constexpr int EpiM = decltype(size<3>(declval<ArgType<kCoordD>>()))::value;  // subtiles per strip
+    static constexpr int EpiTileM = decltype(size<0>(declval<ArgType<kEpiTile>>()))::value;
+    static constexpr int EpiTileN = decltype(size<1>(declval<ArgType<kEpiTile>>()))::value;
+    static constexpr int WarpsM = decltype(size<0>(declval<ArgType<kWarpLayoutMN>>()))::value;
+    static constexpr int NumThreads = ArgType<kTiledCopy>::TiledNumThr::value;
+
     CUTLASS_DEVICE void begin() {
       resolve_noise_source(params.noise, seed, offset);
       reset_strip();
     }
 
     CUTLASS_DEVICE void reset_strip() {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
-             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx, tCrTop] = args_tuple;
       if constexpr (kLoop == SamplerLoop::kTopCandidates) {
-        fill(tCrTop, PackedCandidate{0});
+        fill(arg<kTop>(), PackedCandidate{0});
         return;
       }
-      fill(tCrScore, -INFINITY);
-      fill(tCrIndex, int32_t{kNoCandidate});
+      fill(arg<kScore>(), -INFINITY);
+      fill(arg<kIndex>(), int32_t{kNoCandidate});
       if (kLoop != SamplerLoop::kPlain && params.logprobs) {
-        fill(tCrLogit, 0.0f);
-        fill(tCrLseMax, -INFINITY);
-        fill(tCrLseSum, 0.0f);
+        fill(arg<kLogit>(), 0.0f);
+        fill(arg<kLseMax>(), -INFINITY);
+        fill(arg<kLseSum>(), 0.0f);
       }
     }
 
+    // The running best of the strip column that fragment slot frg_idx belongs to (registers
+    // alias over M: rows of one column share a slot); true when (score, vocab_index) replaced it.
+    CUTLASS_DEVICE bool keep_better(int frg_idx, float score, uint32_t vocab_index) {
+      return keep_better_candidate(score, vocab_index, arg<kScore>()(frg_idx), arg<kIndex>()(frg_idx));
+    }
+
+    // One element loop per kLoop (see the file comment for why each is a kernel of its own).
+    // Each step gets the fragment, its index epi_v in the subtile, the subtile's coordinates and
+    // the origin that turns a coordinate into an absolute (vocabulary, column) position.
     template <typename ElementAccumulator, typename ElementInput, int FragmentSize>
     CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const& frg_acc, int epi_v, int epi_m,
                               int epi_n, cutlass::Array<ElementInput, FragmentSize> const& frg_logits) {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
-             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx, tCrTop] = args_tuple;
-      Tensor tCcD_mn = tCcD(_, _, _, epi_m, epi_n);
+      auto&& residue_tCcD = arg<kResidueCoordD>();
+      auto&& problem_mn = arg<kProblemMN>();
+      Tensor tCcD_mn = arg<kCoordD>()(_, _, _, epi_m, epi_n);
       // Absolute coordinate = problem extent - residue of this thread + relative coordinate.
       int const m_origin = get<0>(problem_mn) - get<0>(residue_tCcD);
       int const n_origin = get<1>(problem_mn) - get<1>(residue_tCcD);
-      if constexpr (kLoop == SamplerLoop::kPlain && kNoiseOutOfLine) {
-        // The plain loop of wide tiles: the noise of four elements per call, their
-        // chains side by side (gumbel_noise_lanes); out-of-range elements draw noise too,
-        // and are dropped at the compare.
-        static_assert(FragmentSize % 4 == 0, "the wide tiles' loop takes fragments four elements at a time");
-        constexpr int kGroup = 4;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; i += kGroup) {
-          uint32_t vocab_index[kGroup], batch_row[kGroup];
-          bool in_range[kGroup];
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroup; ++j) {
-            auto const coord = tCcD_mn(epi_v * FragmentSize + i + j);
-            in_range[j] = elem_less(coord, residue_tCcD);
-            vocab_index[j] = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
-            batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
-          }
-          float4 const g = batch_noise_x4(params.greedy, seed, offset, vocab_index, batch_row);
-          float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroup; ++j) {
-            int const frg_idx = epi_v * FragmentSize + i + j;
-            float const logit = static_cast<float>(frg_logits[i + j]);
-            float const score =
-                params.greedy ? logit : fs_perturbed_score(logit, params.inv_temperature, gumbel[j]);
-            if (in_range[j]) {
-              keep_better_candidate(score, vocab_index[j], tCrScore(frg_idx), tCrIndex(frg_idx));
-            }
-          }
-        }
-      } else if constexpr (kLoop == SamplerLoop::kPlain) {
-        // The plain loop of narrow tiles, noise inlined: one Philox block holds the noise
-        // of 4 consecutive batch rows at one vocab index; accumulator layouts keep
-        // neighbouring columns in neighbouring fragment slots (wgmma: pairs, tcgen05: runs),
-        // so reuse the last block.
-        static_assert(!kNoiseOutOfLine, "wide tiles take the four-element loop (fragments of a multiple of four)");
-        uint64_t const offset_plus_sample = offset;
-        uint32_t block_vocab = ~0u, block_quad = ~0u;
-        Philox4 block{};
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; ++i) {
-          int const frg_idx = epi_v * FragmentSize + i;
-          auto const coord = tCcD_mn(frg_idx);
-          if (elem_less(coord, residue_tCcD)) {
-            uint32_t const vocab_index = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
-            uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
-            float const logit = static_cast<float>(frg_logits[i]);
-            float score = logit;
-            if (!params.greedy) {
-              if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
-                block = fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
-                block_vocab = vocab_index;
-                block_quad = batch_row >> 2;
-              }
-              uint32_t const bits = fs_philox_lane(block, batch_row & 3u);
-              float const gumbel = fs_gumbel_from_bits(bits);
-              score = fs_perturbed_score(logit, params.inv_temperature, gumbel);
-            }
-            // Registers alias over M (stride-0 modes): rows of one column share a slot.
-            keep_better_candidate(score, vocab_index, tCrScore(frg_idx), tCrIndex(frg_idx));
-          }
-        }
-      } else if constexpr (kLoop == SamplerLoop::kCommonControls) {
-        // The common controls' loop: the plain loop of wide tiles plus the controls' few
-        // operations per element, without branches, so that its code stays close to the plain
-        // loop's (the loop for all controls is several times larger than the plain loop and
-        // waits on instruction fetch where it runs wide tiles: docs/epilogue.md).
-        static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
-        SamplingControls const& controls = params.controls;
-        uint32_t const last_row = params.batch_size - 1;
-        uint32_t const last_vocab = static_cast<uint32_t>(get<0>(problem_mn)) - 1;
-        // Per-column values, one load per column: the strip layout aliases the rows of a column
-        // to one slot, so a later element's write makes the earlier load dead. Out-of-range
-        // elements read in-range entries (never past the arrays) and are not kept.
-        Tensor tCrInvT = make_tensor<float>(tCrScore.layout());
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < FragmentSize; ++k) {
-          int const frg_idx = epi_v * FragmentSize + k;
-          uint32_t const row = min(static_cast<uint32_t>(n_origin + get<1>(tCcD_mn(frg_idx))), last_row);
-          // fl(1 / T) of the row; 0 marks a greedy row.
-          tCrInvT(frg_idx) = row_inv_temperature(controls, row, params.greedy ? 0.0f : params.inv_temperature);
-        }
-        uint32_t mask_word[FragmentSize];
-        float bias[FragmentSize];
-        load_mask_words_and_biases(controls, tCcD_mn, epi_v, m_origin, n_origin, last_row, last_vocab,
-                                   tCrScore.layout(), mask_word, bias);
-        constexpr int kGroup = 4;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; i += kGroup) {
-          uint32_t vocab_index[kGroup], batch_row[kGroup];
-          float x[kGroup];
-          bool keep[kGroup];
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroup; ++j) {
-            int const frg_idx = epi_v * FragmentSize + i + j;
-            auto const coord = tCcD_mn(frg_idx);
-            uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
-            vocab_index[j] = params.vocab_start + vocab_local;
-            batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
-            x[j] = static_cast<float>(frg_logits[i + j]);
-            if (controls.logit_bias) {
-              x[j] = fs_add(x[j], bias[i + j]);
-            }
-            keep[j] = elem_less(coord, residue_tCcD) && ((mask_word[i + j] >> (vocab_local & 31u)) & 1u);
-          }
-          // Per-row greedy rows draw noise they do not use.
-          float4 const g = batch_noise_x4(params.greedy, seed, offset, vocab_index, batch_row);
-          float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroup; ++j) {
-            int const frg_idx = epi_v * FragmentSize + i + j;
-            float const inv_temperature = tCrInvT(frg_idx);
-            bool const greedy = inv_temperature == 0.0f;
-            // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
-            float const y = greedy ? x[j] : fs_mul(x[j], inv_temperature);
-            float score = greedy ? x[j] : fs_perturbed_score(x[j], inv_temperature, gumbel[j]);
-            // Out of range, or masked out: no candidate (a NaN score never wins), no mass.
-            score = keep[j] ? score : __int_as_float(0x7fc00000);
-            if (params.logprobs) {
-              lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e, keep[j]);
-            }
-            if (keep_better_candidate(score, vocab_index[j], tCrScore(frg_idx), tCrIndex(frg_idx))) {
-              tCrLogit(frg_idx) = y;
-            }
-          }
-        }
-      } else if constexpr (kLoop == SamplerLoop::kTopCandidates) {
-        // The fused top-k pass: no noise here (stage 2 draws it for the survivors only). Each
-        // element's transformed logit x (dense bias; masked or out of range: key 0) goes into
-        // its column's descending list of kTopCandidatesPerTile keys, branch-free.
-        static_assert(FragmentSize % 4 == 0, "the top-k loop takes fragments four elements at a time");
-        SamplingControls const& controls = params.controls;
-        cutlass::Array<ElementOutput, FragmentSize> encoded;
-        uint32_t const last_row = params.batch_size - 1;
-        uint32_t const last_vocab = static_cast<uint32_t>(get<0>(problem_mn)) - 1;
-        uint32_t mask_word[FragmentSize];
-        float bias[FragmentSize];
-        load_mask_words_and_biases(controls, tCcD_mn, epi_v, m_origin, n_origin, last_row, last_vocab,
-                                   tCrScore.layout(), mask_word, bias);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; ++i) {
-          int const frg_idx = epi_v * FragmentSize + i;
-          auto const coord = tCcD_mn(frg_idx);
-          uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
-          float x = static_cast<float>(frg_logits[i]);
-          if (controls.logit_bias) {
-            x = fs_add(x, bias[i]);
-          }
-          bool const keep = elem_less(coord, residue_tCcD) && ((mask_word[i] >> (vocab_local & 31u)) & 1u);
-          if constexpr (kTopScan) {
-            encoded[i] = __uint_as_float(!keep ? kExcludedBits : x != x ? 0x7fc00000u : __float_as_uint(x));
-            continue;
-          }
-          PackedCandidate const key = keep ? pack_top_candidate(x, params.vocab_start + vocab_local) : 0;
-          PackedCandidate top[kTopCandidatesPerTile];
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kTopCandidatesPerTile; ++j) top[j] = tCrTop(frg_idx, j);
-          insert_top_candidate(top, key);
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kTopCandidatesPerTile; ++j) tCrTop(frg_idx, j) = top[j];
-        }
-        if constexpr (kTopScan) {
-          return encoded;
-        }
+      if constexpr (kTopScan) {
+        // The scan's reduce() takes its input from what visit() returns.
+        return visit_top_candidates(frg_logits, epi_v, tCcD_mn, m_origin, n_origin);
       } else {
-        // The loop for all controls, four elements at a time like the plain loop of wide tiles:
-        // transform and per-row values of the four, one noise call for them (skipped when none
-        // is kept or all are greedy), then log-sum-exp and compare.
-        static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
-        SamplingControls const& controls = params.controls;
-        NoiseSource const& src = params.noise;
-        bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
-        constexpr int kGroup = 4;
+        if constexpr (kLoop == SamplerLoop::kPlain && kNoiseOutOfLine) {
+          visit_plain_batched_noise(frg_logits, epi_v, tCcD_mn, m_origin, n_origin);
+        } else if constexpr (kLoop == SamplerLoop::kPlain) {
+          visit_plain(frg_logits, epi_v, tCcD_mn, m_origin, n_origin);
+        } else if constexpr (kLoop == SamplerLoop::kCommonControls) {
+          visit_common_controls(frg_logits, epi_v, tCcD_mn, m_origin, n_origin);
+        } else if constexpr (kLoop == SamplerLoop::kTopCandidates) {
+          visit_top_candidates(frg_logits, epi_v, tCcD_mn, m_origin, n_origin);
+        } else {
+          visit_all_controls(frg_logits, epi_v, tCcD_mn, m_origin, n_origin);
+        }
+        if constexpr (cute::is_same_v<ElementOutput, ElementInput>) {
+          return frg_logits;
+        } else {
+          cutlass::Array<ElementOutput, FragmentSize> zeros;
+          zeros.fill(ElementOutput(0));
+          return zeros;
+        }
+      }
+    }
+
+    // The plain loop of wide tiles: the noise of four elements per call, their chains side by
+    // side (gumbel_noise_lanes); out-of-range elements draw noise too, and are dropped at the
+    // compare.
+    template <typename ElementInput, int FragmentSize, class CoordTensor>
+    CUTLASS_DEVICE void visit_plain_batched_noise(cutlass::Array<ElementInput, FragmentSize> const& frg_logits,
+                                                  int epi_v, CoordTensor const& tCcD_mn, int m_origin, int n_origin) {
+      auto&& residue_tCcD = arg<kResidueCoordD>();
+      static_assert(FragmentSize % 4 == 0, "the wide tiles' loop takes fragments four elements at a time");
+      constexpr int kGroup = 4;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; i += kGroup) {
+        uint32_t vocab_index[kGroup], batch_row[kGroup];
+        bool in_range[kGroup];
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < FragmentSize; i += kGroup) {
-          uint32_t vocab_index[kGroup], stream[kGroup];
-          uint64_t row_seed[kGroup], row_offset[kGroup];
-          float x[kGroup], inv_temperature[kGroup];
-          bool keep[kGroup], greedy[kGroup];
-          bool any_noise = false;
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroup; ++j) {
-            auto const coord = tCcD_mn(epi_v * FragmentSize + i + j);
-            bool const in_range = elem_less(coord, residue_tCcD);
-            uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
-            vocab_index[j] = params.vocab_start + vocab_local;
-            uint32_t const column = static_cast<uint32_t>(n_origin + get<1>(coord));
-            uint32_t const sample = params.num_samples == 1 ? 0u : column / params.batch_size;
-            // Out-of-range elements read row 0's values (never past the arrays) and are not kept.
-            uint32_t const batch_row = in_range ? column - sample * params.batch_size : 0u;
-            x[j] = static_cast<float>(frg_logits[i + j]);
-            keep[j] = in_range && (!transform || transform_logit(controls, batch_row, vocab_local, vocab_index[j], x[j]));
-            // (launch_sampler prepares the [B] array for this loop: a load per element, no division)
-            inv_temperature[j] = params.inv_temperature;
-            greedy[j] = params.greedy;
-            if (controls.inv_temperatures) {
-              inv_temperature[j] = __ldg(controls.inv_temperatures + batch_row);
-              greedy[j] = inv_temperature[j] == 0.0f;
-            }
-            RowNoiseKey const key = row_noise_key(src, seed, offset, batch_row, sample);
-            row_seed[j] = key.seed;
-            row_offset[j] = key.offset;
-            stream[j] = key.stream;
-            any_noise = any_noise || (keep[j] && !greedy[j]);
-          }
-          float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          if (any_noise) {
-            g = gumbel_noise_keyed_x4_out_of_line(row_seed[0], row_seed[1], row_seed[2], row_seed[3], row_offset[0],
-                                                  row_offset[1], row_offset[2], row_offset[3], vocab_index[0],
-                                                  vocab_index[1], vocab_index[2], vocab_index[3], stream[0], stream[1],
-                                                  stream[2], stream[3]);
-          }
-          float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kGroup; ++j) {
-            if (!keep[j]) {
-              continue;  // out of range, or masked out: no candidate, no probability mass
-            }
-            int const frg_idx = epi_v * FragmentSize + i + j;
-            // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
-            float const y = greedy[j] ? x[j] : fs_mul(x[j], inv_temperature[j]);
-            if (params.logprobs) {
-              lse_add(tCrLseMax(frg_idx), tCrLseSum(frg_idx), y * kLog2e);
-            }
-            float const score = greedy[j] ? x[j] : fs_perturbed_score(x[j], inv_temperature[j], gumbel[j]);
-            if (keep_better_candidate(score, vocab_index[j], tCrScore(frg_idx), tCrIndex(frg_idx))) {
-              tCrLogit(frg_idx) = y;
-            }
+        for (int j = 0; j < kGroup; ++j) {
+          auto const coord = tCcD_mn(epi_v * FragmentSize + i + j);
+          in_range[j] = elem_less(coord, residue_tCcD);
+          vocab_index[j] = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
+          batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
+        }
+        float4 const g = batch_noise_x4(params.greedy, seed, offset, vocab_index, batch_row);
+        float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kGroup; ++j) {
+          int const frg_idx = epi_v * FragmentSize + i + j;
+          float const logit = static_cast<float>(frg_logits[i + j]);
+          float const score = params.greedy ? logit : fs_perturbed_score(logit, params.inv_temperature, gumbel[j]);
+          if (in_range[j]) {
+            keep_better(frg_idx, score, vocab_index[j]);
           }
         }
       }
-      if constexpr (cute::is_same_v<ElementOutput, ElementInput>) {
-        return frg_logits;
+    }
+
+    // The plain loop of narrow tiles, noise inlined: one Philox block holds the noise of 4
+    // consecutive batch rows at one vocab index; accumulator layouts keep neighbouring columns
+    // in neighbouring fragment slots (wgmma: pairs, tcgen05: runs), so reuse the last block.
+    template <typename ElementInput, int FragmentSize, class CoordTensor>
+    CUTLASS_DEVICE void visit_plain(cutlass::Array<ElementInput, FragmentSize> const& frg_logits, int epi_v,
+                                    CoordTensor const& tCcD_mn, int m_origin, int n_origin) {
+      auto&& residue_tCcD = arg<kResidueCoordD>();
+      static_assert(!kNoiseOutOfLine, "wide tiles take the four-element loop (fragments of a multiple of four)");
+      uint64_t const offset_plus_sample = offset;
+      uint32_t block_vocab = ~0u, block_quad = ~0u;
+      Philox4 block{};
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        int const frg_idx = epi_v * FragmentSize + i;
+        auto const coord = tCcD_mn(frg_idx);
+        if (elem_less(coord, residue_tCcD)) {
+          uint32_t const vocab_index = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
+          uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
+          float const logit = static_cast<float>(frg_logits[i]);
+          float score = logit;
+          if (!params.greedy) {
+            if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
+              block = fs_noise_block(seed, offset_plus_sample, vocab_index, batch_row >> 2);
+              block_vocab = vocab_index;
+              block_quad = batch_row >> 2;
+            }
+            uint32_t const bits = fs_philox_lane(block, batch_row & 3u);
+            float const gumbel = fs_gumbel_from_bits(bits);
+            score = fs_perturbed_score(logit, params.inv_temperature, gumbel);
+          }
+          keep_better(frg_idx, score, vocab_index);
+        }
+      }
+    }
+
+    // The common controls' loop: the plain loop of wide tiles plus the controls' few operations
+    // per element, without branches, so that its code stays close to the plain loop's (the loop
+    // for all controls is several times larger than the plain loop and waits on instruction
+    // fetch where it runs wide tiles: docs/epilogue.md).
+    template <typename ElementInput, int FragmentSize, class CoordTensor>
+    CUTLASS_DEVICE void visit_common_controls(cutlass::Array<ElementInput, FragmentSize> const& frg_logits, int epi_v,
+                                              CoordTensor const& tCcD_mn, int m_origin, int n_origin) {
+      auto&& residue_tCcD = arg<kResidueCoordD>();
+      auto&& problem_mn = arg<kProblemMN>();
+      static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
+      SamplingControls const& controls = params.controls;
+      uint32_t const last_row = params.batch_size - 1;
+      uint32_t const last_vocab = static_cast<uint32_t>(get<0>(problem_mn)) - 1;
+      // Per-column values, one load per column: the strip layout aliases the rows of a column
+      // to one slot, so a later element's write makes the earlier load dead. Out-of-range
+      // elements read in-range entries (never past the arrays) and are not kept.
+      Tensor tCrInvT = make_tensor<float>(arg<kScore>().layout());
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < FragmentSize; ++k) {
+        int const frg_idx = epi_v * FragmentSize + k;
+        uint32_t const row = min(static_cast<uint32_t>(n_origin + get<1>(tCcD_mn(frg_idx))), last_row);
+        // fl(1 / T) of the row; 0 marks a greedy row.
+        tCrInvT(frg_idx) = row_inv_temperature(controls, row, params.greedy ? 0.0f : params.inv_temperature);
+      }
+      uint32_t mask_word[FragmentSize];
+      float bias[FragmentSize];
+      load_mask_words_and_biases(controls, tCcD_mn, epi_v, m_origin, n_origin, last_row, last_vocab,
+                                 arg<kScore>().layout(), mask_word, bias);
+      constexpr int kGroup = 4;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; i += kGroup) {
+        uint32_t vocab_index[kGroup], batch_row[kGroup];
+        float x[kGroup];
+        bool keep[kGroup];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kGroup; ++j) {
+          int const frg_idx = epi_v * FragmentSize + i + j;
+          auto const coord = tCcD_mn(frg_idx);
+          uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
+          vocab_index[j] = params.vocab_start + vocab_local;
+          batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
+          x[j] = static_cast<float>(frg_logits[i + j]);
+          if (controls.logit_bias) {
+            x[j] = fs_add(x[j], bias[i + j]);
+          }
+          keep[j] = elem_less(coord, residue_tCcD) && ((mask_word[i + j] >> (vocab_local & 31u)) & 1u);
+        }
+        // Per-row greedy rows draw noise they do not use.
+        float4 const g = batch_noise_x4(params.greedy, seed, offset, vocab_index, batch_row);
+        float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kGroup; ++j) {
+          int const frg_idx = epi_v * FragmentSize + i + j;
+          float const inv_temperature = tCrInvT(frg_idx);
+          bool const greedy = inv_temperature == 0.0f;
+          // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
+          float const y = greedy ? x[j] : fs_mul(x[j], inv_temperature);
+          float score = greedy ? x[j] : fs_perturbed_score(x[j], inv_temperature, gumbel[j]);
+          // Out of range, or masked out: no candidate (a NaN score never wins), no mass.
+          score = keep[j] ? score : __int_as_float(0x7fc00000);
+          if (params.logprobs) {
+            lse_add(arg<kLseMax>()(frg_idx), arg<kLseSum>()(frg_idx), y * kLog2e, keep[j]);
+          }
+          if (keep_better(frg_idx, score, vocab_index[j])) {
+            arg<kLogit>()(frg_idx) = y;
+          }
+        }
+      }
+    }
+
+    // The fused top-k pass: no noise here (stage 2 draws it for the survivors only). Each
+    // element's transformed logit x (dense bias; masked or out of range: key 0) goes into its
+    // column's descending list of kTopCandidatesPerTile keys, branch-free. With kTopScan the
+    // lists are kept by reduce_top_candidates_scan instead, from the fp32 values returned here
+    // (x, or kExcludedBits for an element not kept).
+    template <typename ElementInput, int FragmentSize, class CoordTensor>
+    CUTLASS_DEVICE auto visit_top_candidates(cutlass::Array<ElementInput, FragmentSize> const& frg_logits, int epi_v,
+                                             CoordTensor const& tCcD_mn, int m_origin, int n_origin) {
+      auto&& tCrTop = arg<kTop>();
+      auto&& residue_tCcD = arg<kResidueCoordD>();
+      auto&& problem_mn = arg<kProblemMN>();
+      static_assert(FragmentSize % 4 == 0, "the top-k loop takes fragments four elements at a time");
+      SamplingControls const& controls = params.controls;
+      cutlass::Array<ElementOutput, FragmentSize> encoded;
+      uint32_t const last_row = params.batch_size - 1;
+      uint32_t const last_vocab = static_cast<uint32_t>(get<0>(problem_mn)) - 1;
+      uint32_t mask_word[FragmentSize];
+      float bias[FragmentSize];
+      load_mask_words_and_biases(controls, tCcD_mn, epi_v, m_origin, n_origin, last_row, last_vocab,
+                                 arg<kScore>().layout(), mask_word, bias);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        int const frg_idx = epi_v * FragmentSize + i;
+        auto const coord = tCcD_mn(frg_idx);
+        uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
+        float x = static_cast<float>(frg_logits[i]);
+        if (controls.logit_bias) {
+          x = fs_add(x, bias[i]);
+        }
+        bool const keep = elem_less(coord, residue_tCcD) && ((mask_word[i] >> (vocab_local & 31u)) & 1u);
+        if constexpr (kTopScan) {
+          encoded[i] = __uint_as_float(!keep ? kExcludedBits : x != x ? 0x7fc00000u : __float_as_uint(x));
+          continue;
+        }
+        PackedCandidate const key = keep ? pack_top_candidate(x, params.vocab_start + vocab_local) : 0;
+        PackedCandidate top[kTopCandidatesPerTile];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kTopCandidatesPerTile; ++j) top[j] = tCrTop(frg_idx, j);
+        insert_top_candidate(top, key);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kTopCandidatesPerTile; ++j) tCrTop(frg_idx, j) = top[j];
+      }
+      if constexpr (kTopScan) {
+        return encoded;
+      }
+    }
+
+    // The loop for all controls, four elements at a time like the plain loop of wide tiles:
+    // transform and per-row values of the four, one noise call for them (skipped when none is
+    // kept or all are greedy), then log-sum-exp and compare.
+    template <typename ElementInput, int FragmentSize, class CoordTensor>
+    CUTLASS_DEVICE void visit_all_controls(cutlass::Array<ElementInput, FragmentSize> const& frg_logits, int epi_v,
+                                           CoordTensor const& tCcD_mn, int m_origin, int n_origin) {
+      auto&& residue_tCcD = arg<kResidueCoordD>();
+      static_assert(FragmentSize % 4 == 0, "the controls loop takes fragments four elements at a time");
+      SamplingControls const& controls = params.controls;
+      NoiseSource const& src = params.noise;
+      bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
+      constexpr int kGroup = 4;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; i += kGroup) {
+        uint32_t vocab_index[kGroup], stream[kGroup];
+        uint64_t row_seed[kGroup], row_offset[kGroup];
+        float x[kGroup], inv_temperature[kGroup];
+        bool keep[kGroup], greedy[kGroup];
+        bool any_noise = false;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kGroup; ++j) {
+          auto const coord = tCcD_mn(epi_v * FragmentSize + i + j);
+          bool const in_range = elem_less(coord, residue_tCcD);
+          uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
+          vocab_index[j] = params.vocab_start + vocab_local;
+          uint32_t const column = static_cast<uint32_t>(n_origin + get<1>(coord));
+          uint32_t const sample = params.num_samples == 1 ? 0u : column / params.batch_size;
+          // Out-of-range elements read row 0's values (never past the arrays) and are not kept.
+          uint32_t const batch_row = in_range ? column - sample * params.batch_size : 0u;
+          x[j] = static_cast<float>(frg_logits[i + j]);
+          keep[j] = in_range && (!transform || transform_logit(controls, batch_row, vocab_local, vocab_index[j], x[j]));
+          // (launch_sampler prepares the [B] array for this loop: a load per element, no division)
+          inv_temperature[j] = params.inv_temperature;
+          greedy[j] = params.greedy;
+          if (controls.inv_temperatures) {
+            inv_temperature[j] = __ldg(controls.inv_temperatures + batch_row);
+            greedy[j] = inv_temperature[j] == 0.0f;
+          }
+          RowNoiseKey const key = row_noise_key(src, seed, offset, batch_row, sample);
+          row_seed[j] = key.seed;
+          row_offset[j] = key.offset;
+          stream[j] = key.stream;
+          any_noise = any_noise || (keep[j] && !greedy[j]);
+        }
+        float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (any_noise) {
+          g = gumbel_noise_keyed_x4_out_of_line(row_seed[0], row_seed[1], row_seed[2], row_seed[3], row_offset[0],
+                                                row_offset[1], row_offset[2], row_offset[3], vocab_index[0],
+                                                vocab_index[1], vocab_index[2], vocab_index[3], stream[0], stream[1],
+                                                stream[2], stream[3]);
+        }
+        float const gumbel[kGroup] = {g.x, g.y, g.z, g.w};
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kGroup; ++j) {
+          if (!keep[j]) {
+            continue;  // out of range, or masked out: no candidate, no probability mass
+          }
+          int const frg_idx = epi_v * FragmentSize + i + j;
+          // Transformed logit of the log-probabilities: x / T, or x for greedy rows.
+          float const y = greedy[j] ? x[j] : fs_mul(x[j], inv_temperature[j]);
+          if (params.logprobs) {
+            lse_add(arg<kLseMax>()(frg_idx), arg<kLseSum>()(frg_idx), y * kLog2e);
+          }
+          float const score = greedy[j] ? x[j] : fs_perturbed_score(x[j], inv_temperature[j], gumbel[j]);
+          if (keep_better(frg_idx, score, vocab_index[j])) {
+            arg<kLogit>()(frg_idx) = y;
+          }
+        }
+      }
+    }
+
+    // Once per subtile for the top-k scan (it consumes each subtile's values); otherwise once
+    // per column strip, after its last subtile: the epilogue walks epi_m fastest.
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n,
+                               bool is_last_iteration, VTensor visit_results) {
+      if constexpr (kTopScan) {
+        reduce_top_candidates_scan(smem_buffer, sync_fn, epi_m, epi_n, visit_results);
       } else {
-        cutlass::Array<ElementOutput, FragmentSize> zeros;
-        zeros.fill(ElementOutput(0));
-        return zeros;
+        if (epi_m != EpiM - 1) {
+          return;
+        }
+        auto [m_tile, n_tile, k_tile, l_tile] = arg<kTileCoordMNKL>();
+        int const num_cols = get<1>(arg<kProblemMN>());
+        int const col_base = static_cast<int>(n_tile) * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN;
+        if constexpr (kLoop == SamplerLoop::kTopCandidates) {
+          reduce_top_candidates(smem_buffer, sync_fn, col_base, num_cols, m_tile);
+        } else {
+          reduce_argmax(smem_buffer, sync_fn, col_base, num_cols, m_tile);
+        }
+        reset_strip();
+      }
+    }
+
+    // The argmax's reduce of a strip: the running bests (and with logprobs the log-sum-exp
+    // parts and the bests' logits) merged over the lanes that share a column, then over the
+    // warps stacked in M through shared memory; one candidate per column goes to the workspace.
+    template <class STensor, class SyncFn, class MTile>
+    CUTLASS_DEVICE void reduce_argmax(STensor&& smem_buffer, SyncFn const& sync_fn, int col_base, int num_cols,
+                                      MTile m_tile) {
+      int64_t const out_base = static_cast<int64_t>(m_tile) * num_cols + col_base;
+      bool const logprobs = kLoop != SamplerLoop::kPlain && params.logprobs;
+
+      // Shared-memory scratch, one entry per (strip column, warp in M): candidates,
+      // then the candidates' logits, then the (max2, sum) pairs. Each is a
+      // (EPI_TILE_M, EPI_TILE_N, WARPS_M) layout with stride 0 over EPI_TILE_M, the
+      // shape the epilogue partitioner takes.
+      auto sBuf_layout = make_layout(make_shape(Int<EpiTileM>{}, Int<EpiTileN>{}, Int<WarpsM>{}),
+                                     make_stride(_0{}, _1{}, Int<EpiTileN>{}));
+      constexpr int kEntries = EpiTileN * WarpsM;
+      static_assert(kEntries * (sizeof(PackedCandidate) + sizeof(float) + sizeof(float2)) <=
+                        decltype(cosize(smem_buffer.layout()))::value *
+                            sizeof(typename remove_cvref_t<STensor>::value_type),
+                    "epilogue smem buffer too small for the candidate reduction");
+      char* smem = reinterpret_cast<char*>(raw_pointer_cast(smem_buffer.data()));
+      Tensor sCand = make_tensor(make_smem_ptr(reinterpret_cast<PackedCandidate*>(smem)), sBuf_layout);
+      Tensor sLogit = make_tensor(make_smem_ptr(reinterpret_cast<float*>(smem + kEntries * sizeof(PackedCandidate))),
+                                  sBuf_layout);
+      Tensor sLse = make_tensor(
+          make_smem_ptr(reinterpret_cast<float2*>(smem + kEntries * (sizeof(PackedCandidate) + sizeof(float)))),
+          sBuf_layout);
+
+      // The log-sum-exp of each column (once per strip, not per sample).
+      if (logprobs) {
+        merge_lse_over_lanes();
+      }
+
+      // 1. Pack this thread's distinct columns and reduce over the lanes that share them.
+      Tensor tCrScore_flt = filter(arg<kScore>());
+      Tensor tCrIndex_flt = filter(arg<kIndex>());
+      Tensor tCrLogit_flt = filter(arg<kLogit>());
+      constexpr int NumCols = decltype(size(tCrScore_flt))::value;
+      PackedCandidate packed[NumCols];
+      float logit[NumCols];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < NumCols; ++i) {
+        packed[i] = pack_candidate(tCrScore_flt(i), tCrIndex_flt(i));
+        logit[i] = tCrLogit_flt(i);
+      }
+      merge_candidates_over_lanes(packed, logit, logprobs);
+
+      // 2. Lanes at M position 0 hold their warp's result: stage it per warp in shared memory.
+      sync_fn();  // the previous readers are done with the scratch
+      stage_warp_candidates(sCand, sLogit, sLse, packed, logit, logprobs);
+      sync_fn();
+
+      // 3. Reduce over the warps stacked in M and write one candidate per column.
+      write_column_candidates(sCand, sLogit, sLse, col_base, num_cols, out_base, m_tile, logprobs);
+    }
+
+    // The online (max2, sum) pairs of this thread's distinct columns, merged over the lanes
+    // that share them.
+    CUTLASS_DEVICE void merge_lse_over_lanes() {
+      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
+      Tensor tCrLseMax_flt = filter(arg<kLseMax>());
+      Tensor tCrLseSum_flt = filter(arg<kLseSum>());
+      constexpr int NumCols = decltype(size(tCrLseMax_flt))::value;
+      CUTLASS_PRAGMA_UNROLL
+      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
+        int const lane_delta = lane_layout_MN(rows, _0{});
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < NumCols; ++i) {
+          float const other_max = __shfl_down_sync(0xFFFFFFFF, tCrLseMax_flt(i), lane_delta);
+          float const other_sum = __shfl_down_sync(0xFFFFFFFF, tCrLseSum_flt(i), lane_delta);
+          lse_merge(tCrLseMax_flt(i), tCrLseSum_flt(i), other_max, other_sum);
+        }
+      }
+    }
+
+    // A tree over the lanes that share a column: the larger packed candidate wins, its logit
+    // (logprobs) travels with it. Lanes at M position 0 end with the warp's best.
+    template <int NumCols>
+    CUTLASS_DEVICE void merge_candidates_over_lanes(PackedCandidate (&packed)[NumCols], float (&logit)[NumCols],
+                                                    bool logprobs) {
+      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
+      CUTLASS_PRAGMA_UNROLL
+      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
+        int const lane_delta = lane_layout_MN(rows, _0{});
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < NumCols; ++i) {
+          PackedCandidate const other = __shfl_down_sync(0xFFFFFFFF, packed[i], lane_delta);
+          float const other_logit = logprobs ? __shfl_down_sync(0xFFFFFFFF, logit[i], lane_delta) : 0.0f;
+          if (other > packed[i]) {
+            packed[i] = other;
+            logit[i] = other_logit;
+          }
+        }
+      }
+    }
+
+    // Lanes at M position 0 write their warp's bests (and logits and log-sum-exp parts) to
+    // the warp's slot of the shared-memory scratch.
+    template <class CandTensor, class LogitTensor, class LseTensor, int NumCols>
+    CUTLASS_DEVICE void stage_warp_candidates(CandTensor& sCand, LogitTensor& sLogit, LseTensor& sLse,
+                                              PackedCandidate const (&packed)[NumCols],
+                                              float const (&logit)[NumCols], bool logprobs) {
+      auto&& lane_mn = arg<kLaneMN>();
+      auto&& warp_mn = arg<kWarpMN>();
+      auto&& epi_tile = arg<kEpiTile>();
+      auto&& tiled_copy = arg<kTiledCopy>();
+      auto&& thread_idx = arg<kThreadIdx>();
+      if (get<0>(lane_mn) == 0) {
+        Tensor tCsCand = filter(
+            sm90_partition_for_epilogue<ReferenceSrc>(sCand(_, _, get<0>(warp_mn)), epi_tile, tiled_copy, thread_idx));
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < NumCols; ++i) {
+          tCsCand(i) = packed[i];
+        }
+        if (logprobs) {
+          Tensor tCsLogit = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLogit(_, _, get<0>(warp_mn)), epi_tile,
+                                                                             tiled_copy, thread_idx));
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < NumCols; ++i) {
+            tCsLogit(i) = logit[i];
+          }
+          Tensor tCsLse = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLse(_, _, get<0>(warp_mn)), epi_tile,
+                                                                           tiled_copy, thread_idx));
+          Tensor tCrLseMax_flt = filter(arg<kLseMax>());
+          Tensor tCrLseSum_flt = filter(arg<kLseSum>());
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < NumCols; ++i) {
+            tCsLse(i) = make_float2(tCrLseMax_flt(i), tCrLseSum_flt(i));
+          }
+        }
+      }
+    }
+
+    // One thread per column of the strip merges the warps' entries and writes the column's
+    // candidate (and its logit and log-sum-exp parts). A tile wholly past the vocabulary (a
+    // cluster's tile count is rounded up to the cluster size) has no row in the workspace.
+    template <class CandTensor, class LogitTensor, class LseTensor, class MTile>
+    CUTLASS_DEVICE void write_column_candidates(CandTensor const& sCand, LogitTensor const& sLogit,
+                                                LseTensor const& sLse, int col_base, int num_cols, int64_t out_base,
+                                                MTile m_tile, bool logprobs) {
+      auto&& problem_mn = arg<kProblemMN>();
+      auto&& tiled_copy = arg<kTiledCopy>();
+      auto&& thread_idx = arg<kThreadIdx>();
+      bool const tile_in_problem = static_cast<int>(m_tile) * size<0>(CtaTileShapeMNK{}) < get<0>(problem_mn);
+      for (int col = thread_idx; tile_in_problem && col < EpiTileN; col += size(tiled_copy)) {
+        if (col_base + col >= num_cols) {
+          continue;
+        }
+        PackedCandidate best = sCand(0, col, 0);
+        float best_logit = logprobs ? sLogit(0, col, 0) : 0.0f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 1; w < WarpsM; ++w) {
+          PackedCandidate const c = sCand(0, col, w);
+          if (c > best) {
+            best = c;
+            best_logit = logprobs ? sLogit(0, col, w) : 0.0f;
+          }
+        }
+        params.ptr_candidates[out_base + col] = best;
+        if (logprobs) {
+          params.ptr_candidate_logits[out_base + col] = best_logit;
+          float2 lse = sLse(0, col, 0);
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 1; w < WarpsM; ++w) {
+            float2 const other = sLse(0, col, w);
+            lse_merge(lse.x, lse.y, other.x, other.y);
+          }
+          params.ptr_lse_parts[out_base + col] = lse;
+        }
       }
     }
 
@@ -594,14 +885,12 @@ struct Sm90GumbelArgmaxRowReduction {
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce_top_candidates_scan(STensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n,
                                                    VTensor const& visit_results) {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
-             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx, tCrTop] = args_tuple;
+      auto&& problem_mn = arg<kProblemMN>();
+      auto&& tile_coord_mnkl = arg<kTileCoordMNKL>();
+      auto&& epi_tile = arg<kEpiTile>();
+      auto&& tiled_copy = arg<kTiledCopy>();
+      auto&& thread_idx = arg<kThreadIdx>();
       constexpr int C = kTopCandidatesPerTile;
-      constexpr bool ReferenceSrc = decltype(ref_src)::value;
-      constexpr int EpiM = decltype(size<3>(tCcD))::value;
-      constexpr int EpiTileM = decltype(size<0>(epi_tile))::value;
-      constexpr int EpiTileN = decltype(size<1>(epi_tile))::value;
-      constexpr int NumThreads = remove_cvref_t<decltype(tiled_copy)>::TiledNumThr::value;
       constexpr int kScanners = NumThreads / EpiTileN;  // threads per column
       constexpr int kRun = EpiTileM / kScanners;        // rows each scans per subtile
       static_assert(NumThreads % EpiTileN == 0 && kScanners <= 32 && (kScanners & (kScanners - 1)) == 0 &&
@@ -673,13 +962,15 @@ struct Sm90GumbelArgmaxRowReduction {
     template <class STensor, class SyncFn, class MTile>
     CUTLASS_DEVICE void reduce_top_candidates(STensor&& smem_buffer, SyncFn const& sync_fn, int col_base, int num_cols,
                                               MTile m_tile) {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
-             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx, tCrTop] = args_tuple;
+      auto&& tCrTop = arg<kTop>();
+      auto&& problem_mn = arg<kProblemMN>();
+      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
+      auto&& lane_mn = arg<kLaneMN>();
+      auto&& warp_mn = arg<kWarpMN>();
+      auto&& epi_tile = arg<kEpiTile>();
+      auto&& tiled_copy = arg<kTiledCopy>();
+      auto&& thread_idx = arg<kThreadIdx>();
       constexpr int C = kTopCandidatesPerTile;
-      constexpr bool ReferenceSrc = decltype(ref_src)::value;
-      constexpr int WarpsM = decltype(size<0>(warp_layout_MN))::value;
-      constexpr int EpiTileM = decltype(size<0>(epi_tile))::value;
-      constexpr int EpiTileN = decltype(size<1>(epi_tile))::value;
       auto sBuf_layout = make_layout(make_shape(Int<EpiTileM>{}, Int<EpiTileN>{}, Int<WarpsM>{}),
                                      make_stride(_0{}, _1{}, Int<EpiTileN>{}));
       constexpr int kEntries = EpiTileN * WarpsM;
@@ -747,161 +1038,6 @@ struct Sm90GumbelArgmaxRowReduction {
         for (int j = 0; j < C; ++j) out[j] = best[j];
       }
     }
-
-    template <class STensor, class SyncFn, class VTensor>
-    CUTLASS_DEVICE void reduce(STensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n,
-                               bool is_last_iteration, VTensor visit_results) {
-      auto& [ref_src, tCrScore, tCrIndex, tCrLogit, tCrLseMax, tCrLseSum, tCcD, residue_tCcD, problem_mn, lane_layout_MN,
-             lane_mn, warp_layout_MN, warp_mn, tile_coord_mnkl, epi_tile, tiled_copy, thread_idx, tCrTop] = args_tuple;
-      constexpr int EpiM = decltype(size<3>(tCcD))::value;
-      if constexpr (kTopScan) {
-        reduce_top_candidates_scan(smem_buffer, sync_fn, epi_m, epi_n, visit_results);
-        return;
-      }
-      // The epilogue walks epi_m fastest: a column strip is complete after its last epi_m.
-      if (epi_m != EpiM - 1) {
-        return;
-      }
-      constexpr bool ReferenceSrc = decltype(ref_src)::value;
-      constexpr int WarpsM = decltype(size<0>(warp_layout_MN))::value;
-      constexpr int EpiTileM = decltype(size<0>(epi_tile))::value;
-      constexpr int EpiTileN = decltype(size<1>(epi_tile))::value;
-      auto [m_tile, n_tile, k_tile, l_tile] = tile_coord_mnkl;
-      int const num_cols = get<1>(problem_mn);
-      int const col_base = static_cast<int>(n_tile) * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN;
-      int64_t const out_base = static_cast<int64_t>(m_tile) * num_cols + col_base;
-      bool const logprobs = kLoop != SamplerLoop::kPlain && params.logprobs;
-
-      if constexpr (kLoop == SamplerLoop::kTopCandidates) {
-        reduce_top_candidates(smem_buffer, sync_fn, col_base, num_cols, m_tile);
-        reset_strip();
-        return;
-      }
-
-      // Shared-memory scratch, one entry per (strip column, warp in M): candidates,
-      // then the candidates' logits, then the (max2, sum) pairs. Each is a
-      // (EPI_TILE_M, EPI_TILE_N, WARPS_M) layout with stride 0 over EPI_TILE_M, the
-      // shape the epilogue partitioner takes.
-      auto sBuf_layout = make_layout(make_shape(Int<EpiTileM>{}, Int<EpiTileN>{}, Int<WarpsM>{}),
-                                     make_stride(_0{}, _1{}, Int<EpiTileN>{}));
-      constexpr int kEntries = EpiTileN * WarpsM;
-      static_assert(kEntries * (sizeof(PackedCandidate) + sizeof(float) + sizeof(float2)) <=
-                        decltype(cosize(smem_buffer.layout()))::value *
-                            sizeof(typename remove_cvref_t<STensor>::value_type),
-                    "epilogue smem buffer too small for the candidate reduction");
-      char* smem = reinterpret_cast<char*>(raw_pointer_cast(smem_buffer.data()));
-      Tensor sCand = make_tensor(make_smem_ptr(reinterpret_cast<PackedCandidate*>(smem)), sBuf_layout);
-      Tensor sLogit = make_tensor(make_smem_ptr(reinterpret_cast<float*>(smem + kEntries * sizeof(PackedCandidate))),
-                                  sBuf_layout);
-      Tensor sLse = make_tensor(
-          make_smem_ptr(reinterpret_cast<float2*>(smem + kEntries * (sizeof(PackedCandidate) + sizeof(float)))),
-          sBuf_layout);
-
-      // The log-sum-exp of each column (once per strip, not per sample).
-      if (logprobs) {
-        Tensor tCrLseMax_flt = filter(tCrLseMax);
-        Tensor tCrLseSum_flt = filter(tCrLseSum);
-        constexpr int NumCols = decltype(size(tCrLseMax_flt))::value;
-        CUTLASS_PRAGMA_UNROLL
-        for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
-          int const lane_delta = lane_layout_MN(rows, _0{});
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < NumCols; ++i) {
-            float const other_max = __shfl_down_sync(0xFFFFFFFF, tCrLseMax_flt(i), lane_delta);
-            float const other_sum = __shfl_down_sync(0xFFFFFFFF, tCrLseSum_flt(i), lane_delta);
-            lse_merge(tCrLseMax_flt(i), tCrLseSum_flt(i), other_max, other_sum);
-          }
-        }
-      }
-
-      {
-        // 1. Pack this thread's distinct columns and reduce over the lanes that share them.
-        Tensor tCrScore_flt = filter(tCrScore);
-        Tensor tCrIndex_flt = filter(tCrIndex);
-        Tensor tCrLogit_flt = filter(tCrLogit);
-        constexpr int NumCols = decltype(size(tCrScore_flt))::value;
-        PackedCandidate packed[NumCols];
-        float logit[NumCols];
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < NumCols; ++i) {
-          packed[i] = pack_candidate(tCrScore_flt(i), tCrIndex_flt(i));
-          logit[i] = tCrLogit_flt(i);
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
-          int const lane_delta = lane_layout_MN(rows, _0{});
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < NumCols; ++i) {
-            PackedCandidate const other = __shfl_down_sync(0xFFFFFFFF, packed[i], lane_delta);
-            float const other_logit = logprobs ? __shfl_down_sync(0xFFFFFFFF, logit[i], lane_delta) : 0.0f;
-            if (other > packed[i]) {
-              packed[i] = other;
-              logit[i] = other_logit;
-            }
-          }
-        }
-
-        // 2. Lanes at M position 0 hold their warp's result: stage it per warp in shared memory.
-        sync_fn();  // the previous readers are done with the scratch
-        if (get<0>(lane_mn) == 0) {
-          Tensor tCsCand = filter(
-              sm90_partition_for_epilogue<ReferenceSrc>(sCand(_, _, get<0>(warp_mn)), epi_tile, tiled_copy, thread_idx));
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < NumCols; ++i) {
-            tCsCand(i) = packed[i];
-          }
-          if (logprobs) {
-            Tensor tCsLogit = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLogit(_, _, get<0>(warp_mn)), epi_tile,
-                                                                               tiled_copy, thread_idx));
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < NumCols; ++i) {
-              tCsLogit(i) = logit[i];
-            }
-            Tensor tCsLse = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLse(_, _, get<0>(warp_mn)), epi_tile,
-                                                                             tiled_copy, thread_idx));
-            Tensor tCrLseMax_flt = filter(tCrLseMax);
-            Tensor tCrLseSum_flt = filter(tCrLseSum);
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < NumCols; ++i) {
-              tCsLse(i) = make_float2(tCrLseMax_flt(i), tCrLseSum_flt(i));
-            }
-          }
-        }
-        sync_fn();
-
-        // 3. Reduce over the warps stacked in M and write one candidate per column. A tile
-        // wholly past the vocabulary (a cluster's tile count is rounded up to the cluster
-        // size) has no row in the workspace.
-        bool const tile_in_problem = static_cast<int>(m_tile) * size<0>(CtaTileShapeMNK{}) < get<0>(problem_mn);
-        for (int col = thread_idx; tile_in_problem && col < EpiTileN; col += size(tiled_copy)) {
-          if (col_base + col >= num_cols) {
-            continue;
-          }
-          PackedCandidate best = sCand(0, col, 0);
-          float best_logit = logprobs ? sLogit(0, col, 0) : 0.0f;
-          CUTLASS_PRAGMA_UNROLL
-          for (int w = 1; w < WarpsM; ++w) {
-            PackedCandidate const c = sCand(0, col, w);
-            if (c > best) {
-              best = c;
-              best_logit = logprobs ? sLogit(0, col, w) : 0.0f;
-            }
-          }
-          params.ptr_candidates[out_base + col] = best;
-          if (logprobs) {
-            params.ptr_candidate_logits[out_base + col] = best_logit;
-            float2 lse = sLse(0, col, 0);
-            CUTLASS_PRAGMA_UNROLL
-            for (int w = 1; w < WarpsM; ++w) {
-              float2 const other = sLse(0, col, w);
-              lse_merge(lse.x, lse.y, other.x, other.y);
-            }
-            params.ptr_lse_parts[out_base + col] = lse;
-          }
-        }
-      }
-      reset_strip();
-    }
   };
 
   template <bool ReferenceSrc, class... Args>
@@ -945,11 +1081,13 @@ struct Sm90GumbelArgmaxRowReduction {
     Tensor tCrTop = make_tensor<PackedCandidate>(
         make_layout(strip_layout, make_layout(Int<kTopSlots>{}, Int<decltype(cosize(strip_layout))::value>{})));
 
+    // In StoreArg's order.
     auto args_tuple = make_tuple(bool_constant<ReferenceSrc>{}, cute::move(tCrScore), cute::move(tCrIndex),
                                  cute::move(tCrLogit), cute::move(tCrLseMax), cute::move(tCrLseSum), args.tCcD,
                                  args.residue_tCcD, make_coord(int(M), int(N)), lane_layout_MN, lane_mn,
                                  warp_layout_MN, warp_mn, args.tile_coord_mnkl, args.epi_tile, args.tiled_copy,
                                  args.thread_idx, cute::move(tCrTop));
+    static_assert(std::tuple_size<decltype(args_tuple)>::value == kNumStoreArgs, "one StoreArg per field");
     return ConsumerStoreCallbacks<decltype(args_tuple)>(cute::move(args_tuple), params);
   }
 };
