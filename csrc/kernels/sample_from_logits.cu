@@ -847,7 +847,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
   bool const greedy = in.greedy;
   // At most top_k survivors, few against the row: drawing their noise where they lie is cheaper
-  // than queueing every survivor (measured on an H100: k = 20 and 50 faster, k = 1000 slower).
+  // than queueing every survivor; a large top_k queues them (docs/truncation.md).
   bool const few_survivors = need_k && k <= p.vocab_size / 1024;
   double kept_mass = 0.0;
   for (int s = 0; s < p.num_samples; ++s) {

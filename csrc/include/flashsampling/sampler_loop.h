@@ -5,7 +5,7 @@
 namespace flashsampling {
 
 // The epilogue's element loops, each compiled into kernels of its own (code of a loop that
-// is not taken still costs instruction cache: CHANGELOG.md, v5 and v13).
+// is not taken still costs instruction cache: docs/epilogue.md).
 //   kPlain:          is_plain_sampling.
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step.
