@@ -62,7 +62,8 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
     "flashsampling_cuda.sample_from_logits": _CORE,
     "flashsampling_cuda.sample_without_replacement": tuple(
         c for c in _CORE if c not in ("num_samples", "return_logprobs")),
-    "flashsampling_cuda.distributed.sample": tuple(c for c in _CORE if c != "vocab_start"),
+    "flashsampling_cuda.distributed.sample": tuple(
+        c for c in _ALL if c not in ("vocab_start", "truncation_path", "check_nan")),
     "flashsampling_cuda.reference.reference_sample": tuple(
         c for c in _CORE if c not in ("generator", "return_logprobs")) + ("truncation_order",),
 }

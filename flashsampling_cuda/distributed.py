@@ -32,12 +32,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from .logprobs import (LogprobsOutput, logprob_outputs, logprob_values, normalised, parse_logprob_args,
+                       raw_logsumexp, tokens_ahead, top_entries, values_of_ids)
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import draw_seed as _draw_seed
-from .sampling import (SampleOutput, _allowed_mask_arg, _float32, _sparse_bias_args, _temperature_args,
-                       sample_with_scores)
+from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
+from .sampling import (LogitTransforms, SampleOutput, _allowed_mask_arg, _float32, _model_transform_args,
+                       _scored_sample, _sparse_bias_args, _temperature_args, _truncation_order)
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
-                         parse_truncation, scaled_logits, survivor_mask, transformed_logits, truncation_rank)
+                         parse_truncation, scaled_logits, survivor_mask, truncation_rank)
 
 __all__ = ["sample", "shard_allowed_mask", "vocab_shards"]
 
@@ -153,7 +156,7 @@ _INT64_MAX = 2**63 - 1  # pads a shard's candidate list shorter than k; sorts af
 
 
 def _gathered_survivors(y: Tensor, allowed: Tensor | None, vocab_start: int, world: int, group, backend,
-                        truncation: Truncation) -> Tensor:
+                        truncation: Truncation, order: str) -> Tensor:
     """This shard's survivors (bool ``[B, V_r]``) of a truncation that needs every shard's
     whole order (a per-row ``top_k`` tensor, ``top_p`` / ``min_p`` without a host ``top_k``):
     every rank gathers every shard's ``y`` and allowed tokens, lays them out in global-id order
@@ -171,42 +174,45 @@ def _gathered_survivors(y: Tensor, allowed: Tensor | None, vocab_start: int, wor
     pad = (0, width - shard_vocab)
     ys = _gather(torch.nn.functional.pad(y, pad, value=float("nan")).to(comm), world, group).to(device)
     kept = _gather(torch.nn.functional.pad(allowed.to(torch.uint8), pad).to(comm), world, group).to(device).bool()
-    order = sorted(range(world), key=lambda r: starts[r])
-    y_full = torch.cat([ys[r, :, : sizes[r]] for r in order], dim=1)
-    allowed_full = torch.cat([kept[r, :, : sizes[r]] for r in order], dim=1)
-    survivors = survivor_mask(y_full, allowed_full, truncation)
-    begin = sum(sizes[r] for r in order if starts[r] < vocab_start)
+    by_start = sorted(range(world), key=lambda r: starts[r])
+    y_full = torch.cat([ys[r, :, : sizes[r]] for r in by_start], dim=1)
+    allowed_full = torch.cat([kept[r, :, : sizes[r]] for r in by_start], dim=1)
+    survivors = survivor_mask(y_full, allowed_full, truncation, order)
+    begin = sum(sizes[r] for r in by_start if starts[r] < vocab_start)
     return survivors[:, begin : begin + shard_vocab]
 
 
-def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation,
-                          temperature, logit_bias, sparse_logit_bias, allowed_mask, world: int, group,
-                          backend) -> Tensor:
+def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation, order: str,
+                          temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
+                          softcap: float | None, penalties: Penalties | None, world: int, group, backend) -> Tensor:
     """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
-    truncation (module docstring), within the shard's ``allowed_mask``."""
+    truncation (module docstring), within the shard's ``allowed_mask``; ``y`` follows the rule
+    of flashsampling_cuda/penalties.py (model-side transforms, biases, penalties, temperature)."""
     k = truncation.top_k
     batch, shard_vocab = hidden.shape[0], weight_shard.shape[0]
     device = hidden.device
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
-    x = transformed_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias),
-                           sparse_ids, sparse_values, vocab_start)
+    x = rule_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias), sparse_ids,
+                    sparse_values, vocab_start, scale, softcap, penalties)
     y = scaled_logits(x, scalar_temperature, temperatures)
     mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
     allowed = None if mask is None else unpack_allowed_mask(mask, shard_vocab)
-    if not isinstance(k, int):
-        survivors = _gathered_survivors(y, allowed, vocab_start, world, group, backend, truncation)
+    # "joint" normalises top_p over every allowed token: only the whole rows have that mass.
+    if not isinstance(k, int) or order == "joint":
+        survivors = _gathered_survivors(y, allowed, vocab_start, world, group, backend, truncation, order)
         return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
     rank = truncation_rank(y, allowed)
     width = min(k, shard_vocab)
-    order = _first_in_order(rank, width) if width < shard_vocab else torch.sort(rank, dim=1, stable=True).indices
+    first_local = (_first_in_order(rank, width) if width < shard_vocab
+                   else torch.sort(rank, dim=1, stable=True).indices)
     # (order rank, global id): the single-process order (ties to the smaller global id).
-    keys = rank.gather(1, order) * 2**31 + (order + vocab_start)
+    keys = rank.gather(1, first_local) * 2**31 + (first_local + vocab_start)
     if width < k:
         keys = torch.cat([keys, keys.new_full((batch, k - width), _INT64_MAX)], dim=1)
     gathered = _gather(keys.to(_comm_device(device, backend)), world, group).to(device)  # [W, B, k]
     first = torch.topk(gathered.permute(1, 0, 2).reshape(batch, -1), k, dim=1, largest=False, sorted=True).values
-    keep = keep_prefix(key_of_rank(first >> 31), first != _INT64_MAX, truncation)
+    keep = keep_prefix(key_of_rank(first >> 31), first != _INT64_MAX, truncation, order)
     local = (first & 0x7FFFFFFF) - vocab_start
     mine = keep & (local >= 0) & (local < shard_vocab)
     survivors = torch.zeros((batch, shard_vocab + 1), dtype=torch.bool, device=device)
@@ -234,7 +240,19 @@ def sample(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
-) -> Tensor | SampleOutput:
+    truncation_order: str = "top_k_first",
+    logit_scale: float = 1.0,
+    logit_softcap: float | None = None,
+    repetition_penalty: float | Tensor | None = None,
+    frequency_penalty: float | Tensor | None = None,
+    presence_penalty: float | Tensor | None = None,
+    penalty_state: PenaltyState | None = None,
+    prompt_token_ids=None,
+    output_token_ids=None,
+    top_logprobs: int = 0,
+    token_ids=None,
+    logprobs_mode: str = "processed",
+) -> Tensor | SampleOutput | LogprobsOutput:
     r"""Tensor-parallel exact sampling: every rank of ``group`` holds a vocabulary shard.
 
     Call it on every rank of the group with the same ``hidden``, ``temperature``,
@@ -294,17 +312,38 @@ def sample(
             more all-gather of ``B * top_k`` int64; every other form (a per-row ``top_k``
             tensor, ``top_p`` or ``min_p`` without ``top_k``) gathers every shard's
             transformed logits, ``B * max V_r`` fp32 and bytes, after a small all-gather of
-            the shards' extents read on the host (a sync).
+            the shards' extents read on the host (a sync). ``truncation_order`` as for
+            :func:`flashsampling_cuda.sample` (``"joint"`` always gathers the whole rows).
+        logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
+            penalty_state, prompt_token_ids, output_token_ids: as for
+            :func:`flashsampling_cuda.sample`, the same on every rank (the history holds global
+            ids; each shard transforms the logits of the tokens it holds, so nothing more is
+            exchanged).
+        top_logprobs, token_ids, logprobs_mode: as for :func:`flashsampling_cuda.sample`, exact
+            over the whole vocabulary: each shard's first ``top_logprobs`` entries, its values of
+            ``token_ids`` and of its own sample ride in the same all-gather (float64), and the
+            sampled tokens' ranks take one more all-gather of ``B * num_samples`` int64 (each
+            shard's count of tokens ahead of them).
 
     Returns:
         ``[B, num_samples]`` int64 global token ids (``-1`` for a row whose scores are all
         NaN), or with ``return_logprobs`` a :class:`flashsampling_cuda.SampleOutput`
         ``(tokens, logprobs [B, S] float32, logsumexp [B] float32)`` (NaN log-probabilities
         where the token is -1 or ``empty_mask_token``, ``logsumexp = -inf`` for a row that
-        nothing allows).
+        nothing allows); with ``top_logprobs``, ``token_ids`` or ``logprobs_mode="raw"`` a
+        :class:`flashsampling_cuda.LogprobsOutput`, the fields of the single-process op.
     """
     rank, world, backend = _group_info(group)
     device = hidden.device
+    top_n, wanted_ids, mode = parse_logprob_args(return_logprobs, top_logprobs, token_ids, logprobs_mode,
+                                                 hidden.shape[0], device)
+    serving_logprobs = top_n > 0 or wanted_ids is not None or mode != "processed"
+    scale, softcap = _model_transform_args(logit_scale, logit_softcap)
+    penalties = parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, penalty_state,
+                                prompt_token_ids, output_token_ids, hidden)
+    # The history as one state for both uses below (id lists become device tensors once).
+    transforms = LogitTransforms(scale, softcap, repetition_penalty, frequency_penalty, presence_penalty,
+                                 None if penalties is None else penalties.state)
     if seed is None:
         if offset is not None:
             raise ValueError("flashsampling.distributed.sample: offset was given without seed")
@@ -313,28 +352,27 @@ def sample(
         raise ValueError("flashsampling.distributed.sample: pass either seed or generator, not both")
     user_mask = allowed_mask
     truncation = parse_truncation(top_k, top_p, min_p, hidden)
+    order = _truncation_order(truncation_order, truncation)
     if truncation is not None:  # the survivors become this shard's mask
         # Dicts become the (ids, values) pair once (a host-to-device copy), for both uses.
         sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
         sparse_logit_bias = None if sparse_ids is None else (sparse_ids, sparse_values)
-        allowed_mask = _truncated_shard_mask(hidden, weight_shard, vocab_start, truncation, temperature, logit_bias,
-                                             sparse_logit_bias, allowed_mask, world, group, backend)
-    tokens, scores, token_logprobs, logsumexp = sample_with_scores(
-        hidden,
-        weight_shard,
-        temperature=temperature,
-        seed=seed,
-        offset=offset,
-        num_samples=num_samples,
-        logit_bias=logit_bias,
-        sparse_logit_bias=sparse_logit_bias,
-        allowed_mask=allowed_mask,
-        empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY,
-        vocab_start=vocab_start,
-        return_logprobs=return_logprobs,
-    )
+        allowed_mask = _truncated_shard_mask(hidden, weight_shard, vocab_start, truncation, order, temperature,
+                                             logit_bias, sparse_logit_bias, allowed_mask, scale, softcap, penalties,
+                                             world, group, backend)
+    context: dict = {}
+    (tokens, scores, token_logprobs, logsumexp), route = _scored_sample(
+        hidden, weight_shard,
+        dict(temperature=temperature, generator=None, seed=seed, offset=offset, num_samples=num_samples,
+             logit_bias=logit_bias, sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
+             empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY, vocab_start=vocab_start,
+             top_k=None, top_p=None, min_p=None, truncation_path="auto", truncation_order="top_k_first"),
+        transforms, return_logprobs, False, context)
     batch, samples = tokens.shape
     if batch == 0:  # the same on every rank: nothing to exchange
+        if serving_logprobs:
+            return logprob_outputs(hidden, weight_shard, context, route, tokens, token_logprobs, logsumexp, top_n,
+                                   wanted_ids, mode)
         return SampleOutput(tokens, token_logprobs, logsumexp) if return_logprobs else tokens
     keys = _encode_keys(tokens, scores)
     if return_logprobs:
@@ -349,6 +387,11 @@ def sample(
         floats[:, samples + 1 :] = 0.0
     else:
         summary = keys
+    if serving_logprobs:
+        values = logprob_values(hidden, weight_shard, context, route, mode)
+        extra = _shard_logprob_summary(values, tokens, vocab_start, top_n, wanted_ids, mode)
+        columns = summary.shape[1]
+        summary = torch.cat([summary, extra], dim=1)
     gathered = _gather(summary.to(_comm_device(device, backend)), world, group).to(device)  # [W, B, C]
 
     # [B, S]: the winning key, its first rank, and the token (-1 where no shard has a candidate;
@@ -377,4 +420,72 @@ def sample(
     # logprob = y[token] - lse, with y[token] = logprob_r + lse_r of the winning rank r.
     logprobs = shard_lp.gather(0, winner[None]).squeeze(0) + shard_lse[winner, rows] - lse[:, None]
     logprobs = torch.where((best == _KEY_NO_CANDIDATE) | nothing_allowed, torch.nan, logprobs)
-    return SampleOutput(out_tokens, logprobs.float(), lse.float())
+    if not serving_logprobs:
+        return SampleOutput(out_tokens, logprobs.float(), lse.float())
+    real = (best != _KEY_NO_CANDIDATE) & ~nothing_allowed
+    return _merged_logprob_outputs(gathered[:, :, columns:], values, vocab_start, out_tokens, winner, real,
+                                   logprobs.float(), lse.float(), top_n, 0 if wanted_ids is None else
+                                   wanted_ids.shape[1], mode, world, group, backend)
+
+
+def _shard_logprob_summary(values: Tensor, tokens: Tensor, vocab_start: int, top_n: int, wanted_ids: Tensor | None,
+                           mode: str) -> Tensor:
+    """int64 ``[B, N + 2 * ... ]``: what this shard adds to the all-gather for the logprob outputs
+    (:func:`flashsampling_cuda.logprobs.logprob_values` are its ``values``): the ids of its first
+    ``N`` entries, then as float64 bits their values, its values of its own sample's tokens and
+    of ``wanted_ids``, and in raw mode its raw log-sum-exp. Padding: id ``2^63 - 1``, value
+    ``-inf`` (it sorts after every real entry)."""
+    batch, shard_vocab = values.shape
+    width = min(top_n, shard_vocab)
+    top_values, top_local = top_entries(values, width)
+    pad = top_n - width
+    top_ids = torch.nn.functional.pad(top_local + vocab_start, (0, pad), value=_INT64_MAX)
+    top_values = torch.nn.functional.pad(top_values, (0, pad), value=-torch.inf)
+    local = tokens - vocab_start
+    mine = (local >= 0) & (local < shard_vocab)
+    own = torch.where(mine, values.gather(1, torch.where(mine, local, 0)), torch.nan)
+    floats = [top_values, own]
+    if wanted_ids is not None:
+        floats.append(values_of_ids(values, wanted_ids, vocab_start))
+    if mode == "raw":
+        floats.append(raw_logsumexp(values)[:, None])
+    return torch.cat([top_ids, torch.cat([f.double() for f in floats], dim=1).view(torch.int64)], dim=1)
+
+
+def _merged_logprob_outputs(gathered: Tensor, values: Tensor, vocab_start: int, tokens: Tensor, winner: Tensor,
+                            real: Tensor, logprobs: Tensor, logsumexp: Tensor, top_n: int, num_ids: int, mode: str,
+                            world: int, group, backend) -> LogprobsOutput:
+    """The :class:`LogprobsOutput` of the whole vocabulary from every shard's
+    :func:`_shard_logprob_summary` (``gathered [W, B, *]``), the merged sample (``tokens``, the
+    rank ``winner`` that holds each, ``real``: a sampled token, not -1 or ``empty_mask_token``)
+    and the processed ``logprobs`` / ``logsumexp`` already merged; one more all-gather for the
+    ranks. Normalised as the single-process op does (:func:`normalised`)."""
+    world_size, batch, _ = gathered.shape
+    samples = tokens.shape[1]
+    cand_ids = gathered[:, :, :top_n]
+    floats = gathered[:, :, top_n:].contiguous().view(torch.float64)
+    cand_values = floats[:, :, :top_n]
+    own = floats[:, :, top_n : top_n + samples]
+    wanted = floats[:, :, top_n + samples : top_n + samples + num_ids]
+    lse = logsumexp
+    if mode == "raw":
+        lse = torch.logsumexp(floats[:, :, top_n + samples + num_ids], dim=0)  # float64 [B]
+        logsumexp = lse.float()
+    token_values = own.gather(0, winner[None]).squeeze(0).float()  # [B, S]: the winning shard's value
+    mine = normalised(token_values, lse, mode)
+    if mode == "raw":
+        logprobs = torch.where(real, mine, torch.nan)
+    # Ranks: every shard counts its entries ahead of each token; the counts add up.
+    shard_ids = torch.arange(values.shape[1], device=values.device) + vocab_start
+    ahead = tokens_ahead(normalised(values, lse, mode), shard_ids, mine, tokens)
+    total = _gather(ahead.to(_comm_device(values.device, backend)), world, group).to(values.device).sum(dim=0)
+    ranks = torch.where(real, total + 1, 0)
+    flat = cand_values.permute(1, 0, 2).reshape(batch, world_size * top_n).float()
+    top_logprobs, top_ids = top_entries(normalised(flat, lse, mode), top_n,
+                                        cand_ids.permute(1, 0, 2).reshape(batch, world_size * top_n))
+    # A token id's value comes from the one shard that holds it (NaN from the others).
+    held = wanted[0]
+    for r in range(1, world_size):
+        held = torch.fmax(held, wanted[r])
+    token_ids_logprobs = normalised(held.float(), lse, mode)
+    return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)

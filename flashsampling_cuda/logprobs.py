@@ -92,49 +92,90 @@ def processed_logits(hidden: Tensor, weight: Tensor, context: dict, route: dict)
                        context["penalties"])
 
 
+def logprob_values(hidden: Tensor, weight: Tensor, context: dict, route: dict, mode: str) -> Tensor:
+    """What the logprob outputs normalise, float32 ``[B, V]``: the raw logits (``"raw"``), or the
+    call's ``y`` with ``-inf`` outside the distribution it sampled from (``"processed"``:
+    the mask and the truncation's survivors)."""
+    if mode == "raw":
+        return _raw_logits(hidden, weight, route)
+    kwargs = context["kwargs"]
+    x = processed_logits(hidden, weight, context, route)
+    y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
+    allowed = None
+    if kwargs["allowed_mask"] is not None:
+        allowed = unpack_allowed_mask(kwargs["allowed_mask"], y.shape[1])
+    if context["truncation"] is not None:
+        allowed = survivor_mask(y, allowed, context["truncation"], context["order"])
+    return y if allowed is None else y.masked_fill(~allowed, -torch.inf)
+
+
+def raw_logsumexp(values: Tensor) -> Tensor:
+    """float64 ``[B]`` log-sum-exp of the raw logits (``"raw"`` mode's normaliser)."""
+    return torch.logsumexp(values.double(), dim=1)
+
+
+def normalised(values: Tensor, lse: Tensor, mode: str) -> Tensor:
+    """Log-probabilities float32 of :func:`logprob_values`: ``values - lse`` (``lse``: the op's
+    float32 logsumexp, processed; :func:`raw_logsumexp`'s float64 one, raw); excluded tokens stay
+    ``-inf``."""
+    if mode == "raw":
+        return (values.double() - lse[..., None]).float()
+    return torch.where(values == -torch.inf, -torch.inf, values - lse[..., None])
+
+
+def tokens_ahead(table: Tensor, ids: Tensor, token_values: Tensor, token_ids: Tensor) -> Tensor:
+    """int64 ``[B, S]``: how many entries of ``table [B, V]`` (ids ``ids [V]``) come before each
+    token in the order of the outputs (log-probability descending, exact ties to the smaller id),
+    the token's own value ``token_values [B, S]`` and id ``token_ids [B, S]``."""
+    return torch.stack([((table > token_values[:, s : s + 1])
+                         | ((table == token_values[:, s : s + 1]) & (ids < token_ids[:, s : s + 1]))).sum(dim=1)
+                        for s in range(token_values.shape[1])], dim=1)
+
+
+def top_entries(table: Tensor, n: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The first ``n`` (values, ids) of each row of ``table [B, W]`` in the order of the outputs:
+    value descending, exact ties to the smaller id. ``ids [B, W]``: the entries' ids, or None for
+    columns that are the ids ``0 .. W - 1``."""
+    if ids is not None:  # stable sorts: by id, then by value
+        by_id = torch.sort(ids, dim=1, stable=True)
+        table, ids = table.gather(1, by_id.indices), by_id.values
+    order = torch.sort(table, dim=1, descending=True, stable=True)
+    first = order.indices[:, :n]
+    return order.values[:, :n], first if ids is None else ids.gather(1, first)
+
+
+def values_of_ids(table: Tensor, token_ids: Tensor, vocab_start: int) -> Tensor:
+    """``table``'s entries at global ``token_ids [B, K]``; NaN where an id is padding (< 0) or
+    outside this vocabulary."""
+    wanted = token_ids - vocab_start
+    inside = (token_ids >= 0) & (wanted >= 0) & (wanted < table.shape[1])
+    return torch.where(inside, table.gather(1, torch.where(inside, wanted, 0)), torch.nan)
+
+
 def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, tokens: Tensor, logprobs: Tensor,
                     logsumexp: Tensor, top_n: int, token_ids: Tensor | None, mode: str) -> LogprobsOutput:
     """The outputs of :class:`LogprobsOutput` for a sample already drawn (``tokens``, and the op's
     ``logprobs`` / ``logsumexp`` of the processed distribution); ``context``: the call's arguments
     as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them; ``route``: how it sampled
     (logits it computed are not computed again)."""
-    kwargs = context["kwargs"]
-    vocab_start = kwargs["vocab_start"]
+    vocab_start = context["kwargs"]["vocab_start"]
+    values = logprob_values(hidden, weight, context, route, mode)
+    lse = logsumexp
     if mode == "raw":
-        raw = _raw_logits(hidden, weight, route).double()
-        lse = torch.logsumexp(raw, dim=1)
-        table = (raw - lse[:, None]).float()
+        lse = raw_logsumexp(values)
         logsumexp = lse.float()
-    else:
-        x = processed_logits(hidden, weight, context, route)
-        y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
-        allowed = None
-        if kwargs["allowed_mask"] is not None:
-            allowed = unpack_allowed_mask(kwargs["allowed_mask"], y.shape[1])
-        if context["truncation"] is not None:
-            allowed = survivor_mask(y, allowed, context["truncation"], context["order"])
-        table = y - logsumexp[:, None]
-        if allowed is not None:
-            table = torch.where(allowed, table, -torch.inf)
+    table = normalised(values, lse, mode)
     batch, vocab = table.shape
     local = tokens - vocab_start
     valid = (local >= 0) & (local < vocab)
     safe = torch.where(valid, local, 0)
-    if mode == "raw":
-        logprobs = torch.where(valid, table.gather(1, safe), torch.nan)
-    # Rank: 1 + tokens ahead in the order (log-probability descending, exact ties to the smaller id).
     mine = table.gather(1, safe)  # [B, S]
+    if mode == "raw":
+        logprobs = torch.where(valid, mine, torch.nan)
     ids = torch.arange(vocab, device=table.device)
-    ahead = torch.stack([((table > mine[:, s : s + 1]) | ((table == mine[:, s : s + 1]) & (ids < safe[:, s : s + 1])))
-                         .sum(dim=1) for s in range(tokens.shape[1])], dim=1)
-    ranks = torch.where(valid, ahead + 1, 0)
-    order = torch.sort(table, dim=1, descending=True, stable=True)
-    top_ids = order.indices[:, :top_n] + vocab_start
-    top_logprobs = order.values[:, :top_n]
-    if token_ids is None:
-        token_ids_logprobs = table.new_empty((batch, 0))
-    else:
-        wanted = token_ids - vocab_start
-        inside = (token_ids >= 0) & (wanted >= 0) & (wanted < vocab)
-        token_ids_logprobs = torch.where(inside, table.gather(1, torch.where(inside, wanted, 0)), torch.nan)
-    return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)
+    ranks = torch.where(valid, tokens_ahead(table, ids, mine, safe) + 1, 0)
+    top_logprobs, top_local = top_entries(table, top_n)
+    token_ids_logprobs = (table.new_empty((batch, 0)) if token_ids is None
+                          else values_of_ids(table, token_ids, vocab_start))
+    return LogprobsOutput(tokens, logprobs, logsumexp, top_local + vocab_start, top_logprobs, ranks,
+                          token_ids_logprobs)

@@ -558,19 +558,29 @@ def sample_with_scores(
         :class:`ScoredSample` ``(tokens int64 [B, S], scores float32 [B, S],
         token_logprobs float32 [B, S] or [0], logsumexp float32 [B] or [0])``.
     """
+    return _scored_sample(
+        hidden, weight, dict(temperature=temperature, generator=generator, seed=seed, offset=offset,
+                             num_samples=num_samples, logit_bias=logit_bias, sparse_logit_bias=sparse_logit_bias,
+                             allowed_mask=allowed_mask, empty_mask_token=empty_mask_token, vocab_start=vocab_start,
+                             top_k=top_k, top_p=top_p, min_p=min_p, truncation_path=truncation_path,
+                             truncation_order=truncation_order),
+        LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
+                        penalty_state, prompt_token_ids, output_token_ids), return_logprobs, check_nan)[0]
+
+
+def _scored_sample(hidden: Tensor, weight: Tensor, args: dict, transforms: LogitTransforms, return_logprobs: bool,
+                   check_nan: bool, context: dict | None = None) -> tuple[ScoredSample, dict]:
+    """:func:`sample_with_scores` of ``args`` (its controls by name, :func:`_op_kwargs`'s) and the
+    route it took; ``context``, where given, records the call for outputs computed beside the
+    sample (:func:`flashsampling_cuda.logprobs.logprob_values`; the tensor-parallel merge)."""
     if check_nan:
         _check_nan_inputs(hidden)
     route: dict = {}
-    kwargs = _op_kwargs(
-        hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
-        allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path, truncation_order,
-        LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
-                        penalty_state, prompt_token_ids, output_token_ids),
-    )
+    kwargs = _op_kwargs(hidden, weight, **args, route=route, transforms=transforms, context=context)
     out = ScoredSample(*_call_op(hidden, weight, kwargs, route, return_logprobs))
     if check_nan:
         _check_nan_outputs(weight, kwargs, out.tokens, out.scores, out.logsumexp, return_logprobs)
-    return out
+    return out, route
 
 
 def sample_from_logits(

@@ -180,6 +180,28 @@ def test_truncation_equals_single_process_op(backend, world):
             assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
 
 
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_serving_controls_equal_single_process_op(backend, world):
+    """Penalties, model-side transforms, truncation orders and the logprob outputs: tokens, top-N
+    ids and ranks exact, log-probabilities to fp32 rounding, the same on every rank."""
+    ranks = results(backend, world, "scenario_serving")
+    for name, entry in ranks[0].items():
+        got, expected = entry["got"], entry["expected"]
+        for r, res in enumerate(ranks[1:], start=1):
+            torch.testing.assert_close(res[name]["got"], got, rtol=0, atol=0, equal_nan=True,
+                                       msg=f"{name}: rank {r} differs")
+        if not isinstance(got, dict):
+            assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
+            continue
+        assert got.keys() == expected.keys(), name
+        for key in got:
+            if got[key].dtype == torch.int64:  # tokens, top_ids, ranks
+                assert torch.equal(got[key], expected[key]), f"{name}.{key}: {got[key]} != {expected[key]}"
+            else:
+                torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-5, equal_nan=True,
+                                           msg=f"{name}.{key}")
+
+
 def _tokens(x):
     return x["tokens"] if isinstance(x, dict) else x
 

@@ -276,8 +276,52 @@ def scenario_truncation(ctx: Ctx):
     return out
 
 
+def scenario_serving(ctx: Ctx):
+    """What serving engines send beside the sample: penalties over a history of global ids,
+    model-side transforms, the truncation orders and the logprob outputs (top-N with ranks,
+    token ids, raw), alone and with truncation == the single-process op."""
+    hidden, weight = integer_problem(seed=11)
+    h, w = hidden.bfloat16().to(ctx.device), weight.bfloat16()
+    g = torch.Generator().manual_seed(12)
+    prompt = torch.randint(0, VOCAB, (BATCH, 7), generator=g)
+    prompt[:, -2:] = -1  # padding
+    prompt[0, 0] = ctx.shards[0][0]  # the size-1 shard's token is in a history
+    output = torch.randint(0, VOCAB, (BATCH, 5), generator=g)
+    output[:, 3] = output[:, 1]  # a repeated token: count 2
+    output[1] = -1  # an empty output history
+    history = dict(prompt_token_ids=prompt, output_token_ids=output)
+    ids = torch.randint(0, VOCAB, (BATCH, 4), generator=g)
+    ids[:, 3] = -1  # padding
+    ids[0, 0] = ctx.shards[0][0]
+    configs = {
+        "penalties": dict(repetition_penalty=1.3, frequency_penalty=0.25, presence_penalty=torch.tensor(
+            [0.0, 0.5, 1.0, -0.5, 2.0, 0.25]), return_logprobs=True, **history),
+        "frequency_presence_alone": dict(frequency_penalty=0.5, presence_penalty=0.75, **history),
+        "scale_softcap": dict(logit_scale=0.5, logit_softcap=2.0, return_logprobs=True),
+        "penalties_top_k_top_p": dict(repetition_penalty=torch.tensor([1.0, 1.5, 2.0, 1.2, 0.8, 1.1]),
+                                      top_k=9, top_p=0.8, return_logprobs=True, **history),
+        "penalties_min_p_alone": dict(presence_penalty=0.5, min_p=0.2, logit_softcap=3.0, **history),
+        "order_min_p_first": dict(top_k=12, top_p=0.6, min_p=0.1, truncation_order="min_p_first"),
+        "order_joint": dict(top_k=12, top_p=0.6, truncation_order="joint", return_logprobs=True),
+        "top_logprobs": dict(return_logprobs=True, top_logprobs=5, token_ids=ids),
+        "top_logprobs_wider_than_shards": dict(return_logprobs=True, top_logprobs=40),
+        "raw_with_truncation": dict(return_logprobs=True, top_logprobs=3, token_ids=ids, logprobs_mode="raw",
+                                    top_k=7, repetition_penalty=1.5, **history),
+        "processed_with_truncation": dict(return_logprobs=True, top_logprobs=6, token_ids=ids, top_p=0.7,
+                                          frequency_penalty=0.3, **history),
+    }
+    out = {}
+    for name, cfg in configs.items():
+        common = {k: ctx.to(v) for k, v in dict(temperature=0.8, seed=41, offset=5, num_samples=3, **cfg).items()}
+        entry = {"got": tp.sample(h, ctx.shard(w), vocab_start=ctx.start, **common)}
+        if ctx.rank == 0:
+            entry["expected"] = fs.sample(h, w.to(ctx.device), **common)
+        out[name] = entry
+    return out
+
+
 SCENARIOS = [scenario_tokens, scenario_masks, scenario_logprobs, scenario_chi_square, scenario_back_to_back,
-             scenario_no_seed, scenario_truncation]
+             scenario_no_seed, scenario_truncation, scenario_serving]
 
 
 def _worker(rank, world, backend, store, out_dir):
