@@ -44,8 +44,11 @@ class LogprobsOutput(NamedTuple):
 
 
 def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_mode: str, batch: int,
-                       device) -> tuple[int, Tensor | None, str]:
-    """(N, token ids int64 [B, K] or None, mode), checked; ValueError / TypeError name the argument."""
+                       device, id_end: int | None = None) -> tuple[int, Tensor | None, str]:
+    """(N, token ids int64 [B, K] or None, mode), checked; ValueError / TypeError name the argument.
+    Ids given on the host (lists, CPU tensors) must be -1 (padding) or in ``[0, id_end)`` (any
+    ``>= 0`` with ``id_end`` None); a CUDA tensor's values are not read (no sync): an id outside the
+    vocabulary gets NaN."""
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"flashsampling.sample: logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, "
                          f"got {logprobs_mode!r}")
@@ -70,6 +73,13 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
         else:
             raise TypeError(f"flashsampling.sample: token_ids must be an int [B, K] tensor or a list of B lists, got "
                             f"{type(token_ids).__name__}")
+    if ids is not None and (token_ids.device.type == "cpu" if isinstance(token_ids, Tensor) else True) \
+            and not torch.compiler.is_compiling():
+        bad = (ids < -1) if id_end is None else (ids < -1) | (ids >= id_end)
+        if bool(bad.any()):
+            first = int(token_ids[bad][0] if isinstance(token_ids, Tensor) else ids[bad][0])
+            raise ValueError(f"flashsampling.sample: token_ids must be -1 (padding) or a token id in [0, "
+                             f"{'V' if id_end is None else id_end}), got {first}")
     if (top_logprobs > 0 or ids is not None or logprobs_mode != "processed") and not return_logprobs:
         raise ValueError("flashsampling.sample: top_logprobs, token_ids and logprobs_mode need return_logprobs=True")
     return top_logprobs, ids, logprobs_mode

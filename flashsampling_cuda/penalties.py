@@ -74,15 +74,24 @@ class PenaltyState:
         output_token_ids: the same for tokens generated so far, or None.
         capacity: slots per row (default: ``L_prompt + L_output + 256``).
         batch, device: needed when both id sets are None.
+        vocab_size: where given, every id must be below it (``ValueError`` naming the argument;
+            reads the ids once on the host). Without it an id beyond the vocabulary penalises
+            nothing (a vocabulary shard's state holds every shard's ids).
     """
 
     def __init__(self, prompt_token_ids=None, output_token_ids=None, *, capacity: int | None = None,
-                 batch: int | None = None, device: torch.device | str | None = None):
+                 batch: int | None = None, device: torch.device | str | None = None, vocab_size: int | None = None):
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
+                                       or vocab_size < 1):
+            raise ValueError(f"flashsampling.PenaltyState: vocab_size must be an int >= 1, got {vocab_size!r}")
         parts = []
         for name, ids, is_output in (("prompt_token_ids", prompt_token_ids, False),
                                      ("output_token_ids", output_token_ids, True)):
             if ids is not None:
                 t = _token_matrix(name, ids, batch, device)
+                if vocab_size is not None and t.numel() > 0 and int(t.max()) >= vocab_size:
+                    raise ValueError(f"flashsampling.PenaltyState: {name} holds id {int(t.max())}, beyond "
+                                     f"vocab_size={vocab_size}")
                 batch, device = t.shape[0], t.device
                 parts.append((t, is_output))
         if batch is None:

@@ -495,8 +495,9 @@ def sample(
     """
     if check_nan:
         _check_nan_inputs(hidden)
-    top_n, wanted_ids, mode = parse_logprob_args(return_logprobs, top_logprobs, token_ids, logprobs_mode,
-                                                 hidden.shape[0], hidden.device)
+    top_n, wanted_ids, mode = parse_logprob_args(
+        return_logprobs, top_logprobs, token_ids, logprobs_mode, hidden.shape[0], hidden.device,
+        vocab_start + weight.shape[0] if isinstance(weight, Tensor) and weight.dim() == 2 else None)
     route: dict = {}
     context: dict = {}
     kwargs = _op_kwargs(

@@ -104,6 +104,9 @@ def test_compiles_fullgraph_on_cpu():
     (dict(return_logprobs=True, logprobs_mode="raw_logits"), ValueError, "logprobs_mode"),
     (dict(return_logprobs=True, token_ids=torch.zeros(3, 2).long()), ValueError, "token_ids"),
     (dict(return_logprobs=True, token_ids="1,2"), TypeError, "token_ids"),
+    (dict(return_logprobs=True, top_logprobs=-1), ValueError, "top_logprobs"),
+    (dict(return_logprobs=True, token_ids=[[3, 100], [-1, 5]]), ValueError, r"token_ids .*\[0, 100\), got 100"),
+    (dict(return_logprobs=True, token_ids=torch.tensor([[3, -2], [-1, 5]])), ValueError, "token_ids .*got -2"),
 ])
 def test_argument_errors(kwargs, error, match):
     hidden, weight = problem(2, 100, 16, "cpu", logit_std=2.0)

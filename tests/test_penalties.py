@@ -204,3 +204,11 @@ def test_bad_arguments_name_themselves(kwargs, error, match):
     hidden, weight = problem(1, 100, 16, "cpu", logit_std=2.0)
     with pytest.raises(error, match=match):
         fs.sample(hidden, weight, **kwargs)
+
+
+def test_history_ids_beyond_the_vocabulary_name_themselves():
+    with pytest.raises(ValueError, match="output_token_ids holds id 100, beyond vocab_size=100"):
+        PenaltyState([[1]], [[100]], vocab_size=100)
+    with pytest.raises(ValueError, match="vocab_size"):
+        PenaltyState([[1]], vocab_size=0)
+    assert PenaltyState([[1, 99]], [[-1]], vocab_size=100).size.tolist() == [2]
