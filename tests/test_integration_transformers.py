@@ -1,6 +1,7 @@
 """flashsampling_cuda.integrations.transformers: decoding Hugging Face causal LMs with the op.
 
-CPU: tiny random-weight Llama-, Qwen3-, Mistral-, Qwen2-, Gemma- and Gemma3-style models;
+CPU: tiny random-weight Llama-, Qwen3-, Mistral-, Qwen2-, Gemma-, Gemma3-, Granite- and
+Cohere-style models;
 the decoder's tokens must equal the reference path's (the model's standard forward, its
 logits in float64 + the op's Gumbel noise, reference_generate) for the same seeds, with
 prompts of different lengths, stop tokens, tied and untied embeddings, per-request seeds,
@@ -33,6 +34,11 @@ FAMILIES = {
     "mistral": ("MistralConfig", dict(sliding_window=128)),  # sliding window longer than the cache
     "gemma": ("GemmaConfig", dict()),
     "gemma3_text": ("Gemma3TextConfig", dict(sliding_window=128)),
+    # The logit-scaling models with a scale that changes the tokens: Granite divides its logits
+    # by logits_scaling, Cohere multiplies them by logit_scale.
+    "granite": ("GraniteConfig", dict(logits_scaling=0.25, tie_word_embeddings=False)),
+    "cohere": ("CohereConfig", dict(logit_scale=4.0)),
+    "cohere2": ("Cohere2Config", dict(logit_scale=0.25, sliding_window=128)),
 }
 PROMPTS = [[5, 17, 3, 99, 250, 7, 8], [11, 2], [300, 301, 302, 42]]  # different lengths: left padding
 
@@ -109,7 +115,7 @@ def test_tokens_equal_reference_path(fst, family, temperature):
         assert not torch.equal(noise_only, out.new_tokens)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma", "gemma3_text"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma", "gemma3_text", "granite", "cohere", "cohere2"])
 def test_other_families_equal_reference_path(fst, family):
     model = tiny_model(family)
     kwargs = dict(max_new_tokens=6, temperature=0.8, seed=3)
@@ -128,6 +134,25 @@ def test_final_logit_softcapping_follows_the_model(fst):
     kwargs = dict(max_new_tokens=6, temperature=0.8, seed=3)
     out = fst.generate(model, PROMPTS, **kwargs)
     assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+
+@pytest.mark.parametrize("family,scale", [("granite", 4.0), ("cohere", 4.0), ("cohere2", 0.25)])
+def test_logit_scaling_follows_the_model(fst, family, scale):
+    """Granite's logits / logits_scaling and Cohere's logits * logit_scale reach the op as its
+    logit_scale: the tokens follow the model's own logits, and sampling the unscaled logits
+    would not (the scale matters here)."""
+    model = tiny_model(family)
+    head = fst.FlashSamplingHead(model)
+    assert head.logit_scale == scale
+    kwargs = dict(max_new_tokens=8, temperature=0.8, seed=3)
+    out = fst.generate(model, PROMPTS, **kwargs)
+    assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+    def unscaled(hidden, seed, offset):
+        return fs.sample(hidden, head.weight, temperature=0.8, seed=seed, offset=offset)
+
+    without = fst.StaticCacheDecoder(model).generate_with_sampler(PROMPTS, sampler=unscaled, max_new_tokens=8, seed=3)
+    assert not torch.equal(without.new_tokens, out.new_tokens)
 
 
 def test_eager_attention_and_tensor_prompts(fst):
@@ -400,6 +425,12 @@ def test_refuses_what_it_cannot_do_exactly(fst):
     gpt2 = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=100)
     with pytest.raises(fst.UnsupportedModelError, match="model_type 'gpt2'"):
         fst.FlashSamplingHead(transformers.AutoModelForCausalLM.from_config(gpt2))
+    with pytest.raises(fst.UnsupportedModelError, match=r"logits_scaling=2.0 scales the logits, which model_type 'llama'"):
+        fst.FlashSamplingHead(tiny_model("llama", logits_scaling=2.0))
+    with pytest.raises(fst.UnsupportedModelError, match=r"config.logit_scale=0.5 scales .* 'granite'"):
+        fst.FlashSamplingHead(tiny_model("granite", logit_scale=0.5))  # not an attribute Granite applies
+    with pytest.raises(fst.UnsupportedModelError, match="logits_scaling=0.0 is not a finite positive number"):
+        fst.FlashSamplingHead(tiny_model("granite", logits_scaling=0.0))
     sliding = tiny_model("mistral", sliding_window=16)
     with pytest.raises(fst.UnsupportedModelError, match="sliding-window"):
         fst.generate(sliding, PROMPTS, max_new_tokens=20)

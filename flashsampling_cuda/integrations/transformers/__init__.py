@@ -8,14 +8,17 @@ hidden state (the output of the model's final norm) goes straight to
 distribution, sampled exactly with the Gumbel-Max trick, without writing the logits.
 
 Supported: ``model_type`` in :data:`SUPPORTED_MODEL_TYPES` (Llama, Mistral, Qwen2,
-Qwen3, Gemma, Gemma 2, Gemma 3 text), tied or untied embeddings, a plain
-``torch.nn.Linear`` head (a bias goes in as the op's ``logit_bias``),
-``attn_implementation`` ``"sdpa"`` or ``"eager"``; Gemma 2/3's final-logit soft-capping
-(``final_logit_softcapping``) goes to the op as ``logit_softcap`` (the logits route:
-docs/penalties.md). Refused, with :class:`UnsupportedModelError`: logit scaling configs
-(``logit_scale``, ``logits_scaling``) of model types it does not know, quantized,
-vocab-parallel (DTensor) or wrapped heads, sliding-window attention beyond its window,
-other model types.
+Qwen3, Gemma, Gemma 2, Gemma 3 text, Granite, Cohere, Cohere 2), tied or untied embeddings, a
+plain ``torch.nn.Linear`` head (a bias goes in as the op's ``logit_bias``),
+``attn_implementation`` ``"sdpa"`` or ``"eager"``. What these models do to their logits after
+``lm_head`` goes to the op (the logits route: docs/penalties.md): Granite's division by
+``config.logits_scaling`` as ``logit_scale = 1 / logits_scaling``, Cohere's and Cohere 2's
+multiplication by ``config.logit_scale`` as ``logit_scale``, Gemma 2/3's final-logit
+soft-capping (``final_logit_softcapping``) as ``logit_softcap``. Refused, with
+:class:`UnsupportedModelError`: a logit scaling attribute (``logit_scale``,
+``logits_scaling``, ``output_multiplier_scale``) other than 1 that the model type is not known
+to apply, quantized, vocab-parallel (DTensor) or wrapped heads, sliding-window attention beyond
+its window, other model types.
 
 ``top_k``, ``top_p`` and ``min_p`` go to the op, which truncates exactly: on CUDA with a
 host ``top_k`` of at most 64 in the fused top-k pass (the logits are still never written),
