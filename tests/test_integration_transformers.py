@@ -220,9 +220,10 @@ def test_decoder_reuse_and_offsets(fst):
     assert torch.equal(decoder.generate(PROMPTS, max_new_tokens=8, seed=5).new_tokens, a.new_tokens)
 
 
-def test_graph_bookkeeping_with_a_stand_in_graph(fst):
-    """The CUDA-graph control flow (warm-up steps, capture once, replay, reuse across calls,
-    recapture for another sampler) on the CPU, with a stand-in whose replay runs the step."""
+def stand_in_graph_decoder(fst):
+    """A FlashSamplingDecoder class whose CUDA-graph control flow (warm-up steps, capture once,
+    replay, reuse across calls) runs on the CPU: its "graph" is a stand-in whose replay runs
+    the captured step; ``captures`` counts the captures."""
 
     class StandInGraph:
         def __init__(self, replay):
@@ -240,6 +241,13 @@ def test_graph_bookkeeping_with_a_stand_in_graph(fst):
                 self._step(s, sampler)
             return StandInGraph(lambda: self._step(s, sampler))
 
+    return Decoder
+
+
+def test_graph_bookkeeping_with_a_stand_in_graph(fst):
+    """The CUDA-graph control flow (warm-up steps, capture once, replay, reuse across calls,
+    recapture for another sampler) on the CPU, with a stand-in whose replay runs the step."""
+    Decoder = stand_in_graph_decoder(fst)
     model = tiny_model("qwen3")
     kwargs = dict(max_new_tokens=9, temperature=0.9, seed=4)
     eager = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
@@ -404,6 +412,79 @@ def test_truncation(fst):
     assert int(ranks.max()) < 3, ranks
 
 
+def model_step_logits(model, out):
+    """The model's standard forward (no cache, its own masks) over a decode output's sequences:
+    float64 logits ``[B, n, V]``, step ``t``'s the ones its token ``t`` was sampled from."""
+    prompt_len = out.prompt_attention_mask.shape[1]
+    mask = torch.cat([out.prompt_attention_mask, torch.ones_like(out.new_tokens)], dim=1)
+    positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        logits = model(input_ids=out.sequences, attention_mask=mask, position_ids=positions).logits
+    return logits[:, prompt_len - 1 : -1].double()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "granite"])
+@pytest.mark.parametrize("temperature", [0.7, torch.tensor([0.7, 0.0, 1.3])])
+def test_logprobs_equal_the_models_log_softmax(fst, family, temperature):
+    """return_logprobs / top_logprobs: each step's top-N ids and logprobs, the sampled token's
+    logprob and rank equal log_softmax of the model's own logits / T (greedy rows: T = 1) at
+    that step; "raw" is log_softmax of hidden @ W.T (before Granite's scaling). They change
+    no token, and without top_logprobs only the token's logprob comes back."""
+    model, top_n = tiny_model(family), 5
+    decoder = fst.FlashSamplingDecoder(model)
+    kwargs = dict(max_new_tokens=6, temperature=temperature, seed=4)
+    tokens = decoder.generate(PROMPTS, **kwargs).new_tokens
+    temps = torch.as_tensor(temperature, dtype=torch.float64).expand(3)
+    logits = None
+    for mode in ("processed", "raw"):
+        out = decoder.generate(PROMPTS, **kwargs, return_logprobs=True, top_logprobs=top_n, logprobs_mode=mode)
+        assert torch.equal(out.new_tokens, tokens)
+        logits = model_step_logits(model, out) if logits is None else logits
+        if mode == "processed":
+            expected = torch.log_softmax(logits / torch.where(temps == 0, 1.0, temps)[:, None, None], dim=2)
+        else:
+            expected = torch.log_softmax(logits / fst.FlashSamplingHead(model).logit_scale, dim=2)
+        top = expected.topk(top_n, dim=2)
+        assert out.top_ids.shape == (3, 6, top_n) and torch.equal(out.top_ids, top.indices), mode
+        torch.testing.assert_close(out.top_logprobs.double(), top.values, rtol=0, atol=1e-4)
+        mine = expected.gather(2, tokens[:, :, None])[:, :, 0]
+        torch.testing.assert_close(out.token_logprobs.double(), mine, rtol=0, atol=1e-4)
+        assert torch.equal(out.ranks, 1 + (expected > mine[:, :, None]).sum(dim=2)), mode
+        if mode == "processed":
+            compact = decoder.generate(PROMPTS, **kwargs, return_logprobs=True)
+            assert compact.top_ids is None and compact.top_logprobs is None and compact.ranks is None
+            torch.testing.assert_close(compact.token_logprobs, out.token_logprobs, rtol=0, atol=1e-5)
+
+
+def test_logprobs_with_stops_graphs_and_errors(fst):
+    """After a row's stop token its logprob entries are NaN / -1 / 0; the CUDA-graph control
+    flow (stand-in graph on the CPU) records the same values as eager steps; logprob
+    arguments without return_logprobs are refused before the prefill, naming the argument."""
+    model = tiny_model("llama")
+    kwargs = dict(max_new_tokens=9, temperature=0.9, seed=4, return_logprobs=True, top_logprobs=3)
+    eager = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
+    Decoder = stand_in_graph_decoder(fst)
+    graphed = Decoder(model).generate(PROMPTS, **kwargs)
+    assert Decoder.captures == 1
+    for name in ("new_tokens", "token_logprobs", "top_ids", "top_logprobs", "ranks"):
+        assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
+    stop = int(eager.new_tokens[0, 2])
+    stopped = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs, stop_token_ids=[stop],
+                                                                          pad_token_id=0)
+    for b, n in enumerate(stopped.num_new_tokens.tolist()):
+        assert torch.equal(stopped.token_logprobs[b, :n], eager.token_logprobs[b, :n])
+        assert torch.equal(stopped.top_ids[b, :n], eager.top_ids[b, :n])
+        assert stopped.token_logprobs[b, n:].isnan().all() and (stopped.top_ids[b, n:] == -1).all()
+        assert stopped.top_logprobs[b, n:].isnan().all() and (stopped.ranks[b, n:] == 0).all()
+    decoder = fst.FlashSamplingDecoder(model, cuda_graph=False)
+    with pytest.raises(ValueError, match="need return_logprobs=True"):
+        decoder.generate(PROMPTS, max_new_tokens=2, top_logprobs=3)
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        decoder.generate(PROMPTS, max_new_tokens=2, return_logprobs=True, logprobs_mode="logits")
+    with pytest.raises(ValueError, match="top_logprobs"):
+        decoder.generate(PROMPTS, max_new_tokens=2, return_logprobs=True, top_logprobs=65)
+
+
 def test_lm_head_bias(fst):
     model = tiny_model("llama")
     vocab = COMMON["vocab_size"]
@@ -546,14 +627,11 @@ def test_gpu_qwen3_1_7b_tokens_equal_reference_on_own_logits(fst, qwen3_1_7b, bo
     # The model's standard forward (no cache, its own masks) over the generated sequences:
     # its logits must agree with ours to bf16 accuracy, and its tokens with ours but for
     # gaps that this difference explains.
-    prompt_len = out.prompt_attention_mask.shape[1]
-    mask = torch.cat([out.prompt_attention_mask, torch.ones_like(out.new_tokens)], dim=1)
-    positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
-    hf_logits = model(input_ids=out.sequences, attention_mask=mask, position_ids=positions).logits
+    hf_logits = model_step_logits(model, out)
     unexplained, worst = 0, 0.0
     for t, (hidden, off, tokens) in enumerate(recorded):
         ours = hidden.double() @ w64.T
-        theirs = hf_logits[:, prompt_len - 1 + t].double()
+        theirs = hf_logits[:, t]
         delta = (ours - theirs).abs().amax(dim=1)
         worst = max(worst, float((delta / (ours.abs().amax(dim=1) + 1)).max()))
         tok, gap, tol = fst.reference_sample_from_logits(theirs, temperature, seed, off)

@@ -22,8 +22,11 @@ its window, other model types.
 
 ``top_k``, ``top_p`` and ``min_p`` go to the op, which truncates exactly: on CUDA with a
 host ``top_k`` of at most 64 in the fused top-k pass (the logits are still never written),
-otherwise by materialising the logits once to find the survivors (docs/truncation.md). Not
-supported: repetition penalties and other logits processors.
+otherwise by materialising the logits once to find the survivors (docs/truncation.md).
+``return_logprobs`` / ``top_logprobs`` / ``logprobs_mode`` go to the op too: each step's sampled
+token's log-probability, and with ``top_logprobs=N`` its top-``N`` tokens, their
+log-probabilities and the sampled token's rank, recorded in fixed buffers inside the step (no
+logits returned). Not supported: repetition penalties and other logits processors.
 
 Decoding runs on a static KV cache with fixed-shape buffers and no host
 synchronisation inside a step, so on CUDA one decode step (body + sampling + stop
