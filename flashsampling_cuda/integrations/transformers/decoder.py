@@ -21,7 +21,7 @@ from ...noise import as_int64_tensor
 from .attention import _GROUPED_DECODE_SDPA
 from .head import FlashSamplingHead, Sampler, UnsupportedModelError, _prefix
 from .projections import fuse_projections as _fuse_model_projections  # the keyword argument has the same name
-from .prompts import _cache_kwarg, _default_pad_token_id, _num_new_tokens, _prepare_prompts, _stop_list
+from .prompts import _cache_kwarg, _default_pad_token_id, _num_new_tokens, _positions, _prepare_prompts, _stop_list
 
 _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 
@@ -337,7 +337,7 @@ class StaticCacheDecoder:
         valid = ((s.slots[None, None, :] >= pad[:, None, None]) & (s.slots[None, None, :] <= q[None, :, None])) | (
             s.slots[None, None, :] == q[None, :, None]
         )  # a padding query sees itself only: no fully masked rows
-        positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+        positions = _positions(mask)
         hidden = self._forward(s, ids, positions, valid[:, None], q)
         tokens = sampler(hidden[:, -1].contiguous(), s.seed, s.offset)
         s.pos.copy_((prompt_len - pad)[:, None])

@@ -154,9 +154,10 @@ class FlashSamplingHead:
         of ``hidden @ weight.T``, before the model's scaling or soft-cap."""
         return _fs_sample(
             hidden, self.weight, temperature=temperature, generator=generator, seed=seed, offset=offset,
-            num_samples=num_samples, top_k=top_k, top_p=top_p, min_p=min_p, logit_bias=self.logit_bias_on(hidden.device),
-            logit_scale=self.logit_scale, logit_softcap=self.logit_softcap, return_logprobs=return_logprobs,
-            top_logprobs=top_logprobs, logprobs_mode=logprobs_mode,
+            num_samples=num_samples, top_k=top_k, top_p=top_p, min_p=min_p,
+            logit_bias=self.logit_bias_on(hidden.device), logit_scale=self.logit_scale,
+            logit_softcap=self.logit_softcap, return_logprobs=return_logprobs, top_logprobs=top_logprobs,
+            logprobs_mode=logprobs_mode,
         )
 
     def sampler(self, temperature: float | Tensor = 1.0, **controls) -> Sampler:
