@@ -50,6 +50,9 @@ The package, by subject:
   (:class:`StaticCacheDecoder`, :class:`FlashSamplingDecoder`, :func:`generate`);
 - :mod:`.attention`: the decode steps' grouped-query attention on the static cache;
 - :mod:`.projections`: :func:`fuse_projections` (q/k/v and gate/up as one GEMM per group);
+- :mod:`.speculative`: speculative decoding verified exactly with ``speculative_sample``
+  (:func:`speculative_generate`) and its proposers (:class:`NgramProposer`,
+  :class:`DraftModelProposer`, :func:`truncated_draft_model`);
 - :mod:`.reference`: the float64 reference decoder the tests compare against;
 - :mod:`.prompts`: prompt padding and stop-token helpers shared by the decoders.
 
@@ -77,6 +80,14 @@ if int(_transformers.__version__.split(".")[0]) < 5:  # pragma: no cover
 from .decoder import DecodeOutput, FlashSamplingDecoder, StaticCacheDecoder, generate  # noqa: E402
 from .head import SUPPORTED_MODEL_TYPES, FlashSamplingHead, UnsupportedModelError  # noqa: E402
 from .projections import fuse_projections  # noqa: E402
+from .speculative import (  # noqa: E402
+    DraftModelProposer,
+    DraftState,
+    NgramProposer,
+    SpeculativeDecodeOutput,
+    speculative_generate,
+    truncated_draft_model,
+)
 from .reference import (  # noqa: E402
     ReferenceDecodeOutput,
     logits_rtol,
@@ -97,4 +108,10 @@ __all__ = [
     "reference_generate",
     "reference_sample_from_logits",
     "logits_rtol",
+    "speculative_generate",
+    "SpeculativeDecodeOutput",
+    "DraftState",
+    "NgramProposer",
+    "DraftModelProposer",
+    "truncated_draft_model",
 ]
