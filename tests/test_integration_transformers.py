@@ -1,6 +1,7 @@
 """flashsampling_cuda.integrations.transformers: decoding Hugging Face causal LMs with the op.
 
-CPU: tiny random-weight Llama-, Qwen3-, Mistral-, Qwen2-, Gemma- and Gemma3-style models;
+CPU: tiny random-weight Llama-, Qwen3-, Mistral-, Qwen2-, Gemma-, Gemma3-, Granite- and
+Cohere-style models;
 the decoder's tokens must equal the reference path's (the model's standard forward, its
 logits in float64 + the op's Gumbel noise, reference_generate) for the same seeds, with
 prompts of different lengths, stop tokens, tied and untied embeddings, per-request seeds,
@@ -33,6 +34,11 @@ FAMILIES = {
     "mistral": ("MistralConfig", dict(sliding_window=128)),  # sliding window longer than the cache
     "gemma": ("GemmaConfig", dict()),
     "gemma3_text": ("Gemma3TextConfig", dict(sliding_window=128)),
+    # The logit-scaling models with a scale that changes the tokens: Granite divides its logits
+    # by logits_scaling, Cohere multiplies them by logit_scale.
+    "granite": ("GraniteConfig", dict(logits_scaling=0.25, tie_word_embeddings=False)),
+    "cohere": ("CohereConfig", dict(logit_scale=4.0)),
+    "cohere2": ("Cohere2Config", dict(logit_scale=0.25, sliding_window=128)),
 }
 PROMPTS = [[5, 17, 3, 99, 250, 7, 8], [11, 2], [300, 301, 302, 42]]  # different lengths: left padding
 
@@ -109,7 +115,7 @@ def test_tokens_equal_reference_path(fst, family, temperature):
         assert not torch.equal(noise_only, out.new_tokens)
 
 
-@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma", "gemma3_text"])
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma", "gemma3_text", "granite", "cohere", "cohere2"])
 def test_other_families_equal_reference_path(fst, family):
     model = tiny_model(family)
     kwargs = dict(max_new_tokens=6, temperature=0.8, seed=3)
@@ -128,6 +134,25 @@ def test_final_logit_softcapping_follows_the_model(fst):
     kwargs = dict(max_new_tokens=6, temperature=0.8, seed=3)
     out = fst.generate(model, PROMPTS, **kwargs)
     assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+
+@pytest.mark.parametrize("family,scale", [("granite", 4.0), ("cohere", 4.0), ("cohere2", 0.25)])
+def test_logit_scaling_follows_the_model(fst, family, scale):
+    """Granite's logits / logits_scaling and Cohere's logits * logit_scale reach the op as its
+    logit_scale: the tokens follow the model's own logits, and sampling the unscaled logits
+    would not (the scale matters here)."""
+    model = tiny_model(family)
+    head = fst.FlashSamplingHead(model)
+    assert head.logit_scale == scale
+    kwargs = dict(max_new_tokens=8, temperature=0.8, seed=3)
+    out = fst.generate(model, PROMPTS, **kwargs)
+    assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
+
+    def unscaled(hidden, seed, offset):
+        return fs.sample(hidden, head.weight, temperature=0.8, seed=seed, offset=offset)
+
+    without = fst.StaticCacheDecoder(model).generate_with_sampler(PROMPTS, sampler=unscaled, max_new_tokens=8, seed=3)
+    assert not torch.equal(without.new_tokens, out.new_tokens)
 
 
 def test_eager_attention_and_tensor_prompts(fst):
@@ -195,9 +220,10 @@ def test_decoder_reuse_and_offsets(fst):
     assert torch.equal(decoder.generate(PROMPTS, max_new_tokens=8, seed=5).new_tokens, a.new_tokens)
 
 
-def test_graph_bookkeeping_with_a_stand_in_graph(fst):
-    """The CUDA-graph control flow (warm-up steps, capture once, replay, reuse across calls,
-    recapture for another sampler) on the CPU, with a stand-in whose replay runs the step."""
+def stand_in_graph_decoder(fst):
+    """A FlashSamplingDecoder class whose CUDA-graph control flow (warm-up steps, capture once,
+    replay, reuse across calls) runs on the CPU: its "graph" is a stand-in whose replay runs
+    the captured step; ``captures`` counts the captures."""
 
     class StandInGraph:
         def __init__(self, replay):
@@ -215,6 +241,13 @@ def test_graph_bookkeeping_with_a_stand_in_graph(fst):
                 self._step(s, sampler)
             return StandInGraph(lambda: self._step(s, sampler))
 
+    return Decoder
+
+
+def test_graph_bookkeeping_with_a_stand_in_graph(fst):
+    """The CUDA-graph control flow (warm-up steps, capture once, replay, reuse across calls,
+    recapture for another sampler) on the CPU, with a stand-in whose replay runs the step."""
+    Decoder = stand_in_graph_decoder(fst)
     model = tiny_model("qwen3")
     kwargs = dict(max_new_tokens=9, temperature=0.9, seed=4)
     eager = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
@@ -379,6 +412,79 @@ def test_truncation(fst):
     assert int(ranks.max()) < 3, ranks
 
 
+def model_step_logits(model, out):
+    """The model's standard forward (no cache, its own masks) over a decode output's sequences:
+    float64 logits ``[B, n, V]``, step ``t``'s the ones its token ``t`` was sampled from."""
+    prompt_len = out.prompt_attention_mask.shape[1]
+    mask = torch.cat([out.prompt_attention_mask, torch.ones_like(out.new_tokens)], dim=1)
+    positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        logits = model(input_ids=out.sequences, attention_mask=mask, position_ids=positions).logits
+    return logits[:, prompt_len - 1 : -1].double()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "granite"])
+@pytest.mark.parametrize("temperature", [0.7, torch.tensor([0.7, 0.0, 1.3])])
+def test_logprobs_equal_the_models_log_softmax(fst, family, temperature):
+    """return_logprobs / top_logprobs: each step's top-N ids and logprobs, the sampled token's
+    logprob and rank equal log_softmax of the model's own logits / T (greedy rows: T = 1) at
+    that step; "raw" is log_softmax of hidden @ W.T (before Granite's scaling). They change
+    no token, and without top_logprobs only the token's logprob comes back."""
+    model, top_n = tiny_model(family), 5
+    decoder = fst.FlashSamplingDecoder(model)
+    kwargs = dict(max_new_tokens=6, temperature=temperature, seed=4)
+    tokens = decoder.generate(PROMPTS, **kwargs).new_tokens
+    temps = torch.as_tensor(temperature, dtype=torch.float64).expand(3)
+    logits = None
+    for mode in ("processed", "raw"):
+        out = decoder.generate(PROMPTS, **kwargs, return_logprobs=True, top_logprobs=top_n, logprobs_mode=mode)
+        assert torch.equal(out.new_tokens, tokens)
+        logits = model_step_logits(model, out) if logits is None else logits
+        if mode == "processed":
+            expected = torch.log_softmax(logits / torch.where(temps == 0, 1.0, temps)[:, None, None], dim=2)
+        else:
+            expected = torch.log_softmax(logits / fst.FlashSamplingHead(model).logit_scale, dim=2)
+        top = expected.topk(top_n, dim=2)
+        assert out.top_ids.shape == (3, 6, top_n) and torch.equal(out.top_ids, top.indices), mode
+        torch.testing.assert_close(out.top_logprobs.double(), top.values, rtol=0, atol=1e-4)
+        mine = expected.gather(2, tokens[:, :, None])[:, :, 0]
+        torch.testing.assert_close(out.token_logprobs.double(), mine, rtol=0, atol=1e-4)
+        assert torch.equal(out.ranks, 1 + (expected > mine[:, :, None]).sum(dim=2)), mode
+        if mode == "processed":
+            compact = decoder.generate(PROMPTS, **kwargs, return_logprobs=True)
+            assert compact.top_ids is None and compact.top_logprobs is None and compact.ranks is None
+            torch.testing.assert_close(compact.token_logprobs, out.token_logprobs, rtol=0, atol=1e-5)
+
+
+def test_logprobs_with_stops_graphs_and_errors(fst):
+    """After a row's stop token its logprob entries are NaN / -1 / 0; the CUDA-graph control
+    flow (stand-in graph on the CPU) records the same values as eager steps; logprob
+    arguments without return_logprobs are refused before the prefill, naming the argument."""
+    model = tiny_model("llama")
+    kwargs = dict(max_new_tokens=9, temperature=0.9, seed=4, return_logprobs=True, top_logprobs=3)
+    eager = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs)
+    Decoder = stand_in_graph_decoder(fst)
+    graphed = Decoder(model).generate(PROMPTS, **kwargs)
+    assert Decoder.captures == 1
+    for name in ("new_tokens", "token_logprobs", "top_ids", "top_logprobs", "ranks"):
+        assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
+    stop = int(eager.new_tokens[0, 2])
+    stopped = fst.FlashSamplingDecoder(model, cuda_graph=False).generate(PROMPTS, **kwargs, stop_token_ids=[stop],
+                                                                          pad_token_id=0)
+    for b, n in enumerate(stopped.num_new_tokens.tolist()):
+        assert torch.equal(stopped.token_logprobs[b, :n], eager.token_logprobs[b, :n])
+        assert torch.equal(stopped.top_ids[b, :n], eager.top_ids[b, :n])
+        assert stopped.token_logprobs[b, n:].isnan().all() and (stopped.top_ids[b, n:] == -1).all()
+        assert stopped.top_logprobs[b, n:].isnan().all() and (stopped.ranks[b, n:] == 0).all()
+    decoder = fst.FlashSamplingDecoder(model, cuda_graph=False)
+    with pytest.raises(ValueError, match="need return_logprobs=True"):
+        decoder.generate(PROMPTS, max_new_tokens=2, top_logprobs=3)
+    with pytest.raises(ValueError, match="logprobs_mode"):
+        decoder.generate(PROMPTS, max_new_tokens=2, return_logprobs=True, logprobs_mode="logits")
+    with pytest.raises(ValueError, match="top_logprobs"):
+        decoder.generate(PROMPTS, max_new_tokens=2, return_logprobs=True, top_logprobs=65)
+
+
 def test_lm_head_bias(fst):
     model = tiny_model("llama")
     vocab = COMMON["vocab_size"]
@@ -400,6 +506,12 @@ def test_refuses_what_it_cannot_do_exactly(fst):
     gpt2 = transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4, vocab_size=100)
     with pytest.raises(fst.UnsupportedModelError, match="model_type 'gpt2'"):
         fst.FlashSamplingHead(transformers.AutoModelForCausalLM.from_config(gpt2))
+    with pytest.raises(fst.UnsupportedModelError, match=r"logits_scaling=2.0 scales the logits, which model_type 'llama'"):
+        fst.FlashSamplingHead(tiny_model("llama", logits_scaling=2.0))
+    with pytest.raises(fst.UnsupportedModelError, match=r"config.logit_scale=0.5 scales .* 'granite'"):
+        fst.FlashSamplingHead(tiny_model("granite", logit_scale=0.5))  # not an attribute Granite applies
+    with pytest.raises(fst.UnsupportedModelError, match="logits_scaling=0.0 is not a finite positive number"):
+        fst.FlashSamplingHead(tiny_model("granite", logits_scaling=0.0))
     sliding = tiny_model("mistral", sliding_window=16)
     with pytest.raises(fst.UnsupportedModelError, match="sliding-window"):
         fst.generate(sliding, PROMPTS, max_new_tokens=20)
@@ -515,14 +627,11 @@ def test_gpu_qwen3_1_7b_tokens_equal_reference_on_own_logits(fst, qwen3_1_7b, bo
     # The model's standard forward (no cache, its own masks) over the generated sequences:
     # its logits must agree with ours to bf16 accuracy, and its tokens with ours but for
     # gaps that this difference explains.
-    prompt_len = out.prompt_attention_mask.shape[1]
-    mask = torch.cat([out.prompt_attention_mask, torch.ones_like(out.new_tokens)], dim=1)
-    positions = (mask.cumsum(1) - 1).masked_fill(mask == 0, 1)
-    hf_logits = model(input_ids=out.sequences, attention_mask=mask, position_ids=positions).logits
+    hf_logits = model_step_logits(model, out)
     unexplained, worst = 0, 0.0
     for t, (hidden, off, tokens) in enumerate(recorded):
         ours = hidden.double() @ w64.T
-        theirs = hf_logits[:, prompt_len - 1 + t].double()
+        theirs = hf_logits[:, t]
         delta = (ours - theirs).abs().amax(dim=1)
         worst = max(worst, float((delta / (ours.abs().amax(dim=1) + 1)).max()))
         tok, gap, tol = fst.reference_sample_from_logits(theirs, temperature, seed, off)

@@ -8,19 +8,25 @@ hidden state (the output of the model's final norm) goes straight to
 distribution, sampled exactly with the Gumbel-Max trick, without writing the logits.
 
 Supported: ``model_type`` in :data:`SUPPORTED_MODEL_TYPES` (Llama, Mistral, Qwen2,
-Qwen3, Gemma, Gemma 2, Gemma 3 text), tied or untied embeddings, a plain
-``torch.nn.Linear`` head (a bias goes in as the op's ``logit_bias``),
-``attn_implementation`` ``"sdpa"`` or ``"eager"``; Gemma 2/3's final-logit soft-capping
-(``final_logit_softcapping``) goes to the op as ``logit_softcap`` (the logits route:
-docs/penalties.md). Refused, with :class:`UnsupportedModelError`: logit scaling configs
-(``logit_scale``, ``logits_scaling``) of model types it does not know, quantized,
-vocab-parallel (DTensor) or wrapped heads, sliding-window attention beyond its window,
-other model types.
+Qwen3, Gemma, Gemma 2, Gemma 3 text, Granite, Cohere, Cohere 2), tied or untied embeddings, a
+plain ``torch.nn.Linear`` head (a bias goes in as the op's ``logit_bias``),
+``attn_implementation`` ``"sdpa"`` or ``"eager"``. What these models do to their logits after
+``lm_head`` goes to the op (the logits route: docs/penalties.md): Granite's division by
+``config.logits_scaling`` as ``logit_scale = 1 / logits_scaling``, Cohere's and Cohere 2's
+multiplication by ``config.logit_scale`` as ``logit_scale``, Gemma 2/3's final-logit
+soft-capping (``final_logit_softcapping``) as ``logit_softcap``. Refused, with
+:class:`UnsupportedModelError`: a logit scaling attribute (``logit_scale``,
+``logits_scaling``, ``output_multiplier_scale``) other than 1 that the model type is not known
+to apply, quantized, vocab-parallel (DTensor) or wrapped heads, sliding-window attention beyond
+its window, other model types.
 
 ``top_k``, ``top_p`` and ``min_p`` go to the op, which truncates exactly: on CUDA with a
 host ``top_k`` of at most 64 in the fused top-k pass (the logits are still never written),
-otherwise by materialising the logits once to find the survivors (docs/truncation.md). Not
-supported: repetition penalties and other logits processors.
+otherwise by materialising the logits once to find the survivors (docs/truncation.md).
+``return_logprobs`` / ``top_logprobs`` / ``logprobs_mode`` go to the op too: each step's sampled
+token's log-probability, and with ``top_logprobs=N`` its top-``N`` tokens, their
+log-probabilities and the sampled token's rank, recorded in fixed buffers inside the step (no
+logits returned). Not supported: repetition penalties and other logits processors.
 
 Decoding runs on a static KV cache with fixed-shape buffers and no host
 synchronisation inside a step, so on CUDA one decode step (body + sampling + stop
@@ -44,6 +50,9 @@ The package, by subject:
   (:class:`StaticCacheDecoder`, :class:`FlashSamplingDecoder`, :func:`generate`);
 - :mod:`.attention`: the decode steps' grouped-query attention on the static cache;
 - :mod:`.projections`: :func:`fuse_projections` (q/k/v and gate/up as one GEMM per group);
+- :mod:`.speculative`: speculative decoding verified exactly with ``speculative_sample``
+  (:func:`speculative_generate`) and its proposers (:class:`NgramProposer`,
+  :class:`DraftModelProposer`, :func:`truncated_draft_model`);
 - :mod:`.reference`: the float64 reference decoder the tests compare against;
 - :mod:`.prompts`: prompt padding and stop-token helpers shared by the decoders.
 
@@ -71,6 +80,14 @@ if int(_transformers.__version__.split(".")[0]) < 5:  # pragma: no cover
 from .decoder import DecodeOutput, FlashSamplingDecoder, StaticCacheDecoder, generate  # noqa: E402
 from .head import SUPPORTED_MODEL_TYPES, FlashSamplingHead, UnsupportedModelError  # noqa: E402
 from .projections import fuse_projections  # noqa: E402
+from .speculative import (  # noqa: E402
+    DraftModelProposer,
+    DraftState,
+    NgramProposer,
+    SpeculativeDecodeOutput,
+    speculative_generate,
+    truncated_draft_model,
+)
 from .reference import (  # noqa: E402
     ReferenceDecodeOutput,
     logits_rtol,
@@ -91,4 +108,10 @@ __all__ = [
     "reference_generate",
     "reference_sample_from_logits",
     "logits_rtol",
+    "speculative_generate",
+    "SpeculativeDecodeOutput",
+    "DraftState",
+    "NgramProposer",
+    "DraftModelProposer",
+    "truncated_draft_model",
 ]

@@ -16,11 +16,12 @@ from torch import Tensor
 from transformers import PretrainedConfig
 from transformers.cache_utils import Cache, StaticCache, StaticLayer
 
+from ...logprobs import parse_logprob_args
 from ...noise import as_int64_tensor
 from .attention import _GROUPED_DECODE_SDPA
 from .head import FlashSamplingHead, Sampler, UnsupportedModelError, _prefix
 from .projections import fuse_projections as _fuse_model_projections  # the keyword argument has the same name
-from .prompts import _cache_kwarg, _default_pad_token_id, _num_new_tokens, _prepare_prompts, _stop_list
+from .prompts import _cache_kwarg, _default_pad_token_id, _num_new_tokens, _positions, _prepare_prompts, _stop_list
 
 _MASK_KINDS = {"sdpa": "bool", "eager": "additive"}
 
@@ -33,6 +34,11 @@ class DecodeOutput:
     prompt_attention_mask: Tensor  # int64 [B, P]: 1 for prompt tokens, 0 for left padding
     decode_seconds: float | None = None  # wall time of the timed decode steps (return_timings)
     timed_steps: int = 0  # decode steps inside decode_seconds (graph replays when graphs are on)
+    # With return_logprobs (NaN, -1 and 0 after a row's stop token):
+    token_logprobs: Tensor | None = None  # float32 [B, n]: log-probability of each sampled token
+    top_ids: Tensor | None = None  # int64 [B, n, N]: the N most probable tokens of each step (top_logprobs=N > 0)
+    top_logprobs: Tensor | None = None  # float32 [B, n, N]: their log-probabilities, descending
+    ranks: Tensor | None = None  # int64 [B, n]: 1-based rank of each sampled token (top_logprobs > 0)
 
 
 @dataclass
@@ -54,6 +60,10 @@ class _Session:
     pad_token: Tensor  # 0-d
     tokens: Tensor  # [B, L] sampled tokens
     slots: Tensor  # [L] arange
+    token_logprobs: Tensor | None = None  # float32 [B, L], where the sampler returns logprobs
+    top_ids: Tensor | None = None  # int64 [B, L, N], where N > 0
+    top_logprobs: Tensor | None = None  # float32 [B, L, N]
+    ranks: Tensor | None = None  # int64 [B, L]
     used: bool = False
     graph: object = None
     graph_key: object = None
@@ -158,10 +168,20 @@ class StaticCacheDecoder:
         return (self.body if body is None else body)(**kwargs).last_hidden_state
 
     @staticmethod
-    def _record(s: _Session, tokens: Tensor) -> None:
+    def _record(s: _Session, out) -> None:
+        """Writes the step's sample (tokens, or the op's logprobs output) at ``s.step``; a
+        finished row gets the pad token and NaN / -1 / 0 logprob entries."""
+        tokens = out if isinstance(out, Tensor) else out.tokens
         tok = tokens.reshape(-1).to(torch.int64)
         tok = torch.where(s.finished, s.pad_token, tok)
         s.tokens.index_copy_(1, s.step, tok[:, None])
+        if s.token_logprobs is not None:
+            done = s.finished[:, None]
+            s.token_logprobs.index_copy_(1, s.step, out.logprobs[:, :1].masked_fill(done, torch.nan))
+            if s.top_ids is not None:
+                s.top_ids.index_copy_(1, s.step, out.top_ids.masked_fill(done, -1)[:, None])
+                s.top_logprobs.index_copy_(1, s.step, out.top_logprobs.masked_fill(done, torch.nan)[:, None])
+                s.ranks.index_copy_(1, s.step, out.ranks[:, :1].masked_fill(done, 0))
         if s.stop_ids.numel():
             s.finished |= (tok[:, None] == s.stop_ids[None, :]).any(dim=1)
         s.ids.copy_(tok[:, None])
@@ -206,9 +226,10 @@ class StaticCacheDecoder:
         # Within the window, sliding-window attention is full attention: plain static layers.
         return Cache(layers=[StaticLayer(max_cache_len=max_cache_len) for _ in cache.layers])
 
-    def _session_for(self, batch: int, max_cache_len: int, n_stop: int, seed: Tensor, offset: Tensor) -> _Session:
+    def _session_for(self, batch: int, max_cache_len: int, n_stop: int, seed: Tensor, offset: Tensor,
+                     logprobs: int | None = None) -> _Session:
         device = self.device
-        key = (batch, max_cache_len, n_stop, tuple(seed.shape), tuple(offset.shape), device)
+        key = (batch, max_cache_len, n_stop, tuple(seed.shape), tuple(offset.shape), device, logprobs)
         if self._session is not None and self._session.key == key:
             return self._session
         self._session = None  # frees the previous cache and graph first
@@ -231,6 +252,13 @@ class StaticCacheDecoder:
             tokens=torch.zeros(batch, max_cache_len, **i64),
             slots=torch.arange(max_cache_len, device=device),
         )
+        if logprobs is not None:
+            f32 = dict(dtype=torch.float32, device=device)
+            self._session.token_logprobs = torch.zeros(batch, max_cache_len, **f32)
+            if logprobs > 0:
+                self._session.top_ids = torch.zeros(batch, max_cache_len, logprobs, **i64)
+                self._session.top_logprobs = torch.zeros(batch, max_cache_len, logprobs, **f32)
+                self._session.ranks = torch.zeros(batch, max_cache_len, **i64)
         return self._session
 
     def _graphs_enabled(self) -> bool:
@@ -266,10 +294,15 @@ class StaticCacheDecoder:
         pad_token_id: int | None = None,
         max_cache_len: int | None = None,
         return_timings: bool = False,
+        logprobs: int | None = None,
     ) -> DecodeOutput:
         """Decodes ``max_new_tokens`` tokens per row with ``sampler(hidden, seed, offset)``
         choosing each token; ``sampler_key`` identifies the sampler for reusing a captured
-        graph across calls (default: the sampler object itself)."""
+        graph across calls (default: the sampler object itself). ``logprobs``: None where the
+        sampler returns tokens; ``N >= 0`` where it returns the op's logprobs output of one
+        sample per row with ``top_logprobs=N`` (a ``SampleOutput`` for ``N = 0``), recorded per
+        step into fixed buffers (``DecodeOutput.token_logprobs``, and for ``N > 0`` ``top_ids``,
+        ``top_logprobs``, ``ranks``)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         device = self.device
@@ -284,7 +317,7 @@ class StaticCacheDecoder:
                 f"max_cache_len={cache_len} < prompt length {prompt_len} + max_new_tokens {max_new_tokens}")
         seed_t = as_int64_tensor(seed, device)
         offset_t = as_int64_tensor(offset, device)
-        s = self._session_for(batch, cache_len, len(stops), seed_t, offset_t)
+        s = self._session_for(batch, cache_len, len(stops), seed_t, offset_t, logprobs)
         if s.used:
             s.cache.reset()
         s.used = True
@@ -304,7 +337,7 @@ class StaticCacheDecoder:
         valid = ((s.slots[None, None, :] >= pad[:, None, None]) & (s.slots[None, None, :] <= q[None, :, None])) | (
             s.slots[None, None, :] == q[None, :, None]
         )  # a padding query sees itself only: no fully masked rows
-        positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+        positions = _positions(mask)
         hidden = self._forward(s, ids, positions, valid[:, None], q)
         tokens = sampler(hidden[:, -1].contiguous(), s.seed, s.offset)
         s.pos.copy_((prompt_len - pad)[:, None])
@@ -354,6 +387,11 @@ class StaticCacheDecoder:
         num_new = _num_new_tokens(new_tokens, stops)
         if stops:  # drop the columns after every row stopped (how many ran depends on check_every)
             new_tokens = new_tokens[:, : int(num_new.max())]
+        width = new_tokens.shape[1]
+
+        def taken(buffer: Tensor | None) -> Tensor | None:
+            return None if buffer is None else buffer[:, :width].clone()
+
         return DecodeOutput(
             sequences=torch.cat([ids, new_tokens], dim=1),
             new_tokens=new_tokens,
@@ -361,6 +399,10 @@ class StaticCacheDecoder:
             prompt_attention_mask=mask,
             decode_seconds=decode_seconds,
             timed_steps=timed_steps if return_timings else 0,
+            token_logprobs=taken(s.token_logprobs),
+            top_ids=taken(s.top_ids),
+            top_logprobs=taken(s.top_logprobs),
+            ranks=taken(s.ranks),
         )
 
 
@@ -399,6 +441,9 @@ class FlashSamplingDecoder(StaticCacheDecoder):
         pad_token_id: int | None = None,
         max_cache_len: int | None = None,
         return_timings: bool = False,
+        return_logprobs: bool = False,
+        top_logprobs: int = 0,
+        logprobs_mode: str = "processed",
     ) -> DecodeOutput:
         """Samples up to ``max_new_tokens`` tokens per prompt.
 
@@ -419,17 +464,32 @@ class FlashSamplingDecoder(StaticCacheDecoder):
             pad_token_id: default: the model's generation config, else the first stop token, else 0.
             max_cache_len: static cache length (default: P + max_new_tokens rounded up to 64).
             return_timings: fill ``decode_seconds`` / ``timed_steps`` (the graph-replayed steps).
+            return_logprobs: fill ``token_logprobs`` ``[B, n]``, each sampled token's
+                log-probability, from the op's own output (no logits written for it).
+            top_logprobs: with ``return_logprobs``, also each step's ``N`` (<= 64) most probable
+                tokens and their log-probabilities (``top_ids``, ``top_logprobs`` ``[B, n, N]``)
+                and the sampled tokens' ranks (``ranks``): OpenAI-style logprobs, computed by the
+                op from logits it keeps to itself (a compact ``output_scores``).
+            logprobs_mode: ``"processed"`` (default): the distribution sampled from (the model's
+                scaling / soft-cap, temperature, truncation); ``"raw"``: ``log_softmax`` of
+                ``hidden @ lm_head.weight.T`` (before the model's scaling or soft-cap), as in
+                ``flashsampling_cuda.sample``. Greedy rows report temperature 1.
         """
         if isinstance(temperature, Tensor):  # on the device once, not copied inside a captured step
             temperature = temperature.to(device=self.device, dtype=torch.float32)
         truncation = dict(top_k=top_k, top_p=top_p, min_p=min_p)
+        parse_logprob_args(return_logprobs, top_logprobs, None, logprobs_mode, 0, self.device)  # before the prefill
+        logprob_controls = dict(return_logprobs=return_logprobs, top_logprobs=top_logprobs,
+                                logprobs_mode=logprobs_mode)
         return self.generate_with_sampler(
-            input_ids, attention_mask, sampler=self.head.sampler(temperature, **truncation),
+            input_ids, attention_mask, sampler=self.head.sampler(temperature, **truncation, **logprob_controls),
             sampler_key=("flashsampling", _temperature_key(temperature),
-                         tuple(_temperature_key(v) if isinstance(v, Tensor) else v for v in truncation.values())),
+                         tuple(_temperature_key(v) if isinstance(v, Tensor) else v for v in truncation.values()),
+                         tuple(logprob_controls.values())),
             max_new_tokens=max_new_tokens,
             seed=seed, offset=offset, stop_token_ids=stop_token_ids, pad_token_id=pad_token_id,
             max_cache_len=max_cache_len, return_timings=return_timings,
+            logprobs=top_logprobs if return_logprobs else None,
         )
 
 

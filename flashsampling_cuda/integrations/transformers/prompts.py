@@ -45,6 +45,12 @@ def _prepare_prompts(input_ids, attention_mask, pad_token_id: int, device: torch
     return ids, mask
 
 
+def _positions(mask: Tensor) -> Tensor:
+    """Position ids of left-padded tokens [B, P] (0/1 ``mask``): each row counts its own tokens
+    from 0; padding gets 1 (any value: nothing attends to it)."""
+    return (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+
+
 def _default_pad_token_id(model: nn.Module, pad_token_id, stops: Sequence[int]) -> int:
     if pad_token_id is not None:
         return int(pad_token_id)

@@ -13,7 +13,8 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
 from ...noise import as_int64_tensor, gumbel_noise
-from .prompts import _cache_kwarg, _default_pad_token_id, _num_new_tokens, _output_cache, _prepare_prompts, _stop_list
+from .prompts import (_cache_kwarg, _default_pad_token_id, _num_new_tokens, _output_cache, _positions, _prepare_prompts,
+                      _stop_list)
 
 
 def logits_rtol(dtype: torch.dtype) -> float:
@@ -98,7 +99,7 @@ def reference_generate(
     seed_t = as_int64_tensor(seed, device)
     offset_t = as_int64_tensor(offset, device)
     attn = mask.clone()
-    positions = (mask.cumsum(dim=1) - 1).masked_fill(mask == 0, 1)
+    positions = _positions(mask)
     cache_kwarg = _cache_kwarg(model.forward)
     out = model(input_ids=ids, attention_mask=attn, position_ids=positions,
                 **{cache_kwarg: DynamicCache(config=model.config)}, use_cache=True)
