@@ -24,6 +24,10 @@ time of the replayed steps / their number (CUDA events; prefill excluded), media
 --reps generations, the two paths alternating. Models are Qwen3-shaped with random bf16
 weights (normal, std 0.02), built on the GPU from the configs below; nothing is downloaded.
 
+--penalties adds vLLM's repetition / frequency / presence penalties (PENALTIES) over each row's
+prompt and output: *standard* keeps dense [B, V] tables on the device (vLLM's pattern), *ours*
+passes them to the op with the decoder's PenaltyState.
+
 --serving-defaults samples as a serving engine does with Qwen3's generation config
 (T = 0.6, top_k = 20, top_p = 0.95) passed per request as [B] tensors: *standard* is the
 compiled lm_head, then FlashInfer's top_k_top_p_sampling_from_logits on the fp32 logits / T
@@ -125,6 +129,42 @@ def serving_head(model, batch: int, device: torch.device, compile_head: bool):
         return (lambda hidden, seed, offset: sampler(logits_of(hidden))), "torch"
 
 
+# Penalties as Qwen2.5 / Qwen3 generation configs and serving requests set them.
+PENALTIES = dict(repetition_penalty=1.05, frequency_penalty=0.2, presence_penalty=0.5)
+
+
+def penalties_head(model, prompt: torch.Tensor, temperature: float, compile_head: bool):
+    """A serving engine's step with vLLM's penalties (vllm/v1/sample/ops/penalties.py): dense
+    [B, V] tables of the prompt's tokens and the output counts on the device, lm_head -> fp32
+    logits, repetition / frequency / presence, / T -> softmax -> multinomial, then the sampled
+    token counted into the table (in place, inside the captured step). The table restarts at the
+    prefill's sample (offset 0). Returns the sampler."""
+    lm_head = model.get_output_embeddings()
+    weight, bias = lm_head.weight, lm_head.bias
+    batch, vocab = prompt.shape[0], model.config.vocab_size
+    in_prompt = torch.zeros((batch, vocab), dtype=torch.bool, device=prompt.device).scatter_(1, prompt, True)
+    counts = torch.zeros((batch, vocab), dtype=torch.float32, device=prompt.device)
+    r, f, p = (PENALTIES[k] for k in ("repetition_penalty", "frequency_penalty", "presence_penalty"))
+
+    def head(hidden, counts):
+        logits = torch.nn.functional.linear(hidden, weight, bias).float()
+        seen = in_prompt | (counts > 0)
+        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+        logits = logits - f * counts - p * (counts > 0).float()
+        probs = torch.softmax(logits / temperature, dim=-1)
+        return torch.multinomial(probs, num_samples=1)
+
+    head = torch.compile(head) if compile_head else head
+
+    def sampler(hidden, seed, offset):
+        counts.mul_((offset != 0).float())  # a new generation starts at offset 0
+        tokens = head(hidden, counts)
+        counts.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=torch.float32))
+        return tokens
+
+    return sampler
+
+
 def run(args) -> dict:
     import transformers
 
@@ -152,6 +192,7 @@ def run(args) -> dict:
         "grouped_decode_attention": grouped,
         "fused_projections": not args.no_fuse_projections,
         "serving_defaults": QWEN3_SERVING_DEFAULTS if args.serving_defaults else None,
+        "penalties": PENALTIES if args.penalties else None,
         "rows": [],
     }
     for name in args.models.split(","):
@@ -177,6 +218,10 @@ def run(args) -> dict:
                                 top_k=torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_k"], device=device),
                                 top_p=torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_p"], device=device))
                 standard_sampler, standard_name = serving_head(model, batch, device, compile_head)
+            if args.penalties:  # the token history: the prompt, then every sampled token
+                sampling.update(PENALTIES)
+                standard_sampler = penalties_head(model, prompt, args.temperature, compile_head)
+                standard_name = "torch penalties + multinomial"
 
             def run_ours():
                 return ours_dec.generate(prompt, max_new_tokens=args.new_tokens, seed=1234, return_timings=True,
@@ -227,7 +272,10 @@ def markdown_table(results: dict) -> str:
         f"median of {results['reps']} generations"
         + (f"; serving defaults {results['serving_defaults']} as [B] tensors, standard sampler: "
            f"{', '.join(sorted({r.get('standard_sampler', '') for r in results['rows']}))}"
-           if results.get("serving_defaults") else ""),
+           if results.get("serving_defaults") else "")
+        + (f"; penalties {results['penalties']} over the prompt and the output (standard: compiled lm_head + "
+           "vLLM's torch penalties on dense [B, V] tables + multinomial; ours: the op with a PenaltyState)"
+           if results.get("penalties") else ""),
         "",
         "| model | B | standard TPOT (ms) | ours TPOT (ms) | reduction |",
         "|---|---|---|---|---|",
@@ -287,15 +335,21 @@ def main() -> None:
     parser.add_argument("--serving-defaults", action="store_true",
                         help="Qwen3's T=0.6, top_k=20, top_p=0.95 as [B] tensors; standard = compiled lm_head + "
                              "FlashInfer top_k_top_p_sampling_from_logits")
+    parser.add_argument("--penalties", action="store_true",
+                        help=f"{PENALTIES} over each row's prompt and output; standard = compiled lm_head + vLLM's "
+                             "torch penalties + multinomial")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
+    if args.penalties and args.serving_defaults:
+        parser.error("--penalties and --serving-defaults are separate runs")
     if args.tiny:
         args.models, args.batches, args.prompt_len, args.new_tokens, args.reps = "tiny", "1,4", 16, 8, 2
     if args.new_tokens < 4:
         parser.error("--new-tokens must be >= 4 (prefill token + 2 warm-up steps + timed steps)")
     results = run(args)
     table = markdown_table(results)
-    stem = (f"decode{'_serving_defaults' if args.serving_defaults else ''}_{results['device'].replace(' ', '_')}_"
+    mode = "_serving_defaults" if args.serving_defaults else "_penalties" if args.penalties else ""
+    stem = (f"decode{mode}_{results['device'].replace(' ', '_')}_"
             f"{results['date']}" + ("_tiny" if args.tiny else ""))
     write_results(args.out, stem, results, table, plot)
     print(table)

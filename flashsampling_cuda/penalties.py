@@ -145,6 +145,14 @@ class PenaltyState:
         self.in_prompt = prompt[:, :-1] > 0
         self.size = (self.ids >= 0).sum(dim=1)
 
+    def load_(self, prompt_token_ids=None, output_token_ids=None) -> None:
+        """Refills this state in place with a new history (same batch, capacity and device), so
+        that a captured CUDA graph that reads this state's tensors sees the new one."""
+        fresh = PenaltyState(prompt_token_ids, output_token_ids, capacity=self.capacity, batch=self.batch,
+                             device=self.ids.device)
+        for name in ("ids", "output_counts", "in_prompt", "size", "overflowed"):
+            getattr(self, name).copy_(getattr(fresh, name))
+
     def update(self, tokens: Tensor) -> None:
         """Counts each row's new output token, in place, on the device: ``tokens`` int ``[B]``
         or ``[B, 1]`` (a negative id, e.g. a finished row's ``-1``, records nothing)."""

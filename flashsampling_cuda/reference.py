@@ -146,15 +146,28 @@ def _transformed_chunk(h: Tensor, weight: Tensor, begin: int, end: int, logit_bi
         x = x.index_put((row_of[hit], local[hit]), values[hit], accumulate=True)
         magnitude = magnitude.index_put((row_of[hit], local[hit]), values[hit].abs(), accumulate=True)
     if transform is not None:
-        seen = transform.seen[:, begin:end].to(device)
-        r = transform.repetition.to(device)[:, None]
-        x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
-        magnitude = torch.where(seen, magnitude * torch.maximum(r, 1 / r), magnitude)
-        counts = transform.counts[:, begin:end].to(device)
-        q = transform.frequency.to(device)[:, None] * counts + transform.presence.to(device)[:, None] * (counts > 0)
-        x = x - q
-        magnitude = magnitude + q.abs()
+        seen, r, q = _penalty_terms(transform, begin, end, device)
+        x = reference_penalized(x, transform, begin)
+        magnitude = torch.where(seen, magnitude * torch.maximum(r, 1 / r), magnitude) + q.abs()
     return x, magnitude
+
+
+def _penalty_terms(transform: ReferenceLogitTransform, begin: int, end: int,
+                   device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """(seen [B, W], repetition [B, 1], q = frequency * count + presence * [count > 0] [B, W]) of
+    columns [begin, end)."""
+    seen = transform.seen[:, begin:end].to(device)
+    counts = transform.counts[:, begin:end].to(device)
+    q = transform.frequency.to(device)[:, None] * counts + transform.presence.to(device)[:, None] * (counts > 0)
+    return seen, transform.repetition.to(device)[:, None], q
+
+
+def reference_penalized(x: Tensor, transform: ReferenceLogitTransform, begin: int = 0) -> Tensor:
+    """Step 3 of the rule (flashsampling_cuda/penalties.py), the penalties, in float64 on ``x
+    [B, W]`` (columns ``begin ..`` of the transform's tables): a seen token's ``x`` divided by the
+    repetition penalty where positive, multiplied where not; then ``- q``."""
+    seen, r, q = _penalty_terms(transform, begin, begin + x.shape[1], x.device)
+    return torch.where(seen, torch.where(x > 0, x / r, x * r), x) - q
 
 
 def _row_params(temperature, seed, offset, batch: int, device: torch.device) -> tuple[Tensor, ...]:

@@ -136,6 +136,26 @@ def test_final_logit_softcapping_follows_the_model(fst):
     assert assert_same_path(out, fst.reference_generate(model, PROMPTS, **kwargs)) == out.new_tokens.numel()
 
 
+@pytest.mark.parametrize("family", ["qwen3", "granite"])
+def test_penalties_follow_the_reference_over_steps(fst, family):
+    """vLLM's penalties over each row's prompt and the tokens generated so far: the decoder's
+    PenaltyState (loaded with the prompts, updated by every step) gives the tokens of the float64
+    reference that recomputes the penalties from the whole history at every step, on two calls
+    with different prompts (the session's state is refilled in place); without the penalties the
+    tokens differ (they matter here)."""
+    model = tiny_model(family)
+    decoder = fst.FlashSamplingDecoder(model)
+    penalties = dict(repetition_penalty=1.8, frequency_penalty=0.7,
+                     presence_penalty=torch.tensor([0.0, 1.5, -0.5]))
+    kwargs = dict(max_new_tokens=10, temperature=0.7, seed=5)
+    for prompts in (PROMPTS, [list(reversed(p)) for p in PROMPTS]):
+        out = decoder.generate(prompts, **kwargs, **penalties)
+        ref = fst.reference_generate(model, prompts, **kwargs, **penalties)
+        assert assert_same_path(out, ref) == out.new_tokens.numel()
+        assert decoder.penalty_state is not None and not bool(decoder.penalty_state.overflowed.any())
+    assert not torch.equal(decoder.generate(prompts, **kwargs).new_tokens, out.new_tokens)
+
+
 @pytest.mark.parametrize("family,scale", [("granite", 4.0), ("cohere", 4.0), ("cohere2", 0.25)])
 def test_logit_scaling_follows_the_model(fst, family, scale):
     """Granite's logits / logits_scaling and Cohere's logits * logit_scale reach the op as its

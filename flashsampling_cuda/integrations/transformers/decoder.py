@@ -18,6 +18,7 @@ from transformers.cache_utils import Cache, StaticCache, StaticLayer
 
 from ...logprobs import parse_logprob_args
 from ...noise import as_int64_tensor
+from ...penalties import PenaltyState
 from .attention import _GROUPED_DECODE_SDPA
 from .head import FlashSamplingHead, Sampler, UnsupportedModelError, _prefix
 from .projections import fuse_projections as _fuse_model_projections  # the keyword argument has the same name
@@ -64,6 +65,7 @@ class _Session:
     top_ids: Tensor | None = None  # int64 [B, L, N], where N > 0
     top_logprobs: Tensor | None = None  # float32 [B, L, N]
     ranks: Tensor | None = None  # int64 [B, L]
+    penalty_state: PenaltyState | None = None  # the rows' token history, where the sampler penalises
     used: bool = False
     graph: object = None
     graph_key: object = None
@@ -147,6 +149,11 @@ class StaticCacheDecoder:
     @property
     def device(self) -> torch.device:
         return self.head.weight.device
+
+    @property
+    def penalty_state(self) -> PenaltyState | None:
+        """The current session's token history (``generate_with_sampler(penalty_history=True)``)."""
+        return None if self._session is None else self._session.penalty_state
 
     def _dtype(self) -> torch.dtype:
         return next(self.body.parameters()).dtype
@@ -295,6 +302,7 @@ class StaticCacheDecoder:
         max_cache_len: int | None = None,
         return_timings: bool = False,
         logprobs: int | None = None,
+        penalty_history: bool = False,
     ) -> DecodeOutput:
         """Decodes ``max_new_tokens`` tokens per row with ``sampler(hidden, seed, offset)``
         choosing each token; ``sampler_key`` identifies the sampler for reusing a captured
@@ -302,7 +310,10 @@ class StaticCacheDecoder:
         sampler returns tokens; ``N >= 0`` where it returns the op's logprobs output of one
         sample per row with ``top_logprobs=N`` (a ``SampleOutput`` for ``N = 0``), recorded per
         step into fixed buffers (``DecodeOutput.token_logprobs``, and for ``N > 0`` ``top_ids``,
-        ``top_logprobs``, ``ranks``)."""
+        ``top_logprobs``, ``ranks``). ``penalty_history``: the session keeps a
+        :class:`flashsampling_cuda.PenaltyState` (``self.penalty_state`` while it decodes), loaded
+        with the prompts here; the sampler reads it and counts its tokens into it (graph-safe: the
+        state is refilled in place, so a captured step keeps reading the same tensors)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         device = self.device
@@ -331,6 +342,10 @@ class StaticCacheDecoder:
         if stops:
             s.stop_ids.copy_(torch.tensor(stops, dtype=torch.int64))
         s.pad_token.fill_(pad_id)
+        if penalty_history:
+            if s.penalty_state is None:
+                s.penalty_state = PenaltyState(batch=batch, capacity=cache_len, device=device)
+            s.penalty_state.load_(torch.where(mask.bool(), ids, -1))
 
         # Prefill: the prompt's cache slots 0..P-1, the first token from its last position.
         q = torch.arange(prompt_len, device=device)
@@ -444,6 +459,9 @@ class FlashSamplingDecoder(StaticCacheDecoder):
         return_logprobs: bool = False,
         top_logprobs: int = 0,
         logprobs_mode: str = "processed",
+        repetition_penalty: float | Tensor | None = None,
+        frequency_penalty: float | Tensor | None = None,
+        presence_penalty: float | Tensor | None = None,
     ) -> DecodeOutput:
         """Samples up to ``max_new_tokens`` tokens per prompt.
 
@@ -474,6 +492,11 @@ class FlashSamplingDecoder(StaticCacheDecoder):
                 scaling / soft-cap, temperature, truncation); ``"raw"``: ``log_softmax`` of
                 ``hidden @ lm_head.weight.T`` (before the model's scaling or soft-cap), as in
                 ``flashsampling_cuda.sample``. Greedy rows report temperature 1.
+            repetition_penalty, frequency_penalty, presence_penalty: vLLM's penalties as in
+                ``flashsampling_cuda.sample`` (float or ``[B]`` tensor; 1, 0, 0: off) over each
+                row's prompt (its padding excluded) and the tokens generated so far, kept in a
+                :class:`flashsampling_cuda.PenaltyState` of the session (``O(B * cache length)``
+                memory) that each step updates on the device, inside the captured graph.
         """
         if isinstance(temperature, Tensor):  # on the device once, not copied inside a captured step
             temperature = temperature.to(device=self.device, dtype=torch.float32)
@@ -481,16 +504,38 @@ class FlashSamplingDecoder(StaticCacheDecoder):
         parse_logprob_args(return_logprobs, top_logprobs, None, logprobs_mode, 0, self.device)  # before the prefill
         logprob_controls = dict(return_logprobs=return_logprobs, top_logprobs=top_logprobs,
                                 logprobs_mode=logprobs_mode)
+        penalties = {name: value.to(device=self.device, dtype=torch.float32) if isinstance(value, Tensor) else value
+                     for name, value in (("repetition_penalty", repetition_penalty),
+                                         ("frequency_penalty", frequency_penalty),
+                                         ("presence_penalty", presence_penalty))}
+        off = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+        penalised = any(v is not None and (isinstance(v, Tensor) or v != off[k]) for k, v in penalties.items())
+        sampler = self.head.sampler(temperature, **truncation, **logprob_controls)
+        if penalised:
+            sampler = self._penalised_sampler(temperature, dict(**truncation, **logprob_controls, **penalties))
         return self.generate_with_sampler(
-            input_ids, attention_mask, sampler=self.head.sampler(temperature, **truncation, **logprob_controls),
+            input_ids, attention_mask, sampler=sampler,
             sampler_key=("flashsampling", _temperature_key(temperature),
                          tuple(_temperature_key(v) if isinstance(v, Tensor) else v for v in truncation.values()),
-                         tuple(logprob_controls.values())),
+                         tuple(logprob_controls.values()),
+                         tuple(_temperature_key(v) if isinstance(v, Tensor) else v for v in penalties.values())),
             max_new_tokens=max_new_tokens,
             seed=seed, offset=offset, stop_token_ids=stop_token_ids, pad_token_id=pad_token_id,
             max_cache_len=max_cache_len, return_timings=return_timings,
-            logprobs=top_logprobs if return_logprobs else None,
+            logprobs=top_logprobs if return_logprobs else None, penalty_history=penalised,
         )
+
+    def _penalised_sampler(self, temperature: float | Tensor, controls: dict) -> Sampler:
+        """A step sampler that reads the session's token history for the penalties and counts
+        the step's tokens into it (no host sync: it runs inside the captured step)."""
+
+        def sample(hidden: Tensor, seed: Tensor, offset: Tensor):
+            state = self.penalty_state
+            out = self.head(hidden, temperature=temperature, seed=seed, offset=offset, penalty_state=state, **controls)
+            state.update((out if isinstance(out, Tensor) else out.tokens)[:, 0])
+            return out
+
+        return sample
 
 
 def generate(model: nn.Module, input_ids, attention_mask=None, *, cuda_graph: bool = True, **kwargs) -> DecodeOutput:

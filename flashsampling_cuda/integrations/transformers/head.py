@@ -147,17 +147,23 @@ class FlashSamplingHead:
         return_logprobs: bool = False,
         top_logprobs: int = 0,
         logprobs_mode: str = "processed",
+        repetition_penalty: float | Tensor | None = None,
+        frequency_penalty: float | Tensor | None = None,
+        presence_penalty: float | Tensor | None = None,
+        penalty_state=None,
     ):
         """Tokens ``[B, num_samples]``; with ``return_logprobs`` the op's ``SampleOutput`` (or its
         ``LogprobsOutput`` with ``top_logprobs`` > 0 or ``logprobs_mode="raw"``), as
         :func:`flashsampling_cuda.sample` returns them. ``"raw"`` is the op's: ``log_softmax``
-        of ``hidden @ weight.T``, before the model's scaling or soft-cap."""
+        of ``hidden @ weight.T``, before the model's scaling or soft-cap. The penalties take a
+        :class:`flashsampling_cuda.PenaltyState` (the op's; docs/penalties.md)."""
         return _fs_sample(
             hidden, self.weight, temperature=temperature, generator=generator, seed=seed, offset=offset,
             num_samples=num_samples, top_k=top_k, top_p=top_p, min_p=min_p,
             logit_bias=self.logit_bias_on(hidden.device), logit_scale=self.logit_scale,
             logit_softcap=self.logit_softcap, return_logprobs=return_logprobs, top_logprobs=top_logprobs,
-            logprobs_mode=logprobs_mode,
+            logprobs_mode=logprobs_mode, repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, penalty_state=penalty_state,
         )
 
     def sampler(self, temperature: float | Tensor = 1.0, **controls) -> Sampler:

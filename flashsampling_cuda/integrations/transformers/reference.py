@@ -13,6 +13,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
 from ...noise import as_int64_tensor, gumbel_noise
+from ...reference import reference_logit_transform, reference_penalized
 from .prompts import (_cache_kwarg, _default_pad_token_id, _num_new_tokens, _output_cache, _positions, _prepare_prompts,
                       _stop_list)
 
@@ -83,11 +84,16 @@ def reference_generate(
     stop_token_ids: Sequence[int] | Tensor | None = None,
     pad_token_id: int | None = None,
     rtol: float | None = None,
+    repetition_penalty=None,
+    frequency_penalty=None,
+    presence_penalty=None,
 ) -> ReferenceDecodeOutput:
     """The reference of :meth:`FlashSamplingDecoder.generate`: the model's standard forward
     (``model(...)`` with a dynamic cache and its own masks, lm_head included), its logits
-    ``[:, -1]`` in float64 and :func:`reference_sample_from_logits` with offset ``offset + t``
-    at step ``t``. Same prompt, padding and stop rules as the decoder."""
+    ``[:, -1]`` in float64, the penalties over the prompt and the tokens so far
+    (:func:`flashsampling_cuda.reference.reference_penalized`, dense tables) and
+    :func:`reference_sample_from_logits` with offset ``offset + t`` at step ``t``. Same prompt,
+    padding and stop rules as the decoder."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     stops = _stop_list(stop_token_ids)
@@ -105,10 +111,17 @@ def reference_generate(
                 **{cache_kwarg: DynamicCache(config=model.config)}, use_cache=True)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, gaps, tols = [], [], []
+    penalised = any(v is not None for v in (repetition_penalty, frequency_penalty, presence_penalty))
     for t in range(max_new_tokens):
         logits = out.logits[:, -1]
+        if penalised:
+            transform = reference_logit_transform(
+                batch, logits.shape[1], repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                presence_penalty=presence_penalty, prompt_token_ids=torch.where(mask.bool(), ids, -1),
+                output_token_ids=torch.stack(tokens, dim=1) if tokens else None, device=device)
+            logits = reference_penalized(logits.double(), transform)
         tok, gap, tol = reference_sample_from_logits(
-            logits, temperature, seed_t, offset_t + t, rtol=logits_rtol(logits.dtype) if rtol is None else rtol)
+            logits, temperature, seed_t, offset_t + t, rtol=logits_rtol(out.logits.dtype) if rtol is None else rtol)
         tok = torch.where(finished, pad_id, tok)
         if stops:
             finished |= (tok[:, None] == stop_t[None, :]).any(dim=1)
