@@ -182,26 +182,17 @@ def _gathered_survivors(y: Tensor, allowed: Tensor | None, vocab_start: int, wor
     return survivors[:, begin : begin + shard_vocab]
 
 
-def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation, order: str,
-                          temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
-                          softcap: float | None, penalties: Penalties | None, world: int, group, backend) -> Tensor:
-    """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
-    truncation (module docstring), within the shard's ``allowed_mask``; ``y`` follows the rule
-    of flashsampling_cuda/penalties.py (model-side transforms, biases, penalties, temperature)."""
+def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, *, vocab_start: int, order: str,
+                     world: int, group, backend) -> Tensor:
+    """This shard's survivors (bool ``[B, V_r]``, within ``allowed``) of the global truncation of
+    the rows whose shard of ``y`` (:func:`scaled_logits`) this rank holds (module docstring)."""
     k = truncation.top_k
-    batch, shard_vocab = hidden.shape[0], weight_shard.shape[0]
-    device = hidden.device
-    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
-    sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
-    x = rule_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias), sparse_ids,
-                    sparse_values, vocab_start, scale, softcap, penalties)
-    y = scaled_logits(x, scalar_temperature, temperatures)
-    mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
-    allowed = None if mask is None else unpack_allowed_mask(mask, shard_vocab)
+    batch, shard_vocab = y.shape
+    device = y.device
     # "joint" normalises top_p over every allowed token: only the whole rows have that mass.
     if not isinstance(k, int) or order == "joint":
         survivors = _gathered_survivors(y, allowed, vocab_start, world, group, backend, truncation, order)
-        return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
+        return survivors if allowed is None else survivors & allowed
     rank = truncation_rank(y, allowed)
     width = min(k, shard_vocab)
     first_local = (_first_in_order(rank, width) if width < shard_vocab
@@ -218,7 +209,24 @@ def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int
     survivors = torch.zeros((batch, shard_vocab + 1), dtype=torch.bool, device=device)
     survivors.scatter_(1, torch.where(mine, local, shard_vocab), True)  # others land in the spare column
     survivors = survivors[:, :shard_vocab]
-    return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
+    return survivors if allowed is None else survivors & allowed
+
+
+def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation, order: str,
+                          temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
+                          softcap: float | None, penalties: Penalties | None, world: int, group, backend) -> Tensor:
+    """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
+    truncation (module docstring), within the shard's ``allowed_mask``; ``y`` follows the rule
+    of flashsampling_cuda/penalties.py (model-side transforms, biases, penalties, temperature)."""
+    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
+    sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
+    x = rule_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias), sparse_ids,
+                    sparse_values, vocab_start, scale, softcap, penalties)
+    y = scaled_logits(x, scalar_temperature, temperatures)
+    mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
+    allowed = None if mask is None else unpack_allowed_mask(mask, weight_shard.shape[0])
+    return pack_allowed_mask(_shard_survivors(y, allowed, truncation, vocab_start=vocab_start, order=order,
+                                              world=world, group=group, backend=backend))
 
 
 def sample(
