@@ -26,7 +26,8 @@ offset ``offset + j`` (stream ``b``, or 0 with per-row seeds): the bonus token i
 This first implementation computes the target logits once (``[B * (n + 1), V]`` fp32, cuBLAS
 on CUDA, the op's own kernels on the CPU) and draws each position's sample with the
 ``sample_from_logits`` op, with no host sync (CUDA-graph capture; ``torch.compile`` is not yet
-tested). Verification fused into the LM-head GEMM is issue #36's goal.
+tested). Verification fused into the LM-head GEMM is issue #36's goal. The helpers below are
+shared with the tensor-parallel verification, :func:`flashsampling_cuda.distributed.speculative_sample`.
 """
 
 from __future__ import annotations
