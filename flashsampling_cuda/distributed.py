@@ -24,9 +24,15 @@ and ``min_p`` act on those, and each rank samples its share of the survivors as 
 Every other form (per-row ``top_k`` tensors, ``top_p`` or ``min_p`` alone) needs the whole
 order: every rank gathers every shard's transformed logits and finds the survivors of the
 whole rows (``B * V`` fp32 over the group), exact, with its share again as its mask.
+
+:func:`speculative_sample` verifies draft tokens across the shards (the single-process
+:func:`flashsampling_cuda.speculative_sample`'s output on every rank) with one all-gather of
+``O(B n)`` words for one-hot drafts, two for sampled drafts (its docstring lists what they carry).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -39,10 +45,12 @@ from .noise import draw_seed as _draw_seed
 from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
 from .sampling import (LogitTransforms, SampleOutput, _allowed_mask_arg, _float32, _model_transform_args,
                        _scored_sample, _sparse_bias_args, _temperature_args, _truncation_order)
+from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, draft_columns, masked_target,
+                          parse_step, position_samples, step_output, target, values_at)
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
                          parse_truncation, scaled_logits, survivor_mask, truncation_rank)
 
-__all__ = ["sample", "shard_allowed_mask", "vocab_shards"]
+__all__ = ["sample", "speculative_sample", "shard_allowed_mask", "vocab_shards"]
 
 # Token the op reports, per shard, for a row whose shard mask allows nothing (we pass it
 # as the shard's empty_mask_token); -1 is the op's "every score NaN" token.
@@ -182,26 +190,17 @@ def _gathered_survivors(y: Tensor, allowed: Tensor | None, vocab_start: int, wor
     return survivors[:, begin : begin + shard_vocab]
 
 
-def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation, order: str,
-                          temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
-                          softcap: float | None, penalties: Penalties | None, world: int, group, backend) -> Tensor:
-    """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
-    truncation (module docstring), within the shard's ``allowed_mask``; ``y`` follows the rule
-    of flashsampling_cuda/penalties.py (model-side transforms, biases, penalties, temperature)."""
+def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, *, vocab_start: int, order: str,
+                     world: int, group, backend) -> Tensor:
+    """This shard's survivors (bool ``[B, V_r]``, within ``allowed``) of the global truncation of
+    the rows whose shard of ``y`` (:func:`scaled_logits`) this rank holds (module docstring)."""
     k = truncation.top_k
-    batch, shard_vocab = hidden.shape[0], weight_shard.shape[0]
-    device = hidden.device
-    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
-    sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
-    x = rule_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias), sparse_ids,
-                    sparse_values, vocab_start, scale, softcap, penalties)
-    y = scaled_logits(x, scalar_temperature, temperatures)
-    mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
-    allowed = None if mask is None else unpack_allowed_mask(mask, shard_vocab)
+    batch, shard_vocab = y.shape
+    device = y.device
     # "joint" normalises top_p over every allowed token: only the whole rows have that mass.
     if not isinstance(k, int) or order == "joint":
         survivors = _gathered_survivors(y, allowed, vocab_start, world, group, backend, truncation, order)
-        return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
+        return survivors if allowed is None else survivors & allowed
     rank = truncation_rank(y, allowed)
     width = min(k, shard_vocab)
     first_local = (_first_in_order(rank, width) if width < shard_vocab
@@ -218,7 +217,24 @@ def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int
     survivors = torch.zeros((batch, shard_vocab + 1), dtype=torch.bool, device=device)
     survivors.scatter_(1, torch.where(mine, local, shard_vocab), True)  # others land in the spare column
     survivors = survivors[:, :shard_vocab]
-    return pack_allowed_mask(survivors if allowed is None else survivors & allowed)
+    return survivors if allowed is None else survivors & allowed
+
+
+def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation, order: str,
+                          temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
+                          softcap: float | None, penalties: Penalties | None, world: int, group, backend) -> Tensor:
+    """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
+    truncation (module docstring), within the shard's ``allowed_mask``; ``y`` follows the rule
+    of flashsampling_cuda/penalties.py (model-side transforms, biases, penalties, temperature)."""
+    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
+    sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
+    x = rule_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias), sparse_ids,
+                    sparse_values, vocab_start, scale, softcap, penalties)
+    y = scaled_logits(x, scalar_temperature, temperatures)
+    mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
+    allowed = None if mask is None else unpack_allowed_mask(mask, weight_shard.shape[0])
+    return pack_allowed_mask(_shard_survivors(y, allowed, truncation, vocab_start=vocab_start, order=order,
+                                              world=world, group=group, backend=backend))
 
 
 def sample(
@@ -489,3 +505,134 @@ def _merged_logprob_outputs(gathered: Tensor, values: Tensor, vocab_start: int, 
         held = torch.fmax(held, wanted[r])
     token_ids_logprobs = normalised(held.float(), lse, mode)
     return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)
+
+
+def _all_gather_columns(ints: list[Tensor], floats: list[Tensor], world: int, group, backend
+                        ) -> tuple[list[Tensor], list[Tensor]]:
+    """Every rank's int64 and float64 ``[B, k_i]`` columns through one all-gather (the floats'
+    bits ride as int64): ``[W, B, k_i]`` each, in the order given."""
+    parts = [t.to(torch.int64) for t in ints] + [t.double().contiguous().view(torch.int64) for t in floats]
+    device = parts[0].device
+    gathered = _gather(torch.cat(parts, dim=1).to(_comm_device(device, backend)), world, group).to(device)
+    out, begin = [], 0
+    for i, part in enumerate(parts):
+        piece = gathered[:, :, begin : begin + part.shape[1]].contiguous()
+        out.append(piece if i < len(ints) else piece.view(torch.float64))
+        begin += part.shape[1]
+    return out[: len(ints)], out[len(ints) :]
+
+
+def speculative_sample(
+    hidden: Tensor,
+    weight_shard: Tensor,
+    draft_token_ids: Tensor,
+    draft_probs: Tensor | None = None,
+    *,
+    vocab_start: int,
+    group: dist.ProcessGroup | None = None,
+    temperature: float | Tensor = 1.0,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor = 0,
+    generator: torch.Generator | None = None,
+    logit_bias: Tensor | None = None,
+    allowed_mask: Tensor | None = None,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    min_p: float | Tensor | None = None,
+    return_logprobs: bool = False,
+) -> SpeculativeOutput:
+    r"""Tensor-parallel speculative-decoding verification: every rank of ``group`` holds a
+    vocabulary shard, and every rank returns the :class:`flashsampling_cuda.SpeculativeOutput` of
+    :func:`flashsampling_cuda.speculative_sample` on the whole weight with the same arguments and
+    ``(seed, offset)``: the same tokens and ``num_accepted``, log-probabilities to float rounding.
+
+    Call it on every rank with the same ``hidden``, ``draft_token_ids`` (global ids),
+    ``temperature``, ``seed`` / ``offset`` and truncation; each rank passes its own
+    ``weight_shard`` and ``vocab_start`` (shards tile ``[0, V)`` as for :func:`sample`) and its
+    own slices of ``logit_bias``, ``allowed_mask`` and ``draft_probs``.
+
+    Each rank computes its shard's target ``y`` at every position (fp32 logits of its shard,
+    biases, mask, temperature; the truncation's survivors as in :func:`sample`) and exchanges
+    ``O(B n)`` numbers (one all-gather of 8-byte words per rank, ``P = n + 1``):
+
+    - one-hot drafts: one all-gather of ``B (4 n + 2)`` words (``B (5 n + 3)`` with
+      ``return_logprobs``): per position the shard's Gumbel-Max key of the position's sample (the
+      target without the draft where the shard holds it, or the bonus; a greedy row's argmax) and
+      its log-sum-exp of ``y``, per draft whether the shard holds it and its ``y`` there (with
+      log-probabilities, also the ``y`` of the shard's winner at each position). Acceptance needs
+      ``p(d) = exp(y_d - logsumexp over the shards)``; the merged keys (:func:`sample`'s merge)
+      give the samples, and a greedy row's argmax;
+    - sampled drafts: the residual ``max(0, p - q)`` needs the global log-sum-exp first, so two:
+      ``B (4 n + 1)`` words (the log-sum-exps, holder flags, ``y_d`` and ``q(d)``), then each
+      shard's key of the residual (or bonus) sample, ``B (n + 1)`` words (``2 B (n + 1)`` with
+      ``return_logprobs``).
+
+    The acceptance uniforms depend only on ``(seed, offset, stream, j)``, so every rank draws
+    them itself. A truncation adds :func:`sample`'s exchange over the ``B (n + 1)`` rows (a host
+    ``top_k``: ``B (n + 1) k`` int64; other forms gather the whole rows). Without ``seed``, rank 0
+    draws it and broadcasts it (one more collective).
+
+    Args:
+        hidden: ``[B, n + 1, D]``, the same on every rank.
+        weight_shard: ``[V_r, D]``: rows ``[vocab_start, vocab_start + V_r)`` of the LM head.
+        draft_token_ids: ``[B, n]`` int64 global ids, the same on every rank.
+        draft_probs: ``[B, n, V_r]`` floating, this shard's columns of the draft's probabilities
+            ``q`` (global ids ``vocab_start ..``), or None for one-hot drafts.
+        vocab_start: global id of ``weight_shard[0]``.
+        group: the tensor-parallel process group (default: the default group).
+        temperature, seed, offset, generator, top_k, top_p, min_p, return_logprobs: as for
+            :func:`flashsampling_cuda.speculative_sample`, the same on every rank (``generator``:
+            rank 0's draws the seed when ``seed`` is None).
+        logit_bias: ``[V_r]``, this shard's slice.
+        allowed_mask: this shard's per-row mask, int32 ``[B, ceil(V_r / 32)]``
+            (:func:`shard_allowed_mask`) or bool ``[B, V_r]``; it applies at every position.
+
+    Returns:
+        :class:`flashsampling_cuda.SpeculativeOutput`, the same on every rank.
+    """
+    rank, world, backend = _group_info(group)
+    step = parse_step("flashsampling.distributed.speculative_sample", hidden, weight_shard, draft_token_ids,
+                      draft_probs, temperature, seed, offset, top_k, top_p, min_p,
+                      lambda: _shared_seed(generator, hidden.device, rank, world, group, backend))
+    n = step.n
+    survivors = functools.partial(_shard_survivors, vocab_start=vocab_start, order="top_k_first", world=world,
+                                  group=group, backend=backend)
+    x, y, allowed = target(hidden, weight_shard, logit_bias, allowed_mask, step, survivors)
+    yd = masked_target(y, allowed)
+    safe, mine = draft_columns(draft_token_ids, vocab_start, weight_shard.shape[0])
+    floats = [torch.logsumexp(yd, dim=2), mine.double(), torch.where(mine, values_at(yd[:, :n], safe), torch.nan)]
+    q = None
+    if draft_probs is not None:
+        q = draft_probs.to(hidden.device, torch.float64)
+        floats.append(torch.where(mine, q.gather(2, safe[:, :, None])[:, :, 0], torch.nan))
+
+    def shard_keys(logp: Tensor | None) -> tuple[list[Tensor], list[Tensor]]:
+        """This shard's keys of the position samples and, with log-probabilities, its winners' y."""
+        tokens, scores = position_samples(x, allowed, step, safe, mine, logp, q, vocab_start, _SHARD_EMPTY)
+        return [_encode_keys(tokens, scores)], [values_at(yd, tokens - vocab_start)] if return_logprobs else []
+
+    if q is None:  # one all-gather: the samples do not depend on the global normaliser
+        ints, more = shard_keys(None)
+        (keys,), gathered = _all_gather_columns(ints, floats + more, world, group, backend)
+    else:
+        _, gathered = _all_gather_columns([], floats, world, group, backend)
+    lse = torch.logsumexp(gathered[0], dim=0)  # float64 [B, n + 1]: the target's normalisers
+    held = gathered[1]
+    owner = held.argmax(dim=0, keepdim=True)  # the rank that holds each draft
+    inside = held.amax(dim=0) > 0
+    y_draft = gathered[2].gather(0, owner)[0]
+    q_draft = None if q is None else gathered[3].gather(0, owner)[0]
+    if q is not None:  # the residuals need p = exp(y - lse): a second all-gather
+        ints, more = shard_keys(yd - lse[:, :, None])
+        (keys,), gathered = _all_gather_columns(ints, more, world, group, backend)
+    _, winner, emitted = torch.ops.flashsampling._merge_shard_keys(keys, n + 1, -1)
+    # A greedy row's sample at j < n is the argmax (0 where nothing is allowed, as argmax of -inf).
+    target_top = torch.where(emitted[:, :n] >= 0, emitted[:, :n], 0)
+    p_draft = torch.where(inside, (y_draft - lse[:, :n]).exp(), 0.0)
+    num_accepted = accepted_count(step, acceptance_probability(p_draft, q_draft, inside),
+                                  (draft_token_ids == target_top) & inside)
+    if not return_logprobs:
+        return step_output(draft_token_ids, emitted, num_accepted, None, None)
+    y_emitted = gathered[-1].gather(0, winner[None])[0]
+    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, y_draft - lse[:, :n], torch.nan),
+                       torch.where(emitted >= 0, y_emitted - lse, torch.nan))

@@ -26,7 +26,8 @@ offset ``offset + j`` (stream ``b``, or 0 with per-row seeds): the bonus token i
 This first implementation computes the target logits once (``[B * (n + 1), V]`` fp32, cuBLAS
 on CUDA, the op's own kernels on the CPU) and draws each position's sample with the
 ``sample_from_logits`` op, with no host sync (CUDA-graph capture; ``torch.compile`` is not yet
-tested). Verification fused into the LM-head GEMM is issue #36's goal.
+tested). Verification fused into the LM-head GEMM is issue #36's goal. The helpers below are
+shared with the tensor-parallel verification, :func:`flashsampling_cuda.distributed.speculative_sample`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed, uniform_noise
-from .truncation import materialized_logits, parse_truncation, scaled_logits, survivor_mask, transformed_logits
+from .truncation import (Truncation, materialized_logits, parse_truncation, scaled_logits, survivor_mask,
+                         transformed_logits)
 
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
@@ -51,17 +53,188 @@ class SpeculativeOutput(NamedTuple):
     logprobs: Tensor | None  # float32 [B, n + 1]: log p_j of each emitted token (NaN after), or None
 
 
-def _per_row_int64(name: str, value, batch: int, device) -> tuple[Tensor, bool]:
+def _per_row_int64(prefix: str, name: str, value, batch: int, device) -> tuple[Tensor, bool]:
     """(int64 [B] values, per_row) of a seed / offset given as an int, 0-d or [B] tensor."""
     if isinstance(value, Tensor):
         if value.dtype != torch.int64 or value.dim() > 1 or (value.dim() == 1 and value.shape[0] != batch):
-            raise ValueError(f"flashsampling.speculative_sample: {name} must be an int, or an int64 0-d or [B] "
+            raise ValueError(f"{prefix}: {name} must be an int, or an int64 0-d or [B] "
                              f"tensor with B = {batch}, got {value.dtype} with shape {list(value.shape)}")
         return value.to(device).expand(batch), value.dim() == 1
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"flashsampling.speculative_sample: {name} must be an int or a tensor, got "
+        raise TypeError(f"{prefix}: {name} must be an int or a tensor, got "
                         f"{type(value).__name__}")
     return as_int64_tensor(value, device).expand(batch), False
+
+
+class _Step(NamedTuple):
+    """A verification step's arguments, checked: per-row seeds, offsets, streams, temperatures."""
+
+    batch: int
+    n: int
+    seeds: Tensor  # int64 [B]
+    per_row_seed: bool
+    offsets: Tensor  # int64 [B]
+    streams: Tensor  # int64 [B]
+    temps: Tensor  # float32 [B]
+    greedy: Tensor  # bool [B]
+    truncation: Truncation | None
+
+
+def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None,
+               temperature, seed, offset, top_k, top_p, min_p, draw_seed_fn) -> _Step:
+    """Checks the arguments of a verification step (``weight``: the rows this process holds, whose
+    count ``draft_probs``' last dimension must have) and reads them per row; ``draw_seed_fn()``
+    draws the seed when ``seed`` is None."""
+    if not isinstance(hidden, Tensor) or hidden.dim() != 3:
+        raise ValueError(f"{name}: hidden must be [B, n + 1, D], got "
+                         f"{list(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}")
+    batch, positions, dim = hidden.shape
+    n = positions - 1
+    if n < 0:
+        raise ValueError(f"{name}: hidden must have n + 1 >= 1 positions")
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] != dim:
+        raise ValueError(f"{name}: weight must be [V, {dim}], got "
+                         f"{list(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
+    vocab = weight.shape[0]
+    device = hidden.device
+    if (not isinstance(draft_token_ids, Tensor) or draft_token_ids.dtype != torch.int64
+            or tuple(draft_token_ids.shape) != (batch, n)):
+        raise ValueError(f"{name}: draft_token_ids must be int64 [{batch}, {n}], got "
+                         f"{getattr(draft_token_ids, 'dtype', type(draft_token_ids).__name__)} "
+                         f"{list(getattr(draft_token_ids, 'shape', []))}")
+    if draft_probs is not None and (not isinstance(draft_probs, Tensor) or not draft_probs.is_floating_point()
+                                    or tuple(draft_probs.shape) != (batch, n, vocab)):
+        raise ValueError(f"{name}: draft_probs must be floating [{batch}, {n}, {vocab}] or None, got "
+                         f"{list(getattr(draft_probs, 'shape', []))}")
+    if seed is None:
+        seed = draw_seed_fn()
+    seeds, per_row_seed = _per_row_int64(name, "seed", seed, batch, device)
+    offsets, _ = _per_row_int64(name, "offset", offset, batch, device)
+    streams = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(
+        batch, device=device)
+    if isinstance(temperature, Tensor):
+        temps = temperature.to(device=device, dtype=torch.float32).expand(batch)
+    else:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"{name}: temperature must be a float >= 0 or a tensor, got {temperature!r}")
+        temps = torch.full((batch,), float(temperature), dtype=torch.float32, device=device)
+    truncation = parse_truncation(top_k, top_p, min_p, hidden[:, 0])
+    return _Step(batch, n, seeds, per_row_seed, offsets, streams, temps, temps == 0, truncation)
+
+
+def target(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None, allowed_mask: Tensor | None, step: _Step,
+           survivors=survivor_mask) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(x, y, allowed)`` of the target at every position, ``[B, n + 1, V]`` (``allowed``: the
+    mask, an int32 bitmask or bool, and the truncation's survivors; None for all):
+    ``survivors(y, allowed, truncation)`` finds the survivors of ``[B * (n + 1), V]`` rows."""
+    batch, positions, dim = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    x = transformed_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight),
+                           None if logit_bias is None else logit_bias.to(device, torch.float32))
+    rows_temps = step.temps[:, None].expand(batch, positions).reshape(-1)
+    y = scaled_logits(x, 1.0, rows_temps)
+    allowed = None
+    if allowed_mask is not None:
+        mask = allowed_mask.to(device)
+        allowed = mask if mask.dtype == torch.bool else unpack_allowed_mask(mask, vocab)
+        allowed = allowed[:, None, :].expand(batch, positions, vocab).reshape(-1, vocab)
+    if step.truncation is not None:
+        repeat = [(v.to(device).expand(batch)[:, None].expand(batch, positions).reshape(-1)
+                   if isinstance(v, Tensor) else v) for v in step.truncation]
+        allowed = survivors(y, allowed, type(step.truncation)(*repeat))
+    shape = (batch, positions, vocab)
+    return x.reshape(shape), y.reshape(shape), None if allowed is None else allowed.reshape(shape)
+
+
+def masked_target(y: Tensor, allowed: Tensor | None) -> Tensor:
+    """float64 ``y`` with ``-inf`` outside ``allowed``: the target's unnormalised log-probabilities."""
+    yd = y.double()
+    return yd if allowed is None else yd.masked_fill(~allowed, -torch.inf)
+
+
+def draft_columns(draft_token_ids: Tensor, vocab_start: int, vocab: int) -> tuple[Tensor, Tensor]:
+    """(local column of each draft, clamped to 0 outside; whether the draft is one of these
+    ``vocab`` columns), ``[B, n]``."""
+    local = draft_token_ids - vocab_start
+    inside = (local >= 0) & (local < vocab)
+    return torch.where(inside, local, 0), inside
+
+
+def acceptance_probability(p_draft: Tensor, q_draft: Tensor | None, inside: Tensor) -> Tensor:
+    """float64 ``[B, n]``: ``p(d)`` for one-hot drafts, ``min(1, p(d) / q(d))`` for sampled ones."""
+    if q_draft is None:
+        return p_draft
+    ratio = torch.where(q_draft > 0, p_draft / q_draft, torch.inf)
+    return torch.where(inside, ratio.clamp(max=1.0), 0.0)
+
+
+def accepted_count(step: _Step, accept_prob: Tensor, greedy_hit: Tensor) -> Tensor:
+    """int64 ``[B]``: the accepted prefix's length; ``u < accept_prob`` for sampled rows (the
+    acceptance uniforms of the module docstring), ``greedy_hit`` (the draft is the argmax) for
+    greedy rows."""
+    j = torch.arange(step.n, device=accept_prob.device)
+    u = uniform_noise(step.seeds[:, None], step.offsets[:, None], step.streams[:, None], j[None, :],
+                      _ACCEPT_INDEX).double()
+    accepted = torch.where(step.greedy[:, None], greedy_hit, u < accept_prob)
+    return torch.cumprod(accepted.long(), dim=1).sum(dim=1)
+
+
+def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tensor, inside: Tensor,
+                     logp: Tensor | None, q: Tensor | None, vocab_start: int,
+                     empty_token: int) -> tuple[Tensor, Tensor]:
+    """(tokens, scores) ``[B, n + 1]`` of the sample each position would emit over these ``V``
+    columns: corrective (``j < n``: the target without the draft where ``inside``, or with
+    ``q [B, n, V]`` the residual ``max(0, exp(logp) - q)``; a greedy row's argmax) or bonus
+    (``j = n``), with ``sample``'s noise at ``offset + j``; ``empty_token`` where nothing is kept."""
+    batch, positions, vocab = x.shape
+    tokens, scores = [], []
+    for pos in range(positions):
+        x_pos, temps_pos = x[:, pos], step.temps
+        keep = (allowed[:, pos] if allowed is not None
+                else torch.ones((batch, vocab), dtype=torch.bool, device=x.device))
+        if pos < step.n:
+            if q is None:
+                drop = torch.zeros_like(keep).scatter_(1, safe[:, pos : pos + 1], inside[:, pos : pos + 1])
+                keep = torch.where(step.greedy[:, None], keep, keep & ~drop)
+            else:
+                residual = (logp[:, pos].exp() - q[:, pos]).clamp(min=0.0)
+                x_pos = torch.where(step.greedy[:, None], x_pos, torch.log(residual).float())
+                temps_pos = torch.where(step.greedy, 0.0, 1.0)
+                keep = torch.where(step.greedy[:, None], keep, residual > 0)
+        tokens_pos, scores_pos, _, _ = torch.ops.flashsampling.sample_from_logits(
+            x_pos.contiguous(), temperature=1.0, temperatures=temps_pos, num_samples=1,
+            seed=step.seeds if step.per_row_seed else step.seeds[0], offset=step.offsets + pos, generator=None,
+            logit_bias=None, allowed_mask=pack_allowed_mask(keep), empty_mask_token=empty_token,
+            vocab_start=vocab_start, return_logprobs=False)
+        tokens.append(tokens_pos[:, 0])
+        scores.append(scores_pos[:, 0])
+    return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
+
+
+def step_output(draft_token_ids: Tensor, emitted: Tensor, num_accepted: Tensor, draft_logp: Tensor | None,
+                emitted_logp: Tensor | None) -> SpeculativeOutput:
+    """The accepted drafts, then the emitted token at ``num_accepted``, -1 after; with
+    ``draft_logp [B, n]`` / ``emitted_logp [B, n + 1]`` (float64, NaN where the token is none)
+    their log-probabilities."""
+    batch, positions = emitted.shape
+    slot = torch.arange(positions, device=emitted.device)[None, :]
+    final = emitted.gather(1, num_accepted[:, None])
+    drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
+    tokens = torch.where(slot < num_accepted[:, None], drafts, torch.where(slot == num_accepted[:, None], final, -1))
+    logprobs = None
+    if draft_logp is not None:
+        drafted = torch.cat([draft_logp, draft_logp.new_full((batch, 1), torch.nan)], dim=1)
+        final_logp = emitted_logp.gather(1, num_accepted[:, None])
+        logprobs = torch.where(slot < num_accepted[:, None], drafted,
+                               torch.where(slot == num_accepted[:, None], final_logp, torch.nan)).float()
+    return SpeculativeOutput(tokens, num_accepted, logprobs)
+
+
+def values_at(table: Tensor, local: Tensor) -> Tensor:
+    """``table [B, P, V]`` at the columns ``local [B, P]``, NaN where ``local`` is not a column."""
+    valid = (local >= 0) & (local < table.shape[2])
+    return torch.where(valid, table.gather(2, torch.where(valid, local, 0)[:, :, None])[:, :, 0], torch.nan)
 
 
 def speculative_sample(
@@ -101,115 +274,29 @@ def speculative_sample(
         :class:`SpeculativeOutput` ``(tokens [B, n + 1] int64, num_accepted [B] int64,
         logprobs [B, n + 1] float32 or None)``.
     """
-    if not isinstance(hidden, Tensor) or hidden.dim() != 3:
-        raise ValueError("flashsampling.speculative_sample: hidden must be [B, n + 1, D], got "
-                         f"{list(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}")
-    batch, positions, dim = hidden.shape
-    n = positions - 1
-    if n < 0:
-        raise ValueError("flashsampling.speculative_sample: hidden must have n + 1 >= 1 positions")
-    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[1] != dim:
-        raise ValueError(f"flashsampling.speculative_sample: weight must be [V, {dim}], got "
-                         f"{list(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__}")
-    vocab = weight.shape[0]
-    device = hidden.device
-    if (not isinstance(draft_token_ids, Tensor) or draft_token_ids.dtype != torch.int64
-            or tuple(draft_token_ids.shape) != (batch, n)):
-        raise ValueError(f"flashsampling.speculative_sample: draft_token_ids must be int64 [{batch}, {n}], got "
-                         f"{getattr(draft_token_ids, 'dtype', type(draft_token_ids).__name__)} "
-                         f"{list(getattr(draft_token_ids, 'shape', []))}")
-    if draft_probs is not None and (not isinstance(draft_probs, Tensor) or not draft_probs.is_floating_point()
-                                    or tuple(draft_probs.shape) != (batch, n, vocab)):
-        raise ValueError(f"flashsampling.speculative_sample: draft_probs must be floating [{batch}, {n}, {vocab}] or "
-                         f"None, got {list(getattr(draft_probs, 'shape', []))}")
-    if seed is None:
-        seed = draw_seed(generator, device)
-    seeds, per_row_seed = _per_row_int64("seed", seed, batch, device)
-    offsets, _ = _per_row_int64("offset", offset, batch, device)
-    streams = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(
-        batch, device=device)
-    if isinstance(temperature, Tensor):
-        temps = temperature.to(device=device, dtype=torch.float32).expand(batch)
-    else:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-            raise ValueError(f"flashsampling.speculative_sample: temperature must be a float >= 0 or a tensor, got "
-                             f"{temperature!r}")
-        temps = torch.full((batch,), float(temperature), dtype=torch.float32, device=device)
-    greedy = temps == 0
-    truncation = parse_truncation(top_k, top_p, min_p, hidden[:, 0])
-
-    # The target at every position: x, y and the survivors, rows (b, j) -> b * (n + 1) + j.
-    flat = hidden.reshape(batch * positions, dim)
-    x = transformed_logits(materialized_logits(flat, weight), None if logit_bias is None else
-                           logit_bias.to(device, torch.float32))
-    x = x.reshape(batch, positions, vocab)
-    rows_temps = temps[:, None].expand(batch, positions).reshape(-1)
-    y = scaled_logits(x.reshape(-1, vocab), 1.0, rows_temps).reshape(batch, positions, vocab)
-    allowed = None
-    if allowed_mask is not None:
-        allowed = unpack_allowed_mask(allowed_mask.to(device), vocab)[:, None, :].expand(batch, positions, vocab)
-    if truncation is not None:
-        repeat = [(v.to(device).expand(batch)[:, None].expand(batch, positions).reshape(-1)
-                   if isinstance(v, Tensor) else v) for v in truncation]
-        flat_allowed = None if allowed is None else allowed.reshape(-1, vocab)
-        allowed = survivor_mask(y.reshape(-1, vocab), flat_allowed, type(truncation)(*repeat)).reshape(
-            batch, positions, vocab)
-    yd = y.double()
-    if allowed is not None:
-        yd = yd.masked_fill(~allowed, -torch.inf)
-    logp = torch.log_softmax(yd, dim=2)  # the target's log-probabilities, float64 [B, n + 1, V]
+    step = parse_step("flashsampling.speculative_sample", hidden, weight, draft_token_ids, draft_probs, temperature,
+                      seed, offset, top_k, top_p, min_p, lambda: draw_seed(generator, hidden.device))
+    n = step.n
+    x, y, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
+    logp = torch.log_softmax(masked_target(y, allowed), dim=2)  # the target's log-probabilities, float64
 
     # Acceptance of each draft.
-    draft_local = draft_token_ids - vocab_start
-    inside = (draft_local >= 0) & (draft_local < vocab)
-    safe = torch.where(inside, draft_local, 0)
+    safe, inside = draft_columns(draft_token_ids, vocab_start, weight.shape[0])
     p_draft = torch.where(inside, logp[:, :n].gather(2, safe[:, :, None])[:, :, 0].exp(), 0.0)
+    q = q_draft = None
     if draft_probs is not None:
-        q = draft_probs.to(device, torch.float64)
+        q = draft_probs.to(hidden.device, torch.float64)
         q_draft = q.gather(2, safe[:, :, None])[:, :, 0]
-        ratio = torch.where(q_draft > 0, p_draft / q_draft, torch.inf)
-        accept_prob = torch.where(inside, ratio.clamp(max=1.0), 0.0)
-    else:
-        accept_prob = p_draft
-    j = torch.arange(n, device=device)
-    u = uniform_noise(seeds[:, None], offsets[:, None], streams[:, None], j[None, :], _ACCEPT_INDEX).double()
     argmax = torch.where(torch.isnan(y[:, :n]), -torch.inf, y[:, :n])
     if allowed is not None:
         argmax = argmax.masked_fill(~allowed[:, :n], -torch.inf)
     target_top = argmax.argmax(dim=2)  # first index of the max: ties to the smaller index
-    accepted = torch.where(greedy[:, None], (draft_local == target_top) & inside, u < accept_prob)
-    num_accepted = torch.cumprod(accepted.long(), dim=1).sum(dim=1)
+    num_accepted = accepted_count(step, acceptance_probability(p_draft, q_draft, inside),
+                                  (safe == target_top) & inside)
 
     # The sample each position would emit: corrective (j < n) or bonus (j = n).
-    emitted = []
-    for pos in range(positions):
-        x_pos, temps_pos = x[:, pos], temps
-        keep = allowed[:, pos] if allowed is not None else torch.ones((batch, vocab), dtype=torch.bool, device=device)
-        if pos < n:
-            if draft_probs is None:
-                drop = torch.zeros_like(keep).scatter_(1, safe[:, pos : pos + 1], inside[:, pos : pos + 1])
-                keep = torch.where(greedy[:, None], keep, keep & ~drop)
-            else:
-                residual = (logp[:, pos].exp() - q[:, pos]).clamp(min=0.0)
-                x_pos = torch.where(greedy[:, None], x_pos, torch.log(residual).float())
-                temps_pos = torch.where(greedy, 0.0, 1.0)
-                keep = torch.where(greedy[:, None], keep, residual > 0)
-        tokens_pos, _, _, _ = torch.ops.flashsampling.sample_from_logits(
-            x_pos.contiguous(), temperature=1.0, temperatures=temps_pos, num_samples=1,
-            seed=seeds if per_row_seed else seeds[0], offset=offsets + pos, generator=None, logit_bias=None,
-            allowed_mask=pack_allowed_mask(keep), empty_mask_token=-1, vocab_start=vocab_start,
-            return_logprobs=False)
-        emitted.append(tokens_pos[:, 0])
-    emitted = torch.stack(emitted, dim=1)  # [B, n + 1]
-
-    slot = torch.arange(positions, device=device)[None, :]
-    final = emitted.gather(1, num_accepted[:, None])
-    drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
-    tokens = torch.where(slot < num_accepted[:, None], drafts, torch.where(slot == num_accepted[:, None], final, -1))
-    logprobs = None
-    if return_logprobs:
-        local = tokens - vocab_start
-        valid = (tokens >= 0) & (local >= 0) & (local < vocab)
-        logprobs = torch.where(valid, logp.gather(2, torch.where(valid, local, 0)[:, :, None])[:, :, 0],
-                               torch.nan).float()
-    return SpeculativeOutput(tokens, num_accepted, logprobs)
+    emitted, _ = position_samples(x, allowed, step, safe, inside, logp, q, vocab_start, -1)
+    if not return_logprobs:
+        return step_output(draft_token_ids, emitted, num_accepted, None, None)
+    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, values_at(logp[:, :n], safe),
+                       torch.nan), values_at(logp, emitted - vocab_start))

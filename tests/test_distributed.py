@@ -12,7 +12,9 @@ CI box, so one is shared) and saves what each rank returned; the tests then comp
 * chi-square of the merged tokens against softmax; back-to-back calls; the no-seed path
   (rank 0 draws and broadcasts);
 * global truncation: a host top_k (with top_p / min_p) and the forms that gather every
-  shard's logits (top_p or min_p alone, per-row top_k tensors) == the single-process op.
+  shard's logits (top_p or min_p alone, per-row top_k tensors) == the single-process op;
+* speculative verification (distributed.speculative_sample) == the single-process
+  speculative_sample: one-hot and sampled drafts, greedy rows, truncation with a mask.
 
 gloo on the CPU with 2, 4 and 8 processes everywhere; NCCL with the same test functions
 where at least `world_size` GPUs are (`pytest tests/test_distributed.py -m requires_cuda`
@@ -30,7 +32,7 @@ import torch.distributed as dist
 import flashsampling_cuda as fs
 from flashsampling_cuda import distributed as tp
 from sampling_stats import chi_square_pvalue
-from tp_scenarios import VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
+from tp_scenarios import SPEC_DRAFTS, VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
 
 WORLD_SIZES = [2, 4, 8]
 
@@ -200,6 +202,36 @@ def test_serving_controls_equal_single_process_op(backend, world):
             else:
                 torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-5, equal_nan=True,
                                            msg=f"{name}.{key}")
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_speculative_equals_single_process_op(backend, world):
+    """distributed.speculative_sample: tokens and num_accepted exact, log-probabilities to fp32
+    rounding, the same on every rank; drafts are accepted and rejected, and the size-1 shard's
+    token is accepted as a draft."""
+    ranks = results(backend, world, "scenario_speculative")
+    accepted = []
+    for name, entry in ranks[0].items():
+        got, expected = entry["got"], entry["expected"]
+        for r, res in enumerate(ranks[1:], start=1):
+            for key, value in res[name]["got"].items():
+                if value is not None:
+                    torch.testing.assert_close(value, got[key], rtol=0, atol=0, equal_nan=True,
+                                               msg=f"{name}.{key}: rank {r} differs")
+        assert torch.equal(got["tokens"], expected["tokens"]), f"{name}: {got['tokens']} != {expected['tokens']}"
+        assert torch.equal(got["num_accepted"], expected["num_accepted"]), name
+        if expected["logprobs"] is None:
+            assert got["logprobs"] is None, name
+        else:
+            torch.testing.assert_close(got["logprobs"], expected["logprobs"], rtol=1e-5, atol=1e-5, equal_nan=True,
+                                       msg=name)
+        accepted.append(expected["num_accepted"])
+    accepted = torch.cat(accepted)
+    assert (accepted > 0).any() and (accepted < SPEC_DRAFTS).any(), accepted
+    small = unequal_shards(VOCAB, world)[0][0]
+    one_hot = ranks[0]["one_hot"]["expected"]
+    drafted = torch.arange(SPEC_DRAFTS + 1)[None, :] < one_hot["num_accepted"][:, None]
+    assert (drafted & (one_hot["tokens"] == small)).any(), one_hot
 
 
 def _tokens(x):

@@ -320,8 +320,60 @@ def scenario_serving(ctx: Ctx):
     return out
 
 
+SPEC_DRAFTS = 3  # n: drafts per row
+
+
+def scenario_speculative(ctx: Ctx):
+    """distributed.speculative_sample == the single-process speculative_sample: one-hot and
+    sampled drafts, greedy rows beside sampled ones, truncation with a mask; integer logits at
+    low temperatures so that drafts (mostly the target's argmax) are often accepted, and the
+    size-1 shard's token boosted (the argmax in some rows) and drafted."""
+    n = SPEC_DRAFTS
+    hidden, weight = integer_problem(batch=BATCH * (n + 1), seed=13)
+    h, w = hidden.reshape(BATCH, n + 1, DIM).bfloat16(), weight.bfloat16()
+    g = torch.Generator().manual_seed(14)
+    small = ctx.shards[0][0]  # the size-1 shard's token
+    bias = (torch.randint(-2, 3, (VOCAB,), generator=g) / 4).float()
+    bias[small] = 3.0
+    x = h.float() @ w.float().T + bias
+    drafts = torch.where(torch.rand(BATCH, n, generator=g) < 0.85, x[:, :n].argmax(2),
+                         torch.randint(0, VOCAB, (BATCH, n), generator=g))
+    drafts[0] = small  # the size-1 shard's token: where rejected, that shard keeps nothing
+    q = torch.softmax(x[:, :n] / 0.5 + torch.randn(BATCH, n, VOCAB, generator=g), dim=2)
+    sampled = torch.multinomial(q.reshape(-1, VOCAB), 1, generator=g).reshape(BATCH, n)
+    mask = random_mask(BATCH, VOCAB, 0.7, seed=15)
+    mask[torch.arange(BATCH)[:, None], drafts] = True
+    temperatures = torch.tensor([0.0, 0.5, 1.0, 0.0, 0.7, 0.3])
+    configs = {
+        "one_hot": dict(drafts=drafts, temperature=0.5, seed=123, offset=4, return_logprobs=True),
+        "one_hot_greedy_rows_per_row_seed": dict(drafts=drafts, temperature=temperatures, seed=torch.arange(
+            BATCH) * 31 + 5, offset=torch.arange(BATCH) * 3, return_logprobs=True),
+        "sampled": dict(drafts=sampled, draft_probs=q, temperature=0.6, seed=77, offset=1, return_logprobs=True),
+        "sampled_greedy_rows": dict(drafts=sampled, draft_probs=q, temperature=temperatures, seed=78),
+        "one_hot_top_k_top_p_mask": dict(drafts=drafts, temperature=0.8, seed=9, top_k=8, top_p=0.8,
+                                         allowed_mask=fs.pack_allowed_mask(mask), return_logprobs=True),
+        "sampled_top_k_top_p": dict(drafts=sampled, draft_probs=q, temperature=torch.tensor(
+            [0.9, 0.0, 0.6, 1.2, 0.8, 0.0]), seed=10, top_k=5, top_p=0.9, return_logprobs=True),
+    }
+    out = {}
+    for name, cfg in configs.items():
+        cfg = dict(cfg, logit_bias=bias)
+        drafts_cfg, probs = cfg.pop("drafts").to(ctx.device), cfg.pop("draft_probs", None)
+        shard_cfg = dict(cfg, logit_bias=ctx.shard(bias))
+        if "allowed_mask" in cfg:
+            shard_cfg["allowed_mask"] = tp.shard_allowed_mask(cfg["allowed_mask"], ctx.start, ctx.size)
+        entry = {"got": tp.speculative_sample(
+            h.to(ctx.device), ctx.shard(w), drafts_cfg, None if probs is None else ctx.shard(probs, dim=2),
+            vocab_start=ctx.start, **{k: ctx.to(v) for k, v in shard_cfg.items()})}
+        if ctx.rank == 0:
+            entry["expected"] = fs.speculative_sample(h.to(ctx.device), w.to(ctx.device), drafts_cfg,
+                                                      ctx.to(probs), **{k: ctx.to(v) for k, v in cfg.items()})
+        out[name] = entry
+    return out
+
+
 SCENARIOS = [scenario_tokens, scenario_masks, scenario_logprobs, scenario_chi_square, scenario_back_to_back,
-             scenario_no_seed, scenario_truncation, scenario_serving]
+             scenario_no_seed, scenario_truncation, scenario_serving, scenario_speculative]
 
 
 def _worker(rank, world, backend, store, out_dir):
