@@ -54,6 +54,10 @@ _ALL = tuple(c.name for c in SAMPLING_CONTROLS)
 _CORE = ("temperature", "generator", "seed", "offset", "num_samples", "logit_bias", "sparse_logit_bias",
          "allowed_mask", "empty_mask_token", "return_logprobs", "vocab_start", "top_k", "top_p", "min_p")
 
+# What defines the target of a speculative verification (one sample a position, no sparse bias).
+_SPECULATIVE = ("temperature", "generator", "seed", "offset", "logit_bias", "allowed_mask", "return_logprobs",
+                "vocab_start", "top_k", "top_p", "min_p", "logit_scale", "logit_softcap")
+
 # Entry point -> the controls it takes, in signature order. Defaults differ only where named in
 # DEFAULT_EXCEPTIONS (the float64 reference needs an explicit seed).
 ENTRY_POINTS: dict[str, tuple[str, ...]] = {
@@ -64,6 +68,8 @@ ENTRY_POINTS: dict[str, tuple[str, ...]] = {
         c for c in _CORE if c not in ("num_samples", "return_logprobs")),
     "flashsampling_cuda.distributed.sample": tuple(
         c for c in _ALL if c not in ("vocab_start", "truncation_path", "check_nan")),
+    "flashsampling_cuda.speculative_sample": _SPECULATIVE,
+    "flashsampling_cuda.distributed.speculative_sample": tuple(c for c in _SPECULATIVE if c != "vocab_start"),
     "flashsampling_cuda.reference.reference_sample": tuple(
         c for c in _CORE if c not in ("generator", "return_logprobs")) + ("truncation_order",),
 }

@@ -531,15 +531,17 @@ def speculative_sample(
     vocab_start: int,
     group: dist.ProcessGroup | None = None,
     temperature: float | Tensor = 1.0,
-    seed: int | Tensor | None = None,
-    offset: int | Tensor = 0,
     generator: torch.Generator | None = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
     logit_bias: Tensor | None = None,
     allowed_mask: Tensor | None = None,
+    return_logprobs: bool = False,
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
-    return_logprobs: bool = False,
+    logit_scale: float = 1.0,
+    logit_softcap: float | None = None,
 ) -> SpeculativeOutput:
     r"""Tensor-parallel speculative-decoding verification: every rank of ``group`` holds a
     vocabulary shard, and every rank returns the :class:`flashsampling_cuda.SpeculativeOutput` of
@@ -593,7 +595,8 @@ def speculative_sample(
     rank, world, backend = _group_info(group)
     step = parse_step("flashsampling.distributed.speculative_sample", hidden, weight_shard, draft_token_ids,
                       draft_probs, temperature, seed, offset, top_k, top_p, min_p,
-                      lambda: _shared_seed(generator, hidden.device, rank, world, group, backend))
+                      lambda: _shared_seed(generator, hidden.device, rank, world, group, backend), logit_scale,
+                      logit_softcap)
     n = step.n
     survivors = functools.partial(_shard_survivors, vocab_start=vocab_start, order="top_k_first", world=world,
                                   group=group, backend=backend)

@@ -39,8 +39,9 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed, uniform_noise
-from .truncation import (Truncation, materialized_logits, parse_truncation, scaled_logits, survivor_mask,
-                         transformed_logits)
+from .penalties import rule_logits
+from .sampling import _model_transform_args
+from .truncation import Truncation, materialized_logits, parse_truncation, scaled_logits, survivor_mask
 
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
@@ -78,10 +79,13 @@ class _Step(NamedTuple):
     temps: Tensor  # float32 [B]
     greedy: Tensor  # bool [B]
     truncation: Truncation | None
+    logit_scale: float = 1.0
+    logit_softcap: float | None = None
 
 
 def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None,
-               temperature, seed, offset, top_k, top_p, min_p, draw_seed_fn) -> _Step:
+               temperature, seed, offset, top_k, top_p, min_p, draw_seed_fn, logit_scale: float = 1.0,
+               logit_softcap: float | None = None) -> _Step:
     """Checks the arguments of a verification step (``weight``: the rows this process holds, whose
     count ``draft_probs``' last dimension must have) and reads them per row; ``draw_seed_fn()``
     draws the seed when ``seed`` is None."""
@@ -109,7 +113,8 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
     if seed is None:
         seed = draw_seed_fn()
     seeds, per_row_seed = _per_row_int64(name, "seed", seed, batch, device)
-    offsets, _ = _per_row_int64(name, "offset", offset, batch, device)
+    offsets, _ = _per_row_int64(name, "offset", 0 if offset is None else offset, batch, device)
+    scale, softcap = _model_transform_args(logit_scale, logit_softcap)
     streams = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(
         batch, device=device)
     if isinstance(temperature, Tensor):
@@ -119,19 +124,22 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
             raise ValueError(f"{name}: temperature must be a float >= 0 or a tensor, got {temperature!r}")
         temps = torch.full((batch,), float(temperature), dtype=torch.float32, device=device)
     truncation = parse_truncation(top_k, top_p, min_p, hidden[:, 0])
-    return _Step(batch, n, seeds, per_row_seed, offsets, streams, temps, temps == 0, truncation)
+    return _Step(batch, n, seeds, per_row_seed, offsets, streams, temps, temps == 0, truncation, scale, softcap)
 
 
 def target(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None, allowed_mask: Tensor | None, step: _Step,
            survivors=survivor_mask) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(x, y, allowed)`` of the target at every position, ``[B, n + 1, V]`` (``allowed``: the
     mask, an int32 bitmask or bool, and the truncation's survivors; None for all):
-    ``survivors(y, allowed, truncation)`` finds the survivors of ``[B * (n + 1), V]`` rows."""
+    ``survivors(y, allowed, truncation)`` finds the survivors of ``[B * (n + 1), V]`` rows. ``x``
+    follows the rule of flashsampling_cuda/penalties.py (model-side scale and soft-cap, then the
+    bias)."""
     batch, positions, dim = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
-    x = transformed_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight),
-                           None if logit_bias is None else logit_bias.to(device, torch.float32))
+    x = rule_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight),
+                    None if logit_bias is None else logit_bias.to(device, torch.float32), None, None, 0,
+                    step.logit_scale, step.logit_softcap, None)
     rows_temps = step.temps[:, None].expand(batch, positions).reshape(-1)
     y = scaled_logits(x, 1.0, rows_temps)
     allowed = None
@@ -244,16 +252,18 @@ def speculative_sample(
     draft_probs: Tensor | None = None,
     *,
     temperature: float | Tensor = 1.0,
-    seed: int | Tensor | None = None,
-    offset: int | Tensor = 0,
     generator: torch.Generator | None = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor | None = None,
     logit_bias: Tensor | None = None,
     allowed_mask: Tensor | None = None,
+    return_logprobs: bool = False,
+    vocab_start: int = 0,
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
-    vocab_start: int = 0,
-    return_logprobs: bool = False,
+    logit_scale: float = 1.0,
+    logit_softcap: float | None = None,
 ) -> SpeculativeOutput:
     """Verifies ``n`` draft tokens per row against the target (module docstring) and emits the
     accepted prefix plus one corrective or bonus token.
@@ -265,9 +275,10 @@ def speculative_sample(
         draft_token_ids: ``[B, n]`` int64 global ids (``vocab_start`` the id of column 0).
         draft_probs: ``[B, n, V]`` floating (the draft's probabilities of every token at each
             position), or None for one-hot drafts.
-        temperature, seed, offset, generator, logit_bias, allowed_mask, top_k, top_p, min_p,
-        vocab_start: as in :func:`flashsampling_cuda.sample` (per row where ``[B]``); the mask is
-            per row (``[B, ceil(V / 32)]``) and applies at every position.
+        temperature, generator, seed, offset, logit_bias, allowed_mask, vocab_start, top_k, top_p,
+        min_p, logit_scale, logit_softcap: as in :func:`flashsampling_cuda.sample` (per row where
+            ``[B]``; ``offset`` None is 0); the mask is per row (``[B, ceil(V / 32)]``) and applies
+            at every position; the model-side scale and soft-cap act on the raw logits first.
         return_logprobs: also each emitted token's log-probability under the target.
 
     Returns:
@@ -275,7 +286,8 @@ def speculative_sample(
         logprobs [B, n + 1] float32 or None)``.
     """
     step = parse_step("flashsampling.speculative_sample", hidden, weight, draft_token_ids, draft_probs, temperature,
-                      seed, offset, top_k, top_p, min_p, lambda: draw_seed(generator, hidden.device))
+                      seed, offset, top_k, top_p, min_p, lambda: draw_seed(generator, hidden.device), logit_scale,
+                      logit_softcap)
     n = step.n
     x, y, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
     logp = torch.log_softmax(masked_target(y, allowed), dim=2)  # the target's log-probabilities, float64

@@ -5,7 +5,7 @@ CPU, tiny random-weight models: greedy decoding equals the target's plain greedy
 model's standard forward, reference_generate) whatever the proposer, rows accepting different
 numbers of drafts in one batch included; sampled decoding follows the target's distribution
 over the first three tokens (chi-square over many rows with per-row seeds, a Granite-style
-model with a logit scale and top_k included); a row's tokens depend only on its seed; the
+model with a logit scale and top_k and a soft-capped Gemma 2-style one included); a row's tokens depend only on its seed; the
 refusals. Skipped where transformers is not installed.
 """
 
@@ -128,14 +128,17 @@ def exact_three_token_distribution(model, prompt, temperature, top_k=None):
 
 
 @pytest.mark.parametrize("family,proposer_kind,top_k", [("llama", "ngram", None), ("llama", "draft_sampled", None),
-                                                        ("granite", "draft_sampled", 3)])
+                                                        ("granite", "draft_sampled", 3), ("gemma2", "ngram", None)])
 def test_sampled_tokens_follow_the_target(fst, spec, family, proposer_kind, top_k):
     """T > 0: the first three tokens of 20000 rows (one prompt, per-row seeds, 2 drafts per step,
     so the third token comes from a step whose rows kept different numbers of slots) follow
-    the target's own distribution; Granite's logit scale goes into the verification temperature."""
-    extra = dict(logits_scaling=0.5) if family == "granite" else dict(tie_word_embeddings=False)
+    the target's own distribution; Granite's logit scale and Gemma 2's soft-cap go to the
+    verification as they go to sample."""
+    extra = {"granite": dict(logits_scaling=0.5), "gemma2": dict(final_logit_softcapping=1.0)}.get(
+        family, dict(tie_word_embeddings=False))
     model = tiny_model(family, vocab_size=8, hidden_size=32, intermediate_size=64, num_attention_heads=2,
-                       num_key_value_heads=1, initializer_range=0.5, **extra)
+                       num_key_value_heads=1, initializer_range=0.5, attn="eager" if family == "gemma2" else "sdpa",
+                       **extra)
     prompt, temperature, rows, vocab = [1, 5, 2], 0.9, 20000, 8
     proposer = (spec.NgramProposer() if proposer_kind == "ngram"
                 else spec.DraftModelProposer(spec.truncated_draft_model(model, 1)))
@@ -179,13 +182,6 @@ def test_truncated_draft_model_shares_the_targets_modules(spec):
 
 
 def test_refusals_and_argument_errors(fst, spec):
-    transformers = import_or_skip("transformers")
-    torch.manual_seed(0)
-    gemma2 = transformers.AutoModelForCausalLM.from_config(
-        transformers.Gemma2Config(**COMMON, final_logit_softcapping=2.0, sliding_window=128),
-        attn_implementation="eager").eval()
-    with pytest.raises(fst.UnsupportedModelError, match="soft-capped"):
-        spec.speculative_generate(gemma2, PROMPTS, proposer=spec.NgramProposer(), max_new_tokens=4)
     sliding = tiny_model("mistral", sliding_window=32)
     with pytest.raises(fst.UnsupportedModelError, match="sliding-window"):
         spec.speculative_generate(sliding, PROMPTS, proposer=spec.NgramProposer(), max_new_tokens=8)

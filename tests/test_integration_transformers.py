@@ -39,6 +39,8 @@ FAMILIES = {
     "granite": ("GraniteConfig", dict(logits_scaling=0.25, tie_word_embeddings=False)),
     "cohere": ("CohereConfig", dict(logit_scale=4.0)),
     "cohere2": ("Cohere2Config", dict(logit_scale=0.25, sliding_window=128)),
+    # Gemma 2 soft-caps its logits (cap * tanh(logits / cap)); a small cap that changes the tokens.
+    "gemma2": ("Gemma2Config", dict(final_logit_softcapping=2.0, sliding_window=128)),
 }
 PROMPTS = [[5, 17, 3, 99, 250, 7, 8], [11, 2], [300, 301, 302, 42]]  # different lengths: left padding
 

@@ -258,9 +258,8 @@ def speculative_generate(
     ``pad_token_id`` as in :meth:`FlashSamplingDecoder.generate`; the tokens follow the same
     distribution (greedy: the same tokens), drawn with other noise.
 
-    Supported models: those of :class:`FlashSamplingHead` but soft-capped ones
-    (``speculative_sample`` has no soft-cap); a model's logit scale goes into the temperature
-    (``T / scale``, the same distribution), which needs a head without bias.
+    Supported models: those of :class:`FlashSamplingHead`; a model's logit scale and soft-cap go
+    to ``speculative_sample`` as they go to ``sample``.
     """
     n = num_draft_tokens
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -268,13 +267,6 @@ def speculative_generate(
     if max_new_tokens < 1:
         raise ValueError(f"speculative_generate: max_new_tokens must be >= 1, got {max_new_tokens}")
     head = FlashSamplingHead(model)
-    prefix = _prefix(model)
-    if head.logit_softcap is not None:
-        raise UnsupportedModelError(f"{prefix} speculative decoding of a soft-capped model (final_logit_softcapping) "
-                                    "is not supported: speculative_sample takes no soft-cap")
-    if head.logit_scale != 1.0 and head.logit_bias is not None:
-        raise UnsupportedModelError(f"{prefix} speculative decoding of a model that scales its logits and has an "
-                                    "lm_head bias is not supported (the scale cannot go into the temperature)")
     device = head.weight.device
     stops = _stop_list(stop_token_ids)
     pad_id = _default_pad_token_id(model, pad_token_id, stops)
@@ -320,7 +312,6 @@ def speculative_generate(
     for b, t in enumerate(pending.tolist()):
         emit(b, [t])
     steps, drafted, accepted = ([0] * batch for _ in range(3))
-    verify_temps = temps / head.logit_scale  # softmax(scale * x / T) = softmax(x / (T / scale))
     slots = torch.arange(n + 1, device=device)
     k = 0
     while any(running):
@@ -333,8 +324,9 @@ def speculative_generate(
         num_slots = slot_mask.shape[1]
         fed_mask = torch.cat([slot_mask, slot_mask.new_ones(batch, n + 1)], dim=1)
         hidden = forward(torch.cat([pending[:, None], drafts], dim=1), fed_mask, next_position[:, None] + slots)
-        out = speculative_sample(hidden, head.weight, drafts, draft_probs, temperature=verify_temps, seed=seed_t,
-                                 offset=step_offset, logit_bias=head.logit_bias_on(device), **truncation)
+        out = speculative_sample(hidden, head.weight, drafts, draft_probs, temperature=temps, seed=seed_t,
+                                 offset=step_offset, logit_bias=head.logit_bias_on(device), **truncation,
+                                 logit_scale=head.logit_scale, logit_softcap=head.logit_softcap)
         num_accepted = out.num_accepted
         # Row b keeps pending and its accepted drafts; the slots every row rejected go.
         fed_mask[:, num_slots:] = (slots[None, :] <= num_accepted[:, None]).to(fed_mask.dtype)
