@@ -3,10 +3,15 @@
 # build the CUDA extension, run the GPU tests, compute-sanitizer on odd shapes, then
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
-#   STEPS: any of "build tests sanitizer bench truncation controls decode ncu truncprof tp" (default:
-#   build tests sanitizer bench); truncation runs bench_truncation.py (TRUNCATION_ARGS adds options);
+#   STEPS: any of "build tests sanitizer bench truncation controls decode logprobs penalties speculative
+#   serving_smoke ncu truncprof tp" (default: build tests sanitizer bench); truncation runs
+#   bench_truncation.py (TRUNCATION_ARGS adds options); logprobs, penalties and speculative run
+#   bench_logprobs.py, bench_penalties.py and bench_speculative.py (LOGPROBS_ARGS, PENALTIES_ARGS,
+#   SPECULATIVE_ARGS add options); serving_smoke runs those three with --tiny --timing graph (minutes,
+#   mostly torch.compile: graph capture, compile and FlashInfer on tiny shapes, nothing written);
 #   PYTEST_TARGETS picks test files (default: tests);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
+#   BENCH_COMMIT: the commit the result files name where the tree has no .git (benchmarks/report.py)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
 STEPS=${STEPS:-"build tests sanitizer bench"}
@@ -21,6 +26,11 @@ if [ -d .fi ]; then bash .fi/setup.sh > /tmp/fi_exports.sh 2> "$OUT/fi_setup.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 summary=()
 has_step() { [[ " $STEPS " == *" $1 "* ]]; }  # whole words: "truncprof" is not "truncation"
+serving_bench() {  # serving_bench NAME ARGS...: bench_NAME.py; checks and tables print, records go to the log
+  local name=$1; shift
+  python3 "benchmarks/bench_$name.py" --out "$OUT" "$@" 2>&1 | tee "$OUT/$name.log" | grep -v "^\[bench\] {"
+  summary+=("$name: rc=${PIPESTATUS[0]}")
+}
 if has_step build; then
   t0=$(date +%s)
   if ! MAX_JOBS=${MAX_JOBS:-16} FLASHSAMPLING_CUDA_ARCHS=${FLASHSAMPLING_CUDA_ARCHS:-90a} FLASHSAMPLING_WITH_CUDA=1 \
@@ -50,6 +60,15 @@ fi
 if has_step controls; then
   python3 benchmarks/bench_controls.py --out "$OUT" ${CONTROLS_ARGS:-} 2>&1 | tee "$OUT/controls.log" | grep -v "^\[bench\] {"
 fi
+if has_step serving_smoke; then
+  for name in logprobs penalties speculative; do
+    python3 "benchmarks/bench_$name.py" --tiny --timing graph 2>&1 | grep -v "^\[bench\] {"
+    summary+=("serving_smoke $name: rc=${PIPESTATUS[0]}")
+  done
+fi
+if has_step logprobs; then serving_bench logprobs ${LOGPROBS_ARGS:-}; fi
+if has_step penalties; then serving_bench penalties ${PENALTIES_ARGS:-}; fi
+if has_step speculative; then serving_bench speculative ${SPECULATIVE_ARGS:-}; fi
 if has_step decode; then
   python3 benchmarks/bench_decode.py --out "$OUT" ${DECODE_ARGS:-} 2>&1 | tee "$OUT/decode.log" | tail -30
 fi

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
@@ -15,14 +16,29 @@ from typing import Callable
 import torch
 
 
+def source_commit() -> str | None:
+    """The checkout's ``git rev-parse --short HEAD`` (``+dirty`` where tracked files differ from it),
+    else ``$BENCH_COMMIT`` (for a copied tree without ``.git``, as on the GPU machine), else None."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001 - no git, not a checkout: fall back
+        return os.environ.get("BENCH_COMMIT") or None
+
+
 def run_header(device: str) -> dict:
-    """Device name, date, command line (with the FLASHSAMPLING_* knobs it ran under) and torch
-    version of this run."""
+    """Device name, date, command line (with the FLASHSAMPLING_* knobs it ran under), source
+    commit and torch version of this run."""
     knobs = [f"{k}={v}" for k, v in sorted(os.environ.items()) if k.startswith("FLASHSAMPLING_")]
     return {
         "device": device,
         "date": dt.date.today().isoformat(),
         "command": " ".join(knobs + ["python"] + sys.argv),
+        "commit": source_commit(),
         "torch": torch.__version__,
     }
 
@@ -34,7 +50,8 @@ def write_results(out: str | Path, stem: str, results: dict, table: str,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
-    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`\n\n{table.lstrip(chr(10))}\n")
+    commit = f" (commit {results['commit']})" if results.get("commit") else ""
+    (out / f"{stem}.md").write_text(f"Command: `{results['command']}`{commit}\n\n{table.lstrip(chr(10))}\n")
     if plot is not None:
         (out / f"{stem}.png").unlink(missing_ok=True)  # a plot of an earlier run would look like this one's
         plot(results, out / f"{stem}.png")

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RESULTS = ROOT / "benchmarks" / "results"
 RESULT_PREFIXES = ("kernel", "controls", "tp", "topk", "decode", "gemm_probe", "ncu", "stages", "profile",
-                   "ab", "power", "stage2")
+                   "ab", "power", "stage2", "logprobs", "penalties", "speculative")
 
 
 def result_pattern(span: str) -> str | None:
