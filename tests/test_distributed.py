@@ -166,27 +166,10 @@ def test_no_seed_rank0_draws_and_broadcasts(backend, world):
     assert not torch.equal(ranks[0]["got"][0], ranks[0]["got"][1])
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_truncation_equals_single_process_op(backend, world):
-    ranks = results(backend, world, "scenario_truncation")
-    for name, entry in ranks[0].items():
-        got, expected = entry["got"], entry["expected"]
-        for r, res in enumerate(ranks[1:], start=1):
-            torch.testing.assert_close(res[name]["got"], got, rtol=0, atol=0, equal_nan=True,
-                                       msg=f"{name}: rank {r} differs")
-        if isinstance(got, dict):  # SampleOutput: tokens exact, log-probabilities to fp32 rounding
-            assert torch.equal(got["tokens"], expected["tokens"]), name
-            torch.testing.assert_close(got["logprobs"], expected["logprobs"], rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(got["logsumexp"], expected["logsumexp"], rtol=1e-5, atol=1e-5)
-        else:
-            assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
-
-
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_serving_controls_equal_single_process_op(backend, world):
-    """Penalties, model-side transforms, truncation orders and the logprob outputs: tokens, top-N
-    ids and ranks exact, log-probabilities to fp32 rounding, the same on every rank."""
-    ranks = results(backend, world, "scenario_serving")
+def assert_configs_equal_single_process(ranks):
+    """Every configuration of a scenario: the same on every rank, and equal to the single-process
+    op on rank 0: integer outputs (tokens, top-N ids, ranks) exactly, log-probabilities to fp32
+    rounding."""
     for name, entry in ranks[0].items():
         got, expected = entry["got"], entry["expected"]
         for r, res in enumerate(ranks[1:], start=1):
@@ -197,7 +180,7 @@ def test_serving_controls_equal_single_process_op(backend, world):
             continue
         assert got.keys() == expected.keys(), name
         for key in got:
-            if got[key].dtype == torch.int64:  # tokens, top_ids, ranks
+            if got[key].dtype == torch.int64:
                 assert torch.equal(got[key], expected[key]), f"{name}.{key}: {got[key]} != {expected[key]}"
             else:
                 torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-5, equal_nan=True,
@@ -205,33 +188,15 @@ def test_serving_controls_equal_single_process_op(backend, world):
 
 
 @pytest.mark.parametrize("backend,world", PARAMS)
-def test_speculative_equals_single_process_op(backend, world):
-    """distributed.speculative_sample: tokens and num_accepted exact, log-probabilities to fp32
-    rounding, the same on every rank; drafts are accepted and rejected, and the size-1 shard's
-    token is accepted as a draft."""
-    ranks = results(backend, world, "scenario_speculative")
-    accepted = []
-    for name, entry in ranks[0].items():
-        got, expected = entry["got"], entry["expected"]
-        for r, res in enumerate(ranks[1:], start=1):
-            for key, value in res[name]["got"].items():
-                if value is not None:
-                    torch.testing.assert_close(value, got[key], rtol=0, atol=0, equal_nan=True,
-                                               msg=f"{name}.{key}: rank {r} differs")
-        assert torch.equal(got["tokens"], expected["tokens"]), f"{name}: {got['tokens']} != {expected['tokens']}"
-        assert torch.equal(got["num_accepted"], expected["num_accepted"]), name
-        if expected["logprobs"] is None:
-            assert got["logprobs"] is None, name
-        else:
-            torch.testing.assert_close(got["logprobs"], expected["logprobs"], rtol=1e-5, atol=1e-5, equal_nan=True,
-                                       msg=name)
-        accepted.append(expected["num_accepted"])
-    accepted = torch.cat(accepted)
-    assert (accepted > 0).any() and (accepted < SPEC_DRAFTS).any(), accepted
-    small = unequal_shards(VOCAB, world)[0][0]
-    one_hot = ranks[0]["one_hot"]["expected"]
-    drafted = torch.arange(SPEC_DRAFTS + 1)[None, :] < one_hot["num_accepted"][:, None]
-    assert (drafted & (one_hot["tokens"] == small)).any(), one_hot
+def test_truncation_equals_single_process_op(backend, world):
+    assert_configs_equal_single_process(results(backend, world, "scenario_truncation"))
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_serving_controls_equal_single_process_op(backend, world):
+    """Penalties, model-side transforms, truncation orders and the logprob outputs: tokens, top-N
+    ids and ranks exact, log-probabilities to fp32 rounding, the same on every rank."""
+    assert_configs_equal_single_process(results(backend, world, "scenario_serving"))
 
 
 def _tokens(x):
