@@ -157,7 +157,7 @@ def penalties_head(model, prompt: torch.Tensor, temperature: float, compile_head
     head = torch.compile(head) if compile_head else head
 
     def sampler(hidden, seed, offset):
-        counts.mul_((offset != 0).float())  # a new generation starts at offset 0
+        counts.mul_((offset != 0).float().reshape(-1, 1))  # a new generation starts at offset 0
         tokens = head(hidden, counts)
         counts.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=torch.float32))
         return tokens

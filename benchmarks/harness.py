@@ -95,8 +95,9 @@ class Baseline:
             try:
                 return self.compiled_fn(*args)
             except Exception as exc:  # noqa: BLE001 - recorded; the eager function runs instead
-                if self.bench.on_gpu and torch.cuda.is_current_stream_capturing():
-                    raise
+                if (self.bench.on_gpu and torch.cuda.is_current_stream_capturing()) or isinstance(
+                        exc, torch.OutOfMemoryError):
+                    raise  # not a compile failure: the eager function would fail the same way
                 self.bench.results["compile"]["failed"][self.name] = short_error(exc)
                 print(f"[bench] torch.compile failed for {self.name}, eager from now on: {short_error(exc)}",
                       file=sys.stderr, flush=True)

@@ -45,8 +45,8 @@ from .noise import draw_seed as _draw_seed
 from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
 from .sampling import (LogitTransforms, SampleOutput, _allowed_mask_arg, _float32, _model_transform_args,
                        _scored_sample, _sparse_bias_args, _temperature_args, _truncation_order)
-from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, draft_columns, masked_target,
-                          parse_step, position_samples, step_output, target, values_at)
+from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, draft_columns, empty_output,
+                          masked_target, parse_step, position_samples, step_output, target, values_at)
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
                          parse_truncation, scaled_logits, survivor_mask, truncation_rank)
 
@@ -455,8 +455,9 @@ def _shard_logprob_summary(values: Tensor, tokens: Tensor, vocab_start: int, top
     width = min(top_n, shard_vocab)
     top_values, top_local = top_entries(values, width)
     pad = top_n - width
-    top_ids = torch.nn.functional.pad(top_local + vocab_start, (0, pad), value=_INT64_MAX)
-    top_values = torch.nn.functional.pad(top_values, (0, pad), value=-torch.inf)
+    # (cat, not pad: pad's fill value goes through a float, and 2^63 - 1 is not one)
+    top_ids = torch.cat([top_local + vocab_start, top_local.new_full((batch, pad), _INT64_MAX)], dim=1)
+    top_values = torch.cat([top_values, top_values.new_full((batch, pad), -torch.inf)], dim=1)
     local = tokens - vocab_start
     mine = (local >= 0) & (local < shard_vocab)
     own = torch.where(mine, values.gather(1, torch.where(mine, local, 0)), torch.nan)
@@ -499,6 +500,7 @@ def _merged_logprob_outputs(gathered: Tensor, values: Tensor, vocab_start: int, 
     flat = cand_values.permute(1, 0, 2).reshape(batch, world_size * top_n).float()
     top_logprobs, top_ids = top_entries(normalised(flat, lse, mode), top_n,
                                         cand_ids.permute(1, 0, 2).reshape(batch, world_size * top_n))
+    top_ids = torch.where(top_ids == _INT64_MAX, -1, top_ids)  # N > V: -1 and -inf past the vocabulary
     # A token id's value comes from the one shard that holds it (NaN from the others).
     held = wanted[0]
     for r in range(1, world_size):
@@ -596,8 +598,10 @@ def speculative_sample(
     step = parse_step("flashsampling.distributed.speculative_sample", hidden, weight_shard, draft_token_ids,
                       draft_probs, temperature, seed, offset, top_k, top_p, min_p,
                       lambda: _shared_seed(generator, hidden.device, rank, world, group, backend), logit_scale,
-                      logit_softcap)
+                      logit_softcap, logit_bias, allowed_mask)
     n = step.n
+    if step.batch == 0:  # the same on every rank: nothing to exchange
+        return empty_output(hidden, n, return_logprobs)
     survivors = functools.partial(_shard_survivors, vocab_start=vocab_start, order="top_k_first", world=world,
                                   group=group, backend=backend)
     x, y, allowed = target(hidden, weight_shard, logit_bias, allowed_mask, step, survivors)
@@ -629,11 +633,10 @@ def speculative_sample(
         ints, more = shard_keys(yd - lse[:, :, None])
         (keys,), gathered = _all_gather_columns(ints, more, world, group, backend)
     _, winner, emitted = torch.ops.flashsampling._merge_shard_keys(keys, n + 1, -1)
-    # A greedy row's sample at j < n is the argmax (0 where nothing is allowed, as argmax of -inf).
-    target_top = torch.where(emitted[:, :n] >= 0, emitted[:, :n], 0)
+    # A greedy row's sample at j < n is the argmax (-1 where nothing is allowed: no draft matches).
     p_draft = torch.where(inside, (y_draft - lse[:, :n]).exp(), 0.0)
     num_accepted = accepted_count(step, acceptance_probability(p_draft, q_draft, inside),
-                                  (draft_token_ids == target_top) & inside)
+                                  (draft_token_ids == emitted[:, :n]) & inside & (emitted[:, :n] >= 0))
     if not return_logprobs:
         return step_output(draft_token_ids, emitted, num_accepted, None, None)
     y_emitted = gathered[-1].gather(0, winner[None])[0]

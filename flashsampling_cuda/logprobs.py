@@ -56,30 +56,30 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
         raise TypeError(f"flashsampling.sample: top_logprobs must be an int, got {type(top_logprobs).__name__}")
     if not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"flashsampling.sample: top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}")
-    ids = None
+    ids = host = None  # host: the ids where they are on the host (checked there, no sync)
     if token_ids is not None:
         if isinstance(token_ids, Tensor):
             if token_ids.dtype not in (torch.int32, torch.int64) or token_ids.dim() != 2 or token_ids.shape[0] != batch:
                 raise ValueError(f"flashsampling.sample: token_ids must be an int [B, K] tensor with B = {batch}, got "
                                  f"{token_ids.dtype} with shape {list(token_ids.shape)}")
+            if token_ids.device.type == "cpu":
+                host = token_ids.to(torch.int64)
             ids = token_ids.to(device=device, dtype=torch.int64)
         elif isinstance(token_ids, (list, tuple)) and len(token_ids) == batch:
             rows = [list(r) for r in token_ids]
             if not all(isinstance(v, int) and not isinstance(v, bool) for r in rows for v in r):
                 raise TypeError("flashsampling.sample: token_ids must hold ints")
             width = max((len(r) for r in rows), default=0)
-            ids = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64,
-                               device=device).reshape(batch, width)
+            host = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(batch, width)
+            ids = host.to(device)
         else:
             raise TypeError(f"flashsampling.sample: token_ids must be an int [B, K] tensor or a list of B lists, got "
                             f"{type(token_ids).__name__}")
-    if ids is not None and (token_ids.device.type == "cpu" if isinstance(token_ids, Tensor) else True) \
-            and not torch.compiler.is_compiling():
-        bad = (ids < -1) if id_end is None else (ids < -1) | (ids >= id_end)
+    if host is not None and not torch.compiler.is_compiling():
+        bad = (host < -1) if id_end is None else (host < -1) | (host >= id_end)
         if bool(bad.any()):
-            first = int(token_ids[bad][0] if isinstance(token_ids, Tensor) else ids[bad][0])
             raise ValueError(f"flashsampling.sample: token_ids must be -1 (padding) or a token id in [0, "
-                             f"{'V' if id_end is None else id_end}), got {first}")
+                             f"{'V' if id_end is None else id_end}), got {int(host[bad][0])}")
     if (top_logprobs > 0 or ids is not None or logprobs_mode != "processed") and not return_logprobs:
         raise ValueError("flashsampling.sample: top_logprobs, token_ids and logprobs_mode need return_logprobs=True")
     return top_logprobs, ids, logprobs_mode
@@ -171,13 +171,14 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
     vocab_start = context["kwargs"]["vocab_start"]
     values = logprob_values(hidden, weight, context, route, mode)
     lse = logsumexp
+    sampled = logsumexp[:, None] > -torch.inf  # not a row that nothing allows (its token is a sentinel)
     if mode == "raw":
         lse = raw_logsumexp(values)
         logsumexp = lse.float()
     table = normalised(values, lse, mode)
     batch, vocab = table.shape
     local = tokens - vocab_start
-    valid = (local >= 0) & (local < vocab)
+    valid = (local >= 0) & (local < vocab) & sampled
     safe = torch.where(valid, local, 0)
     mine = table.gather(1, safe)  # [B, S]
     if mode == "raw":
@@ -185,7 +186,9 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
     ids = torch.arange(vocab, device=table.device)
     ranks = torch.where(valid, tokens_ahead(table, ids, mine, safe) + 1, 0)
     top_logprobs, top_local = top_entries(table, top_n)
+    missing = top_n - top_local.shape[1]  # N > V: -1 and -inf past the vocabulary
+    top_ids = torch.cat([top_local + vocab_start, top_local.new_full((batch, missing), -1)], dim=1)
+    top_logprobs = torch.cat([top_logprobs, top_logprobs.new_full((batch, missing), -torch.inf)], dim=1)
     token_ids_logprobs = (table.new_empty((batch, 0)) if token_ids is None
                           else values_of_ids(table, token_ids, vocab_start))
-    return LogprobsOutput(tokens, logprobs, logsumexp, top_local + vocab_start, top_logprobs, ranks,
-                          token_ids_logprobs)
+    return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)

@@ -84,6 +84,7 @@ class PenaltyState:
         if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
                                        or vocab_size < 1):
             raise ValueError(f"flashsampling.PenaltyState: vocab_size must be an int >= 1, got {vocab_size!r}")
+        self.vocab_size = vocab_size
         parts = []
         for name, ids, is_output in (("prompt_token_ids", prompt_token_ids, False),
                                      ("output_token_ids", output_token_ids, True)):
@@ -149,7 +150,7 @@ class PenaltyState:
         """Refills this state in place with a new history (same batch, capacity and device), so
         that a captured CUDA graph that reads this state's tensors sees the new one."""
         fresh = PenaltyState(prompt_token_ids, output_token_ids, capacity=self.capacity, batch=self.batch,
-                             device=self.ids.device)
+                             device=self.ids.device, vocab_size=self.vocab_size)
         for name in ("ids", "output_counts", "in_prompt", "size", "overflowed"):
             getattr(self, name).copy_(getattr(fresh, name))
 

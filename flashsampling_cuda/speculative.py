@@ -64,7 +64,8 @@ def _per_row_int64(prefix: str, name: str, value, batch: int, device) -> tuple[T
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{prefix}: {name} must be an int or a tensor, got "
                         f"{type(value).__name__}")
-    return as_int64_tensor(value, device).expand(batch), False
+    # A fill, not a copy from the host: capturable in a CUDA graph, and no sync.
+    return torch.full((batch,), as_int64_tensor(value).item(), dtype=torch.int64, device=device), False
 
 
 class _Step(NamedTuple):
@@ -85,7 +86,8 @@ class _Step(NamedTuple):
 
 def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None,
                temperature, seed, offset, top_k, top_p, min_p, draw_seed_fn, logit_scale: float = 1.0,
-               logit_softcap: float | None = None) -> _Step:
+               logit_softcap: float | None = None, logit_bias: Tensor | None = None,
+               allowed_mask: Tensor | None = None) -> _Step:
     """Checks the arguments of a verification step (``weight``: the rows this process holds, whose
     count ``draft_probs``' last dimension must have) and reads them per row; ``draw_seed_fn()``
     draws the seed when ``seed`` is None."""
@@ -117,7 +119,22 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
     scale, softcap = _model_transform_args(logit_scale, logit_softcap)
     streams = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(
         batch, device=device)
+    if logit_bias is not None and (not isinstance(logit_bias, Tensor) or not logit_bias.is_floating_point()
+                                   or tuple(logit_bias.shape) != (vocab,)):
+        raise ValueError(f"{name}: logit_bias must be a floating [{vocab}] tensor, got "
+                         f"{getattr(logit_bias, 'dtype', type(logit_bias).__name__)} {list(getattr(logit_bias, 'shape', []))}")
+    words = (vocab + 31) // 32
+    if allowed_mask is not None and not (
+            isinstance(allowed_mask, Tensor) and ((allowed_mask.dtype == torch.int32 and tuple(allowed_mask.shape) == (
+                batch, words)) or (allowed_mask.dtype == torch.bool and tuple(allowed_mask.shape) == (batch, vocab)))):
+        raise ValueError(f"{name}: allowed_mask must be an int32 [{batch}, {words}] bitmask or a bool [{batch}, {vocab}] "
+                         f"tensor, got {getattr(allowed_mask, 'dtype', type(allowed_mask).__name__)} "
+                         f"{list(getattr(allowed_mask, 'shape', []))}")
     if isinstance(temperature, Tensor):
+        if not temperature.is_floating_point() or temperature.dim() > 1 or (
+                temperature.dim() == 1 and temperature.shape[0] != batch):
+            raise ValueError(f"{name}: temperature must be a float, or a floating 0-d or [B] tensor with B = {batch}, "
+                             f"got {temperature.dtype} with shape {list(temperature.shape)}")
         temps = temperature.to(device=device, dtype=torch.float32).expand(batch)
     else:
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
@@ -212,12 +229,20 @@ def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tenso
                 keep = torch.where(step.greedy[:, None], keep, residual > 0)
         tokens_pos, scores_pos, _, _ = torch.ops.flashsampling.sample_from_logits(
             x_pos.contiguous(), temperature=1.0, temperatures=temps_pos, num_samples=1,
-            seed=step.seeds if step.per_row_seed else step.seeds[0], offset=step.offsets + pos, generator=None,
+            seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=step.offsets + pos,
+            generator=None,
             logit_bias=None, allowed_mask=pack_allowed_mask(keep), empty_mask_token=empty_token,
             vocab_start=vocab_start, return_logprobs=False)
         tokens.append(tokens_pos[:, 0])
         scores.append(scores_pos[:, 0])
     return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
+
+
+def empty_output(hidden: Tensor, n: int, return_logprobs: bool) -> SpeculativeOutput:
+    """The output of a batch of no rows."""
+    tokens = torch.empty((0, n + 1), dtype=torch.int64, device=hidden.device)
+    logprobs = torch.empty((0, n + 1), dtype=torch.float32, device=hidden.device) if return_logprobs else None
+    return SpeculativeOutput(tokens, tokens.new_empty(0), logprobs)
 
 
 def step_output(draft_token_ids: Tensor, emitted: Tensor, num_accepted: Tensor, draft_logp: Tensor | None,
@@ -287,8 +312,10 @@ def speculative_sample(
     """
     step = parse_step("flashsampling.speculative_sample", hidden, weight, draft_token_ids, draft_probs, temperature,
                       seed, offset, top_k, top_p, min_p, lambda: draw_seed(generator, hidden.device), logit_scale,
-                      logit_softcap)
+                      logit_softcap, logit_bias, allowed_mask)
     n = step.n
+    if step.batch == 0:
+        return empty_output(hidden, n, return_logprobs)
     x, y, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
     logp = torch.log_softmax(masked_target(y, allowed), dim=2)  # the target's log-probabilities, float64
 
@@ -302,9 +329,10 @@ def speculative_sample(
     argmax = torch.where(torch.isnan(y[:, :n]), -torch.inf, y[:, :n])
     if allowed is not None:
         argmax = argmax.masked_fill(~allowed[:, :n], -torch.inf)
-    target_top = argmax.argmax(dim=2)  # first index of the max: ties to the smaller index
+    best = argmax.max(dim=2)  # first index of the max: ties to the smaller index
+    # A greedy row accepts the draft that is its argmax, never where nothing is allowed.
     num_accepted = accepted_count(step, acceptance_probability(p_draft, q_draft, inside),
-                                  (safe == target_top) & inside)
+                                  (safe == best.indices) & inside & (best.values > -torch.inf))
 
     # The sample each position would emit: corrective (j < n) or bonus (j = n).
     emitted, _ = position_samples(x, allowed, step, safe, inside, logp, q, vocab_start, -1)

@@ -109,8 +109,26 @@ def test_greedy_rejection_emits_the_argmax():
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, 1, 7)), {}, "draft_probs"),
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(temperature=-1.0), "temperature"),
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(seed=torch.zeros(3, dtype=torch.int64)), "seed"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(logit_bias=torch.zeros(7)), "logit_bias"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(temperature=torch.ones(3)), "temperature"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)),
+     dict(allowed_mask=torch.zeros(2, 2, dtype=torch.int64)), "allowed_mask"),
 ])
 def test_argument_errors(args, kwargs, match):
     hidden, weight = problem(2, 2, 50, 8, "cpu")
     with pytest.raises(ValueError, match=match):
         fs.speculative_sample(*args(hidden, weight), **kwargs)
+
+
+def test_greedy_row_that_allows_nothing_accepts_no_draft_and_empty_batches():
+    """A greedy row whose mask allows nothing matches no draft (the argmax of nothing is no token);
+    a batch of no rows gives empty outputs."""
+    hidden, weight = problem(2, 3, 50, 8, "cpu")
+    mask = torch.ones(2, 50, dtype=torch.bool)
+    mask[1] = False
+    out = fs.speculative_sample(hidden, weight, torch.zeros(2, 2, dtype=torch.int64), temperature=0.0, seed=1,
+                                allowed_mask=mask)
+    assert int(out.num_accepted[1]) == 0 and int(out.tokens[1, 0]) == -1
+    empty = fs.speculative_sample(hidden[:0], weight, torch.zeros(0, 2, dtype=torch.int64), seed=1,
+                                  return_logprobs=True)
+    assert empty.tokens.shape == (0, 3) and empty.num_accepted.shape == (0,) and empty.logprobs.shape == (0, 3)

@@ -305,6 +305,8 @@ def scenario_serving(ctx: Ctx):
         "order_joint": dict(top_k=12, top_p=0.6, truncation_order="joint", return_logprobs=True),
         "top_logprobs": dict(return_logprobs=True, top_logprobs=5, token_ids=ids),
         "top_logprobs_wider_than_shards": dict(return_logprobs=True, top_logprobs=40),
+        # Fewer survivors than N: the top-N reach -inf entries (ties to the smaller id).
+        "top_logprobs_beyond_the_survivors": dict(return_logprobs=True, top_logprobs=5, top_k=2),
         "raw_with_truncation": dict(return_logprobs=True, top_logprobs=3, token_ids=ids, logprobs_mode="raw",
                                     top_k=7, repetition_penalty=1.5, **history),
         "processed_with_truncation": dict(return_logprobs=True, top_logprobs=6, token_ids=ids, top_p=0.7,
