@@ -23,7 +23,7 @@ from torch import Tensor
 
 from .masks import unpack_allowed_mask
 from .penalties import rule_logits
-from .truncation import materialized_logits, scaled_logits, survivor_mask
+from .truncation import materialized_logits, order_rank, scaled_logits, survivor_mask
 
 __all__ = ["LogprobsOutput", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS"]
 
@@ -144,14 +144,21 @@ def tokens_ahead(table: Tensor, ids: Tensor, token_values: Tensor, token_ids: Te
 
 def top_entries(table: Tensor, n: int, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The first ``n`` (values, ids) of each row of ``table [B, W]`` in the order of the outputs:
-    value descending, exact ties to the smaller id. ``ids [B, W]``: the entries' ids, or None for
-    columns that are the ids ``0 .. W - 1``."""
-    if ids is not None:  # stable sorts: by id, then by value
+    value descending (NaN first, as ``torch.sort`` has it), exact ties to the smaller id.
+    ``ids [B, W]``: the entries' ids, or None for columns that are the ids ``0 .. W - 1``."""
+    if ids is not None:  # a few candidates: stable sorts, by id, then by value
         by_id = torch.sort(ids, dim=1, stable=True)
         table, ids = table.gather(1, by_id.indices), by_id.values
-    order = torch.sort(table, dim=1, descending=True, stable=True)
-    first = order.indices[:, :n]
-    return order.values[:, :n], first if ids is None else ids.gather(1, first)
+        order = torch.sort(table, dim=1, descending=True, stable=True)
+        first = order.indices[:, :n]
+        return order.values[:, :n], ids.gather(1, first)
+    # A whole row: one top-k of distinct int64 keys (the value's order rank, then the smaller
+    # column), so torch.topk's unspecified order among equal values never matters.
+    n = min(n, table.shape[1])
+    columns = torch.arange(table.shape[1], device=table.device)
+    keys = order_rank(table) * 2**31 + (2**31 - 1 - columns)
+    first = torch.topk(keys, n, dim=1, sorted=True).indices
+    return table.gather(1, first), first
 
 
 def values_of_ids(table: Tensor, token_ids: Tensor, vocab_start: int) -> Tensor:
