@@ -45,8 +45,9 @@ from .noise import draw_seed as _draw_seed
 from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
 from .sampling import (LogitTransforms, SampleOutput, _allowed_mask_arg, _float32, _model_transform_args,
                        _scored_sample, _sparse_bias_args, _temperature_args, _truncation_order)
-from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, draft_columns, empty_output,
-                          masked_target, parse_step, position_samples, step_output, target, values_at)
+from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, check_draft_values,
+                          draft_columns, empty_output, masked_target, parse_step, position_samples, step_output,
+                          target, values_at)
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
                          parse_truncation, scaled_logits, survivor_mask, truncation_rank)
 
@@ -602,6 +603,9 @@ def speculative_sample(
     n = step.n
     if step.batch == 0:  # the same on every rank: nothing to exchange
         return empty_output(hidden, n, return_logprobs)
+    # Every rank raises alike (the ids are the same everywhere); q is this shard's columns: its sums
+    # are the shard's mass, so only the ids are checked here.
+    check_draft_values("flashsampling.distributed.speculative_sample", draft_token_ids, None, None)
     survivors = functools.partial(_shard_survivors, vocab_start=vocab_start, order="top_k_first", world=world,
                                   group=group, backend=backend)
     x, y, allowed = target(hidden, weight_shard, logit_bias, allowed_mask, step, survivors)

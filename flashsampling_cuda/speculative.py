@@ -144,6 +144,31 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
     return _Step(batch, n, seeds, per_row_seed, offsets, streams, temps, temps == 0, truncation, scale, softcap)
 
 
+DRAFT_PROBS_TOLERANCE = 1e-3  # |sum of a draft distribution - 1| allowed
+
+
+def check_draft_values(name: str, draft_token_ids: Tensor, draft_probs: Tensor | None, id_end: int | None) -> None:
+    """Draft ids in ``[0, id_end)`` (``>= 0`` with ``id_end`` None: a shard's caller cannot know the
+    vocabulary's end) and ``draft_probs`` rows that are distributions (non-negative, summing to 1
+    within :data:`DRAFT_PROBS_TOLERANCE`), else a ``ValueError`` naming the argument. Reads the
+    values: one host sync on CUDA; skipped while a CUDA graph is captured or torch.compile traces."""
+    if torch.compiler.is_compiling() or (draft_token_ids.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    bad_ids = (draft_token_ids < 0) if id_end is None else (draft_token_ids < 0) | (draft_token_ids >= id_end)
+    bad_probs = torch.zeros_like(bad_ids)
+    if draft_probs is not None:
+        sums = draft_probs.sum(dim=2, dtype=torch.float64)
+        bad_probs = ~((sums - 1).abs() <= DRAFT_PROBS_TOLERANCE) | (draft_probs < 0).any(dim=2)
+    if bool((bad_ids | bad_probs).any()):  # one sync for both
+        if bool(bad_ids.any()):
+            b, j = (int(i) for i in bad_ids.nonzero()[0])
+            raise ValueError(f"{name}: draft_token_ids[{b}, {j}] = {int(draft_token_ids[b, j])} is not a token id "
+                             f"in [0, {'V' if id_end is None else id_end})")
+        b, j = (int(i) for i in bad_probs.nonzero()[0])
+        raise ValueError(f"{name}: draft_probs[{b}, {j}] is not a distribution (non-negative, summing to 1 within "
+                         f"{DRAFT_PROBS_TOLERANCE}): it sums to {float(draft_probs[b, j].double().sum()):.6g}")
+
+
 def target(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None, allowed_mask: Tensor | None, step: _Step,
            survivors=survivor_mask) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(x, y, allowed)`` of the target at every position, ``[B, n + 1, V]`` (``allowed``: the
@@ -316,6 +341,7 @@ def speculative_sample(
     n = step.n
     if step.batch == 0:
         return empty_output(hidden, n, return_logprobs)
+    check_draft_values("flashsampling.speculative_sample", draft_token_ids, draft_probs, vocab_start + weight.shape[0])
     x, y, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
     logp = torch.log_softmax(masked_target(y, allowed), dim=2)  # the target's log-probabilities, float64
 

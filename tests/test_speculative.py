@@ -52,6 +52,31 @@ def test_emitted_tokens_follow_the_target(device, sampled_drafts):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampled_drafts", [False, True])
+def test_acceptance_rate_is_the_sum_of_min_p_q(device, sampled_drafts):
+    """The first draft's acceptance rate over many rows (per-row seeds) is sum_v min(p_v, q_v),
+    the theoretical rate (p(d) for a one-hot draft d): within 4 binomial standard deviations."""
+    rows, vocab, dim = 40000, 24, 16
+    one, weight = problem(1, 2, vocab, dim, device, seed=5, scale=3.0)
+    hidden = one.expand(rows, 2, dim).contiguous()
+    p = torch.softmax((one[0, 0].double() @ weight.double().T) / 0.8, dim=0).cpu()
+    g = torch.Generator().manual_seed(6)
+    if sampled_drafts:
+        q = torch.softmax(torch.randn(vocab, generator=g) * 1.5, dim=0)
+        drafts = torch.multinomial(q, rows, replacement=True, generator=g)[:, None]
+        draft_probs = q.float()[None, None].expand(rows, 1, vocab).to(device)
+        rate = float(torch.minimum(p, q.double()).sum())
+    else:
+        d = int(p.argsort()[-3])  # a token with some, not most, of the mass
+        drafts = torch.full((rows, 1), d)
+        draft_probs, rate = None, float(p[d])
+    out = fs.speculative_sample(hidden, weight, drafts.to(device), draft_probs, temperature=0.8,
+                                seed=torch.arange(rows, device=device) * 11 + 5)
+    observed = float(out.num_accepted.double().mean())
+    assert abs(observed - rate) < 4 * (rate * (1 - rate) / rows) ** 0.5, (observed, rate)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["one_hot", "sampled", "greedy_rows", "truncated_masked"])
 def test_pathwise_against_float64_reference(device, case):
     batch, n, vocab, dim = 24, 4, 400, 32
@@ -113,6 +138,13 @@ def test_greedy_rejection_emits_the_argmax():
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(temperature=torch.ones(3)), "temperature"),
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)),
      dict(allowed_mask=torch.zeros(2, 2, dtype=torch.int64)), "allowed_mask"),
+    (lambda h, w: (h, w, torch.tensor([[3], [50]])), {}, r"draft_token_ids\[1, 0\] = 50 .*\[0, 50\)"),
+    (lambda h, w: (h, w, torch.tensor([[3], [-1]])), {}, r"draft_token_ids\[1, 0\] = -1"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64), torch.full((2, 1, 50), 0.03)), {},
+     r"draft_probs\[0, 0\] is not a distribution .* sums to 1.5"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64),
+                   torch.cat([torch.full((2, 1, 49), 1 / 48), torch.full((2, 1, 1), -1 / 48)], dim=2)), {},
+     r"draft_probs\[0, 0\] is not a distribution"),
 ])
 def test_argument_errors(args, kwargs, match):
     hidden, weight = problem(2, 2, 50, 8, "cpu")
