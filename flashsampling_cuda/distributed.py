@@ -614,8 +614,8 @@ def speculative_sample(
     floats = [torch.logsumexp(yd, dim=2), mine.double(), torch.where(mine, values_at(yd[:, :n], safe), torch.nan)]
     q = None
     if draft_probs is not None:
-        q = draft_probs.to(hidden.device, torch.float64)
-        floats.append(torch.where(mine, q.gather(2, safe[:, :, None])[:, :, 0], torch.nan))
+        q = draft_probs.to(hidden.device)  # float64 one position at a time, not [B, n, V_r] at once
+        floats.append(torch.where(mine, q.gather(2, safe[:, :, None])[:, :, 0].double(), torch.nan))
 
     def shard_keys(logp: Tensor | None) -> tuple[list[Tensor], list[Tensor]]:
         """This shard's keys of the position samples and, with log-probabilities, its winners' y."""

@@ -248,7 +248,7 @@ def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tenso
                 drop = torch.zeros_like(keep).scatter_(1, safe[:, pos : pos + 1], inside[:, pos : pos + 1])
                 keep = torch.where(step.greedy[:, None], keep, keep & ~drop)
             else:
-                residual = (logp[:, pos].exp() - q[:, pos]).clamp(min=0.0)
+                residual = (logp[:, pos].exp() - q[:, pos].double()).clamp(min=0.0)
                 x_pos = torch.where(step.greedy[:, None], x_pos, torch.log(residual).float())
                 temps_pos = torch.where(step.greedy, 0.0, 1.0)
                 keep = torch.where(step.greedy[:, None], keep, residual > 0)
@@ -350,8 +350,8 @@ def speculative_sample(
     p_draft = torch.where(inside, logp[:, :n].gather(2, safe[:, :, None])[:, :, 0].exp(), 0.0)
     q = q_draft = None
     if draft_probs is not None:
-        q = draft_probs.to(hidden.device, torch.float64)
-        q_draft = q.gather(2, safe[:, :, None])[:, :, 0]
+        q = draft_probs.to(hidden.device)  # float64 one position at a time, not [B, n, V] at once
+        q_draft = q.gather(2, safe[:, :, None])[:, :, 0].double()
     argmax = torch.where(torch.isnan(y[:, :n]), -torch.inf, y[:, :n])
     if allowed is not None:
         argmax = argmax.masked_fill(~allowed[:, :n], -torch.inf)
