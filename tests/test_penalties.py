@@ -212,3 +212,17 @@ def test_history_ids_beyond_the_vocabulary_name_themselves():
     with pytest.raises(ValueError, match="vocab_size"):
         PenaltyState([[1]], vocab_size=0)
     assert PenaltyState([[1, 99]], [[-1]], vocab_size=100).size.tolist() == [2]
+
+
+def test_load_refills_in_place():
+    """load_ keeps every tensor of the state (a captured CUDA graph reads them) and gives the state
+    of a fresh construction with the new history."""
+    state = PenaltyState([[1, 2, 2]], [[5]], capacity=8, vocab_size=100)
+    pointers = [getattr(state, n).data_ptr() for n in ("ids", "output_counts", "in_prompt", "size", "overflowed")]
+    state.load_([[7, -1, 7]], [[3, 3]])
+    fresh = PenaltyState([[7, -1, 7]], [[3, 3]], capacity=8)
+    for name, pointer in zip(("ids", "output_counts", "in_prompt", "size", "overflowed"), pointers):
+        assert getattr(state, name).data_ptr() == pointer, name
+        assert torch.equal(getattr(state, name), getattr(fresh, name)), name
+    with pytest.raises(ValueError, match="beyond vocab_size=100"):
+        state.load_([[100]])
