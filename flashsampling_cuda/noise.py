@@ -33,7 +33,8 @@ _LN2_HI, _LN2_LO = _fp32(6.9313812256e-01), _fp32(9.0580006145e-06)
 
 def as_int64_tensor(x: int | Tensor, device: torch.device | str | None = None) -> Tensor:
     """An int64 tensor of x; Python ints in [2^63, 2^64) wrap to their two's complement,
-    so any uint64 seed or offset can be passed as an int."""
+    so any uint64 seed or offset can be passed as an int. An int becomes a 0-d tensor filled on
+    ``device`` (a fill, not a copy from the host: no sync, and capturable in a CUDA graph)."""
     if isinstance(x, Tensor):
         if x.dtype != torch.int64:
             raise TypeError(f"expected an int64 tensor, got {x.dtype}")
@@ -42,7 +43,7 @@ def as_int64_tensor(x: int | Tensor, device: torch.device | str | None = None) -
         raise TypeError(f"expected an int or an int64 tensor, got {type(x).__name__}")
     if not -(2**63) <= x < 2**64:
         raise ValueError(f"{x} does not fit in 64 bits")
-    return torch.tensor(x - 2**64 if x >= 2**63 else x, dtype=torch.int64, device=device)
+    return torch.full((), x - 2**64 if x >= 2**63 else x, dtype=torch.int64, device=device)
 
 
 def draw_seed(generator: torch.Generator | None, device: torch.device) -> Tensor:

@@ -64,8 +64,7 @@ def _per_row_int64(prefix: str, name: str, value, batch: int, device) -> tuple[T
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{prefix}: {name} must be an int or a tensor, got "
                         f"{type(value).__name__}")
-    # A fill, not a copy from the host: capturable in a CUDA graph, and no sync.
-    return torch.full((batch,), as_int64_tensor(value).item(), dtype=torch.int64, device=device), False
+    return as_int64_tensor(value, device).expand(batch), False
 
 
 class _Step(NamedTuple):
