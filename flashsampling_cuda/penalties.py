@@ -195,6 +195,16 @@ class Penalties(NamedTuple):
     state: PenaltyState | None
 
 
+# The value of each penalty that turns it off (as a host float; a tensor is always read).
+PENALTIES_OFF = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
+def penalties_on(**penalties) -> bool:
+    """Whether any of the penalties given by name may be on: a tensor, or a host value other than
+    its off value (an invalid one counts as on, for the op to refuse)."""
+    return any(v is not None and (isinstance(v, Tensor) or v != PENALTIES_OFF[k]) for k, v in penalties.items())
+
+
 def _penalty(name: str, value, hidden: Tensor, off: float, low: float, low_text: str):
     if value is None:
         return None
@@ -216,9 +226,12 @@ def parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, pen
     """The call's penalties, or None when every one is off as a host value. Host values out of
     range raise ``ValueError`` naming the argument (``repetition_penalty > 0``; frequency and
     presence finite); values inside tensors are not read (no sync)."""
-    repetition = _penalty("repetition_penalty", repetition_penalty, hidden, 1.0, float.fromhex("0x1p-126"), "> 0")
-    frequency = _penalty("frequency_penalty", frequency_penalty, hidden, 0.0, -float("inf"), "finite")
-    presence = _penalty("presence_penalty", presence_penalty, hidden, 0.0, -float("inf"), "finite")
+    repetition = _penalty("repetition_penalty", repetition_penalty, hidden, PENALTIES_OFF["repetition_penalty"],
+                          float.fromhex("0x1p-126"), "> 0")
+    frequency = _penalty("frequency_penalty", frequency_penalty, hidden, PENALTIES_OFF["frequency_penalty"],
+                         -float("inf"), "finite")
+    presence = _penalty("presence_penalty", presence_penalty, hidden, PENALTIES_OFF["presence_penalty"],
+                        -float("inf"), "finite")
     if penalty_state is not None and (prompt_token_ids is not None or output_token_ids is not None):
         raise ValueError("flashsampling.sample: give penalty_state or prompt_token_ids / output_token_ids, not both")
     if penalty_state is None and (prompt_token_ids is not None or output_token_ids is not None):

@@ -18,7 +18,7 @@ from transformers.cache_utils import Cache, StaticCache, StaticLayer
 
 from ...logprobs import parse_logprob_args
 from ...noise import as_int64_tensor
-from ...penalties import PenaltyState
+from ...penalties import PenaltyState, penalties_on
 from .attention import _GROUPED_DECODE_SDPA
 from .head import FlashSamplingHead, Sampler, UnsupportedModelError, _prefix
 from .projections import fuse_projections as _fuse_model_projections  # the keyword argument has the same name
@@ -508,8 +508,7 @@ class FlashSamplingDecoder(StaticCacheDecoder):
                      for name, value in (("repetition_penalty", repetition_penalty),
                                          ("frequency_penalty", frequency_penalty),
                                          ("presence_penalty", presence_penalty))}
-        off = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
-        penalised = any(v is not None and (isinstance(v, Tensor) or v != off[k]) for k, v in penalties.items())
+        penalised = penalties_on(**penalties)
         sampler = self.head.sampler(temperature, **truncation, **logprob_controls)
         if penalised:
             sampler = self._penalised_sampler(temperature, dict(**truncation, **logprob_controls, **penalties))

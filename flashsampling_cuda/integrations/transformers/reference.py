@@ -13,6 +13,7 @@ from torch import Tensor
 from transformers.cache_utils import DynamicCache
 
 from ...noise import as_int64_tensor, gumbel_noise
+from ...penalties import penalties_on
 from ...reference import reference_logit_transform, reference_penalized
 from .prompts import (_cache_kwarg, _default_pad_token_id, _num_new_tokens, _output_cache, _positions, _prepare_prompts,
                       _stop_list)
@@ -111,7 +112,8 @@ def reference_generate(
                 **{cache_kwarg: DynamicCache(config=model.config)}, use_cache=True)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, gaps, tols = [], [], []
-    penalised = any(v is not None for v in (repetition_penalty, frequency_penalty, presence_penalty))
+    penalised = penalties_on(repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
+                             presence_penalty=presence_penalty)
     for t in range(max_new_tokens):
         logits = out.logits[:, -1]
         if penalised:
