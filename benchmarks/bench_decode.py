@@ -51,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from bench_penalties import penalized_logits
 from report import pyplot_or_none, run_header, write_results
 
 MODELS = {
@@ -148,9 +149,7 @@ def penalties_head(model, prompt: torch.Tensor, temperature: float, compile_head
 
     def head(hidden, counts):
         logits = torch.nn.functional.linear(hidden, weight, bias).float()
-        seen = in_prompt | (counts > 0)
-        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
-        logits = logits - f * counts - p * (counts > 0).float()
+        logits = penalized_logits(logits, in_prompt, counts, r, f, p)
         probs = torch.softmax(logits / temperature, dim=-1)
         return torch.multinomial(probs, num_samples=1)
 

@@ -74,15 +74,26 @@ def bin_counts_and_mask(ids: torch.Tensor, vocab: int) -> tuple[torch.Tensor, to
     return counts, counts > 0
 
 
+def penalized_logits(logits, prompt_mask, output_counts, repetition, frequency, presence):
+    """vLLM's penalty arithmetic on fp32 logits [B, V] from the dense tables of the history (prompt
+    tokens [B, V] bool, output counts [B, V]); penalties per row [B] or floats."""
+    def per_row(value):
+        return value[:, None] if isinstance(value, torch.Tensor) else value
+
+    output_mask = output_counts > 0
+    penalties = torch.where(prompt_mask | output_mask, per_row(repetition), 1.0)
+    logits = torch.where(logits > 0, logits / penalties, logits * penalties)
+    logits = logits - per_row(frequency) * output_counts
+    return logits - per_row(presence) * output_mask
+
+
 def vllm_penalties(logits, prompt_ids, output_ids, repetition, frequency, presence):
-    """vLLM's apply_penalties on fp32 logits [B, V], per-row penalties [B]."""
+    """vLLM's apply_penalties on fp32 logits [B, V], per-row penalties [B]: the tables counted from
+    the ids each call, then :func:`penalized_logits`."""
     vocab = logits.shape[1]
     _, prompt_mask = bin_counts_and_mask(prompt_ids, vocab)
-    output_counts, output_mask = bin_counts_and_mask(output_ids, vocab)
-    penalties = torch.where(prompt_mask | output_mask, repetition[:, None], 1.0)
-    logits = torch.where(logits > 0, logits / penalties, logits * penalties)
-    logits = logits - frequency[:, None] * output_counts
-    return logits - presence[:, None] * output_mask
+    output_counts, _ = bin_counts_and_mask(output_ids, vocab)
+    return penalized_logits(logits, prompt_mask, output_counts, repetition, frequency, presence)
 
 
 def processed_logits(form: str, temperature: float):
