@@ -32,7 +32,7 @@ import torch.distributed as dist
 import flashsampling_cuda as fs
 from flashsampling_cuda import distributed as tp
 from sampling_stats import chi_square_pvalue
-from tp_scenarios import SPEC_DRAFTS, VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
+from tp_scenarios import VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
 
 WORLD_SIZES = [2, 4, 8]
 
