@@ -9,7 +9,8 @@
 #   bench_logprobs.py, bench_penalties.py and bench_speculative.py (LOGPROBS_ARGS, PENALTIES_ARGS,
 #   SPECULATIVE_ARGS add options); serving_smoke runs those three with --tiny --timing graph (minutes,
 #   mostly torch.compile: graph capture, compile and FlashInfer on tiny shapes, nothing written);
-#   PYTEST_TARGETS picks test files (default: tests);
+#   PYTEST_TARGETS picks test files (default: tests), PYTEST_SELECT the tests in them (default:
+#   -m requires_cuda; "-k cuda" also takes the device-parametrised tests' CUDA cases);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
 #   BENCH_COMMIT: the commit the result files name where the tree has no .git (benchmarks/report.py)
 set -uo pipefail
@@ -40,7 +41,7 @@ if has_step build; then
   summary+=("build: ok in $(( $(date +%s) - t0 )) s")
 fi
 if has_step tests; then
-  python3 -m pytest ${PYTEST_TARGETS:-tests} -m requires_cuda -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 \
+  python3 -m pytest ${PYTEST_TARGETS:-tests} ${PYTEST_SELECT:--m requires_cuda} -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 \
     | tee "$OUT/tests_gpu.log" | tail -40
   summary+=("gpu tests: $(tail -1 "$OUT/tests_gpu.log")")
 fi
