@@ -9,9 +9,12 @@ sampled tokens' ranks, the log-probabilities of given token ids, processed or ra
 - ``logprobs_mode="raw"``: ``log_softmax`` of the raw logits ``hidden @ weight.T`` (before
   everything else), for every logprob output, ``logprobs`` and ``logsumexp`` included.
 
-This first implementation computes them from the fp32 logits in torch ops (the sample's own where
-its route materialised them, else one more matmul; no host sync, so graphs and
-``torch.compile`` work); the fused version, in the GEMM's epilogue, is issue #34's goal.
+They come from the call's fp32 logits, computed once: a call that asks for any of them samples
+on the logits route (``sample_from_logits``; on the CPU ``_sample_logits``) and the outputs
+read the same logits. On CUDA one kernel (csrc/kernels/top_logprobs.cu) finds each row's top N
+and the sampled tokens' ranks without sorting the row; the CPU computes the same in torch ops.
+No host sync, so graphs and ``torch.compile`` work. The fused version, in the GEMM's epilogue
+(docs/epilogue.md), is issue #34's goal.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
 
 def _raw_logits(hidden: Tensor, weight: Tensor, route: dict) -> Tensor:
     """The fp32 raw logits: those the sample's route already computed, else one matmul."""
+    if route.get("raw_logits") is not None:
+        return route["raw_logits"]
     return route["logits"] if route.get("op") == "_sample_logits" else materialized_logits(hidden, weight)
 
 
@@ -135,10 +140,12 @@ def normalised(values: Tensor, lse: Tensor, mode: str) -> Tensor:
 
 def tokens_ahead(table: Tensor, ids: Tensor, token_values: Tensor, token_ids: Tensor) -> Tensor:
     """int64 ``[B, S]``: how many entries of ``table [B, V]`` (ids ``ids [V]``) come before each
-    token in the order of the outputs (log-probability descending, exact ties to the smaller id),
-    the token's own value ``token_values [B, S]`` and id ``token_ids [B, S]``."""
-    return torch.stack([((table > token_values[:, s : s + 1])
-                         | ((table == token_values[:, s : s + 1]) & (ids < token_ids[:, s : s + 1]))).sum(dim=1)
+    token in the order of the outputs (log-probability descending with -0 folded into +0, NaN
+    first, exact ties to the smaller id), the token's own value ``token_values [B, S]`` and id
+    ``token_ids [B, S]``."""
+    rank, token_rank = order_rank(table), order_rank(token_values)
+    return torch.stack([((rank > token_rank[:, s : s + 1])
+                         | ((rank == token_rank[:, s : s + 1]) & (ids < token_ids[:, s : s + 1]))).sum(dim=1)
                         for s in range(token_values.shape[1])], dim=1)
 
 
@@ -159,6 +166,21 @@ def top_entries(table: Tensor, n: int, ids: Tensor | None = None) -> tuple[Tenso
     keys = order_rank(table) * 2**31 + (2**31 - 1 - columns)
     first = torch.topk(keys, n, dim=1, sorted=True).indices
     return table.gather(1, first), first
+
+
+def top_logprobs_cpu(values: Tensor, lse: Tensor, tokens: Tensor, top_n: int, raw: bool
+                     ) -> tuple[Tensor, Tensor, Tensor]:
+    """``flashsampling._top_logprobs`` on the CPU (the CUDA kernel is csrc/kernels/top_logprobs.cu):
+    of the log-probabilities :func:`normalised` makes of ``values [B, V]`` float32 and ``lse [B]``
+    float64, the first ``top_n`` (values float32, local ids int64 ``[B, top_n]``) and the 1-based
+    rank of each token of ``tokens [B, S]`` (local ids; 0 for one outside ``[0, V)``)."""
+    mode = "raw" if raw else "processed"
+    table = normalised(values, lse if raw else lse.float(), mode)
+    valid = (tokens >= 0) & (tokens < values.shape[1])
+    safe = torch.where(valid, tokens, 0)
+    ahead = tokens_ahead(table, torch.arange(values.shape[1]), table.gather(1, safe), safe)
+    top_values, top_ids = top_entries(table, top_n)
+    return top_values, top_ids, torch.where(valid, ahead + 1, 0)
 
 
 def values_of_ids(table: Tensor, token_ids: Tensor, vocab_start: int) -> Tensor:
@@ -182,20 +204,18 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
     if mode == "raw":
         lse = raw_logsumexp(values)
         logsumexp = lse.float()
-    table = normalised(values, lse, mode)
-    batch, vocab = table.shape
+    batch, vocab = values.shape
     local = tokens - vocab_start
     valid = (local >= 0) & (local < vocab) & sampled
     safe = torch.where(valid, local, 0)
-    mine = table.gather(1, safe)  # [B, S]
     if mode == "raw":
-        logprobs = torch.where(valid, mine, torch.nan)
-    ids = torch.arange(vocab, device=table.device)
-    ranks = torch.where(valid, tokens_ahead(table, ids, mine, safe) + 1, 0)
-    top_logprobs, top_local = top_entries(table, top_n)
+        logprobs = torch.where(valid, normalised(values.gather(1, safe), lse, mode), torch.nan)
+    # CUDA: one kernel, no [B, V] table of log-probabilities and no sort; CPU: top_logprobs_cpu.
+    top_logprobs, top_local, ranks = torch.ops.flashsampling._top_logprobs(
+        values, lse.double(), torch.where(valid, local, -1), min(top_n, vocab), mode == "raw")
     missing = top_n - top_local.shape[1]  # N > V: -1 and -inf past the vocabulary
     top_ids = torch.cat([top_local + vocab_start, top_local.new_full((batch, missing), -1)], dim=1)
     top_logprobs = torch.cat([top_logprobs, top_logprobs.new_full((batch, missing), -torch.inf)], dim=1)
-    token_ids_logprobs = (table.new_empty((batch, 0)) if token_ids is None
-                          else values_of_ids(table, token_ids, vocab_start))
+    token_ids_logprobs = (values.new_empty((batch, 0)) if token_ids is None
+                          else normalised(values_of_ids(values, token_ids, vocab_start), lse, mode))
     return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)

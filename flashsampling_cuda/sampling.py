@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
-from .logprobs import LogprobsOutput, logprob_outputs, parse_logprob_args
+from .logprobs import MAX_TOP_LOGPROBS, LogprobsOutput, logprob_outputs, parse_logprob_args, top_logprobs_cpu
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, parse_penalties, penalty_bias, rule_logits
 from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
@@ -150,14 +150,17 @@ def _op_kwargs(
     hidden, weight, temperature, generator, seed, offset, num_samples, logit_bias, sparse_logit_bias,
     allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, route: dict | None = None,
     truncation_path: str = "auto", truncation_order: str = "top_k_first",
-    transforms: LogitTransforms = LogitTransforms(), context: dict | None = None,
+    transforms: LogitTransforms = LogitTransforms(), context: dict | None = None, logits_wanted: bool = False,
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
     picks: with ``route`` (a dict) given, the fused top-k pass or the logits path fill it with
     their op's name (``"op"``) and extra arguments; the materialised path makes the survivors
     part of ``allowed_mask``, and on the CPU with ``route`` given also hands the logits it
-    computed to ``_sample_logits`` through ``route`` (no second logits pass)."""
+    computed to ``_sample_logits`` through ``route`` (no second logits pass). ``logits_wanted``
+    (the logprob outputs read the logits): a call that would take the fused op takes the logits
+    route instead (CUDA: ``sample_from_logits``; CPU: ``_sample_logits``), so that the logits are
+    computed once; ``route["raw_logits"]`` then holds them where they are the raw ones."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -193,12 +196,17 @@ def _op_kwargs(
         return kwargs
     if truncation is not None:
         _check_op_args_eagerly(hidden, weight, kwargs)
-        path = choose_truncation_path(truncation_path if route is not None and order == "top_k_first"
+        wanted = truncation_path
+        if logits_wanted and truncation_path == "auto" and hidden.device.type != "cpu":
+            wanted = "logits"
+        path = choose_truncation_path(wanted if route is not None and order == "top_k_first"
                                       else "materialized", truncation, hidden, weight, kwargs)
         if path == "fused_top_k":
             route.update(op="sample_top_k", **fused_top_k_args(truncation, hidden, weight, kwargs))
         elif path == "logits":
             route.update(op="sample_from_logits", **logits_path_args(truncation, hidden, weight, kwargs))
+            if kwargs["sparse_bias_ids"] is None:
+                route["raw_logits"] = route["logits"]
         elif route is not None and hidden.device.type == "cpu":
             logits = materialized_logits(hidden, weight)
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
@@ -207,8 +215,18 @@ def _op_kwargs(
         else:
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
                                                                                         truncation, order=order)
-    elif truncation_path not in TRUNCATION_PATHS:  # nothing to truncate: any path name is fine, a typo is not
-        choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
+    else:
+        if truncation_path not in TRUNCATION_PATHS:  # nothing to truncate: any path name is fine, a typo is not
+            choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
+        if logits_wanted and route is not None and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB:
+            _check_op_args_eagerly(hidden, weight, kwargs)
+            if hidden.device.type == "cpu":
+                route.update(op="_sample_logits", logits=materialized_logits(hidden, weight))
+            else:
+                route.update(op="sample_from_logits",
+                             **logits_path_args(Truncation(None, None, None), hidden, weight, kwargs))
+                if kwargs["sparse_bias_ids"] is None:
+                    route["raw_logits"] = route["logits"]
     return kwargs
 
 
@@ -252,13 +270,14 @@ def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncat
                          f"'auto', 'logits' or 'materialized', got {truncation_path!r}")
     _check_op_args_eagerly(hidden, weight, kwargs)
     # Every bias is folded into x here (the same fp32 adds the kernel would do).
-    x = rule_logits(materialized_logits(hidden, weight), kwargs["logit_bias"], kwargs["sparse_bias_ids"],
+    raw = materialized_logits(hidden, weight)
+    x = rule_logits(raw, kwargs["logit_bias"], kwargs["sparse_bias_ids"],
                     kwargs["sparse_bias_values"], kwargs["vocab_start"], scale, softcap, penalties)
     if order != "top_k_first":  # the kernel truncates top_k first: hand it the survivors as its mask
         op_kwargs = {**kwargs, "logit_bias": None, "sparse_bias_ids": None, "sparse_bias_values": None}
         kwargs["allowed_mask"], kwargs["empty_mask_token"] = logits_allowed_mask(x, op_kwargs, truncation, order)
         truncation = None
-    route.update(op="sample_from_logits", logits=x, logit_bias=None,
+    route.update(op="sample_from_logits", logits=x, logit_bias=None, raw_logits=raw,
                  **logits_truncation_args(truncation, hidden.shape[0], hidden.device))
 
 
@@ -266,7 +285,7 @@ def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, route: dict, return_l
     """The op's four outputs, by the op ``route`` names (:func:`_op_kwargs`), else the fused op."""
     if not route:
         return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
-    extra = {name: value for name, value in route.items() if name != "op"}
+    extra = {name: value for name, value in route.items() if name not in ("op", "raw_logits")}
     if route["op"] == "sample_top_k":
         return torch.ops.flashsampling.sample_top_k(hidden, weight, **kwargs, return_logprobs=return_logprobs, **extra)
     if route["op"] == "_sample_logits":
@@ -505,6 +524,7 @@ def sample(
         allowed_mask, empty_mask_token, vocab_start, top_k, top_p, min_p, route, truncation_path, truncation_order,
         LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
                         penalty_state, prompt_token_ids, output_token_ids), context,
+        logits_wanted=top_n > 0 or wanted_ids is not None or mode != "processed",
     )
     if not return_logprobs and not route and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
@@ -1002,6 +1022,35 @@ def _sample_from_logits_fake(
         logits.new_empty(shape if return_logprobs else (0,), dtype=torch.float32),
         logits.new_empty((batch,) if return_logprobs else (0,), dtype=torch.float32),
     )
+
+
+def _check_top_logprobs_args(values, lse, tokens, top_n) -> None:
+    """top_logprobs_cuda.cpp's checks of flashsampling._top_logprobs (RuntimeError)."""
+    prefix = "flashsampling._top_logprobs:"
+    torch._check(values.dim() == 2 and values.dtype == torch.float32,
+                 lambda: f"{prefix} values must be a float32 [B, V] tensor, got {values.dtype} {list(values.shape)}")
+    batch = values.shape[0]
+    torch._check(lse.dtype == torch.float64 and tuple(lse.shape) == (batch,),
+                 lambda: f"{prefix} lse must be a float64 [B] tensor with B = {batch}, got {lse.dtype} {list(lse.shape)}")
+    torch._check(tokens.dtype == torch.int64 and tokens.dim() == 2 and tokens.shape[0] == batch,
+                 lambda: f"{prefix} tokens must be an int64 [B, S] tensor with B = {batch}, got {tokens.dtype} "
+                 f"{list(tokens.shape)}")
+    torch._check(0 <= top_n <= min(MAX_TOP_LOGPROBS, values.shape[1]),
+                 lambda: f"{prefix} top_n must be in [0, min(V, {MAX_TOP_LOGPROBS})], got {top_n}")
+
+
+@torch.library.register_fake("flashsampling::_top_logprobs")
+def _top_logprobs_fake(values, lse, tokens, top_n, raw):
+    _check_top_logprobs_args(values, lse, tokens, top_n)
+    batch = values.shape[0]
+    return (values.new_empty((batch, top_n)), tokens.new_empty((batch, top_n)),
+            tokens.new_empty((batch, tokens.shape[1])))
+
+
+@torch.library.register_kernel("flashsampling::_top_logprobs", "cpu")
+def _top_logprobs_cpu_kernel(values, lse, tokens, top_n, raw):
+    _check_top_logprobs_args(values, lse, tokens, top_n)
+    return top_logprobs_cpu(values, lse, tokens, top_n, raw)
 
 
 @torch.library.register_kernel("flashsampling::sample_from_logits", "cpu")

@@ -259,8 +259,11 @@ def transformed_logits(
 def scaled_logits(x: Tensor, temperature: float, temperatures: Tensor | None) -> Tensor:
     """``y = fl32(x * fl32(1 / T_b))`` of fp32 ``x [B, V]``, ``y = x`` for a greedy row
     (``T_b = 0``); ``temperatures`` float32 ``[B]`` overrides the scalar, as in the op."""
-    if temperatures is None:
-        temperatures = torch.full((x.shape[0],), temperature, dtype=torch.float32, device=x.device)
+    if temperatures is None:  # one multiply (no [B] temperatures, no select)
+        if temperature == 0:
+            return x
+        inv_temperature = torch.ones((), dtype=torch.float32) / torch.tensor(temperature, dtype=torch.float32)
+        return x * inv_temperature  # a 0-d CPU tensor: a scalar of the kernel, no copy
     temperatures = temperatures.to(x.device)
     inv_temperature = torch.ones_like(temperatures) / temperatures  # fs_inv_temperature: fl32(1 / T)
     greedy = temperatures == 0

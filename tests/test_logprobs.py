@@ -112,3 +112,86 @@ def test_argument_errors(kwargs, error, match):
     hidden, weight = problem(2, 100, 16, "cpu", logit_std=2.0)
     with pytest.raises(error, match=match):
         fs.sample(hidden, weight, **kwargs)
+
+
+def _logprob_values(batch, vocab, seed):
+    """float32 [B, V] values with what the order must get right: exact ties, -inf (excluded
+    tokens), a NaN, -0.0 and +0.0, a row with nothing allowed."""
+    gen = torch.Generator().manual_seed(seed)
+    values = (torch.randn(batch, vocab, generator=gen) * 3).round(decimals=1)  # many exact ties
+    values[:, ::7] = -torch.inf
+    if vocab > 3:
+        values[0, 1], values[0, 2], values[0, 3] = -0.0, 0.0, torch.nan
+    values[-1] = -torch.inf
+    return values
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("vocab", [1, 37, 600, 4099, 151936])
+@pytest.mark.parametrize("raw", [False, True])
+def test_top_logprobs_op_matches_the_cpu_op(device, vocab, raw):
+    """flashsampling._top_logprobs (CUDA: csrc/kernels/top_logprobs.cu) equals its CPU op bit for
+    bit: the first N entries and the ranks of the tokens, ties to the smaller id, NaN first."""
+    batch = 5
+    values = _logprob_values(batch, vocab, seed=vocab)
+    lse = torch.logsumexp(values.double().nan_to_num(nan=0.0), dim=1)
+    lse[-1] = -torch.inf if not raw else lse[-1]
+    tokens = torch.randint(-1, vocab + 1, (batch, 6), generator=torch.Generator().manual_seed(1))
+    for n in sorted({0, 1, min(5, vocab), min(20, vocab), min(64, vocab)}):
+        want = torch.ops.flashsampling._top_logprobs(values, lse, tokens, n, raw)
+        got = torch.ops.flashsampling._top_logprobs(values.to(device), lse.to(device), tokens.to(device), n, raw)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_logprobs_opcheck(device):
+    values = _logprob_values(3, 300, seed=2).nan_to_num(nan=1.0).to(device)  # (opcheck compares NaN as unequal)
+    lse = torch.logsumexp(values.double().nan_to_num(nan=0.0), dim=1)
+    tokens = torch.tensor([[0, 5], [299, -1], [17, 300]], device=device)
+    torch.library.opcheck(torch.ops.flashsampling._top_logprobs.default, (values, lse, tokens, 20, False))
+
+
+def test_top_logprobs_op_errors():
+    values = torch.zeros(2, 10)
+    lse, tokens = torch.zeros(2, dtype=torch.float64), torch.zeros(2, 1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="top_n"):
+        torch.ops.flashsampling._top_logprobs(values, lse, tokens, 11, False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_logprob_outputs_sample_on_the_logits_route(device):
+    """A call with top_logprobs samples from the logits it reads the outputs from, with the op's
+    noise: the tokens of sample_from_logits on those logits (and on the CPU, whose two routes
+    agree bit for bit, those of the same call without top_logprobs)."""
+    hidden, weight = problem(16, 3000, 64, device, seed=11, logit_std=2.0)
+    temps = torch.linspace(0.0, 1.5, 16, device=device)  # a greedy row too
+    out = fs.sample(hidden, weight, temperature=temps, seed=4, num_samples=2, return_logprobs=True,
+                    top_logprobs=8, token_ids=[[1, 2]] * 16)
+    logits = fs.truncation.materialized_logits(hidden, weight)
+    want = fs.sample_from_logits(logits, temperature=temps, seed=4, num_samples=2, return_logprobs=True)
+    assert torch.equal(out.tokens, want.tokens)
+    torch.testing.assert_close(out.logsumexp, want.logsumexp, atol=0, rtol=0)
+    if device == "cpu":
+        assert torch.equal(out.tokens, fs.sample(hidden, weight, temperature=temps, seed=4, num_samples=2))
+
+
+@pytest.mark.requires_cuda
+def test_logprob_outputs_replay_in_a_cuda_graph():
+    hidden, weight = problem(4, 5000, 64, "cuda", seed=12, logit_std=2.0)
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+
+    def step():
+        out = fs.sample(hidden, weight, temperature=0.8, seed=7, offset=offset, return_logprobs=True,
+                        top_logprobs=5, token_ids=torch.zeros(4, 2, dtype=torch.int64, device="cuda"))
+        return out.tokens, out.top_ids, out.top_logprobs, out.ranks
+
+    step()  # warm up (allocations) outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for value in (0, 3):
+        offset.fill_(value)
+        graph.replay()
+        for got, want in zip(captured, step()):
+            assert torch.equal(got, want)

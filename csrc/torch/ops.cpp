@@ -78,6 +78,12 @@ TORCH_LIBRARY(flashsampling, m) {
         "float min_p=0.0, Tensor? min_ps=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, "
         "Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
+  // The top-N log-probabilities of materialised values [B, V] float32 and the ranks of the
+  // sampled tokens [B, S] (local ids), for the logprob outputs (flashsampling/top_logprobs.h);
+  // lse float64 [B]; raw: fl32(fl64(values) - lse), else fl32(values - fl32(lse)). CUDA only: the
+  // CPU computes them in torch ops (flashsampling_cuda/logprobs.py).
+  m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw) -> "
+        "(Tensor top_values, Tensor top_ids, Tensor ranks)");
   // The fp32 logits [B, V] = hidden @ weight.T exactly as the CPU op computes them
   // (csrc/torch/logits_cpu.h), for the materialised truncation path.
   m.def("_logits(Tensor hidden, Tensor weight) -> Tensor");

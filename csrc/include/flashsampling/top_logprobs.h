@@ -1,0 +1,39 @@
+// Torch-free description of the top-N log-probabilities of rows of materialised values, with
+// the ranks of given tokens, and its launcher (csrc/kernels/top_logprobs.cu). The binding is
+// csrc/torch/top_logprobs_cuda.cpp; flashsampling_cuda/logprobs.py has the semantics and
+// computes the same outputs in torch ops on the CPU.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace flashsampling {
+
+// Largest N (flashsampling_cuda/logprobs.py: MAX_TOP_LOGPROBS).
+constexpr int kMaxTopLogprobs = 64;
+
+// One call. Row b's log-probabilities are t[v] = fl32(values[b, v] - fl32(lse[b])) with -inf
+// kept where values is -inf (processed), or fl32(fl64(values[b, v]) - lse[b]) (raw). Their order
+// is t descending with -0 folded into +0, NaN above every number, exact ties to the smaller v.
+struct TopLogprobsParams {
+  const float* values = nullptr;  // [B, V] fp32, unit stride along V
+  int64_t row_stride = 0;
+  int64_t batch_size = 0;  // B
+  int64_t vocab_size = 0;  // V
+  const double* lse = nullptr;  // [B]
+  bool raw = false;
+  const int64_t* tokens = nullptr;  // [B, S] local ids; one outside [0, V) gets rank 0
+  int64_t num_samples = 0;          // S
+  int top_n = 0;                    // N in [0, min(V, kMaxTopLogprobs)]
+
+  // Outputs: the first N of the order, top_values float [B, N] (t) and top_ids int64 [B, N]
+  // (local v); ranks int64 [B, S]: each token's 1-based position in the order.
+  float* top_values = nullptr;
+  int64_t* top_ids = nullptr;
+  int64_t* ranks = nullptr;
+};
+
+cudaError_t launch_top_logprobs(TopLogprobsParams const& params, cudaStream_t stream);
+
+}  // namespace flashsampling

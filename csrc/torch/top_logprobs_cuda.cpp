@@ -1,0 +1,62 @@
+// CUDA impl of flashsampling._top_logprobs (flashsampling/top_logprobs.h; the CPU computes the
+// same outputs in torch ops, flashsampling_cuda/logprobs.py): one kernel on the current stream.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+#include "cuda_launch_check.h"
+#include "flashsampling/top_logprobs.h"
+
+namespace flashsampling {
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> top_logprobs_cuda(const at::Tensor& values, const at::Tensor& lse,
+                                                                 const at::Tensor& tokens, int64_t top_n, bool raw) {
+  const char* prefix = "flashsampling._top_logprobs: ";
+  TORCH_CHECK(values.dim() == 2 && values.scalar_type() == at::kFloat, prefix,
+              "values must be a float32 [B, V] tensor, got ", values.scalar_type(), " with shape ", values.sizes());
+  const int64_t batch = values.size(0), vocab = values.size(1);
+  TORCH_CHECK(vocab >= 1 && vocab < (int64_t{1} << 32), prefix, "values must have 1 <= V < 2^32, got V = ", vocab);
+  TORCH_CHECK(lse.dim() == 1 && lse.size(0) == batch && lse.scalar_type() == at::kDouble, prefix,
+              "lse must be a float64 [B] tensor with B = ", batch, ", got ", lse.scalar_type(), " with shape ",
+              lse.sizes());
+  TORCH_CHECK(tokens.dim() == 2 && tokens.size(0) == batch && tokens.scalar_type() == at::kLong, prefix,
+              "tokens must be an int64 [B, S] tensor with B = ", batch, ", got ", tokens.scalar_type(),
+              " with shape ", tokens.sizes());
+  TORCH_CHECK(top_n >= 0 && top_n <= kMaxTopLogprobs && top_n <= vocab, prefix, "top_n must be in [0, min(V, ",
+              kMaxTopLogprobs, ")], got ", top_n);
+  for (const at::Tensor* t : {&lse, &tokens}) {
+    TORCH_CHECK(t->device() == values.device(), prefix, "every tensor must be on values' device (", values.device(),
+                "), got ", t->device());
+  }
+  const c10::cuda::CUDAGuard guard(values.device());
+  const at::Tensor v = values.stride(1) == 1 ? values : values.contiguous();
+  const at::Tensor l = lse.contiguous(), t = tokens.contiguous();
+  at::Tensor top_values = at::empty({batch, top_n}, values.options());
+  at::Tensor top_ids = at::empty({batch, top_n}, tokens.options());
+  at::Tensor ranks = at::empty({batch, tokens.size(1)}, tokens.options());
+  TopLogprobsParams p;
+  p.values = v.const_data_ptr<float>();
+  p.row_stride = v.stride(0);
+  p.batch_size = batch;
+  p.vocab_size = vocab;
+  p.lse = l.const_data_ptr<double>();
+  p.raw = raw;
+  p.tokens = t.const_data_ptr<int64_t>();
+  p.num_samples = t.size(1);
+  p.top_n = static_cast<int>(top_n);
+  p.top_values = top_values.mutable_data_ptr<float>();
+  p.top_ids = top_ids.mutable_data_ptr<int64_t>();
+  p.ranks = ranks.mutable_data_ptr<int64_t>();
+  check_cuda_launch(launch_top_logprobs(p, c10::cuda::getCurrentCUDAStream()), "flashsampling._top_logprobs");
+  return {top_values, top_ids, ranks};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) { m.impl("_top_logprobs", &top_logprobs_cuda); }
+
+}  // namespace flashsampling
