@@ -23,10 +23,12 @@ offset ``offset + j`` (stream ``b``, or 0 with per-row seeds): the bonus token i
 ``sample(hidden[:, n], weight, offset=offset + n)`` returns. The residual samples use
 ``log max(0, p - q)`` as their logits.
 
-This first implementation computes the target logits once (``[B * (n + 1), V]`` fp32, cuBLAS
-on CUDA, the op's own kernels on the CPU) and draws each position's sample with the
+This implementation computes the target logits once (``[B * (n + 1), V]`` fp32, cuBLAS on
+CUDA, the op's own kernels on the CPU) and draws each position's sample with the
 ``sample_from_logits`` op, with no host sync (CUDA-graph capture; ``torch.compile`` is not yet
-tested). Verification fused into the LM-head GEMM is issue #36's goal. The helpers below are
+tested). One-hot drafts without truncation (:func:`verify_one_hot`) need nothing more: that op's
+log-sum-exp gives ``p_j(d_j)``; sampled drafts and truncation also build the float64
+log-probabilities of every position. Verification fused into the LM-head GEMM is issue #36's goal. The helpers below are
 shared with the tensor-parallel verification, :func:`flashsampling_cuda.distributed.speculative_sample`.
 """
 
@@ -262,6 +264,66 @@ def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tenso
     return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
 
 
+def _int32_bits(bits: Tensor) -> Tensor:
+    """int64 values in ``[0, 2^32)`` as the int32 words with those bits."""
+    return ((bits + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logit_bias: Tensor | None,
+                   allowed_mask: Tensor | None, step: _Step, vocab_start: int,
+                   return_logprobs: bool) -> SpeculativeOutput:
+    """:func:`speculative_sample` for one-hot drafts without truncation, the same tokens with
+    less work: per position one ``sample_from_logits`` call on that position's logits (a view of
+    the one ``[B * (n + 1), V]`` matmul) with the draft's bit cleared from the mask on sampled
+    rows. Its token is the corrective sample (the bonus token at ``j = n``, the argmax on greedy
+    rows), and its log-sum-exp over the tokens other than the draft, with the draft's term added
+    back, gives ``p_j(d_j)``: no float64 ``[B, n + 1, V]`` log-softmax and no bool masks."""
+    batch, positions, dim = hidden.shape
+    n, vocab, device = step.n, weight.shape[0], hidden.device
+    x = rule_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight),
+                    None if logit_bias is None else logit_bias.to(device, torch.float32), None, None, 0,
+                    step.logit_scale, step.logit_softcap, None).reshape(batch, positions, vocab)
+    if allowed_mask is None:
+        base = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
+    else:
+        mask = allowed_mask.to(device)
+        base = mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
+    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
+    word, shift = safe >> 5, (safe & 31).to(torch.int32)
+    words = base.gather(1, word)  # [B, n]: the word of each draft's bit
+    draft_allowed = inside & (((words >> shift) & 1) == 1)
+    cleared = draft_allowed & ~step.greedy[:, None]  # the drafts taken out of their position's sample
+    inv_temperature = torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)  # fl32(1 / T)
+    y_draft = x[:, :n].gather(2, safe[:, :, None])[:, :, 0] * inv_temperature[:, None]
+    seed = step.seeds if step.per_row_seed else step.seeds[:1].reshape(())
+    tokens, lses = [], []
+    for j in range(positions):
+        position_mask = base
+        if j < n:
+            bit = _int32_bits(torch.ones_like(safe[:, j : j + 1]) << safe[:, j : j + 1] % 32)
+            kept = torch.where(cleared[:, j : j + 1], words[:, j : j + 1] & ~bit, words[:, j : j + 1])
+            position_mask = base.scatter(1, word[:, j : j + 1], kept)
+        token, _, _, lse = torch.ops.flashsampling.sample_from_logits(
+            x[:, j], temperature=1.0, temperatures=step.temps, num_samples=1, seed=seed, offset=step.offsets + j,
+            generator=None, logit_bias=None, allowed_mask=position_mask, empty_mask_token=-1,
+            vocab_start=vocab_start, return_logprobs=True)
+        tokens.append(token[:, 0])
+        lses.append(lse)
+    emitted, lse = torch.stack(tokens, dim=1), torch.stack(lses, dim=1).double()  # [B, n + 1]
+    # The log-sum-exp of each position's whole distribution: the draft's term added back.
+    lse_draft = lse[:, :n]
+    lse_full_draft = torch.where(cleared, torch.logaddexp(lse_draft, y_draft.double()), lse_draft)
+    logp_draft = torch.where(draft_allowed, y_draft.double() - lse_full_draft, -torch.inf)
+    greedy_hit = (emitted[:, :n] == draft_token_ids) & inside
+    num_accepted = accepted_count(step, acceptance_probability(logp_draft.exp(), None, inside), greedy_hit)
+    if not return_logprobs:
+        return step_output(draft_token_ids, emitted, num_accepted, None, None)
+    lse_full = torch.cat([lse_full_draft, lse[:, n:]], dim=1)
+    y_emitted = values_at(x, emitted - vocab_start) * inv_temperature[:, None]
+    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, logp_draft, torch.nan),
+                       y_emitted.double() - lse_full)
+
+
 def empty_output(hidden: Tensor, n: int, return_logprobs: bool) -> SpeculativeOutput:
     """The output of a batch of no rows."""
     tokens = torch.empty((0, n + 1), dtype=torch.int64, device=hidden.device)
@@ -341,6 +403,19 @@ def speculative_sample(
     if step.batch == 0:
         return empty_output(hidden, n, return_logprobs)
     check_draft_values("flashsampling.speculative_sample", draft_token_ids, draft_probs, vocab_start + weight.shape[0])
+    if draft_probs is None and step.truncation is None:
+        return verify_one_hot(hidden, weight, draft_token_ids, logit_bias, allowed_mask, step, vocab_start,
+                              return_logprobs)
+    return verify(hidden, weight, draft_token_ids, draft_probs, logit_bias, allowed_mask, step, vocab_start,
+                  return_logprobs)
+
+
+def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None,
+           logit_bias: Tensor | None, allowed_mask: Tensor | None, step: _Step, vocab_start: int,
+           return_logprobs: bool) -> SpeculativeOutput:
+    """:func:`speculative_sample` for any drafts and truncation: the float64 log-probabilities of
+    every position, then each position's sample (:func:`position_samples`)."""
+    n = step.n
     x, y, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
     logp = torch.log_softmax(masked_target(y, allowed), dim=2)  # the target's log-probabilities, float64
 

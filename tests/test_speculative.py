@@ -77,7 +77,7 @@ def test_acceptance_rate_is_the_sum_of_min_p_q(device, sampled_drafts):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["one_hot", "sampled", "greedy_rows", "truncated_masked"])
+@pytest.mark.parametrize("case", ["one_hot", "sampled", "greedy_rows", "truncated_masked", "masked_biased"])
 def test_pathwise_against_float64_reference(device, case):
     batch, n, vocab, dim = 24, 4, 400, 32
     hidden, weight = problem(batch, n + 1, vocab, dim, device, seed=3, scale=4.0)
@@ -91,10 +91,11 @@ def test_pathwise_against_float64_reference(device, case):
         draft_probs = torch.softmax(torch.randn(batch, n, vocab, generator=g), dim=2).to(device)
     if case == "greedy_rows":
         kwargs["temperature"] = torch.tensor([0.0, 0.7, 1.3] * (batch // 3), device=device)
-    if case == "truncated_masked":
+    if case in ("truncated_masked", "masked_biased"):
         mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
-        kwargs.update(top_k=torch.randint(3, 60, (batch,), generator=g).to(device), top_p=0.9,
-                      allowed_mask=(mask.to(torch.int32) | 0x1).to(device), logit_bias=torch.randn(vocab).to(device))
+        kwargs.update(allowed_mask=(mask.to(torch.int32) | 0x1).to(device), logit_bias=torch.randn(vocab).to(device))
+    if case == "truncated_masked":
+        kwargs.update(top_k=torch.randint(3, 60, (batch,), generator=g).to(device), top_p=0.9)
     out = fs.speculative_sample(hidden, weight, drafts, draft_probs, **kwargs)
     ref = reference_speculative_sample(hidden, weight, drafts, draft_probs, **kwargs)
     clear = ref.margin.cpu() > 1e-4
@@ -164,3 +165,31 @@ def test_greedy_row_that_allows_nothing_accepts_no_draft_and_empty_batches():
     empty = fs.speculative_sample(hidden[:0], weight, torch.zeros(0, 2, dtype=torch.int64), seed=1,
                                   return_logprobs=True)
     assert empty.tokens.shape == (0, 3) and empty.num_accepted.shape == (0,) and empty.logprobs.shape == (0, 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_hot_route_equals_the_general_route(device, masked):
+    """verify_one_hot (one-hot drafts, no truncation: p(d) from the sample's log-sum-exp) and the
+    general route (float64 log-softmax of every position) give the same step."""
+    from flashsampling_cuda import speculative
+
+    batch, n, vocab, dim = 30, 3, 500, 32
+    hidden, weight = problem(batch, n + 1, vocab, dim, device, seed=8, scale=4.0)
+    g = torch.Generator().manual_seed(9)
+    x = hidden.float() @ weight.float().T
+    drafts = torch.where(torch.rand(batch, n, generator=g) < 0.7, x[:, :n].argmax(2).cpu(),
+                         torch.randint(0, vocab, (batch, n), generator=g)).to(device)
+    temps = torch.tensor([0.0, 0.6, 1.1] * (batch // 3), device=device)
+    mask = None
+    if masked:
+        bits = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
+        mask = (bits.to(torch.int32) | 0x1).to(device)
+    step = speculative.parse_step("test", hidden, weight, drafts, None, temps, 3, 7, None, None, None, None,
+                                  allowed_mask=mask)
+    args = (hidden, weight, drafts)
+    fast = speculative.verify_one_hot(*args, None, mask, step, 0, True)
+    general = speculative.verify(*args, None, None, mask, step, 0, True)
+    assert torch.equal(fast.tokens, general.tokens)
+    assert torch.equal(fast.num_accepted, general.num_accepted)
+    torch.testing.assert_close(fast.logprobs, general.logprobs, atol=1e-5, rtol=1e-5, equal_nan=True)
