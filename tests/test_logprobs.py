@@ -114,11 +114,16 @@ def test_argument_errors(kwargs, error, match):
         fs.sample(hidden, weight, **kwargs)
 
 
-def _logprob_values(batch, vocab, seed):
-    """float32 [B, V] values with what the order must get right: exact ties, -inf (excluded
-    tokens), a NaN, -0.0 and +0.0, a row with nothing allowed."""
+def _logprob_values(batch, vocab, seed, ties=True):
+    """float32 [B, V] values with what the order must get right: exact ties (``ties``: many;
+    else LLM-like rows, a peaked head over a Gaussian bulk), -inf (excluded tokens), a NaN, -0.0
+    and +0.0, a row with nothing allowed."""
     gen = torch.Generator().manual_seed(seed)
-    values = (torch.randn(batch, vocab, generator=gen) * 3).round(decimals=1)  # many exact ties
+    values = torch.randn(batch, vocab, generator=gen) * 3
+    if ties:
+        values = values.round(decimals=1)
+    else:
+        values[:, : min(vocab, 40)] += torch.linspace(30, 5, min(vocab, 40))
     values[:, ::7] = -torch.inf
     if vocab > 3:
         values[0, 1], values[0, 2], values[0, 3] = -0.0, 0.0, torch.nan
@@ -129,14 +134,17 @@ def _logprob_values(batch, vocab, seed):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("vocab", [1, 37, 600, 4099, 151936])
 @pytest.mark.parametrize("raw", [False, True])
-def test_top_logprobs_op_matches_the_cpu_op(device, vocab, raw):
+@pytest.mark.parametrize("ties", [True, False])
+def test_top_logprobs_op_matches_the_cpu_op(device, vocab, raw, ties):
     """flashsampling._top_logprobs (CUDA: csrc/kernels/top_logprobs.cu) equals its CPU op bit for
-    bit: the first N entries and the ranks of the tokens, ties to the smaller id, NaN first."""
+    bit: the first N entries and the ranks of the tokens, ties to the smaller id, NaN first (rows
+    whose top N the kernel finds in its buffer, and rows of massive ties that it cannot)."""
     batch = 5
-    values = _logprob_values(batch, vocab, seed=vocab)
+    values = _logprob_values(batch, vocab, seed=vocab, ties=ties)
     lse = torch.logsumexp(values.double().nan_to_num(nan=0.0), dim=1)
     lse[-1] = -torch.inf if not raw else lse[-1]
     tokens = torch.randint(-1, vocab + 1, (batch, 6), generator=torch.Generator().manual_seed(1))
+    tokens[:, 0] = torch.arange(batch) % vocab  # a token of the head
     for n in sorted({0, 1, min(5, vocab), min(20, vocab), min(64, vocab)}):
         want = torch.ops.flashsampling._top_logprobs(values, lse, tokens, n, raw)
         got = torch.ops.flashsampling._top_logprobs(values.to(device), lse.to(device), tokens.to(device), n, raw)

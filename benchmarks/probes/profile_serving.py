@@ -1,0 +1,59 @@
+"""Per-kernel device times of the serving features' calls (torch.profiler): plain sampling,
+top_logprobs / token_ids, and speculative verification with one-hot drafts, so that the time
+each spends beyond plain sampling can be placed (the logits GEMM, sample_from_logits, the
+top-N kernel, torch's small kernels).
+
+  python3 benchmarks/probes/profile_serving.py --batches 1,64 --shape 4096x151936
+"""
+
+import argparse
+from collections import defaultdict
+
+import torch
+
+import flashsampling_cuda
+from flashsampling_cuda.problems import hidden_states, lm_head_weight
+from stage2_share import kernel_times_us  # benchmarks/probes/, this script's folder
+
+
+def kernel_times(call, calls: int) -> dict:
+    """Device µs per call by kernel, CUTLASS's GEMM as "cutlass", other names shortened."""
+    totals = defaultdict(float)
+    for name, us in kernel_times_us(call, calls).items():
+        totals["cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:]] += us
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--shape", default="4096x151936")
+    parser.add_argument("--calls", type=int, default=10)
+    args = parser.parse_args()
+    dim, vocab = (int(x) for x in args.shape.split("x"))
+    weight = lm_head_weight(vocab, dim)
+    for batch in (int(b) for b in args.batches.split(",")):
+        hidden = hidden_states(weight, batch, "llm", seed=1)
+        ids = torch.zeros(batch, 8, dtype=torch.int64, device=hidden.device)
+        calls = {
+            "plain": lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1),
+            "N=20": lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1, return_logprobs=True,
+                                                      top_logprobs=20),
+            "K=8 ids": lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1,
+                                                         return_logprobs=True, token_ids=ids),
+        }
+        for n in (1, 4):
+            spec_hidden = hidden_states(weight, batch * (n + 1), "llm", seed=2).view(batch, n + 1, dim)
+            drafts = torch.zeros(batch, n, dtype=torch.int64, device=hidden.device)
+            calls[f"spec n={n}"] = (lambda h=spec_hidden, d=drafts: flashsampling_cuda.speculative_sample(
+                h, weight, d, temperature=0.8, seed=1))
+        for name, call in calls.items():
+            call()
+            times = kernel_times(call, args.calls)
+            total = sum(times.values())
+            top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1])[:8])
+            print(f"B={batch} {name}: {total:.0f} us device; {top}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
