@@ -17,8 +17,11 @@ import torch
 
 
 def source_commit() -> str | None:
-    """The checkout's ``git rev-parse --short HEAD`` (``+dirty`` where tracked files differ from it),
-    else ``$BENCH_COMMIT`` (for a copied tree without ``.git``, as on the GPU machine), else None."""
+    """``$BENCH_COMMIT`` where set (a copied tree, as on the GPU machine, whose ``.git`` may be
+    missing or stale), else the checkout's ``git rev-parse --short HEAD`` (``+dirty`` where tracked
+    files differ from it), else None."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -26,8 +29,8 @@ def source_commit() -> str | None:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
                                capture_output=True, text=True, timeout=10, check=True).stdout.strip()
         return commit + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001 - no git, not a checkout: fall back
-        return os.environ.get("BENCH_COMMIT") or None
+    except Exception:  # noqa: BLE001 - no git, not a checkout
+        return None
 
 
 def run_header(device: str) -> dict:
