@@ -12,7 +12,7 @@
 #   PYTEST_TARGETS picks test files (default: tests), PYTEST_SELECT the tests in them (default:
 #   -m requires_cuda; "-k cuda" also takes the device-parametrised tests' CUDA cases);
 #   tp runs bench_tp.py over 1, 2, 4 (and 8) GPUs as the machine has them (TP_ARGS adds options)
-#   BENCH_COMMIT: the commit the result files name where the tree has no .git (benchmarks/report.py)
+#   BENCH_COMMIT: the commit the result files name (wins over the copied tree's .git, which may be stale)
 set -uo pipefail
 OUT=${OUT:-/tmp/flashsampling_out}
 STEPS=${STEPS:-"build tests sanitizer bench"}
