@@ -309,5 +309,5 @@ def rule_logits(logits: Tensor, logit_bias: Tensor | None, sparse_bias_ids: Tens
         x = repetition_penalized(x, penalties, vocab_start)
         entries = penalty_bias(penalties)
         if entries is not None:
-            x = transformed_logits(x, None, *entries, vocab_start)
+            x = transformed_logits(x, None, *entries, vocab_start, distinct_ids=True)  # a state's ids are distinct
     return x

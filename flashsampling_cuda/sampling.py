@@ -188,8 +188,10 @@ def _op_kwargs(
     if context is not None:  # the call as given, for outputs computed beside the sample (logprobs.py)
         context.update(kwargs=dict(kwargs), truncation=truncation, order=order, scale=scale, softcap=softcap,
                        penalties=penalties)
-    if penalties is not None and not model_side and penalties.repetition is None and sparse_ids is None:
-        # Frequency and presence alone: their terms are sparse bias entries of the fused op.
+    if (penalties is not None and not model_side and penalties.repetition is None and sparse_ids is None
+            and penalties.state.capacity <= FUSED_PENALTY_CAPACITY):
+        # Frequency and presence alone over a short history: their terms are sparse bias entries
+        # of the fused op.
         kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"] = penalty_bias(penalties)
     elif model_side or penalties is not None:
         _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties, order)
@@ -228,6 +230,14 @@ def _op_kwargs(
                 if kwargs["sparse_bias_ids"] is None:
                     route["raw_logits"] = route["logits"]
     return kwargs
+
+
+# The longest token history (PenaltyState capacity) whose frequency and presence terms go to the
+# fused op as sparse bias. The epilogue scans a row's entries for every marked element, so the
+# cost grows as capacity^2 a row: at 2048 an H100 took 7-40x plain sampling (penalties benchmark,
+# docs/penalties.md), about 3% of that at 128 by that scaling; longer histories take the logits
+# route.
+FUSED_PENALTY_CAPACITY = 128
 
 
 def _truncation_order(truncation_order, truncation) -> str:

@@ -237,12 +237,14 @@ def transformed_logits(
     sparse_bias_ids: Tensor | None = None,
     sparse_bias_values: Tensor | None = None,
     vocab_start: int = 0,
+    distinct_ids: bool = False,
 ) -> Tensor:
     """``x`` of the op (csrc/torch/checks.h), float32 ``[B, V]``, from fp32 ``logits [B, V]``:
     ``x = fl32(fl32(logit + logit_bias[v]) + s)`` where ``s`` is the fp32 sum, in list
     order from 0, of the row's sparse values with id ``vocab_start + v`` (each term only
     when given). ``logit_bias`` float32 ``[V]``; ``sparse_bias_ids`` int ``[B, K]`` global
-    ids, ``sparse_bias_values`` float32 ``[B, K]``."""
+    ids, ``sparse_bias_values`` float32 ``[B, K]``. ``distinct_ids``: the caller knows each
+    row's ids are distinct (a PenaltyState's): one scatter instead of one per list position."""
     x = logits if logit_bias is None else logits + logit_bias
     if sparse_bias_ids is None or sparse_bias_ids.numel() == 0:
         return x
@@ -250,8 +252,11 @@ def transformed_logits(
     local = sparse_bias_ids.to(torch.int64) - vocab_start
     column = torch.where((local >= 0) & (local < vocab), local, vocab)  # ids elsewhere go to a spare column
     sums = x.new_zeros(batch, vocab + 1)
-    for k in range(column.shape[1]):  # one id per row at a time: fp32 adds in list order, deterministic
-        sums.scatter_add_(1, column[:, k : k + 1], sparse_bias_values[:, k : k + 1])
+    if distinct_ids:  # one entry an id: one add each, whatever the order (ids outside share the spare column)
+        sums.scatter_add_(1, column, sparse_bias_values.to(sums.dtype))
+    else:
+        for k in range(column.shape[1]):  # one id per row at a time: fp32 adds in list order, deterministic
+            sums.scatter_add_(1, column[:, k : k + 1], sparse_bias_values[:, k : k + 1])
     hit = torch.zeros_like(sums, dtype=torch.bool).scatter_(1, column, True)
     return torch.where(hit[:, :vocab], x + sums[:, :vocab], x)
 

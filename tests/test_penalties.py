@@ -137,12 +137,15 @@ def test_rows_without_penalties_get_the_plain_tokens_bit_for_bit():
 
 
 def test_fused_and_logits_routes_agree_bit_for_bit():
-    """Frequency and presence alone run on the fused op as sparse bias entries; with a
-    repetition penalty of exactly 1 (on, but changing nothing) the same call takes the logits
-    route: the same logits, so the same tokens and scores, bit for bit (CPU)."""
+    """Frequency and presence alone over a short history (capacity <= FUSED_PENALTY_CAPACITY) run
+    on the fused op as sparse bias entries; with a repetition penalty of exactly 1 (on, but
+    changing nothing) the same call takes the logits route: the same logits, so the same tokens
+    and scores, bit for bit (CPU)."""
+    from flashsampling_cuda.sampling import FUSED_PENALTY_CAPACITY
+
     batch, vocab, dim = 10, 4000, 64
     hidden, weight = problem(batch, vocab, dim, "cpu", seed=6, logit_std=2.0)
-    state = PenaltyState(*histories(batch, vocab, seed=2))
+    state = PenaltyState(*histories(batch, vocab, seed=2), capacity=FUSED_PENALTY_CAPACITY)
     kwargs = dict(temperature=0.7, seed=5, num_samples=2, frequency_penalty=0.9, presence_penalty=1.5,
                   penalty_state=state, logit_bias=torch.randn(vocab), return_logprobs=True)
     fused = fs.sample_with_scores(hidden, weight, **kwargs)
