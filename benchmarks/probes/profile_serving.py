@@ -7,21 +7,12 @@ top-N kernel, torch's small kernels).
 """
 
 import argparse
-from collections import defaultdict
 
 import torch
 
 import flashsampling_cuda
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
-from stage2_share import kernel_times_us  # benchmarks/probes/, this script's folder
-
-
-def kernel_times(call, calls: int) -> dict:
-    """Device µs per call by kernel, CUTLASS's GEMM as "cutlass", other names shortened."""
-    totals = defaultdict(float)
-    for name, us in kernel_times_us(call, calls).items():
-        totals["cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:]] += us
-    return totals
+from stage2_share import kernel_times  # benchmarks/probes/, this script's folder
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ the logits GEMM, the selection kernel and anything else each form launches.
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import flashsampling_cuda
@@ -14,15 +13,7 @@ from flashsampling_cuda.problems import hidden_states, lm_head_weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from bench_truncation import FORMS, form_arguments
-from stage2_share import kernel_times_us  # benchmarks/probes/, this script's folder
-
-
-def kernel_times(call, calls: int) -> dict:
-    """Device µs per call by kernel, CUTLASS's GEMM as "cutlass", other names shortened."""
-    totals = defaultdict(float)
-    for name, us in kernel_times_us(call, calls).items():
-        totals["cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-36:]] += us
-    return totals
+from stage2_share import kernel_times  # benchmarks/probes/, this script's folder
 
 
 def main() -> None:

@@ -35,6 +35,15 @@ def kernel_times_us(fn, calls: int = 20) -> dict[str, float]:
     return dict(totals)
 
 
+def kernel_times(call, calls: int) -> dict[str, float]:
+    """:func:`kernel_times_us` with CUTLASS's GEMM as "cutlass" and other names shortened (the
+    profile_* probes' tables)."""
+    totals: dict[str, float] = defaultdict(float)
+    for name, us in kernel_times_us(call, calls).items():
+        totals["cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:]] += us
+    return dict(totals)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="4096x151936,8192x128256")
