@@ -150,7 +150,23 @@ def uniform_noise(
 ) -> Tensor:
     """The fp32 uniform in (0, 1) under :func:`gumbel_noise` at the same coordinates
     (``uniform_open01`` of the same Philox bits): speculative verification's acceptance draws use
-    it at ``vocab_index = 2^32 - 1``, an index no token has."""
+    it at ``vocab_index = 2^32 - 1``, an index no token has. One kernel
+    (``flashsampling._uniform_noise``, philox_gumbel.h's ``fs_uniform_noise``) over the broadcast
+    arguments; :func:`uniform_noise_reference` is the same in torch ops."""
+    args = (seed, offset, stream, sample, vocab_index)
+    device = next((a.device for a in args if isinstance(a, Tensor)), torch.device("cpu"))
+    tensors = torch.broadcast_tensors(*(as_int64_tensor(a, device) for a in args))
+    return torch.ops.flashsampling._uniform_noise(*(t.contiguous() for t in tensors))
+
+
+def uniform_noise_reference(
+    seed: int | Tensor,
+    offset: int | Tensor,
+    stream: int | Tensor,
+    sample: int | Tensor,
+    vocab_index: int | Tensor,
+) -> Tensor:
+    """:func:`uniform_noise` in torch ops (about a hundred small kernels: a reference for tests)."""
     return uniform_open01(_bits_at(seed, offset, stream, sample, vocab_index))
 
 

@@ -436,7 +436,7 @@ def reference_speculative_sample(hidden: Tensor, weight: Tensor, draft_token_ids
     """Reference of ``flashsampling_cuda.speculative_sample`` (its module docstring has the rule
     and the noise) in float64, row by row and position by position; ``margin`` bounds how far
     fp32 rounding may move a decision (compare rows whose margin is not tiny)."""
-    from .noise import uniform_noise
+    from .noise import uniform_noise_reference as uniform_noise
 
     batch, positions, dim = hidden.shape
     n = positions - 1

@@ -1041,12 +1041,21 @@ def _check_top_logprobs_args(values, lse, tokens, top_n) -> None:
                  lambda: f"{prefix} values must be a float32 [B, V] tensor, got {values.dtype} {list(values.shape)}")
     batch = values.shape[0]
     torch._check(lse.dtype == torch.float64 and tuple(lse.shape) == (batch,),
-                 lambda: f"{prefix} lse must be a float64 [B] tensor with B = {batch}, got {lse.dtype} {list(lse.shape)}")
+                 lambda: f"{prefix} lse must be a float64 [B] tensor with B = {batch}, got {lse.dtype} "
+                 f"{list(lse.shape)}")
     torch._check(tokens.dtype == torch.int64 and tokens.dim() == 2 and tokens.shape[0] == batch,
                  lambda: f"{prefix} tokens must be an int64 [B, S] tensor with B = {batch}, got {tokens.dtype} "
                  f"{list(tokens.shape)}")
     torch._check(0 <= top_n <= min(MAX_TOP_LOGPROBS, values.shape[1]),
                  lambda: f"{prefix} top_n must be in [0, min(V, {MAX_TOP_LOGPROBS})], got {top_n}")
+
+
+@torch.library.register_fake("flashsampling::_uniform_noise")
+def _uniform_noise_fake(seed, offset, stream, sample, vocab_index):
+    for name, t in (("offset", offset), ("stream", stream), ("sample", sample), ("vocab_index", vocab_index)):
+        torch._check(t.shape == seed.shape, lambda: f"flashsampling._uniform_noise: {name} must have seed's shape "
+                     f"{list(seed.shape)}, got {list(t.shape)}")
+    return seed.new_empty(seed.shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("flashsampling::_top_logprobs")

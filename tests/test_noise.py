@@ -186,3 +186,29 @@ def test_gumbel_upper_bound_rejects_out_of_range_bits():
     with pytest.raises(RuntimeError, match="_gumbel_upper_bound: bits values must lie in"):
         ops._gumbel_upper_bound(torch.tensor([1 << 32]))
 
+
+
+def uniform_noise_coordinates(count: int = 4096):
+    """int64 (seed, offset, stream, sample, vocab_index) of one shape: random, and the edges
+    (seeds and offsets past 2^63, the largest stream and vocabulary index, sample past 0)."""
+    gen = torch.Generator().manual_seed(17)
+    wide = lambda: torch.randint(-2**63, 2**63 - 1, (count,), generator=gen, dtype=torch.int64)  # noqa: E731
+    narrow = lambda: torch.randint(0, 2**32, (count,), generator=gen, dtype=torch.int64)  # noqa: E731
+    seed, offset, stream, vocab = wide(), wide(), narrow(), narrow()
+    sample = torch.randint(0, 8, (count,), generator=gen)
+    vocab[:8] = 2**32 - 1
+    stream[8:16] = 2**32 - 1
+    return seed, offset, stream, sample, vocab
+
+
+def test_uniform_noise_op_equals_the_reference():
+    """noise.uniform_noise (one kernel, philox_gumbel.h's fs_uniform_noise) equals the torch-ops
+    reference bit for bit, broadcast arguments and ints included."""
+    from flashsampling_cuda.noise import uniform_noise, uniform_noise_reference
+
+    args = uniform_noise_coordinates()
+    assert torch.equal(torch.ops.flashsampling._uniform_noise(*args), uniform_noise_reference(*args))
+    seeds = torch.tensor([[3], [2**40 + 5]])
+    assert torch.equal(uniform_noise(seeds, 7, torch.arange(4), torch.arange(3)[:, None, None], 2**32 - 1),
+                       uniform_noise_reference(seeds, 7, torch.arange(4), torch.arange(3)[:, None, None], 2**32 - 1))
+    torch.library.opcheck(torch.ops.flashsampling._uniform_noise.default, tuple(a[:64] for a in args))

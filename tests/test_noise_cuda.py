@@ -66,3 +66,14 @@ def test_gumbel_upper_bound_cuda_equals_cpu_on_every_uniform():
     gpu = torch.ops.flashsampling._gumbel_upper_bound(bits.cuda()).cpu()
     differ = (_bits(cpu) != _bits(gpu)).nonzero().flatten()
     assert differ.numel() == 0, f"{differ.numel()} uniforms differ, first k = {k[differ[:4]].tolist()}"
+
+
+def test_uniform_noise_cuda_equals_cpu():
+    """flashsampling._uniform_noise (speculative verification's acceptance draws) on CUDA equals
+    the CPU op, whose value tests/test_noise.py checks against the torch-ops reference."""
+    from test_noise import uniform_noise_coordinates
+
+    args = uniform_noise_coordinates()
+    want = torch.ops.flashsampling._uniform_noise(*args)
+    got = torch.ops.flashsampling._uniform_noise(*(a.cuda() for a in args))
+    assert torch.equal(got.cpu(), want)

@@ -43,6 +43,17 @@ __global__ void gumbel_upper_bound_kernel(int64_t const* __restrict__ bits, floa
   if (i < n) out[i] = fs_gumbel_upper_bound_from_bits(static_cast<uint32_t>(bits[i]));
 }
 
+__global__ void uniform_noise_kernel(int64_t const* __restrict__ seed, int64_t const* __restrict__ offset,
+                                     int64_t const* __restrict__ stream, int64_t const* __restrict__ sample,
+                                     int64_t const* __restrict__ vocab_index, float* __restrict__ out, int64_t n) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    out[i] = fs_uniform_noise(static_cast<uint64_t>(seed[i]), static_cast<uint64_t>(offset[i]),
+                              static_cast<uint32_t>(stream[i]), static_cast<uint32_t>(sample[i]),
+                              static_cast<uint32_t>(vocab_index[i]));
+  }
+}
+
 unsigned int num_blocks(int64_t n) {
   return static_cast<unsigned int>((n + int64_t{kThreads} * kLanes - 1) / (int64_t{kThreads} * kLanes));
 }
@@ -65,6 +76,15 @@ cudaError_t launch_gumbel_upper_bound(int64_t const* bits, float* out, int64_t n
   if (n == 0) return cudaSuccess;
   gumbel_upper_bound_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
       bits, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_uniform_noise(int64_t const* seed, int64_t const* offset, int64_t const* stream,
+                                 int64_t const* sample, int64_t const* vocab_index, float* out, int64_t n,
+                                 cudaStream_t stream_handle) {
+  if (n == 0) return cudaSuccess;
+  uniform_noise_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream_handle>>>(
+      seed, offset, stream, sample, vocab_index, out, n);
   return cudaGetLastError();
 }
 

@@ -73,6 +73,19 @@ void check_uint32_values(const char* op, const char* name, const at::Tensor& t) 
               " values must lie in [0, 2^32)");
 }
 
+void check_uniform_noise_args(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& stream,
+                              const at::Tensor& sample, const at::Tensor& vocab_index) {
+  constexpr const char* kOp = "flashsampling._uniform_noise";
+  for (auto [name, t] : {std::pair{"seed", &seed}, std::pair{"offset", &offset}, std::pair{"stream", &stream},
+                         std::pair{"sample", &sample}, std::pair{"vocab_index", &vocab_index}}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong, kOp, ": ", name, " must be an int64 tensor, got ", t->scalar_type());
+    TORCH_CHECK(t->sizes() == seed.sizes(), kOp, ": ", name, " must have seed's shape ", seed.sizes(), ", got ",
+                t->sizes());
+    TORCH_CHECK(t->device() == seed.device(), kOp, ": ", name, " must be on seed's device (", seed.device(),
+                "), got ", t->device());
+  }
+}
+
 void check_shard_keys_args(const at::Tensor& tokens, const at::Tensor& scores) {
   constexpr const char* kOp = "flashsampling._shard_keys";
   TORCH_CHECK(tokens.scalar_type() == at::kLong, kOp, ": tokens must be int64, got ", tokens.scalar_type());

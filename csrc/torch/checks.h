@@ -78,6 +78,10 @@ void check_mask_rows_nonempty(int64_t vocab, const SampleArgs& args, bool captur
 // The noise ops' (noise_cpu.cpp, noise_cuda.cpp) uint32 arguments: an int64 tensor whose
 // values lie in [0, 2^32). Reads the values (a host sync on a device tensor; test ops only).
 void check_uint32_values(const char* op, const char* name, const at::Tensor& t);
+// flashsampling._uniform_noise's arguments: int64 tensors of one shape on one device (values
+// not read: no host sync).
+void check_uniform_noise_args(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& stream,
+                              const at::Tensor& sample, const at::Tensor& vocab_index);
 
 // flashsampling._shard_keys(tokens, scores): int64 and float32 tensors of one shape and device.
 void check_shard_keys_args(const at::Tensor& tokens, const at::Tensor& scores);

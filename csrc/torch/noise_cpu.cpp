@@ -45,6 +45,23 @@ at::Tensor gumbel_noise_cpu(int64_t seed, int64_t offset, const at::Tensor& stre
 }
 
 // counter [..., 4] and key [..., 2] (uint32 values in int64) -> Philox output [..., 4].
+at::Tensor uniform_noise_cpu(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& stream,
+                             const at::Tensor& sample, const at::Tensor& vocab_index) {
+  check_uniform_noise_args(seed, offset, stream, sample, vocab_index);
+  const at::Tensor se = seed.contiguous(), of = offset.contiguous(), st = stream.contiguous(),
+                   sa = sample.contiguous(), vo = vocab_index.contiguous();
+  at::Tensor out = at::empty(seed.sizes(), seed.options().dtype(at::kFloat));
+  const int64_t *s = se.const_data_ptr<int64_t>(), *o = of.const_data_ptr<int64_t>(),
+                *t = st.const_data_ptr<int64_t>(), *a = sa.const_data_ptr<int64_t>(),
+                *v = vo.const_data_ptr<int64_t>();
+  float* u = out.mutable_data_ptr<float>();
+  parallel_elements(out.numel(), [&](int64_t i) {
+    u[i] = fs_uniform_noise(static_cast<uint64_t>(s[i]), static_cast<uint64_t>(o[i]), static_cast<uint32_t>(t[i]),
+                            static_cast<uint32_t>(a[i]), static_cast<uint32_t>(v[i]));
+  });
+  return out;
+}
+
 at::Tensor philox4x32_10_cpu(const at::Tensor& counter, const at::Tensor& key) {
   constexpr const char* kOp = "flashsampling._philox4x32_10";
   check_uint32_values(kOp, "counter", counter);
@@ -129,6 +146,7 @@ at::Tensor gumbel_upper_bound_cpu(const at::Tensor& bits) {
 TORCH_LIBRARY_IMPL(flashsampling, CPU, m) {
   m.impl("gumbel_noise", &gumbel_noise_cpu);
   m.impl("_philox4x32_10", &philox4x32_10_cpu);
+  m.impl("_uniform_noise", &uniform_noise_cpu);
   m.impl("_logf", &logf_cpu);
   m.impl("_gumbel_from_bits", &gumbel_from_bits_cpu);
   m.impl("_gumbel_upper_bound", &gumbel_upper_bound_cpu);

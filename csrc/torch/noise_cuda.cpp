@@ -1,6 +1,7 @@
 // CUDA impls of flashsampling._logf, _gumbel_from_bits and _gumbel_upper_bound (the fused
 // kernels' skip bound; the CPU ones are in noise_cpu.cpp): the noise transforms as the GPU
-// computes them, for tests that compare the two bit for bit.
+// computes them, for tests that compare the two bit for bit; and of _uniform_noise, speculative
+// verification's acceptance draws in one kernel.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -45,9 +46,25 @@ at::Tensor gumbel_upper_bound_cuda(const at::Tensor& bits) {
   return map_bits_cuda(bits, "flashsampling._gumbel_upper_bound", launch_gumbel_upper_bound);
 }
 
+at::Tensor uniform_noise_cuda(const at::Tensor& seed, const at::Tensor& offset, const at::Tensor& stream,
+                              const at::Tensor& sample, const at::Tensor& vocab_index) {
+  check_uniform_noise_args(seed, offset, stream, sample, vocab_index);
+  const c10::cuda::CUDAGuard guard(seed.device());
+  const at::Tensor se = seed.contiguous(), of = offset.contiguous(), st = stream.contiguous(),
+                   sa = sample.contiguous(), vo = vocab_index.contiguous();
+  at::Tensor out = at::empty(seed.sizes(), seed.options().dtype(at::kFloat));
+  check_cuda_launch(launch_uniform_noise(se.const_data_ptr<int64_t>(), of.const_data_ptr<int64_t>(),
+                                         st.const_data_ptr<int64_t>(), sa.const_data_ptr<int64_t>(),
+                                         vo.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(), out.numel(),
+                                         c10::cuda::getCurrentCUDAStream()),
+                    "flashsampling._uniform_noise");
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
+  m.impl("_uniform_noise", &uniform_noise_cuda);
   m.impl("_logf", &logf_cuda);
   m.impl("_gumbel_from_bits", &gumbel_from_bits_cuda);
   m.impl("_gumbel_upper_bound", &gumbel_upper_bound_cuda);

@@ -90,6 +90,10 @@ TORCH_LIBRARY(flashsampling, m) {
   // The Gumbel noise g(seed, offset, stream, sample, vocab_index) of philox_gumbel.h;
   // `stream` and `vocab_index` are int64 tensors broadcast together. Returns float32.
   m.def("gumbel_noise(int seed, int offset, Tensor stream, int sample, Tensor vocab_index) -> Tensor");
+  // fs_uniform_noise elementwise over int64 tensors of one shape, all on one device (seed and
+  // offset as uint64 bits, stream, sample and vocab_index as their low 32 bits; values not read
+  // on the host, so it runs under graph capture): speculative verification's acceptance draws.
+  m.def("_uniform_noise(Tensor seed, Tensor offset, Tensor stream, Tensor sample, Tensor vocab_index) -> Tensor");
   // The tensor-parallel exchange (flashsampling/shard_keys.h, flashsampling_cuda/distributed.py):
   // int64 keys of a shard's (tokens, scores), and the merge of every rank's keys
   // gathered [world, B, C] (keys in the first num_samples of C) -> (best key, its first rank,

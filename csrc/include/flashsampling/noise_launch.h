@@ -20,4 +20,10 @@ cudaError_t launch_gumbel_from_bits(int64_t const* bits, float* out, int64_t n, 
 // the exact noise by (tests check it lies above fs_gumbel_from_bits on every input).
 cudaError_t launch_gumbel_upper_bound(int64_t const* bits, float* out, int64_t n, cudaStream_t stream);
 
+// out[i] = fs_uniform_noise(seed[i], offset[i], stream[i], sample[i], vocab_index[i]) (uint64
+// seed and offset, the others' low 32 bits).
+cudaError_t launch_uniform_noise(int64_t const* seed, int64_t const* offset, int64_t const* stream,
+                                 int64_t const* sample, int64_t const* vocab_index, float* out, int64_t n,
+                                 cudaStream_t stream_handle);
+
 }  // namespace flashsampling

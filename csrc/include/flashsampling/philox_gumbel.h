@@ -251,6 +251,14 @@ FS_HOST_DEVICE float fs_gumbel_noise(uint64_t seed, uint64_t offset, uint32_t st
   return fs_gumbel_from_bits(fs_philox_lane(r, stream & 3u));
 }
 
+// The uniform in (0, 1) under fs_gumbel_noise at the same coordinates (speculative
+// verification's acceptance draws, at a vocab_index no token has).
+FS_HOST_DEVICE float fs_uniform_noise(uint64_t seed, uint64_t offset, uint32_t stream,
+                                      uint32_t sample, uint32_t vocab_index) {
+  const Philox4 r = fs_noise_block(seed, offset + sample, vocab_index, stream >> 2);
+  return fs_uniform_open01(fs_philox_lane(r, stream & 3u));
+}
+
 // The perturbed score Gumbel-Max takes the argmax of: logit / T + g, computed as
 // one fma with inv_temperature = 1 / T rounded to fp32 (fs_div). T = 0 (greedy)
 // is expressed by the caller as "no noise": score = logit.
