@@ -384,7 +384,7 @@ def sample(
              logit_bias=logit_bias, sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
              empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY, vocab_start=vocab_start,
              top_k=None, top_p=None, min_p=None, truncation_path="auto", truncation_order="top_k_first"),
-        transforms, return_logprobs, False, context)
+        transforms, return_logprobs, False, context, logits_wanted=serving_logprobs)
     batch, samples = tokens.shape
     if batch == 0:  # the same on every rank: nothing to exchange
         if serving_logprobs:

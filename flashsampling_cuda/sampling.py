@@ -600,14 +600,17 @@ def sample_with_scores(
 
 
 def _scored_sample(hidden: Tensor, weight: Tensor, args: dict, transforms: LogitTransforms, return_logprobs: bool,
-                   check_nan: bool, context: dict | None = None) -> tuple[ScoredSample, dict]:
+                   check_nan: bool, context: dict | None = None, logits_wanted: bool = False
+                   ) -> tuple[ScoredSample, dict]:
     """:func:`sample_with_scores` of ``args`` (its controls by name, :func:`_op_kwargs`'s) and the
     route it took; ``context``, where given, records the call for outputs computed beside the
-    sample (:func:`flashsampling_cuda.logprobs.logprob_values`; the tensor-parallel merge)."""
+    sample (:func:`flashsampling_cuda.logprobs.logprob_values`; the tensor-parallel merge), and
+    ``logits_wanted`` says that those outputs read the logits (:func:`_op_kwargs`)."""
     if check_nan:
         _check_nan_inputs(hidden)
     route: dict = {}
-    kwargs = _op_kwargs(hidden, weight, **args, route=route, transforms=transforms, context=context)
+    kwargs = _op_kwargs(hidden, weight, **args, route=route, transforms=transforms, context=context,
+                        logits_wanted=logits_wanted)
     out = ScoredSample(*_call_op(hidden, weight, kwargs, route, return_logprobs))
     if check_nan:
         _check_nan_outputs(weight, kwargs, out.tokens, out.scores, out.logsumexp, return_logprobs)
