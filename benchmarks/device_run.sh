@@ -4,10 +4,13 @@
 # the kernel benchmark. Logs and results go to $OUT; a short summary prints last.
 #   carry: .whl (nvidia-cutlass wheel), .fi (offline FlashInfer, optional)
 #   STEPS: any of "build tests sanitizer bench truncation controls decode logprobs penalties speculative
-#   serving_smoke ncu truncprof tp" (default: build tests sanitizer bench); truncation runs
+#   serving serving_smoke ncu truncprof tp" (default: build tests sanitizer bench); truncation runs
 #   bench_truncation.py (TRUNCATION_ARGS adds options); logprobs, penalties and speculative run
 #   bench_logprobs.py, bench_penalties.py and bench_speculative.py (LOGPROBS_ARGS, PENALTIES_ARGS,
-#   SPECULATIVE_ARGS add options); serving_smoke runs those three with --tiny --timing graph (minutes,
+#   SPECULATIVE_ARGS add options); serving runs their CUDA tests, probes/profile_serving.py and the
+#   three at D = 4096, each within SERVING_BENCH_TIMEOUT s (default 150; records are written one by
+#   one, so a timeout keeps what ran; SERVING_BENCH_ARGS adds options to all three, e.g.
+#   --batches 1,16,64); serving_smoke runs those three with --tiny --timing graph (minutes,
 #   mostly torch.compile: graph capture, compile and FlashInfer on tiny shapes, nothing written);
 #   PYTEST_TARGETS picks test files (default: tests), PYTEST_SELECT the tests in them (default:
 #   -m requires_cuda; "-k cuda" also takes the device-parametrised tests' CUDA cases);
@@ -66,6 +69,21 @@ if has_step serving_smoke; then
     python3 "benchmarks/bench_$name.py" --tiny --timing graph 2>&1 | grep -v "^\[bench\] {"
     summary+=("serving_smoke $name: rc=${PIPESTATUS[0]}")
   done
+fi
+if has_step serving; then  # the serving features in one call: their CUDA tests, where the time goes, their benchmarks
+  python3 -m pytest tests/test_logprobs.py tests/test_speculative.py tests/test_penalties.py tests/test_noise_cuda.py \
+    -k cuda -q -p no:cacheprovider 2>&1 | tee "$OUT/tests_serving.log" | tail -3
+  summary+=("serving tests: $(tail -1 "$OUT/tests_serving.log")")
+  (cd benchmarks/probes && timeout 60 python3 profile_serving.py --batches 1,64 --calls 5 2>&1 | grep "^B=") \
+    | tee "$OUT/profile_serving.txt"
+  for name in logprobs speculative penalties; do
+    timeout ${SERVING_BENCH_TIMEOUT:-150} python3 "benchmarks/bench_$name.py" --out "$OUT" --shapes 4096x151936 \
+      ${SERVING_BENCH_ARGS:-} 2>&1 | tee "$OUT/$name.log" | grep "^| " | tail -30
+    summary+=("$name: rc=${PIPESTATUS[0]}")
+  done
+  # The device tool returns a few files a call: keep the records (the .md and .png are rebuilt
+  # from the .json here, docs/benchmarking.md) and the two short logs.
+  rm -f "$OUT"/*.png "$OUT"/*.md "$OUT"/{logprobs,speculative,penalties}.log "$OUT"/fi_setup.log
 fi
 if has_step logprobs; then serving_bench logprobs ${LOGPROBS_ARGS:-}; fi
 if has_step penalties; then serving_bench penalties ${PENALTIES_ARGS:-}; fi

@@ -6,6 +6,10 @@ into the record), results rewritten after every record (a run cut short keeps wh
 added to an earlier run's file (--append), the target check lines, the markdown tables and a plot of
 ratios against the batch size.
 
+``python benchmarks/harness.py FILE.json ...`` rewrites the .md and .png beside such a run's
+records (the device tool brings back only a few files a call: benchmarks/device_run.sh's
+``serving`` step keeps the .json).
+
 Timing: on CUDA, medians of CUDA-graph replays (``bench_sampler.median_us``); ``--timing eager``
 (the default of ``--tiny`` and the only choice on the CPU) times eager calls, host work included.
 """
@@ -13,6 +17,7 @@ Timing: on CUDA, medians of CUDA-graph replays (``bench_sampler.median_us``); ``
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import statistics
@@ -256,13 +261,27 @@ class Bench:
         """Writes the results with the plot (where results are written), then prints the target
         checks and the markdown table last."""
         results = self.results_to_write()
-        results["checks"] = checks(results)
-        text = "\n".join(["Target checks (from this run's ratios):", ""] + [f"- {c}" for c in results["checks"]]
-                         + ["", table(results)])
+        text = finished_text(results, table, checks)
         if self.out:
             stem = write_results(self.out, self.stem, results, text, plot)
             print(f"[bench] wrote {stem}.*", file=sys.stderr)
         print(text)
+
+
+def finished_text(results: dict, table: Callable[[dict], str], checks: Callable[[dict], list[str]]) -> str:
+    """Sets ``results["checks"]`` and returns the text a run ends with: the check lines, then the table."""
+    results["checks"] = checks(results)
+    return "\n".join(["Target checks (from this run's ratios):", ""] + [f"- {c}" for c in results["checks"]]
+                     + ["", table(results)])
+
+
+def rewrite_results(path: Path) -> Path:
+    """Rewrites the .md and .png beside the .json of a run of ``bench_<benchmark>.py`` (one of this
+    module's benchmarks), as :meth:`Bench.finish` writes them."""
+    results = json.loads(path.read_text())
+    module = importlib.import_module(f"bench_{results['benchmark']}")
+    text = finished_text(results, module.markdown_table, module.checks)
+    return write_results(path.parent, path.stem, results, text, module.plot)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -377,3 +396,8 @@ def call_signature(fn: Callable) -> str:
         return f"{getattr(fn, '__name__', 'fn')}{inspect.signature(fn)}"
     except (TypeError, ValueError):
         return getattr(fn, "__name__", "fn")
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:]:
+        print(f"rewrote {rewrite_results(Path(name))}.*")
