@@ -159,14 +159,9 @@ def uniform_noise(
     return torch.ops.flashsampling._uniform_noise(*(t.contiguous() for t in tensors))
 
 
-def uniform_noise_reference(
-    seed: int | Tensor,
-    offset: int | Tensor,
-    stream: int | Tensor,
-    sample: int | Tensor,
-    vocab_index: int | Tensor,
-) -> Tensor:
-    """:func:`uniform_noise` in torch ops (about a hundred small kernels: a reference for tests)."""
+def uniform_noise_reference(seed, offset, stream, sample, vocab_index) -> Tensor:
+    """:func:`uniform_noise` (the same arguments) in torch ops: about a hundred small kernels, the
+    reference of the tests and of reference.py."""
     return uniform_open01(_bits_at(seed, offset, stream, sample, vocab_index))
 
 
