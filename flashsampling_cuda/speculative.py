@@ -273,11 +273,12 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
                    allowed_mask: Tensor | None, step: _Step, vocab_start: int,
                    return_logprobs: bool) -> SpeculativeOutput:
     """:func:`speculative_sample` for one-hot drafts without truncation, the same tokens with
-    less work: per position one ``sample_from_logits`` call on that position's logits (a view of
-    the one ``[B * (n + 1), V]`` matmul) with the draft's bit cleared from the mask on sampled
-    rows. Its token is the corrective sample (the bonus token at ``j = n``, the argmax on greedy
-    rows), and its log-sum-exp over the tokens other than the draft, with the draft's term added
-    back, gives ``p_j(d_j)``: no float64 ``[B, n + 1, V]`` log-softmax and no bool masks."""
+    less work: ``sample_from_logits`` on each position's logits (views of the one
+    ``[B * (n + 1), V]`` matmul) with the draft's bit cleared from the mask on sampled rows, one
+    call a position (one call for all of them with per-row seeds). Its token is the corrective
+    sample (the bonus token at ``j = n``, the argmax on greedy rows), and its log-sum-exp over the
+    tokens other than the draft, with the draft's term added back, gives ``p_j(d_j)``: no float64
+    ``[B, n + 1, V]`` log-softmax and no bool masks."""
     batch, positions, dim = hidden.shape
     n, vocab, device = step.n, weight.shape[0], hidden.device
     x = rule_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight),
@@ -295,21 +296,32 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
     cleared = draft_allowed & ~step.greedy[:, None]  # the drafts taken out of their position's sample
     inv_temperature = torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)  # fl32(1 / T)
     y_draft = x[:, :n].gather(2, safe[:, :, None])[:, :, 0] * inv_temperature[:, None]
-    seed = step.seeds if step.per_row_seed else step.seeds[:1].reshape(())
-    tokens, lses = [], []
-    for j in range(positions):
-        position_mask = base
-        if j < n:
-            bit = _int32_bits(torch.ones_like(safe[:, j : j + 1]) << safe[:, j : j + 1] % 32)
-            kept = torch.where(cleared[:, j : j + 1], words[:, j : j + 1] & ~bit, words[:, j : j + 1])
-            position_mask = base.scatter(1, word[:, j : j + 1], kept)
+    # Each position's mask: the row's, less the draft's bit on sampled rows.
+    masks = base[:, None, :].repeat(1, positions, 1)  # [B, n + 1, words]
+    bits = _int32_bits(torch.ones_like(safe) << (safe % 32))
+    masks[:, :n].scatter_(2, word[:, :, None], torch.where(cleared, words & ~bits, words)[:, :, None])
+    if step.per_row_seed:
+        # Per-row seeds draw stream 0 whatever the row: every position of every row in one call,
+        # row (b, j) with seed_b and offset_b + j.
+        j = torch.arange(positions, device=device)
         token, _, _, lse = torch.ops.flashsampling.sample_from_logits(
-            x[:, j], temperature=1.0, temperatures=step.temps, num_samples=1, seed=seed, offset=step.offsets + j,
-            generator=None, logit_bias=None, allowed_mask=position_mask, empty_mask_token=-1,
+            x.reshape(batch * positions, vocab), temperature=1.0,
+            temperatures=step.temps.repeat_interleave(positions), num_samples=1,
+            seed=step.seeds.repeat_interleave(positions), offset=(step.offsets[:, None] + j).reshape(-1),
+            generator=None, logit_bias=None, allowed_mask=masks.reshape(batch * positions, -1), empty_mask_token=-1,
             vocab_start=vocab_start, return_logprobs=True)
-        tokens.append(token[:, 0])
-        lses.append(lse)
-    emitted, lse = torch.stack(tokens, dim=1), torch.stack(lses, dim=1).double()  # [B, n + 1]
+        emitted, lse = token.reshape(batch, positions), lse.reshape(batch, positions).double()
+    else:
+        # A batch-wide seed draws stream b for row b: a call a position, rows b in order.
+        tokens, lses = [], []
+        for j in range(positions):
+            token, _, _, lse = torch.ops.flashsampling.sample_from_logits(
+                x[:, j], temperature=1.0, temperatures=step.temps, num_samples=1, seed=step.seeds[:1].reshape(()),
+                offset=step.offsets + j, generator=None, logit_bias=None, allowed_mask=masks[:, j],
+                empty_mask_token=-1, vocab_start=vocab_start, return_logprobs=True)
+            tokens.append(token[:, 0])
+            lses.append(lse)
+        emitted, lse = torch.stack(tokens, dim=1), torch.stack(lses, dim=1).double()  # [B, n + 1]
     # The log-sum-exp of each position's whole distribution: the draft's term added back.
     lse_draft = lse[:, :n]
     lse_full_draft = torch.where(cleared, torch.logaddexp(lse_draft, y_draft.double()), lse_draft)

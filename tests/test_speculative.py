@@ -169,9 +169,11 @@ def test_greedy_row_that_allows_nothing_accepts_no_draft_and_empty_batches():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("masked", [False, True])
-def test_one_hot_route_equals_the_general_route(device, masked):
-    """verify_one_hot (one-hot drafts, no truncation: p(d) from the sample's log-sum-exp) and the
-    general route (float64 log-softmax of every position) give the same step."""
+@pytest.mark.parametrize("per_row_seed", [False, True])
+def test_one_hot_route_equals_the_general_route(device, masked, per_row_seed):
+    """verify_one_hot (one-hot drafts, no truncation: p(d) from the sample's log-sum-exp; one call
+    for every position with per-row seeds) and the general route (float64 log-softmax of every
+    position, a call a position) give the same step."""
     from flashsampling_cuda import speculative
 
     batch, n, vocab, dim = 30, 3, 500, 32
@@ -185,7 +187,9 @@ def test_one_hot_route_equals_the_general_route(device, masked):
     if masked:
         bits = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
         mask = (bits.to(torch.int32) | 0x1).to(device)
-    step = speculative.parse_step("test", hidden, weight, drafts, None, temps, 3, 7, None, None, None, None,
+    seed = torch.arange(batch, device=device) * 7 + 3 if per_row_seed else 3
+    offset = torch.arange(batch, device=device) % 4 + 7 if per_row_seed else 7
+    step = speculative.parse_step("test", hidden, weight, drafts, None, temps, seed, offset, None, None, None, None,
                                   allowed_mask=mask)
     args = (hidden, weight, drafts)
     fast = speculative.verify_one_hot(*args, None, mask, step, 0, True)
