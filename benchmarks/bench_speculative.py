@@ -32,7 +32,10 @@ Writes benchmarks/results/speculative_<gpu>_<date>.{json,md,png}: "records" hold
 
 Usage:
   python benchmarks/bench_speculative.py [--shapes 4096x151936,8192x128256] [--batches 1,4,16,64]
-      [--drafts 1,2,4,8] [--draft-probs-n 4] [--draft-noise 0.2] [--out benchmarks/results]
+      [--drafts 1,2,4,8] [--draft-probs-n 4] [--draft-noise 0.2] [--per-row-seeds] [--out benchmarks/results]
+
+--per-row-seeds gives ours a [B] seed tensor (per-request generators, as serving engines keep
+them): the one-hot route then draws every position in one call.
   python benchmarks/bench_speculative.py --tiny         # CPU / GPU smoke run, eager timing
 """
 
@@ -163,9 +166,11 @@ def run(bench: Bench, args) -> None:
                     if "errors" in plain:
                         record["errors"] = dict(plain["errors"])
 
-                    def ours(draft_ids=draft_ids, draft_probs=draft_probs):
+                    seed = (torch.arange(batch, device=hidden.device) + SEED) if args.per_row_seeds else SEED
+
+                    def ours(draft_ids=draft_ids, draft_probs=draft_probs, seed=seed):
                         return flashsampling_cuda.speculative_sample(hidden, weight, draft_ids, draft_probs,
-                                                                     temperature=T, seed=SEED)
+                                                                     temperature=T, seed=seed)
 
                     try:
                         record["acceptance"] = float(ours().num_accepted.float().mean()) / n
@@ -239,8 +244,9 @@ def main() -> None:
     parser.add_argument("--draft-probs-n", default="4", help="the n also timed with sampled drafts (draft_probs)")
     parser.add_argument("--draft-noise", type=float, default=0.2,
                         help="probability that a one-hot draft is a random id instead of the target's argmax")
+    parser.add_argument("--per-row-seeds", action="store_true", help="ours with a [B] seed tensor (recorded)")
     harness.main("speculative", parser, TINY, run, markdown_table, checks, plot,
-                 header=lambda args: dict(draft_noise=args.draft_noise, seed=SEED))
+                 header=lambda args: dict(draft_noise=args.draft_noise, seed=SEED, per_row_seeds=args.per_row_seeds))
 
 
 if __name__ == "__main__":
