@@ -40,7 +40,7 @@ from torch import Tensor
 
 from .logprobs import (LogprobsOutput, logprob_outputs, logprob_values, normalised, parse_logprob_args,
                        raw_logsumexp, tokens_ahead, top_entries, values_of_ids)
-from .masks import pack_allowed_mask, unpack_allowed_mask
+from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 from .noise import draw_seed as _draw_seed
 from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
 from .sampling import (LogitTransforms, SampleOutput, _allowed_mask_arg, _float32, _model_transform_args,
@@ -99,7 +99,7 @@ def shard_allowed_mask(allowed_mask: Tensor, vocab_start: int, shard_vocab: int)
     tail = shard_vocab % 32
     if tail:
         out[:, -1] &= (1 << tail) - 1
-    return ((out + 2**31) % 2**32 - 2**31).to(torch.int32)
+    return int32_words(out)
 
 
 def _group_info(group) -> tuple[int, int, str | None]:

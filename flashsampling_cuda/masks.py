@@ -10,7 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["pack_allowed_mask", "unpack_allowed_mask"]
+__all__ = ["pack_allowed_mask", "unpack_allowed_mask", "int32_words"]
+
+
+def int32_words(bits: Tensor) -> Tensor:
+    """int32 words with the bits of int64 values in ``[0, 2^32)`` (the op's mask words; with
+    ``.view(torch.float32)``, floats of given bit patterns)."""
+    return ((bits + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
 def pack_allowed_mask(mask: Tensor) -> Tensor:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .masks import int32_words
+
 MASK32 = 0xFFFFFFFF
 _PHILOX_MUL = (0xD2511F53, 0xCD9E8D57)
 _PHILOX_WEYL = (0x9E3779B9, 0xBB67AE85)
@@ -86,7 +88,7 @@ def _bits_of(x: Tensor) -> Tensor:
 
 def _float_of(bits: Tensor) -> Tensor:
     """fp32 tensor with the given uint32 bit patterns (int64 tensor)."""
-    return (((bits & MASK32) + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
+    return int32_words(bits & MASK32).view(torch.float32)
 
 
 def fma32(a: Tensor | float, b: Tensor | float, c: Tensor | float) -> Tensor:

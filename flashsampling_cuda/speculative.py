@@ -39,7 +39,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .masks import pack_allowed_mask, unpack_allowed_mask
+from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed, uniform_noise
 from .penalties import rule_logits
 from .sampling import _model_transform_args
@@ -264,11 +264,6 @@ def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tenso
     return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
 
 
-def _int32_bits(bits: Tensor) -> Tensor:
-    """int64 values in ``[0, 2^32)`` as the int32 words with those bits."""
-    return ((bits + 2**31) % 2**32 - 2**31).to(torch.int32)
-
-
 def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logit_bias: Tensor | None,
                    allowed_mask: Tensor | None, step: _Step, vocab_start: int,
                    return_logprobs: bool) -> SpeculativeOutput:
@@ -298,7 +293,7 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
     y_draft = x[:, :n].gather(2, safe[:, :, None])[:, :, 0] * inv_temperature[:, None]
     # Each position's mask: the row's, less the draft's bit on sampled rows.
     masks = base[:, None, :].repeat(1, positions, 1)  # [B, n + 1, words]
-    bits = _int32_bits(torch.ones_like(safe) << (safe % 32))
+    bits = int32_words(torch.ones_like(safe) << (safe % 32))
     masks[:, :n].scatter_(2, word[:, :, None], torch.where(cleared, words & ~bits, words)[:, :, None])
     if step.per_row_seed:
         # Per-row seeds draw stream 0 whatever the row: every position of every row in one call,

@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .masks import pack_allowed_mask, unpack_allowed_mask
+from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 
 __all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_args",
            "logits_path_args", "logits_truncation_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
@@ -298,7 +298,7 @@ def key_of_rank(rank: Tensor) -> Tensor:
     """The fp32 key of an :func:`order_rank` (NaN for the NaN rank and above)."""
     bits = torch.where(rank >= 0, rank, (-rank) | 0x80000000)
     bits = torch.where(rank >= _NAN_RANK, 0x7FC00000, bits)
-    return ((bits + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
+    return int32_words(bits).view(torch.float32)
 
 
 def _first_in_order(rank: Tensor, k: int) -> Tensor:
@@ -443,7 +443,7 @@ def _host_top_k_mask(x: Tensor, allowed: Tensor | None, truncation: Truncation, 
     # Bits of distinct tokens add up to their OR.
     words = torch.zeros((batch, (vocab + 31) // 32), dtype=torch.int64)
     words.scatter_add_(1, order >> 5, torch.where(keep, torch.ones_like(order) << (order & 31), 0))
-    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32)
+    return int32_words(words)
 
 
 def truncated_allowed_mask(hidden: Tensor, weight: Tensor, op_kwargs: dict, truncation: Truncation,
