@@ -90,9 +90,8 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
 
 def _raw_logits(hidden: Tensor, weight: Tensor, route: dict) -> Tensor:
     """The fp32 raw logits: those the sample's route already computed, else one matmul."""
-    if route.get("raw_logits") is not None:
-        return route["raw_logits"]
-    return route["logits"] if route.get("op") == "_sample_logits" else materialized_logits(hidden, weight)
+    raw = route.get("raw_logits")
+    return raw if raw is not None else materialized_logits(hidden, weight)
 
 
 def processed_logits(hidden: Tensor, weight: Tensor, context: dict, route: dict) -> Tensor:

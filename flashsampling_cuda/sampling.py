@@ -160,7 +160,7 @@ def _op_kwargs(
     computed to ``_sample_logits`` through ``route`` (no second logits pass). ``logits_wanted``
     (the logprob outputs read the logits): a call that would take the fused op takes the logits
     route instead (CUDA: ``sample_from_logits``; CPU: ``_sample_logits``), so that the logits are
-    computed once; ``route["raw_logits"]`` then holds them where they are the raw ones."""
+    computed once. A route that computed the logits keeps the matmul's own in ``route["raw_logits"]``."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -207,13 +207,11 @@ def _op_kwargs(
             route.update(op="sample_top_k", **fused_top_k_args(truncation, hidden, weight, kwargs))
         elif path == "logits":
             route.update(op="sample_from_logits", **logits_path_args(truncation, hidden, weight, kwargs))
-            if kwargs["sparse_bias_ids"] is None:
-                route["raw_logits"] = route["logits"]
         elif route is not None and hidden.device.type == "cpu":
             logits = materialized_logits(hidden, weight)
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
                                                                                         truncation, logits, order)
-            route.update(op="_sample_logits", logits=logits)
+            route.update(op="_sample_logits", logits=logits, raw_logits=logits)
         else:
             kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs,
                                                                                         truncation, order=order)
@@ -223,12 +221,11 @@ def _op_kwargs(
         if logits_wanted and route is not None and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB:
             _check_op_args_eagerly(hidden, weight, kwargs)
             if hidden.device.type == "cpu":
-                route.update(op="_sample_logits", logits=materialized_logits(hidden, weight))
+                logits = materialized_logits(hidden, weight)
+                route.update(op="_sample_logits", logits=logits, raw_logits=logits)
             else:
                 route.update(op="sample_from_logits",
                              **logits_path_args(Truncation(None, None, None), hidden, weight, kwargs))
-                if kwargs["sparse_bias_ids"] is None:
-                    route["raw_logits"] = route["logits"]
     return kwargs
 
 

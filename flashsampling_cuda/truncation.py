@@ -177,14 +177,16 @@ def logits_path_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
     fused op's for this call: the fp32 logits (:func:`materialized_logits`; with a sparse bias,
     both biases added here, since that op takes none), the dense ``logit_bias`` otherwise, and
     the truncation as host scalars or ``[B]`` tensors on hidden's device (int64 ``top_ks``,
-    float64 ``top_ps`` / ``min_ps``)."""
-    logits = materialized_logits(hidden, weight)
+    float64 ``top_ps`` / ``min_ps``); and ``raw_logits``, the matmul's own logits, for the
+    logprob outputs (not an argument of the op: sampling._call_op leaves it out)."""
+    raw = logits = materialized_logits(hidden, weight)
     bias = op_kwargs["logit_bias"]
     if op_kwargs["sparse_bias_ids"] is not None:
         logits = transformed_logits(logits, bias, op_kwargs["sparse_bias_ids"], op_kwargs["sparse_bias_values"],
                                     op_kwargs["vocab_start"])
         bias = None
-    return {"logits": logits, "logit_bias": bias, **logits_truncation_args(truncation, hidden.shape[0], hidden.device)}
+    return {"logits": logits, "logit_bias": bias, "raw_logits": raw,
+            **logits_truncation_args(truncation, hidden.shape[0], hidden.device)}
 
 
 def logits_truncation_args(truncation: Truncation | None, batch: int, device: torch.device) -> dict:
