@@ -28,8 +28,9 @@ CUDA, the op's own kernels on the CPU) and draws each position's sample with the
 ``sample_from_logits`` op, with no host sync (CUDA-graph capture; ``torch.compile`` is not yet
 tested). One-hot drafts without truncation (:func:`verify_one_hot`) need nothing more: that op's
 log-sum-exp gives ``p_j(d_j)``; sampled drafts and truncation also build the float64
-log-probabilities of every position. Verification fused into the LM-head GEMM is issue #36's goal. The helpers below are
-shared with the tensor-parallel verification, :func:`flashsampling_cuda.distributed.speculative_sample`.
+log-probabilities of every position. Verification fused into the LM-head GEMM is issue #36's
+goal. The helpers below are shared with the tensor-parallel verification,
+:func:`flashsampling_cuda.distributed.speculative_sample`.
 """
 
 from __future__ import annotations
@@ -170,19 +171,26 @@ def check_draft_values(name: str, draft_token_ids: Tensor, draft_probs: Tensor |
                          f"{DRAFT_PROBS_TOLERANCE}): it sums to {float(draft_probs[b, j].double().sum()):.6g}")
 
 
+def target_logits(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None, step: _Step) -> Tensor:
+    """``x`` of the target at every position, float32 ``[B * (n + 1), V]`` (rows ``(b, j)`` in
+    order): one matmul, then the rule of flashsampling_cuda/penalties.py (model-side scale and
+    soft-cap, then the bias)."""
+    batch, positions, dim = hidden.shape
+    bias = None if logit_bias is None else logit_bias.to(hidden.device, torch.float32)
+    return rule_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight), bias, None, None, 0,
+                       step.logit_scale, step.logit_softcap, None)
+
+
 def target(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None, allowed_mask: Tensor | None, step: _Step,
            survivors=survivor_mask) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(x, y, allowed)`` of the target at every position, ``[B, n + 1, V]`` (``allowed``: the
     mask, an int32 bitmask or bool, and the truncation's survivors; None for all):
-    ``survivors(y, allowed, truncation)`` finds the survivors of ``[B * (n + 1), V]`` rows. ``x``
-    follows the rule of flashsampling_cuda/penalties.py (model-side scale and soft-cap, then the
-    bias)."""
-    batch, positions, dim = hidden.shape
+    ``survivors(y, allowed, truncation)`` finds the survivors of ``[B * (n + 1), V]`` rows; ``x``:
+    :func:`target_logits`."""
+    batch, positions, _ = hidden.shape
     vocab = weight.shape[0]
     device = hidden.device
-    x = rule_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight),
-                    None if logit_bias is None else logit_bias.to(device, torch.float32), None, None, 0,
-                    step.logit_scale, step.logit_softcap, None)
+    x = target_logits(hidden, weight, logit_bias, step)
     rows_temps = step.temps[:, None].expand(batch, positions).reshape(-1)
     y = scaled_logits(x, 1.0, rows_temps)
     allowed = None
@@ -274,11 +282,9 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
     sample (the bonus token at ``j = n``, the argmax on greedy rows), and its log-sum-exp over the
     tokens other than the draft, with the draft's term added back, gives ``p_j(d_j)``: no float64
     ``[B, n + 1, V]`` log-softmax and no bool masks."""
-    batch, positions, dim = hidden.shape
+    batch, positions, _ = hidden.shape
     n, vocab, device = step.n, weight.shape[0], hidden.device
-    x = rule_logits(materialized_logits(hidden.reshape(batch * positions, dim), weight),
-                    None if logit_bias is None else logit_bias.to(device, torch.float32), None, None, 0,
-                    step.logit_scale, step.logit_softcap, None).reshape(batch, positions, vocab)
+    x = target_logits(hidden, weight, logit_bias, step).reshape(batch, positions, vocab)
     if allowed_mask is None:
         base = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
     else:
