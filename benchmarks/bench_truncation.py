@@ -6,7 +6,7 @@ every contender side by side (CUDA-graph replays, median µs):
   mm        cuBLAS hidden @ W.T alone (bf16 logits)
   plain     ours, plain sampling at the form's temperature (no truncation)
   ours      ours with the form's truncation (truncation_path="auto")
-  ours <p>  ours on path <p> where "auto" takes another one (to set the rule between them)
+  ours <p>  ours on the other of the fused top-k pass and the logits path (to set "auto"'s rule)
   FI        cuBLAS logits, then FlashInfer's equivalent call ([B] tensors where the form has them):
             top_k_top_p_sampling_from_logits, or top_k / top_p / min_p_sampling_from_probs on
             the softmax of logits / T
@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 import flashsampling_cuda
+from flashsampling_cuda import truncation
 from bench_sampler import median_us
 from flashsampling_cuda.problems import REGIMES, hidden_states, lm_head_weight, row_statistics
 from report import pyplot_or_none, run_header, write_results
@@ -79,11 +80,19 @@ def flashinfer_call(fi, spec: dict, batch: int, temperature: float):
     return None
 
 
-def alternative_paths(spec: dict) -> list[str]:
-    """Paths other than "auto"'s choice that can take this form: the logits path for a host int
-    top_k <= 64, which "auto" gives the fused top-k pass."""
-    k = spec.get("top_k")
-    return ["logits"] if isinstance(k, int) and k <= flashsampling_cuda.truncation.FUSED_TOP_K_MAX else []
+def auto_path(hidden, weight, kwargs: dict) -> str:
+    """The path truncation_path="auto" takes for this call."""
+    trunc = truncation.parse_truncation(kwargs.get("top_k"), kwargs.get("top_p"), kwargs.get("min_p"), hidden)
+    return truncation.choose_truncation_path("auto", trunc, hidden, weight, {"sparse_bias_ids": None})
+
+
+def alternative_paths(hidden, weight, kwargs: dict) -> list[str]:
+    """The other of the fused top-k pass and the logits path, where it can take this call too (to
+    set the rule between them)."""
+    trunc = truncation.parse_truncation(kwargs.get("top_k"), kwargs.get("top_p"), kwargs.get("min_p"), hidden)
+    chosen = auto_path(hidden, weight, kwargs)
+    fused_ok = truncation.fused_top_k_takes(trunc, hidden, weight, {"sparse_bias_ids": None})
+    return [p for p in ("fused_top_k", "logits") if p != chosen and (p == "logits" or fused_ok)]
 
 
 def run(args) -> dict:
@@ -115,7 +124,8 @@ def run(args) -> dict:
                               **stats[temperature]}
                     record["ours_us"] = median_us(lambda: flashsampling_cuda.sample(
                         hidden, weight, temperature=temperature, **kwargs), graph=True)
-                    for path in alternative_paths(spec):
+                    record["path"] = auto_path(hidden, weight, kwargs)
+                    for path in alternative_paths(hidden, weight, kwargs):
                         record[f"ours_{path}_us"] = median_us(lambda path=path: flashsampling_cuda.sample(
                             hidden, weight, temperature=temperature, truncation_path=path, **kwargs), graph=True)
                     call = flashinfer_call(fi, spec, batch, temperature) if fi is not None else None
@@ -143,16 +153,17 @@ def markdown_table(results: dict) -> str:
         lines.append(f"\n**D={dim}, V={vocab}, {regime} logits** ({results['device']}, {results['date']}, "
                      "CUDA-graph replays, median µs; ratios from the same run)\n")
         lines.append("| B | entropy (form's T) | top-p 0.9 survivors (median / p90) | form | mm | plain | ours | "
-                     "ours / plain | FlashInfer | FlashInfer / ours | other path |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                     "ours / plain | FlashInfer | FlashInfer / ours | ours' path | other path |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            other = "; ".join(f"{k[5:-3]} {v:.0f}" for k, v in r.items() if k.startswith("ours_") and k.endswith("_us"))
+            other = "; ".join(f"{k[5:-3]} {v:.0f}" for k, v in r.items()
+                              if k.startswith("ours_") and k.endswith("_us") and k != "ours_us")
             fi_us = r.get("flashinfer_us")
             fi_cells = (f"{fi_us:.0f} | {fi_us / r['ours_us']:.2f}" if fi_us else "— | —")
             lines.append(
                 f"| {r['B']} | {r['entropy_median']:.2f} | {r['top_p_survivors_median']:.0f} / "
                 f"{r['top_p_survivors_p90']:.0f} | {r['form']} | {r['mm_us']:.0f} | {r['plain_us']:.0f} | "
-                f"{r['ours_us']:.0f} | {r['ours_over_plain']:.3f} | {fi_cells} | {other or '—'} |")
+                f"{r['ours_us']:.0f} | {r['ours_over_plain']:.3f} | {fi_cells} | {r.get('path', '—')} | {other or '—'} |")
     return "\n".join(lines)
 
 

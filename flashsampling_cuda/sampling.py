@@ -14,7 +14,7 @@ from .masks import pack_allowed_mask, unpack_allowed_mask
 from .logprobs import MAX_TOP_LOGPROBS, LogprobsOutput, logprob_outputs, parse_logprob_args, top_logprobs_cpu
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, parse_penalties, penalty_bias, rule_logits
-from .truncation import (FUSED_TOP_K_MAX, LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
+from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
                          transformed_logits, truncated_allowed_mask)
@@ -204,7 +204,7 @@ def _op_kwargs(
         path = choose_truncation_path(wanted if route is not None and order == "top_k_first"
                                       else "materialized", truncation, hidden, weight, kwargs)
         if path == "fused_top_k":
-            route.update(op="sample_top_k", **fused_top_k_args(truncation, hidden, weight, kwargs))
+            route.update(op="sample_top_k", **fused_top_k_args(truncation, hidden, weight))
         elif path == "logits":
             route.update(op="sample_from_logits", **logits_path_args(truncation, hidden, weight, kwargs))
         elif route is not None and hidden.device.type == "cpu":
@@ -909,10 +909,14 @@ def _sample_with_scores_fake(
     )
 
 
-def _check_fused_top_k(top_k: int) -> None:
-    """The op's bound on top_k (sample_cuda.cpp: check_fused_top_k), for its fake and CPU kernels."""
-    torch._check(1 <= top_k <= FUSED_TOP_K_MAX, lambda: f"flashsampling.sample_top_k: top_k must be in "
-                 f"[1, {FUSED_TOP_K_MAX}] for the fused path, got {top_k}")
+def _check_fused_top_k(top_k: int, top_ks) -> None:
+    """The op's checks of top_k / top_ks (sample_cuda.cpp: check_fused_top_k), for its fake and
+    CPU kernels."""
+    torch._check(top_k >= -1, lambda: f"flashsampling.sample_top_k: top_k must be an integer >= -1 (-1 or 0: off), "
+                 f"got {top_k}")
+    if top_ks is not None:
+        torch._check(top_ks.dtype == torch.int64, lambda: f"flashsampling.sample_top_k: top_ks must be a int64 tensor, "
+                     f"got {top_ks.dtype}")
 
 
 @torch.library.register_fake("flashsampling::sample_top_k")
@@ -920,9 +924,9 @@ def _sample_top_k_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
     empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0, top_p=None, top_ps=None, min_p=None,
-    min_ps=None,
+    min_ps=None, top_ks=None,
 ):
-    _check_fused_top_k(top_k)
+    _check_fused_top_k(top_k, top_ks)
     return _sample_with_scores_fake(
         hidden, weight, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
         offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
@@ -936,16 +940,17 @@ def _sample_top_k_cpu(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
     empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0, top_p=None, top_ps=None, min_p=None,
-    min_ps=None,
+    min_ps=None, top_ks=None,
 ):
     """The op on the CPU: the materialised path (truncation.py), whose logits are the CPU op's
     bit for bit, so it is the same sample the fused pass computes on the GPU."""
-    _check_fused_top_k(top_k)
+    _check_fused_top_k(top_k, top_ks)
     kwargs = dict(temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
                   offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
                   sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask,
                   empty_mask_token=empty_mask_token, vocab_start=vocab_start)
-    truncation = Truncation(top_k, top_ps if top_ps is not None else top_p, min_ps if min_ps is not None else min_p)
+    truncation = Truncation(top_ks if top_ks is not None else (top_k if top_k > 0 else None),
+                            top_ps if top_ps is not None else top_p, min_ps if min_ps is not None else min_p)
     logits = materialized_logits(hidden, weight)
     kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation,
                                                                                 logits)

@@ -16,8 +16,10 @@ the token of plain sampling.
 
 Paths (:func:`choose_truncation_path`; ``truncation_path=`` of ``sample`` picks one):
 
-- ``"fused_top_k"`` (CUDA, a host ``top_k <= 64``): the GEMM keeps four candidates per
-  vocabulary tile and ``sample_top_k``'s second kernel truncates and samples them.
+- ``"fused_top_k"`` (CUDA: a host ``top_k <= 64``; on sm90 every form): the GEMM keeps four
+  candidates per vocabulary tile and ``sample_top_k``'s second kernel truncates and samples the
+  rows they decide (``top_k <= 64``, or a top_p / min_p cut within the first 64 tokens); the
+  GEMM also stores the logits, from which ``sample_from_logits``'s kernel samples the other rows.
 - ``"logits"`` (CUDA, every other form): the fp32 logits once (:func:`materialized_logits`),
   then ``torch.ops.flashsampling.sample_from_logits`` (csrc/kernels/sample_from_logits.cu):
   per row a radix select on the truncation order and Gumbel-Max over the survivors, in one
@@ -47,7 +49,7 @@ from torch import Tensor
 
 from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 
-__all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_args",
+__all__ = ["Truncation", "parse_truncation", "TRUNCATION_PATHS", "choose_truncation_path", "fused_top_k_takes", "fused_top_k_args",
            "logits_path_args", "logits_truncation_args", "FUSED_TOP_K_MAX", "materialized_logits", "transformed_logits", "scaled_logits",
            "survivor_mask", "TRUNCATION_ORDERS", "truncation_rank", "truncated_allowed_mask", "logits_allowed_mask", "sample_from_logits_cpu"]
 
@@ -114,30 +116,74 @@ def parse_truncation(top_k, top_p, min_p, hidden: Tensor) -> Truncation | None:
     return None if all(parameter is None for parameter in truncation) else truncation
 
 
-# The fused top-k pass (csrc/kernels/truncate_candidates.cu): k up to kMaxFusedTopK, and
-# vocabularies whose candidates fit stage 2's shared memory (4 per 64-token tile, 12 bytes
-# each, plus 12 per tile, in 216 KiB: V <= 229376 on 64-token tiles) and are large enough for the tiles to matter.
+# The fused top-k pass (csrc/kernels/truncate_candidates.cu): stage 2 decides rows with k up to
+# kMaxFusedTopK (and rows without top_k whose cut lies within that many tokens), for
+# vocabularies whose candidates fit its shared memory (4 per 64-token tile, 12 bytes each, plus
+# 12 per tile, in 216 KiB: V <= 229376 on 64-token tiles) and are large enough for the tiles to
+# matter. Every other row is sampled from logits the GEMM stores in the same pass (sm90).
 FUSED_TOP_K_MAX = 64
 _FUSED_MIN_VOCAB = 4096
 _FUSED_MAX_VOCAB = 229376
+# Architectures (major * 10 + minor) whose fused pass also stores the logits for the rows stage 2
+# leaves: there it takes every truncation form, elsewhere a host top_k <= 64 only.
+_FUSED_LOGITS_ARCHS = (90,)
 
 
-def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> dict | None:
-    """The truncation arguments of ``torch.ops.flashsampling.sample_top_k`` when the fused
-    top-k pass can take this call, else None. Fused: CUDA, bf16/fp16, a host int ``top_k`` in
-    ``[1, 64]`` below V, ``4096 <= V <= 229376`` and no sparse bias; ``top_p`` / ``min_p``
-    may be anything (tensors go to the op as float64 ``[B]`` on hidden's device)."""
+def _cuda_arch(device: torch.device) -> int:
+    """major * 10 + minor of a CUDA device; 0 where it cannot be asked (no GPU in this process)."""
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+    except (RuntimeError, AssertionError, ValueError):
+        return 0
+    return major * 10 + minor
+
+
+def _host_top_k(truncation: Truncation, vocab: int):
+    """``top_k`` as the fused op takes it: a host int >= V keeps every token (off: None)."""
     k = truncation.top_k
+    return None if isinstance(k, int) and k >= vocab else k
+
+
+def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
+    """Whether the fused top-k pass can take this call: CUDA, bf16/fp16, ``4096 <= V <= 229376``,
+    no sparse bias, and a host int ``top_k`` in ``[1, 64]`` (any GPU) or, on sm90, any form
+    (``[B]`` top_k, top_k above 64, top_p / min_p alone)."""
     vocab = weight.shape[0]
-    if (hidden.device.type != "cuda" or hidden.dtype not in (torch.bfloat16, torch.float16) or not isinstance(k, int)
-            or not 1 <= k <= min(FUSED_TOP_K_MAX, vocab - 1) or not _FUSED_MIN_VOCAB <= vocab <= _FUSED_MAX_VOCAB
-            or op_kwargs["sparse_bias_ids"] is not None):
-        return None
-    args = {"top_k": k}
-    for name, value in (("top_p", truncation.top_p), ("min_p", truncation.min_p)):
+    if (hidden.device.type != "cuda" or hidden.dtype not in (torch.bfloat16, torch.float16)
+            or not _FUSED_MIN_VOCAB <= vocab <= _FUSED_MAX_VOCAB or op_kwargs["sparse_bias_ids"] is not None):
+        return False
+    k = _host_top_k(truncation, vocab)
+    return (isinstance(k, int) and 1 <= k <= FUSED_TOP_K_MAX) or _cuda_arch(hidden.device) in _FUSED_LOGITS_ARCHS
+
+
+# Batches up to which "auto" gives top_p / min_p without top_k to the fused pass: beyond, the rows
+# that its candidates do not decide (flat rows: all of them) cost more than on the logits path,
+# whose cuBLAS matmul is then faster than the fused pass's GEMM (docs/truncation.md).
+FUSED_CERTIFY_MAX_BATCH = 128
+
+
+def _fused_preferred(truncation: Truncation, batch: int, vocab: int) -> bool:
+    """Where both can take a call, whether "auto" prefers the fused pass to the logits path: a
+    top_k that stage 2 may decide (a host int <= 64 or a [B] tensor), or top_p / min_p without
+    top_k up to FUSED_CERTIFY_MAX_BATCH rows. A host top_k above 64 decides no row there."""
+    k = _host_top_k(truncation, vocab)
+    if isinstance(k, int):
+        return k <= FUSED_TOP_K_MAX
+    return k is not None or batch <= FUSED_CERTIFY_MAX_BATCH
+
+
+def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor) -> dict:
+    """The truncation arguments of ``torch.ops.flashsampling.sample_top_k`` for a call it takes
+    (:func:`fused_top_k_takes`): host scalars, tensors as ``[B]`` on hidden's device (int64
+    ``top_ks``, float64 ``top_ps`` / ``min_ps``)."""
+    k = _host_top_k(truncation, weight.shape[0])
+    args = {"top_k": k if isinstance(k, int) else 0}
+    batch = hidden.shape[0]
+    for name, value, dtype in (("top_k", k, torch.int64), ("top_p", truncation.top_p, torch.float64),
+                               ("min_p", truncation.min_p, torch.float64)):
         if isinstance(value, Tensor):
-            args[name + "s"] = value.to(device=hidden.device, dtype=torch.float64).expand(hidden.shape[0]).contiguous()
-        elif value is not None:
+            args[name + "s"] = value.to(device=hidden.device, dtype=dtype).expand(batch).contiguous()
+        elif value is not None and name != "top_k":
             args[name] = float(value)
     return args
 
@@ -150,22 +196,23 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
                            op_kwargs: dict) -> str:
     """The path that samples a truncated call (module docstring): ``requested`` when it can
     take the call (else ValueError naming ``truncation_path``), or for ``"auto"`` the fused
-    top-k pass where it can run (faster than the logits path at every batch measured:
-    docs/truncation.md), the logits path on CUDA, and the materialised path on the CPU."""
+    top-k pass where it can run (docs/truncation.md has the measurements), the logits path on
+    CUDA, and the materialised path on the CPU."""
     if requested not in TRUNCATION_PATHS:
         raise ValueError(f"flashsampling.sample: truncation_path must be one of {', '.join(TRUNCATION_PATHS)}, "
                          f"got {requested!r}")
-    fused_ok = fused_top_k_args(truncation, hidden, weight, op_kwargs) is not None
+    fused_ok = fused_top_k_takes(truncation, hidden, weight, op_kwargs)
     # The logits path takes what the fused op takes on CUDA (bf16 / fp16: fp32 logits of fp32
     # inputs would come from a matmul that may run in TF32) and the vocabularies of its kernel.
     on_cuda = (hidden.device.type == "cuda" and hidden.dtype in (torch.bfloat16, torch.float16)
                and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB)
     if requested == "auto":
-        return "fused_top_k" if fused_ok else "logits" if on_cuda else "materialized"
+        fused = fused_ok and (not on_cuda or _fused_preferred(truncation, hidden.shape[0], weight.shape[0]))
+        return "fused_top_k" if fused else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
-        raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, a host "
-                         f"int top_k in [1, {FUSED_TOP_K_MAX}] below V, {_FUSED_MIN_VOCAB} <= V <= {_FUSED_MAX_VOCAB} "
-                         "and no sparse_logit_bias")
+        raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, "
+                         f"{_FUSED_MIN_VOCAB} <= V <= {_FUSED_MAX_VOCAB}, no sparse_logit_bias, and a host int top_k "
+                         f"in [1, {FUSED_TOP_K_MAX}] below V unless the GPU is sm90 (which takes every form)")
     if requested == "logits" and not on_cuda:
         raise ValueError("flashsampling.sample: truncation_path='logits' runs on CUDA only, with bfloat16/float16 "
                          f"and V <= {LOGITS_PATH_MAX_VOCAB} (elsewhere 'materialized' takes the call)")

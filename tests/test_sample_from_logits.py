@@ -338,6 +338,26 @@ def test_path_choice_on_cuda():
         choose("logits", top_p, *fp32, kwargs)
 
 
+def test_path_choice_on_sm90(monkeypatch):
+    """On sm90 the fused pass takes every form (its GEMM stores the logits of the rows stage 2
+    leaves); elsewhere a host top_k <= 64 only."""
+    kwargs = dict(sparse_bias_ids=None)
+    shapes = (_CudaShape(4, 16), _CudaShape(32768, 16))
+    forms = [truncation.Truncation(None, 0.9, None), truncation.Truncation(None, None, 0.05),
+             truncation.Truncation(torch.full((4,), 20), 0.9, None), truncation.Truncation(1000, None, None)]
+    monkeypatch.setattr(truncation, "_cuda_arch", lambda device: 90)
+    choose = truncation.choose_truncation_path
+    # a host top_k above 64 decides no row in stage 2: the logits path (which "fused_top_k" names away)
+    assert [choose("auto", t, *shapes, kwargs) for t in forms] == ["fused_top_k"] * 3 + ["logits"]
+    assert choose("fused_top_k", forms[3], *shapes, kwargs) == "fused_top_k"
+    large = (_CudaShape(truncation.FUSED_CERTIFY_MAX_BATCH + 1, 16), shapes[1])
+    assert [choose("auto", t, *large, kwargs) for t in forms] == ["logits", "logits", "fused_top_k", "logits"]
+    monkeypatch.setattr(truncation, "_cuda_arch", lambda device: 100)
+    assert [truncation.choose_truncation_path("auto", t, *shapes, kwargs) for t in forms] == ["logits"] * 4
+    with pytest.raises(ValueError, match="unless the GPU is sm90"):
+        truncation.choose_truncation_path("fused_top_k", forms[0], *shapes, kwargs)
+
+
 def test_fake_kernel_checks_seed_with_generator():
     logits = torch.randn(2, 50)
     for device in ("cpu", "meta"):

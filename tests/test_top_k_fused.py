@@ -171,8 +171,10 @@ def test_sample_top_k_opcheck(device):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 def test_sample_top_k_argument_errors(device):
     hidden, weight = problem(4, 5000, 64, device, seed=1)
-    with pytest.raises(RuntimeError, match="top_k must be in"):
-        torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_k=65)
+    with pytest.raises(RuntimeError, match="top_k must be an integer >= -1"):
+        torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_k=-2)
+    with pytest.raises(RuntimeError, match="top_ks must be a int64"):
+        torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_ks=torch.ones(4, device=device))
     if device == "cuda":
         with pytest.raises(RuntimeError, match="top_ps must be a float64"):
             torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_k=5,

@@ -34,6 +34,7 @@
 // prefix mass lies that close to top_p.
 #include <cooperative_groups.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -965,8 +966,10 @@ __global__ void __launch_bounds__(kThreads, 1) sample_from_logits_kernel(LogitsS
   int64_t const ctas = cluster.num_blocks();
   uint64_t batch_seed = 0, batch_offset = 0;
   resolve_noise_source(p.noise, batch_seed, batch_offset);
-  for (int64_t row = blockIdx.x / ctas; row < p.batch_size; row += gridDim.x / ctas) {
-    sample_row(cluster, sh, p, row, batch_seed, batch_offset);
+  int64_t const rows = p.rows ? static_cast<int64_t>(*p.rows) : p.batch_size;
+  if (rows < p.min_rows || rows > p.max_rows) return;  // the other launch's (same for every CTA)
+  for (int64_t i = blockIdx.x / ctas; i < rows; i += gridDim.x / ctas) {
+    sample_row(cluster, sh, p, p.rows ? static_cast<int64_t>(p.rows[1 + i]) : i, batch_seed, batch_offset);
   }
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory
 }
@@ -1028,6 +1031,22 @@ cudaError_t launch_sample_from_logits(LogitsSamplerParams const& params, int sm_
   if (err != cudaSuccess) return err;
   LogitsSamplerGrid const grid = logits_sampler_grid(params.batch_size, sm_count, resident);
   cudaLaunchAttribute attribute;
+  LogitsSamplerGrid const few = logits_sampler_grid(1, sm_count, resident);  // a row's widest cluster
+  int const few_rows = std::min<int>(resident[(few.cluster_size == 8) ? 2 : (few.cluster_size == 4 ? 1 : 0)],
+                                     static_cast<int>(params.batch_size));
+  if (params.rows != nullptr && grid.cluster_size < few.cluster_size && few_rows >= 1) {
+    // A row list of unknown length: up to few_rows of them one per wide cluster, more on the
+    // batch's grid (each launch returns at once when the count is the other's).
+    LogitsSamplerParams narrow = params;
+    narrow.max_rows = few_rows;
+    cudaLaunchConfig_t const config = launch_config(few.cluster_size, few_rows, smem, stream, &attribute);
+    err = cudaLaunchKernelEx(&config, sample_from_logits_kernel, narrow);
+    if (err != cudaSuccess) return err;
+    LogitsSamplerParams wide = params;
+    wide.min_rows = few_rows + 1;
+    cudaLaunchConfig_t const wide_config = launch_config(grid.cluster_size, grid.clusters, smem, stream, &attribute);
+    return cudaLaunchKernelEx(&wide_config, sample_from_logits_kernel, wide);
+  }
   cudaLaunchConfig_t const config = launch_config(grid.cluster_size, grid.clusters, smem, stream, &attribute);
   return cudaLaunchKernelEx(&config, sample_from_logits_kernel, params);
 }

@@ -30,7 +30,7 @@ struct SamplerTileConfig {
 // GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b). The
 // fused top-k pass draws no noise in the GEMM: its samples are drawn in stage 2, one column per row.
 FLASHSAMPLING_HOST_DEVICE int64_t sampler_unpadded_columns(SamplerParams const& p) {
-  return p.top_k > 0 ? p.batch_size : p.batch_size * p.num_samples;
+  return p.fused_truncation ? p.batch_size : p.batch_size * p.num_samples;
 }
 
 // The GEMM's N: the columns above, or more when launch_sampler pads the hidden rows to a whole
@@ -40,7 +40,13 @@ FLASHSAMPLING_HOST_DEVICE int64_t sampler_gemm_columns(SamplerParams const& p) {
 }
 
 // Candidates per (vocabulary tile, GEMM column) in the workspace.
-inline int64_t candidates_per_slot(SamplerParams const& p) { return p.top_k > 0 ? kTopCandidatesPerTile : 1; }
+inline int64_t candidates_per_slot(SamplerParams const& p) {
+  return p.fused_truncation ? kTopCandidatesPerTile : 1;
+}
+
+// Per-(tile, column) log-masses: the logprobs' (every loop), and the fused truncation's when it
+// stores the logits (top_p without top_k needs each row's).
+inline bool needs_lse_parts(SamplerParams const& p) { return p.logprobs || p.row_logits != nullptr; }
 
 inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
   return (p.vocab_size + vocab_tile - 1) / vocab_tile;
@@ -50,7 +56,7 @@ inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
 struct SamplerBuffers {
   PackedCandidate* candidates = nullptr;  // [num_vocab_tiles][S * B] ([num_vocab_tiles][B][4] for top-k)
   float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs only)
-  float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (logprobs only)
+  float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (needs_lse_parts)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
   float* inv_temperatures = nullptr;      // [B] (prepare_inv_temperatures only)
   uint32_t* noise_floors = nullptr;       // [S * B] zeroed (skip_unreachable_noise only)
@@ -72,7 +78,7 @@ struct SamplerWorkspaceLayout {
     candidate_logits = at;
     at += p.logprobs ? round_up(slots * sizeof(float)) : 0;
     lse_parts = at;
-    at += p.logprobs ? round_up(slots * sizeof(float2)) : 0;
+    at += needs_lse_parts(p) ? round_up(slots * sizeof(float2)) : 0;
     sparse_bitmap = at;
     at += p.controls.sparse_ids ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 4) : 0;
     inv_temperatures = at;
@@ -90,7 +96,7 @@ struct SamplerWorkspaceLayout {
     SamplerBuffers b;
     b.candidates = reinterpret_cast<PackedCandidate*>(base + candidates);
     b.candidate_logits = p.logprobs ? reinterpret_cast<float*>(base + candidate_logits) : nullptr;
-    b.lse_parts = p.logprobs ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
+    b.lse_parts = needs_lse_parts(p) ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
     b.sparse_bitmap = p.controls.sparse_ids ? reinterpret_cast<uint32_t*>(base + sparse_bitmap) : nullptr;
     b.inv_temperatures = p.prepare_inv_temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
     b.noise_floors = p.skip_unreachable_noise ? reinterpret_cast<uint32_t*>(base + noise_floors) : nullptr;
@@ -135,9 +141,10 @@ cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers co
 cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
                                      cudaStream_t stream);
 
-// Stage 2 of the fused top-k pass (truncate_candidates.cu): per row, the top_k of the
+// Stage 2 of the fused truncation (truncate_candidates.cu): per row, the top_k of the
 // candidates (tiles that may hide more are recomputed), top-p / min-p, then the samples of
-// Gumbel-Max over the survivors, with the noise of plain sampling. vocab_tile: M of a tile.
+// Gumbel-Max over the survivors, with the noise of plain sampling; the rows it cannot decide
+// go to fallback_rows. vocab_tile: M of a tile.
 // Dynamic shared memory stage 2 needs for these tiles (0: more than it may use).
 size_t truncate_candidates_smem_bytes(int64_t num_tiles, int vocab_tile);
 

@@ -51,6 +51,8 @@ void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, Sa
   node.batch_size = static_cast<uint32_t>(p.batch_size);
   node.batch_divmod = cutlass::FastDivmod(static_cast<int>(p.batch_size));
   node.vocab_start = static_cast<uint32_t>(p.vocab_start);
+  node.ptr_row_logits = p.row_logits;
+  node.row_logits_stride = p.row_logits_stride;
 }
 
 // Persistent grid over the device's SMs; neighbouring CTAs take the N tiles of one vocabulary

@@ -52,6 +52,7 @@ struct Stage2Shared {
   PackedCandidate sorted_key[kMaxFusedTopK];
   float sorted_x[kMaxFusedTopK];
   int repair_tiles[kThreads];
+  double warp_mass[kWarps];
   int count, survivors, repair_count, digit;
   unsigned remaining;
 };
@@ -172,15 +173,55 @@ __device__ float warp_dot(SamplerParams const& p, int64_t v, int64_t row) {
   return sum;
 }
 
+// Hands the row to the logits sampler (SamplerParams::fallback_rows); thread 0 of the block.
+__device__ void leave_to_logits_sampler(SamplerParams const& p, int64_t row) {
+  if (p.fallback_rows == nullptr) return;  // the binding gives the buffer wherever a row may need it
+  int const at = atomicAdd(p.fallback_rows, 1);
+  p.fallback_rows[1 + at] = static_cast<int32_t>(row);
+}
+
+// The row's probability mass relative to the first token's, sum of exp(y - y0) over every
+// allowed token, from the GEMM's per-tile log-masses of y in log2 units (block-wide).
+__device__ double block_row_mass(float2 const* __restrict__ tile_log_masses, int64_t num_tiles, int64_t columns,
+                                 int64_t row, double y0, Stage2Shared& sh) {
+  double const y0_2 = y0 * 1.4426950408889634;
+  double mass = 0.0;
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+    float2 const part = tile_log_masses[t * columns + row];
+    if (part.y > 0.0f) mass += static_cast<double>(part.y) * exp2(static_cast<double>(part.x) - y0_2);
+  }
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) mass += __shfl_xor_sync(0xFFFFFFFFu, mass, delta);
+  if (threadIdx.x % 32 == 0) sh.warp_mass[threadIdx.x / 32] = mass;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kWarps; ++w) total += sh.warp_mass[w];  // every thread, the same order
+  return total;
+}
+
 __global__ void __launch_bounds__(kThreads)
-truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates, int64_t num_tiles,
-                           int vocab_tile) {
+truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates,
+                           float2 const* __restrict__ tile_log_masses, int64_t num_tiles, int vocab_tile) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ Stage2Shared sh;
   int64_t const row = blockIdx.x;
   int64_t const columns = sampler_gemm_columns(p);  // tiles are `columns` apart
-  int const k = p.top_k;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The row's truncation (device values are not checked: out-of-range ones act as documented
+  // in sampler_params.h, NaN keeps the first token).
+  int64_t const given_k = p.top_ks ? p.top_ks[row] : p.top_k;
+  double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+  double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+  bool const top_p_on = !(top_p >= 1.0);
+  bool const min_p_on = !(min_p <= 0.0);
+  // Without top_k the first kMaxFusedTopK tokens are selected as if it were that, and the row
+  // is decided here when its top_p / min_p cut falls among them (checked after step 4).
+  bool const certify = given_k < 1 && (top_p_on || min_p_on);
+  if (!certify && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
+    if (threadIdx.x == 0) leave_to_logits_sampler(p, row);  // a larger top_k, or nothing on
+    return;
+  }
+  int const k = certify ? kMaxFusedTopK : static_cast<int>(given_k);
   SamplingControls const& controls = p.controls;
   float const inv_t = row_inv_temperature(controls, static_cast<uint32_t>(row), p.inv_temperature);
   bool const greedy = inv_t == 0.0f;
@@ -282,19 +323,32 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
         int const tiles = min(kRepairTiles, repair_count - first);
         if (threadIdx.x == 0) sh.count = n;
         __syncthreads();
-        for (int e = warp; e < tiles * vocab_tile; e += kWarps) {
-          int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
-          if (v >= p.vocab_size) continue;
-          float x = warp_dot(p, v, row);
-          if (lane != 0) continue;
-          if (controls.allowed_mask &&
-              !((controls.allowed_mask[row * controls.mask_words + (v >> 5)] >> (v & 31)) & 1u)) {
-            continue;
-          }
-          if (controls.logit_bias) x = fs_add(x, controls.logit_bias[v]);
+        auto add_token = [&](int64_t v, float x) {
           int const at = atomicAdd(&sh.count, 1);
           keys[at] = row_y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)));
           xs[at] = x;
+        };
+        if (p.row_logits != nullptr) {
+          // The GEMM's own x, as it stored them (bias added, excluded tokens marked).
+          for (int e = threadIdx.x; e < tiles * vocab_tile; e += kThreads) {
+            int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
+            if (v >= p.vocab_size) continue;
+            float const x = p.row_logits[row * p.row_logits_stride + v];
+            if (__float_as_uint(x) != kExcludedLogitBits) add_token(v, x);
+          }
+        } else {
+          for (int e = warp; e < tiles * vocab_tile; e += kWarps) {
+            int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
+            if (v >= p.vocab_size) continue;
+            float x = warp_dot(p, v, row);
+            if (lane != 0) continue;
+            if (controls.allowed_mask &&
+                !((controls.allowed_mask[row * controls.mask_words + (v >> 5)] >> (v & 31)) & 1u)) {
+              continue;
+            }
+            if (controls.logit_bias) x = fs_add(x, controls.logit_bias[v]);
+            add_token(v, x);
+          }
         }
         __syncthreads();
         n = sh.count;
@@ -320,6 +374,22 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
       }
     }
   }
+  __syncthreads();  // the sorted survivors are visible to every warp
+
+  // Without top_k: the list holds the row's first m = k tokens, or all of them (m < k). When
+  // it may not hold every survivor, top_p needs the row's whole mass (the GEMM's per-tile
+  // log-masses), and rows whose first token is not finite go to the logits sampler.
+  bool const whole_row = m < k;
+  double row_mass = 0.0;
+  if (certify && !whole_row) {
+    uint32_t const hi0 = static_cast<uint32_t>(sh.sorted_key[0] >> 32);
+    double const y0 = hi0 <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi0));
+    if (!isfinite(y0) || tile_log_masses == nullptr) {
+      if (threadIdx.x == 0) leave_to_logits_sampler(p, row);
+      return;
+    }
+    if (top_p_on) row_mass = block_row_mass(tile_log_masses, num_tiles, columns, row, y0, sh);
+  }
   if (warp != 0) return;
   __syncwarp();
 
@@ -337,19 +407,17 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
 #pragma unroll
   for (int h = 0; h < 2; ++h) ratio[h] = valid[h] ? exp(y[h] - y0) : 0.0;  // NaN when y0 is +-inf
   bool keep[2] = {valid[0], valid[1]};
-  bool const min_p_on = p.min_ps != nullptr || p.min_p > 0.0;
   if (min_p_on) {
-    double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
 #pragma unroll
     for (int h = 0; h < 2; ++h) keep[h] = keep[h] && (ratio[h] >= min_p || lane + 32 * h == 0);
   }
-  // The mass of the top_k survivors, and the probability ahead of each (an exclusive sum).
+  // The mass top_p is a fraction of (the top_k survivors', or without top_k the row's), and the
+  // probability ahead of each survivor (an exclusive sum).
   double total = ratio[0] + ratio[1];
 #pragma unroll
   for (int delta = 16; delta > 0; delta >>= 1) total += __shfl_xor_sync(0xFFFFFFFFu, total, delta);
-  bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
+  if (certify && !whole_row) total = row_mass;
   if (top_p_on) {
-    double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
     double const prob[2] = {ratio[0] / total, ratio[1] / total};
     double inclusive = prob[0];
 #pragma unroll
@@ -374,6 +442,11 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   int const lead0 = __ffs(~kept0) == 0 ? 32 : __ffs(~kept0) - 1;
   int const lead1 = __ffs(~kept1) == 0 ? 32 : __ffs(~kept1) - 1;
   int const n_keep = lead0 < 32 ? lead0 : 32 + lead1;
+  if (certify && !whole_row && n_keep == m) {
+    // Every token of the list survives, so more may follow past it.
+    if (lane == 0) leave_to_logits_sampler(p, row);
+    return;
+  }
 
   // Log-sum-exp of the kept survivors' y (float64).
   double kept_mass = (lane < n_keep ? ratio[0] : 0.0) + (lane + 32 < n_keep ? ratio[1] : 0.0);
@@ -441,14 +514,19 @@ size_t truncate_candidates_smem_bytes(int64_t num_tiles, int vocab_tile) {
 cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
                                        int vocab_tile, cudaStream_t stream) {
   if (p.batch_size == 0) return cudaSuccess;
-  if (p.top_k < 1 || p.top_k > kMaxFusedTopK) return cudaErrorInvalidValue;
+  // Without the logits, every row must be one stage 2 decides.
+  bool const decides_every_row = p.top_ks == nullptr && p.top_k >= 1 && p.top_k <= kMaxFusedTopK;
+  if (!p.fused_truncation || (!decides_every_row && (p.row_logits == nullptr || p.fallback_rows == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
   size_t const smem = truncate_candidates_smem_bytes(num_tiles, vocab_tile);
   if (smem == 0) return cudaErrorInvalidValue;
   cudaError_t err =
       cudaFuncSetAttribute(truncate_candidates_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  truncate_candidates_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(p, buffers.candidates,
-                                                                                              num_tiles, vocab_tile);
+  float2 const* tile_log_masses = p.row_logits != nullptr ? buffers.lse_parts : nullptr;
+  truncate_candidates_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(
+      p, buffers.candidates, tile_log_masses, num_tiles, vocab_tile);
   return cudaGetLastError();
 }
 

@@ -46,14 +46,18 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("sample_with_scores(" FS_SAMPLE_ARGS
         ", bool return_logprobs=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
-  // Fused top-k (flashsampling_cuda/truncation.py has the semantics): keep the top_k
-  // (1 <= top_k <= 64) largest y = x / T, then top_p and min_p (scalars, or float64 [B]
-  // top_ps / min_ps that win over them; None / absent: off), then sample the survivors with the
-  // noise of plain sampling. Outputs as sample_with_scores; the log-probabilities are those of
-  // the truncated, renormalised distribution. No sparse bias (it takes the logits path).
+  // Fused truncation (flashsampling_cuda/truncation.py has the semantics): keep the top_k
+  // largest y = x / T (top_k <= 0: off), then top_p and min_p, then sample the survivors with
+  // the noise of plain sampling. int64 top_ks and float64 top_ps / min_ps [B] win over the
+  // scalars (None / absent: off). Stage 2 decides from the GEMM's candidates the rows with
+  // top_k <= 64 and the rows without top_k whose cut falls within their first 64 tokens; the
+  // others are sampled from the logits the GEMM stored in the same pass. Outputs as
+  // sample_with_scores; the log-probabilities are those of the truncated, renormalised
+  // distribution. No sparse bias (it takes the logits path).
   m.def("sample_top_k(" FS_SAMPLE_ARGS
         ", bool return_logprobs=False, int top_k=0, float? top_p=None, Tensor? top_ps=None, float? min_p=None, "
-        "Tensor? min_ps=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
+        "Tensor? min_ps=None, Tensor? top_ks=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, "
+        "Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
   // The CPU op from precomputed fp32 logits [B, V] (the raw hidden . weight, before biases) in
   // place of hidden and weight: the same sample, biases, mask, noise and outputs as

@@ -122,13 +122,16 @@ bool current_stream_capturing() {
 struct FusedTopK {
   int64_t top_k = 0;
   std::optional<double> top_p, min_p;
-  std::optional<at::Tensor> top_ps, min_ps;
+  std::optional<at::Tensor> top_ps, min_ps, top_ks;
+
+  // Whether stage 2 may leave rows to the logits sampler (then the GEMM stores the logits):
+  // everything but a host top_k in [1, kMaxFusedTopK] for every row.
+  bool may_leave_rows() const { return top_ks.has_value() || top_k < 1 || top_k > kMaxFusedTopK; }
 };
 
 void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const FusedTopK& top) {
   const char* prefix = "flashsampling.sample_top_k: ";
-  TORCH_CHECK(top.top_k >= 1 && top.top_k <= kMaxFusedTopK, prefix, "top_k must be in [1, ", kMaxFusedTopK,
-              "] for the fused path, got ", top.top_k, " (flashsampling_cuda.sample takes larger k by another path)");
+  TORCH_CHECK(top.top_k >= -1, prefix, "top_k must be an integer >= -1 (-1 or 0: off), got ", top.top_k);
   TORCH_CHECK(!args.sparse_bias_ids.has_value() || args.sparse_bias_ids->size(1) == 0, prefix,
               "sparse_bias_ids is not supported by the fused top-k path (flashsampling_cuda.sample routes it to the "
               "materialised one)");
@@ -137,10 +140,12 @@ void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const F
   TORCH_CHECK(!top.min_p.has_value() || (*top.min_p >= 0.0 && *top.min_p <= 1.0), prefix,
               "min_p must be in [0, 1], got ", top.min_p.value_or(0.0));
   const int64_t batch = hidden.size(0);
-  for (auto [name, t] : {std::pair{"top_ps", &top.top_ps}, std::pair{"min_ps", &top.min_ps}}) {
+  for (auto [name, t, dtype] : {std::tuple{"top_ps", &top.top_ps, at::kDouble}, std::tuple{"min_ps", &top.min_ps, at::kDouble},
+                                std::tuple{"top_ks", &top.top_ks, at::kLong}}) {
     if (!t->has_value()) continue;
     const at::Tensor& v = **t;
-    TORCH_CHECK(v.scalar_type() == at::kDouble, prefix, name, " must be a float64 tensor, got ", v.scalar_type());
+    TORCH_CHECK(v.scalar_type() == dtype, prefix, name, " must be a ", dtype == at::kLong ? "int64" : "float64",
+                " tensor, got ", v.scalar_type());
     TORCH_CHECK(v.dim() == 1 && v.size(0) == batch, prefix, name, " must have shape [B] = [", batch, "], got ",
                 v.sizes());
     TORCH_CHECK(v.device() == hidden.device(), prefix, name, " must be on hidden's device (", hidden.device(),
@@ -253,7 +258,8 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
   }
   p.empty_mask_token = args.empty_mask_token.value_or(-1);
   if (top != nullptr) {
-    p.top_k = static_cast<int>(top->top_k);
+    p.fused_truncation = true;
+    p.top_k = top->top_k;
     p.top_p = top->top_p.value_or(1.0);
     p.min_p = top->min_p.value_or(0.0);
     if (top->top_ps.has_value()) {
@@ -265,6 +271,26 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
       const at::Tensor t = top->min_ps->contiguous();
       keep_alive.push_back(t);
       p.min_ps = t.const_data_ptr<double>();
+    }
+    if (top->top_ks.has_value()) {
+      const at::Tensor t = top->top_ks->contiguous();
+      keep_alive.push_back(t);
+      p.top_ks = t.const_data_ptr<int64_t>();
+    }
+    if (top->may_leave_rows()) {
+      // The logits of the rows stage 2 leaves come from this GEMM pass (sm90: its top-k scan
+      // stores them; flashsampling_cuda.sample takes the logits path elsewhere).
+      TORCH_CHECK_NOT_IMPLEMENTED(arch == 90, "flashsampling.sample_top_k: per-row top_k tensors, top_k outside [1, ",
+                                  kMaxFusedTopK, "] and top_p / min_p without top_k need sm_90 on the fused path (this "
+                                  "GPU is sm_", arch, "); flashsampling_cuda.sample takes the logits path there");
+      const int64_t stride = (vocab + 127) / 128 * 128;
+      const at::Tensor row_logits = at::empty({batch, stride}, float_options);
+      const at::Tensor fallback_rows = at::zeros({batch + 1}, hidden.options().dtype(at::kInt));
+      keep_alive.push_back(row_logits);
+      keep_alive.push_back(fallback_rows);
+      p.row_logits = row_logits.data_ptr<float>();
+      p.row_logits_stride = stride;
+      p.fallback_rows = fallback_rows.data_ptr<int32_t>();
     }
   }
   p.device_sm_count = device.sm_count;
@@ -295,11 +321,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_top_k_cuda(
     const std::optional<at::Tensor>& sparse_bias_values, const std::optional<at::Tensor>& allowed_mask,
     std::optional<int64_t> empty_mask_token, int64_t vocab_start, bool return_logprobs, int64_t top_k,
     std::optional<double> top_p, const std::optional<at::Tensor>& top_ps, std::optional<double> min_p,
-    const std::optional<at::Tensor>& min_ps) {
+    const std::optional<at::Tensor>& min_ps, const std::optional<at::Tensor>& top_ks) {
   const SampleArgs args = SampleOps<&sample_cuda>::make_args(
       temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias, sparse_bias_ids,
       sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, return_logprobs);
-  const FusedTopK top{top_k, top_p, min_p, top_ps, min_ps};
+  const FusedTopK top{top_k, top_p, min_p, top_ps, min_ps, top_ks};
   SampleResult r = sample_cuda_impl(hidden, weight, args, &top);
   return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
 }

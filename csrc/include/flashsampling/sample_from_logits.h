@@ -23,6 +23,12 @@ struct LogitsSamplerParams {
   const float* logits = nullptr;  // [B, V] fp32, unit stride along V
   int64_t logits_row_stride = 0;
   int64_t batch_size = 0;   // B
+  // The rows to sample, when set ([1 + B] int32 device array: a count, then that many rows);
+  // else every row. The fused truncation hands over the rows its stage 2 left. The launcher
+  // then launches twice, each launch working only for its range of counts (read on the device):
+  // few rows get clusters of 8 CTAs, many the grid of the batch.
+  const int32_t* rows = nullptr;
+  int32_t min_rows = 0, max_rows = INT32_MAX;  // set by the launcher
   int64_t vocab_size = 0;   // V
   int64_t vocab_start = 0;  // global id of column 0: noise and tokens use vocab_start + v
 

@@ -12,10 +12,11 @@ namespace flashsampling {
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
 //                    sm90 beyond 16 GEMM columns the epilogue-warpgroup kernels' kCommonControls
 //                    loop takes these too: kernel_choice.h).
-//   kTopCandidates:  fused top-k (SamplerParams::top_k > 0): no noise in the epilogue; each
-//                    (vocabulary tile, row) keeps its kTopCandidatesPerTile largest transformed
-//                    logits (dense bias and mask applied) and stage 2 (truncate_candidates.cu)
-//                    selects the row's top-k, truncates (top-p, min-p) and samples the survivors.
+//   kTopCandidates:  fused truncation (SamplerParams::fused_truncation): no noise in the
+//                    epilogue; each (vocabulary tile, row) keeps its kTopCandidatesPerTile largest
+//                    transformed logits (dense bias and mask applied) and stage 2
+//                    (truncate_candidates.cu) selects the row's top-k, truncates (top-p, min-p)
+//                    and samples the survivors.
 enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2, kTopCandidates = 3 };
 
 }  // namespace flashsampling

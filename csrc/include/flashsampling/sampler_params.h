@@ -66,8 +66,8 @@ inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& nois
 // row where some tile may hold more than these of the row's top-k is repaired in stage 2
 // (truncate_candidates.cu recomputes that tile's logits).
 constexpr int kTopCandidatesPerTile = 4;
-// Largest top_k the fused path takes (stage 2 keeps the survivors in one warp's registers);
-// larger k takes the logits path (flashsampling_cuda/truncation.py).
+// Largest top_k stage 2 of the fused truncation decides (it keeps the survivors in one warp's
+// registers); rows with larger k go to the logits sampler.
 constexpr int kMaxFusedTopK = 64;
 
 inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const& noise, int num_samples,
@@ -100,15 +100,28 @@ struct SamplerParams {
   NoiseSource noise;
   int num_samples = 1;
 
-  // Fused top-k (kTopCandidates): top_k in [1, kMaxFusedTopK] keeps the row's top_k largest
-  // transformed logits, then top_p and min_p (per-row [B] float64 device arrays win over
-  // the scalars; off: top_p >= 1, min_p <= 0), then samples the survivors with the noise of
-  // plain sampling. 0: off (plain Gumbel-Max over the allowed tokens).
-  int top_k = 0;
+  // Fused truncation (kTopCandidates, truncate_candidates.cu): the GEMM keeps each (vocabulary
+  // tile, row)'s kTopCandidatesPerTile largest transformed logits and stage 2 truncates a row
+  // from them: top_k (<= 0: off), then top_p and min_p (off: top_p >= 1, min_p <= 0), then
+  // samples the survivors with the noise of plain sampling. Per-row [B] device arrays (int64
+  // top_ks, float64 top_ps / min_ps) win over the scalars. Stage 2 decides a row with top_k in
+  // [1, kMaxFusedTopK], and a row without top_k whose top_p / min_p cut falls within its first
+  // kMaxFusedTopK tokens; it leaves the others (top_k above that, nothing on, or a cut past
+  // them) to the logits sampler, which needs row_logits and fallback_rows.
+  bool fused_truncation = false;
+  int64_t top_k = 0;
   double top_p = 1.0;
   double min_p = 0.0;
+  const int64_t* top_ks = nullptr;
   const double* top_ps = nullptr;
   const double* min_ps = nullptr;
+  // [B, row_logits_stride] fp32, the stride a multiple of 128 covering V: the GEMM stores every
+  // x there (kExcludedLogitBits where the mask excludes it), for the rows stage 2 leaves.
+  float* row_logits = nullptr;
+  int64_t row_logits_stride = 0;
+  // [1 + B] int32, count zeroed: stage 2 appends the rows it leaves (count, then rows), and
+  // sample_from_logits samples those rows from row_logits.
+  int32_t* fallback_rows = nullptr;
 
   // Outputs. tokens: int64 [B, num_samples]; scores: float [B, num_samples] (optional);
   // with logprobs: token_logprobs float [B, num_samples] and logsumexp float [B].

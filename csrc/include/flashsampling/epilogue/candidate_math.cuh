@@ -116,6 +116,11 @@ __device__ __forceinline__ void merge_top_candidates(PackedCandidate (&a)[N], Pa
   order(a[2], a[3]);
 }
 
+// The fused truncation's stored x of a token the mask excludes (or past the vocabulary): a NaN
+// bit pattern no arithmetic produces (NaN logits are canonicalised to 0x7fc00000), so a reader
+// of the stored logits tells excluded tokens from NaN logits.
+constexpr uint32_t kExcludedLogitBits = 0xFFFFFFFFu;
+
 // 2^x on the MUFU unit: flushes results below 2^-126 to 0 (terms that small do not move
 // a log-sum-exp at the 1e-4 the contract asks for), 2^-inf = 0, 2^NaN = NaN.
 __device__ __forceinline__ float exp2_approx(float x) {

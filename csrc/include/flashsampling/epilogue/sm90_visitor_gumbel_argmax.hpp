@@ -243,9 +243,9 @@ struct Sm90GumbelArgmaxRowReduction {
   // which merges over every lane and warp of a column, about twice plain sampling's time at
   // B = 256 (docs/truncation.md).
   static constexpr bool kTopScan = kLoop == SamplerLoop::kTopCandidates && cute::is_same_v<ElementOutput, float>;
-  // visit()'s encoding of a token the mask excludes (or past the problem): a NaN bit pattern no
-  // arithmetic produces (NaN logits are canonicalised to 0x7fc00000).
-  static constexpr uint32_t kExcludedBits = 0xFFFFFFFFu;
+  // visit()'s encoding of a token the mask excludes (or past the problem), as the fused
+  // truncation stores it (candidate_math.cuh).
+  static constexpr uint32_t kExcludedBits = kExcludedLogitBits;
 
   struct SharedStorage {};
 
@@ -256,7 +256,12 @@ struct Sm90GumbelArgmaxRowReduction {
     // read once for all samples and only the noise/argmax work repeats.
     PackedCandidate* ptr_candidates = nullptr;
     float* ptr_candidate_logits = nullptr;  // y of each candidate (logprobs only)
-    float2* ptr_lse_parts = nullptr;        // (max2, sum) of each column (logprobs only)
+    float2* ptr_lse_parts = nullptr;        // (max2, sum) of each column (logprobs, or row_logits)
+    // The fused truncation's rows that stage 2 may leave to the logits sampler (kTopScan only):
+    // every x goes to row_logits[row * row_logits_stride + v] as visit() encodes it, and each
+    // (tile, row)'s log-mass of y = x / T to ptr_lse_parts (top_p without top_k needs the row's).
+    float* ptr_row_logits = nullptr;
+    int64_t row_logits_stride = 0;
     NoiseSource noise = {};
     SamplingControls controls = {};
     float inv_temperature = 1.0f;
@@ -282,6 +287,7 @@ struct Sm90GumbelArgmaxRowReduction {
     return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.batch_size >= 1 &&
            static_cast<int>(needed) <= static_cast<int>(kLoop) &&
            (kLoop != SamplerLoop::kTopCandidates || args.controls.sparse_ids == nullptr) &&
+           (args.ptr_row_logits == nullptr || (kTopScan && args.ptr_lse_parts != nullptr)) &&
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
 
@@ -345,6 +351,7 @@ struct Sm90GumbelArgmaxRowReduction {
     uint64_t seed = 0;
     uint64_t offset = 0;
     PackedCandidate scan_top[kTopCandidatesPerTile] = {};  // the top-k scan's list (kTopScan)
+    float scan_lse_max2 = -INFINITY, scan_lse_sum = 0.0f;    // and its log-mass (ptr_row_logits)
 
     // The one place that reads args_tuple's fields: each step takes the ones it uses. A
     // reference to a field, or (cute::get of an empty type, e.g. a static shape) its value.
@@ -916,13 +923,25 @@ struct Sm90GumbelArgmaxRowReduction {
       if (epi_m == 0) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < C; ++j) scan_top[j] = 0;
+        scan_lse_max2 = -INFINITY;
+        scan_lse_sum = 0.0f;
       }
       int const column = thread_idx / kScanners;
       int const run = thread_idx % kScanners;
       auto [m_tile, n_tile, k_tile, l_tile] = tile_coord_mnkl;
-      uint32_t const first_index = params.vocab_start + static_cast<uint32_t>(m_tile) * size<0>(CtaTileShapeMNK{}) +
+      int const num_cols = get<1>(problem_mn);
+      int const col = static_cast<int>(n_tile) * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + column;
+      bool const tile_in_problem = static_cast<int>(m_tile) * size<0>(CtaTileShapeMNK{}) < get<0>(problem_mn);
+      uint32_t const first_local = static_cast<uint32_t>(m_tile) * size<0>(CtaTileShapeMNK{}) +
                                    static_cast<uint32_t>(epi_m * EpiTileM + run * kRun);
+      uint32_t const first_index = params.vocab_start + first_local;
       float4 const* values = reinterpret_cast<float4 const*>(smem + column * EpiTileM + run * kRun);
+      // The fused truncation's fallback: the column's x stored as they are (the row's stride
+      // covers whole tiles, so the tail past V needs no bound), and y's log-mass.
+      bool const store_row = params.ptr_row_logits != nullptr && tile_in_problem && col < params.batch_size;
+      float4* stored = store_row ? reinterpret_cast<float4*>(params.ptr_row_logits +
+                                                             int64_t{col} * params.row_logits_stride + first_local)
+                                 : nullptr;
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < kRun / 4; ++q) {
         float4 const v4 = values[q];
@@ -935,6 +954,9 @@ struct Sm90GumbelArgmaxRowReduction {
           insert_top_candidate(scan_top, key);
         }
       }
+      if (store_row) {
+        store_run_and_add_mass<kRun>(values, stored, log2_scale_of_row(static_cast<uint32_t>(col)));
+      }
       if (epi_m != EpiM - 1) {
         return;
       }
@@ -944,15 +966,51 @@ struct Sm90GumbelArgmaxRowReduction {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < C; ++j) other[j] = __shfl_xor_sync(0xFFFFFFFF, scan_top[j], delta);
         merge_top_candidates(scan_top, other);
+        if (params.ptr_row_logits != nullptr) {
+          float const other_max2 = __shfl_xor_sync(0xFFFFFFFF, scan_lse_max2, delta);
+          float const other_sum = __shfl_xor_sync(0xFFFFFFFF, scan_lse_sum, delta);
+          lse_merge(scan_lse_max2, scan_lse_sum, other_max2, other_sum);
+        }
       }
-      int const num_cols = get<1>(problem_mn);
-      int const col = static_cast<int>(n_tile) * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + column;
-      bool const tile_in_problem = static_cast<int>(m_tile) * size<0>(CtaTileShapeMNK{}) < get<0>(problem_mn);
       if (run == 0 && tile_in_problem && col < num_cols) {
-        PackedCandidate* out = params.ptr_candidates + (static_cast<int64_t>(m_tile) * num_cols + col) * C;
+        int64_t const slot = static_cast<int64_t>(m_tile) * num_cols + col;
+        PackedCandidate* out = params.ptr_candidates + slot * C;
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < C; ++j) out[j] = scan_top[j];
+        if (store_row) params.ptr_lse_parts[slot] = make_float2(scan_lse_max2, scan_lse_sum);
       }
+    }
+
+    // The fused truncation's part of the scan, out of the scan's loop (the host-int top-k pass
+    // runs without it): the thread's run of x to the stored row as they are, and their mass of
+    // y into the thread's log-sum-exp, against the run's max (one exponential an element).
+    // Excluded tokens and NaN logits carry no mass (as in stage 2).
+    template <int kRunValues>
+    CUTLASS_DEVICE void store_run_and_add_mass(float4 const* values, float4* stored, float y2_scale) {
+      float y2[kRunValues];
+      float run_max2 = -INFINITY;
+      CUTLASS_PRAGMA_UNROLL
+      for (int q = 0; q < kRunValues / 4; ++q) {
+        float4 const v4 = values[q];
+        stored[q] = v4;
+        float const v[4] = {v4.x, v4.y, v4.z, v4.w};
+        CUTLASS_PRAGMA_UNROLL
+        for (int u = 0; u < 4; ++u) {
+          y2[4 * q + u] = v[u] == v[u] ? v[u] * y2_scale : -INFINITY;
+          run_max2 = fmaxf(run_max2, y2[4 * q + u]);
+        }
+      }
+      if (run_max2 == -INFINITY) return;
+      float run_sum = 0.0f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kRunValues; ++i) run_sum += exp2_approx(y2[i] - run_max2);
+      lse_merge(scan_lse_max2, scan_lse_sum, run_max2, run_sum);
+    }
+
+    // log2(e) / T of a batch row, the factor from x to y in log2 units (greedy rows: y = x).
+    CUTLASS_DEVICE float log2_scale_of_row(uint32_t row) const {
+      float const inv_t = row_inv_temperature(params.controls, row, params.inv_temperature);
+      return (inv_t == 0.0f ? 1.0f : inv_t) * kLog2e;
     }
 
     // The top-k pass's reduce: the same three stages as the argmax (lanes sharing a column by

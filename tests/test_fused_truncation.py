@@ -1,0 +1,174 @@
+"""The fused top-k pass with every truncation form (issue #33, sm90): ``[B]`` top_k / top_p /
+min_p, top_p or min_p alone, top_k above 64, per-row mixes with rows whose truncation is off.
+Stage 2 decides the rows the GEMM's candidates settle (top_k <= 64, or a top_p / min_p cut
+within the first 64 tokens); the others are sampled from the logits the same GEMM pass stored.
+
+On logits that are exact in fp32 (small multiples of powers of two: every summation order
+gives the same bits) the fused path returns the CPU op's tokens and scores on the same logits,
+whichever route each row takes; rows whose truncation is off get the plain-sampling token;
+chi-square of the truncated distribution; CUDA-graph replay and torch.compile(fullgraph=True).
+"""
+
+import pytest
+import torch
+
+import flashsampling_cuda as fs
+from flashsampling_cuda.problems import hidden_states, lm_head_weight
+from flashsampling_cuda.reference import reference_truncation
+from sampling_stats import chi_square_pvalue, random_controls, transformed_probs
+
+requires_cuda = pytest.mark.requires_cuda
+V, D = 32768, 256
+
+
+def requires_sm90(test):
+    sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    return pytest.mark.skipif(not sm90, reason="the fused pass takes every truncation form on sm90 only")(
+        requires_cuda(test))
+
+
+def exact_problem(batch, regime, seed):
+    """bf16 hidden / weight of multiples of 1/8 whose products and sums are exact in fp32
+    (|logit| < 2^11 in steps of 2^-6). flat: every logit small (thousands of top_p survivors);
+    peaked: each row a few weight rows with integer weights (a head of ~16-64 over a bulk of
+    spread ~8), which at the temperatures below gives rows from one survivor to hundreds."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randint(-3, 4, (V, D), generator=g).float() / 8
+    if regime == "flat":
+        hidden = torch.randint(-2, 3, (batch, D), generator=g).float() / 8
+    else:
+        ids = torch.randint(0, V, (batch, 8), generator=g)
+        coefficients = torch.randint(1, 5, (batch, 8, 1), generator=g).float()
+        hidden = (coefficients * weight[ids]).sum(1) + torch.randint(-1, 2, (batch, D), generator=g).float() / 8
+    logits = hidden @ weight.T
+    assert torch.equal(hidden.bfloat16().float(), hidden) and logits.abs().max() < 2**11
+    return hidden.bfloat16(), weight.bfloat16(), logits
+
+
+def per_row(kind, batch):
+    """[B] values cycling through on, off and out-of-range ones (device tensors are not checked)."""
+    values = {
+        "k": [50, 0, 1, -1, V + 5, 7, 2000, 64, 65, 20],
+        "p": [0.9, 1.0, 0.5, 0.0, 0.999, float("nan"), 0.95, 1.5, 0.3, 0.8],
+        "m": [0.05, 0.0, 0.3, 1.0, 1.5, -0.5, float("nan"), 0.01, 0.1, 0.0],
+    }[kind]
+    dtype = torch.int64 if kind == "k" else torch.float64
+    return torch.tensor([values[b % len(values)] for b in range(batch)], dtype=dtype)
+
+
+FORMS = {
+    "k_rows": dict(top_k="k"),
+    "p_rows": dict(top_p="p"),
+    "min_p_rows": dict(min_p="m"),
+    "k_p_min_p_rows": dict(top_k="k", top_p="p", min_p="m"),
+    "p_scalar": dict(top_p=0.9),
+    "min_p_scalar": dict(min_p=0.05),
+    "k1000": dict(top_k=1000),
+    "k_rows_p_scalar": dict(top_k="k", top_p=0.95),
+}
+
+
+def truncation_kwargs(form, batch, device):
+    return {name: per_row(value, batch).to(device) if isinstance(value, str) else value
+            for name, value in FORMS[form].items()}
+
+
+@requires_sm90
+@pytest.mark.parametrize("batch", [5, 40, 100])  # the N = 16, 64 and cooperative 128 tiles
+@pytest.mark.parametrize("regime", ["flat", "peaked"])
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
+def test_fused_truncation_equals_cpu_op_on_exact_logits(form, regime, batch, controls):
+    """Every row, decided by stage 2 or sampled from the stored logits: the CPU op's tokens and
+    scores on the same logits, bit for bit."""
+    hidden, weight, logits = exact_problem(batch, regime, seed=batch + len(form))
+    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 3.5 + 0.5
+    temperatures[::6] = 0.0
+    kwargs = dict(temperature=temperatures, seed=torch.tensor(11), offset=torch.tensor(4), num_samples=2,
+                  return_logprobs=True)
+    if controls:
+        c = random_controls(batch, V, "cpu", vocab_start=64, seed=batch, density=0.5)
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64,
+                      seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch), empty_mask_token=-7)
+    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k",
+                                **on, **truncation_kwargs(form, batch, "cuda"))
+    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    for name, value in truncation_kwargs(form, batch, "cpu").items():
+        op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
+    tokens = got.tokens.cpu()
+    assert torch.equal(tokens, expected[0]), (tokens != expected[0]).nonzero()[:8]
+    assert torch.equal(got.scores.cpu(), expected[1])
+    torch.testing.assert_close(got.token_logprobs.cpu(), expected[2], rtol=1e-4, atol=1e-4, equal_nan=True)
+    torch.testing.assert_close(got.logsumexp.cpu(), expected[3], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@requires_sm90
+@pytest.mark.parametrize("regime", ["flat", "llm"])
+@pytest.mark.parametrize("batch", [7, 48, 130])
+def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch):
+    """bf16 logits of an LM head (not exact: the fused pass's own accumulators): rows with
+    top_k <= 0 / >= V, top_p >= 1 and min_p <= 0 in a mixed batch get plain sampling's token."""
+    weight = lm_head_weight(V, D, seed=3)
+    hidden = hidden_states(weight, batch, regime, seed=batch)
+    top_k = per_row("k", batch).cuda()
+    top_p = per_row("p", batch).cuda()
+    off = ((top_k <= 0) | (top_k >= V)) & (top_p >= 1.0)
+    assert off.any()
+    kwargs = dict(temperature=0.8, seed=torch.tensor(5), offset=torch.tensor(2))
+    got = fs.sample(hidden, weight, top_k=top_k, top_p=top_p, truncation_path="fused_top_k", **kwargs)
+    plain = fs.sample(hidden, weight, **kwargs)
+    assert torch.equal(got[off], plain[off])
+    # and the truncated rows agree with the materialised path (other logits bits: near ties may differ)
+    materialised = fs.sample(hidden, weight, top_k=top_k, top_p=top_p, truncation_path="materialized", **kwargs)
+    assert (got == materialised).float().mean() > 0.97
+
+
+@requires_sm90
+@pytest.mark.parametrize("truncation, temperature", [(dict(top_p=0.8), 1.0), (dict(min_p=0.1), 0.7),
+                                                     (dict(top_k="k20", top_p=0.9), 1.2)])
+def test_fused_truncation_chi_square(truncation, temperature):
+    batch, samples, vocab = 4, 20_000, 8192
+    weight = lm_head_weight(vocab, 64, seed=1)
+    hidden = hidden_states(weight, batch, "llm", seed=2)
+    trunc = {name: torch.full((batch,), 20, device="cuda") if value == "k20" else value
+             for name, value in truncation.items()}
+    tokens = fs.sample(hidden, weight, temperature=temperature, seed=torch.arange(batch, device="cuda") + 3,
+                       num_samples=samples, truncation_path="fused_top_k", **trunc).cpu()
+    ref_trunc = {name: 20 if value == "k20" else value for name, value in truncation.items()}
+    ref = reference_truncation(hidden, weight, temperature, **ref_trunc)
+    assert (ref.boundary_gap > 1e-4).all(), "a boundary within rounding: pick other parameters"
+    survivors = ref.survivors.cpu()
+    assert survivors.gather(1, tokens).all(), "a truncated token was sampled"
+    p = chi_square_pvalue(tokens, transformed_probs(hidden, weight, temperature, allowed=survivors))
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
+
+
+@requires_sm90
+def test_fused_truncation_graph_replay_and_compile():
+    batch = 16
+    weight = lm_head_weight(V, D, seed=4)
+    hidden = hidden_states(weight, batch, "llm", seed=5)
+    top_k = per_row("k", batch).cuda()
+    top_p = per_row("p", batch).cuda()
+    offset = torch.tensor(0, device="cuda")
+    seed = torch.tensor(9, device="cuda")
+
+    def step(h, w, k, p, o):
+        return fs.sample(h, w, temperature=0.9, seed=seed, offset=o, top_k=k, top_p=p, num_samples=2,
+                         truncation_path="fused_top_k")
+
+    step(hidden, weight, top_k, top_p, offset)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(hidden, weight, top_k, top_p, offset)
+    seen = []
+    for replay in range(3):
+        offset.fill_(replay * 2)
+        graph.replay()
+        assert torch.equal(captured, step(hidden, weight, top_k, top_p, torch.tensor(replay * 2, device="cuda")))
+        seen.append(captured.clone())
+    assert not torch.equal(seen[0], seen[1])
+    compiled = torch.compile(step, fullgraph=True)(hidden, weight, top_k, top_p, offset)
+    assert torch.equal(compiled, step(hidden, weight, top_k, top_p, offset))
