@@ -21,6 +21,7 @@ fields D, V, B, regime, form, ours_us, plain_us, flashinfer_us, mm_us (and ratio
 Usage:
   python benchmarks/bench_truncation.py [--shapes 4096x151936,8192x128256]
       [--batches 1,16,64,128,256] [--regimes flat,llm] [--out benchmarks/results]
+  python benchmarks/bench_truncation.py --from-json RESULTS.json   # rewrite its .md / .png
 """
 
 from __future__ import annotations
@@ -202,10 +203,16 @@ def main() -> None:
     parser.add_argument("--regimes", default=",".join(REGIMES))
     parser.add_argument("--forms", default=None, help="comma list of FORMS names (default: all)")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--from-json", default=None, metavar="FILE",
+                        help="rewrite the .md and .png of an earlier run's records (no GPU needed)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        args.out = str(Path(args.from_json).parent)
+    elif not torch.cuda.is_available():
         sys.exit("bench_truncation.py needs a CUDA GPU")
-    results = run(args)
+    else:
+        results = run(args)
     table = markdown_table(results)
     write_results(args.out, f"truncation_{results['device'].replace(' ', '_')}_{results['date']}", results, table,
                   plot)
