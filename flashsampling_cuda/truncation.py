@@ -158,8 +158,9 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
 
 # Batches up to which "auto" gives top_p / min_p without top_k to the fused pass: beyond, the rows
 # that its candidates do not decide (flat rows: all of them) cost more than on the logits path,
-# whose cuBLAS matmul is then faster than the fused pass's GEMM (docs/truncation.md).
-FUSED_CERTIFY_MAX_BATCH = 128
+# whose cuBLAS matmul is then faster than the fused pass's GEMM (H100, B = 128: flat rows 1.2-1.6x
+# the logits path's time, LLM-like rows 0.95-1.0x; docs/truncation.md).
+FUSED_CERTIFY_MAX_BATCH = 64
 
 
 def _fused_preferred(truncation: Truncation, batch: int, vocab: int) -> bool:
