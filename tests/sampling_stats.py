@@ -129,3 +129,17 @@ def assert_matches_reference(tokens, ref):
     print(f"mismatches {mismatches} / {tokens.numel()}, outside near ties {unexplained}")
     assert unexplained == 0
     assert mismatches <= max(1, tokens.numel() // 100)
+
+
+def assert_truncated_distribution(tokens, hidden, weight, temperature, **truncation):
+    """Tokens [B, S] of a truncated call: every one a survivor of the float64 reference
+    (flashsampling_cuda.reference.reference_truncation), and chi-square against the renormalised
+    distribution over them. The parameters must keep every boundary clear of rounding."""
+    from flashsampling_cuda.reference import reference_truncation
+
+    ref = reference_truncation(hidden, weight, temperature, **truncation)
+    assert (ref.boundary_gap > 1e-4).all(), "a boundary within rounding: pick other parameters"
+    survivors = ref.survivors.cpu()
+    assert survivors.gather(1, tokens).all(), "a truncated token was sampled"
+    p = chi_square_pvalue(tokens, transformed_probs(hidden, weight, temperature, allowed=survivors))
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
