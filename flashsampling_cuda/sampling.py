@@ -444,9 +444,11 @@ def sample(
             vocabulary: on a shard, to the shard.
         truncation_path: how a truncated call is sampled (flashsampling_cuda/truncation.py);
             every path gives the same tokens, up to near ties within fp32 rounding.
-            ``"auto"`` (default): on CUDA, a host ``top_k <= 64`` with bf16/fp16 and no
-            sparse bias takes ``"fused_top_k"`` (the GEMM keeps each vocabulary
-            tile's 4 best logits, a second kernel truncates and samples), everything else
+            ``"auto"`` (default): on CUDA with bf16/fp16 and no sparse bias, ``"fused_top_k"``
+            (the GEMM keeps each vocabulary tile's 4 best logits, a second kernel truncates and
+            samples the rows they decide; on sm90 the GEMM also stores the logits and the
+            logits kernel samples the other rows) for a host ``top_k <= 64`` and, on sm90, for
+            a ``[B]`` top_k and for top_p / min_p without top_k up to B = 64; everything else
             ``"logits"`` (one fp32 logits matmul ``[B, V]``, then one kernel selects the
             survivors of each row and samples them: the weight is read once); the CPU takes
             ``"materialized"`` (float64 survivors in torch ops, then the fused op samples with
