@@ -87,11 +87,10 @@ def auto_path(hidden, weight, kwargs: dict) -> str:
     return truncation.choose_truncation_path("auto", trunc, hidden, weight, {"sparse_bias_ids": None})
 
 
-def alternative_paths(hidden, weight, kwargs: dict) -> list[str]:
-    """The other of the fused top-k pass and the logits path, where it can take this call too (to
-    set the rule between them)."""
+def alternative_paths(hidden, weight, kwargs: dict, chosen: str) -> list[str]:
+    """The other of the fused top-k pass and the logits path than ``chosen`` ("auto"'s), where it
+    can take this call too (to set the rule between them)."""
     trunc = truncation.parse_truncation(kwargs.get("top_k"), kwargs.get("top_p"), kwargs.get("min_p"), hidden)
-    chosen = auto_path(hidden, weight, kwargs)
     fused_ok = truncation.fused_top_k_takes(trunc, hidden, weight, {"sparse_bias_ids": None})
     return [p for p in ("fused_top_k", "logits") if p != chosen and (p == "logits" or fused_ok)]
 
@@ -126,7 +125,7 @@ def run(args) -> dict:
                     record["ours_us"] = median_us(lambda: flashsampling_cuda.sample(
                         hidden, weight, temperature=temperature, **kwargs), graph=True)
                     record["path"] = auto_path(hidden, weight, kwargs)
-                    for path in alternative_paths(hidden, weight, kwargs):
+                    for path in alternative_paths(hidden, weight, kwargs, record["path"]):
                         record[f"ours_{path}_us"] = median_us(lambda path=path: flashsampling_cuda.sample(
                             hidden, weight, temperature=temperature, truncation_path=path, **kwargs), graph=True)
                     call = flashinfer_call(fi, spec, batch, temperature) if fi is not None else None

@@ -138,6 +138,12 @@ def _cuda_arch(device: torch.device) -> int:
     return major * 10 + minor
 
 
+def _stage2_decides_every_row(k) -> bool:
+    """A host top_k (as :func:`_host_top_k` gives it) with which the fused pass's stage 2 decides
+    every row (sampler_params.h: fused_truncation_decides_every_row)."""
+    return isinstance(k, int) and 1 <= k <= FUSED_TOP_K_MAX
+
+
 def _host_top_k(truncation: Truncation, vocab: int):
     """``top_k`` as the fused op takes it: a host int >= V keeps every token (off: None)."""
     k = truncation.top_k
@@ -152,14 +158,14 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
     if (hidden.device.type != "cuda" or hidden.dtype not in (torch.bfloat16, torch.float16)
             or not _FUSED_MIN_VOCAB <= vocab <= _FUSED_MAX_VOCAB or op_kwargs["sparse_bias_ids"] is not None):
         return False
-    k = _host_top_k(truncation, vocab)
-    return (isinstance(k, int) and 1 <= k <= FUSED_TOP_K_MAX) or _cuda_arch(hidden.device) in _FUSED_LOGITS_ARCHS
+    return (_stage2_decides_every_row(_host_top_k(truncation, vocab))
+            or _cuda_arch(hidden.device) in _FUSED_LOGITS_ARCHS)
 
 
 # Batches up to which "auto" gives top_p / min_p without top_k to the fused pass: beyond, the rows
 # that its candidates do not decide (flat rows: all of them) cost more than on the logits path,
-# whose cuBLAS matmul is then faster than the fused pass's GEMM (H100, B = 128: flat rows 1.2-1.6x
-# the logits path's time, LLM-like rows 0.95-1.0x; docs/truncation.md).
+# whose cuBLAS matmul is then faster than the fused pass's GEMM (docs/truncation.md has the
+# measurement).
 FUSED_CERTIFY_MAX_BATCH = 64
 
 
@@ -169,7 +175,7 @@ def _fused_preferred(truncation: Truncation, batch: int, vocab: int) -> bool:
     top_k up to FUSED_CERTIFY_MAX_BATCH rows. A host top_k above 64 decides no row there."""
     k = _host_top_k(truncation, vocab)
     if isinstance(k, int):
-        return k <= FUSED_TOP_K_MAX
+        return _stage2_decides_every_row(k)
     return k is not None or batch <= FUSED_CERTIFY_MAX_BATCH
 
 

@@ -515,8 +515,8 @@ cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers co
                                        int vocab_tile, cudaStream_t stream) {
   if (p.batch_size == 0) return cudaSuccess;
   // Without the logits, every row must be one stage 2 decides.
-  bool const decides_every_row = p.top_ks == nullptr && p.top_k >= 1 && p.top_k <= kMaxFusedTopK;
-  if (!p.fused_truncation || (!decides_every_row && (p.row_logits == nullptr || p.fallback_rows == nullptr))) {
+  if (!p.fused_truncation ||
+      (!fused_truncation_decides_every_row(p) && (p.row_logits == nullptr || p.fallback_rows == nullptr))) {
     return cudaErrorInvalidValue;
   }
   size_t const smem = truncate_candidates_smem_bytes(num_tiles, vocab_tile);

@@ -118,15 +118,30 @@ bool current_stream_capturing() {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// The per-row truncation arrays of sample_top_k and sample_from_logits: int64 top_ks and
+// float64 top_ps / min_ps, each [B] on the device of `rows` ([B, ...], named `rows_name`).
+void check_per_row_truncation(const char* prefix, const at::Tensor& rows, const char* rows_name,
+                              const std::optional<at::Tensor>& top_ks, const std::optional<at::Tensor>& top_ps,
+                              const std::optional<at::Tensor>& min_ps) {
+  const int64_t batch = rows.size(0);
+  for (auto [name, t, dtype] : {std::tuple{"top_ks", &top_ks, at::kLong}, std::tuple{"top_ps", &top_ps, at::kDouble},
+                                std::tuple{"min_ps", &min_ps, at::kDouble}}) {
+    if (!t->has_value()) continue;
+    const at::Tensor& v = **t;
+    TORCH_CHECK(v.scalar_type() == dtype, prefix, name, " must be a ", dtype == at::kLong ? "int64" : "float64",
+                " tensor, got ", v.scalar_type());
+    TORCH_CHECK(v.dim() == 1 && v.size(0) == batch, prefix, name, " must have shape [B] = [", batch, "], got ",
+                v.sizes());
+    TORCH_CHECK(v.device() == rows.device(), prefix, name, " must be on ", rows_name, " device (", rows.device(),
+                "), got ", v.device());
+  }
+}
+
 // The fused top-k arguments of flashsampling::sample_top_k (ops.cpp).
 struct FusedTopK {
   int64_t top_k = 0;
   std::optional<double> top_p, min_p;
   std::optional<at::Tensor> top_ps, min_ps, top_ks;
-
-  // Whether stage 2 may leave rows to the logits sampler (then the GEMM stores the logits):
-  // everything but a host top_k in [1, kMaxFusedTopK] for every row.
-  bool may_leave_rows() const { return top_ks.has_value() || top_k < 1 || top_k > kMaxFusedTopK; }
 };
 
 void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const FusedTopK& top) {
@@ -139,18 +154,7 @@ void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const F
               "top_p must be in (0, 1], got ", top.top_p.value_or(0.0));
   TORCH_CHECK(!top.min_p.has_value() || (*top.min_p >= 0.0 && *top.min_p <= 1.0), prefix,
               "min_p must be in [0, 1], got ", top.min_p.value_or(0.0));
-  const int64_t batch = hidden.size(0);
-  for (auto [name, t, dtype] : {std::tuple{"top_ps", &top.top_ps, at::kDouble}, std::tuple{"min_ps", &top.min_ps, at::kDouble},
-                                std::tuple{"top_ks", &top.top_ks, at::kLong}}) {
-    if (!t->has_value()) continue;
-    const at::Tensor& v = **t;
-    TORCH_CHECK(v.scalar_type() == dtype, prefix, name, " must be a ", dtype == at::kLong ? "int64" : "float64",
-                " tensor, got ", v.scalar_type());
-    TORCH_CHECK(v.dim() == 1 && v.size(0) == batch, prefix, name, " must have shape [B] = [", batch, "], got ",
-                v.sizes());
-    TORCH_CHECK(v.device() == hidden.device(), prefix, name, " must be on hidden's device (", hidden.device(),
-                "), got ", v.device());
-  }
+  check_per_row_truncation(prefix, hidden, "hidden's", top.top_ks, top.top_ps, top.min_ps);
 }
 
 SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args,
@@ -277,7 +281,7 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
       keep_alive.push_back(t);
       p.top_ks = t.const_data_ptr<int64_t>();
     }
-    if (top->may_leave_rows()) {
+    if (!fused_truncation_decides_every_row(p)) {
       // The logits of the rows stage 2 leaves come from this GEMM pass (sm90: its top-k scan
       // stores them; flashsampling_cuda.sample takes the logits path elsewhere).
       TORCH_CHECK_NOT_IMPLEMENTED(arch == 90, "flashsampling.sample_top_k: per-row top_k tensors, top_k outside [1, ",
@@ -338,17 +342,7 @@ void check_logits_truncation(const at::Tensor& logits, double top_p, double min_
   const char* prefix = "flashsampling.sample_from_logits: ";
   TORCH_CHECK(top_p > 0.0 && top_p <= 1.0, prefix, "top_p must be in (0, 1] (1: off), got ", top_p);
   TORCH_CHECK(min_p >= 0.0 && min_p <= 1.0, prefix, "min_p must be in [0, 1] (0: off), got ", min_p);
-  const int64_t batch = logits.size(0);
-  for (auto [name, t, dtype] : {std::tuple{"top_ks", &top_ks, at::kLong}, std::tuple{"top_ps", &top_ps, at::kDouble},
-                                std::tuple{"min_ps", &min_ps, at::kDouble}}) {
-    if (!t->has_value()) continue;
-    const at::Tensor& v = **t;
-    TORCH_CHECK(v.scalar_type() == dtype, prefix, name, " must be a ", dtype, " tensor, got ", v.scalar_type());
-    TORCH_CHECK(v.dim() == 1 && v.size(0) == batch, prefix, name, " must have shape [B] = [", batch, "], got ",
-                v.sizes());
-    TORCH_CHECK(v.device() == logits.device(), prefix, name, " must be on logits' device (", logits.device(),
-                "), got ", v.device());
-  }
+  check_per_row_truncation(prefix, logits, "logits'", top_ks, top_ps, min_ps);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cuda(

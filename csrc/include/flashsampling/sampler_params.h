@@ -157,6 +157,12 @@ struct SamplerParams {
   bool prepare_inv_temperatures = false;
 };
 
+// Whether stage 2 of the fused truncation decides every row (a host top_k in [1, kMaxFusedTopK]):
+// otherwise it may leave rows to the logits sampler, which needs row_logits and fallback_rows.
+inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
+  return p.top_ks == nullptr && p.top_k >= 1 && p.top_k <= kMaxFusedTopK;
+}
+
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max
 // realises the total order of philox_gumbel.h (score desc, index asc, NaN last).
 //   hi 32 bits: order-preserving bits of the fp32 score (NaN -> 0)
