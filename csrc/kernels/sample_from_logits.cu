@@ -4,6 +4,22 @@
 // histograms summed over the cluster through distributed shared memory, so all CTAs of the
 // cluster take the same branches with no second launch and no host round trip.
 //
+// Winner-first path (branch winner-first-top-p; compiled and read through, NOT yet run on a GPU:
+// benchmarks/probes/logits_sampler/WINNER_FIRST.md). Rows without top_k (k < 1), with one sample,
+// no log-probabilities and top_p and / or min_p given (a device-side test per row, the same in
+// every CTA of the cluster; -DFS_WINNER_FIRST=0 builds without it) find the sample before the
+// cut: pass 1 also takes t, the best perturbed score (fs_candidate_better, the sample pass's
+// noise) over every allowed token. t is the sample if it is the first token, or passes min_p and
+// (top_p) the fixed-point mass strictly ahead of it in the truncation order does not reach
+// top_p of the row's mass (top_p_reached, the cut rule's comparison on the same integers: a key
+// survives iff its predecessor's inclusive mass does not reach top_p). Else each further pass
+// (winner_first_pass) sums the mass ahead of t (and, the first time, the row's) and takes the
+// best score strictly ahead of t, which replaces t if t fails. Survivors form a prefix of the
+// order, so the sample always lies at or ahead of t, and the token and score equal the cut
+// path's bit for bit. A row still undecided after kWinnerFirstPasses (3) such passes, a
+// min_p-alone row whose t fails min_p, a row without a finite first y or whose top_p keeps only
+// the first token goes on to the cut path below, from pass 1's results.
+//
 // A row's survivors are the keys >= one threshold key (a prefix of the truncation order)
 // that also pass min_p, a test of each element against the row's first. Keys are 64 bits:
 // the order bits of y (hi; NaN 1, excluded tokens key 0) and ~global index (lo), so unsigned
@@ -58,6 +74,12 @@ constexpr int kUnroll = 8;
 constexpr int kLevels = 6;  // digits of a key: 11, 11, 10 bits of y, then of ~index
 constexpr int kMaxBins = 2048;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
+// The winner-first path for top_p / min_p rows without top_k (winner_first_row); -DFS_WINNER_FIRST=0
+// builds the kernel without it (for A/B timing in benchmarks/probes/logits_sampler/).
+#ifndef FS_WINNER_FIRST
+#define FS_WINNER_FIRST 1
+#endif
+constexpr bool kWinnerFirst = FS_WINNER_FIRST != 0;
 
 __device__ __forceinline__ int level_shift(int level) {
   return level == 0 ? 53 : level == 1 ? 42 : level == 2 ? 32 : level == 3 ? 21 : level == 4 ? 10 : 0;
@@ -101,10 +123,20 @@ struct SharedState {
   unsigned list_size;
   PackedCandidate list_cut;    // top_k's
   PackedCandidate list_cut_p;  // top_p's
-  // This CTA's partial results, read by its peers after a cluster barrier.
-  PackedCandidate max_key;
-  unsigned allowed;
-  float min_y;  // of its finite allowed y
+  // This CTA's partial results of a pass over the row that every CTA reads from every peer after
+  // one cluster barrier: pass 1 and the winner-first passes, two slots used in turn (the step
+  // counter `phase`, the same in every CTA of the cluster), so a slot is written again only after
+  // the barrier of the next step, which every peer passes once it has read it.
+  struct Partials {
+    PackedCandidate max_key;  // pass 1
+    unsigned allowed;         // pass 1
+    float min_y;              // pass 1: of its finite allowed y
+    float score;              // winner-first: the best perturbed score (fs_candidate_better) ...
+    int32_t index;            // ... its token (kNoCandidate: none)
+    double y;                 // ... and its y
+    FixedMass ahead;          // winner-first: the mass strictly ahead of the candidate
+    FixedMass total;          // winner-first: the row's mass
+  } partials[2];
   double kept_mass;  // of the survivors
   float best_score;
   int32_t best_index;
@@ -238,6 +270,17 @@ __device__ double block_sum(double v, SharedState& sh) {
   return r;
 }
 
+__device__ FixedMass block_sum(FixedMass v, SharedState& sh) {  // exact: integers
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(kFullMask, v, delta);
+  if (threadIdx.x % 32 == 0) sh.warp_fixed[threadIdx.x / 32] = v;
+  __syncthreads();
+  FixedMass r = 0;
+  for (int w = 0; w < kWarps; ++w) r += sh.warp_fixed[w];
+  __syncthreads();
+  return r;
+}
+
 __device__ float block_min(float v, SharedState& sh) {
 #pragma unroll
   for (int delta = 16; delta > 0; delta >>= 1) v = fminf(v, __shfl_xor_sync(kFullMask, v, delta));
@@ -362,6 +405,13 @@ __device__ void choose_digit_by_count(SharedState& sh, int bins, unsigned target
   }
 }
 
+// top_p's test of a prefix of the truncation order: its fixed-point mass `mass` reaches top_p of
+// the row's `total` (> 0). Every top_p decision of this file (the histograms', the sorted list's
+// and the winner-first path's) is this comparison, so they keep the same tokens.
+__device__ __forceinline__ bool top_p_reached(FixedMass mass, FixedMass total, double top_p) {
+  return static_cast<double>(mass) / static_cast<double>(total) >= top_p;
+}
+
 // Warp 0: the first digit, from the top, at which (mass_above + running mass) / total reaches
 // top_p: sh.digit (-1 where rounding keeps it from being reached), its count, and the mass
 // above it.
@@ -382,9 +432,7 @@ __device__ void choose_digit_by_mass(SharedState& sh, int bins, FixedMass mass_a
   FixedMass const exclusive = inclusive - local;
   if (total == 0) total = mass_above + __shfl_sync(kFullMask, inclusive, 31);
   if (lane == 0) sh.mass_total = total;
-  auto reaches = [&](FixedMass mass) {
-    return static_cast<double>(mass) / static_cast<double>(total) >= top_p;
-  };
+  auto reaches = [&](FixedMass mass) { return top_p_reached(mass, total, top_p); };
   unsigned const reached = __ballot_sync(kFullMask, reaches(mass_above + inclusive));
   if (lane == 0) sh.digit = -1;
   __syncwarp();
@@ -610,7 +658,7 @@ enum class BinRoute { kDone, kTopKFallback, kTopPFallback };
 __device__ unsigned first_reaching(SharedState& sh, unsigned n, FixedMass above, FixedMass total, double top_p) {
   unsigned short_of = 0;
   for (unsigned i = threadIdx.x; i < n; i += kThreads) {
-    short_of += static_cast<double>(above + sh.list_mass[i]) / static_cast<double>(total) < top_p;
+    short_of += !top_p_reached(above + sh.list_mass[i], total, top_p);  // top_p in (0, 1): no NaN
   }
   unsigned const index = block_sum(short_of, sh);
   return index < n ? index : n - 1;
@@ -748,8 +796,135 @@ __device__ void write_sample(LogitsSamplerParams const& p, int64_t row, int s, f
   }
 }
 
+// The perturbed score of token `index` (global) in sample `s`: x plus the noise of plain sampling
+// over T, or x itself in a greedy row. The sample pass and the winner-first passes draw it alike.
+__device__ __forceinline__ float perturbed_score(RowInput const& in, RowNoiseKey const& noise, uint32_t s,
+                                                 uint32_t index, float x) {
+  return in.greedy ? x
+                   : fs_perturbed_score(x, in.inv_t, fs_gumbel_noise(noise.seed, noise.offset, noise.stream, s, index));
+}
+
+// A candidate of the winner-first path: the best (score, index) by fs_candidate_better among a
+// set of allowed tokens (index kNoCandidate: none with a score that is not NaN), and its y.
+struct Candidate {
+  float score = -INFINITY;
+  int32_t index = kNoCandidate;
+  double y = 0.0;
+
+  __device__ __forceinline__ void offer(float s, int32_t i, double yy) {
+    if (fs_candidate_better(s, i, score, index)) {
+      score = s;
+      index = i;
+      y = yy;
+    }
+  }
+  // Its truncation key (the same bits as RowInput::key's: y is an fp32 value).
+  __device__ __forceinline__ PackedCandidate key() const {
+    return pack_top_candidate(static_cast<float>(y), static_cast<uint32_t>(index));
+  }
+};
+
+// The cluster's best of the CTAs' candidates in partials[slot] (after the cluster barrier that
+// follows their writes); fs_candidate_better is a strict total order (distinct indices), so the
+// result does not depend on the order.
+__device__ Candidate cluster_best(cg::cluster_group& cluster, SharedState& sh, int slot) {
+  Candidate best;
+  for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+    SharedState::Partials const& peer = cluster.map_shared_rank(&sh, r)->partials[slot];
+    best.offer(peer.score, peer.index, peer.y);
+  }
+  return best;
+}
+
+// At most this many winner-first passes after pass 1 before a row goes to the cut (histograms).
+constexpr int kWinnerFirstPasses = 3;
+
+// One winner-first pass: over the allowed keys strictly ahead of `behind` in the truncation
+// order, their fixed-point mass relative to y0 (`ahead`, the same integers as the histograms'
+// and the sorted list's) and their best candidate (returned); with `with_total`, the mass of
+// every allowed key (`total`). Every CTA gets the cluster's results (one cluster barrier).
+__device__ Candidate winner_first_pass(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
+                                       RowNoiseKey const& noise, PackedCandidate behind, double y0, bool with_total,
+                                       unsigned& phase, FixedMass& ahead, FixedMass& total) {
+  Candidate best;
+  FixedMass local_ahead = 0, local_total = 0;
+  for_each_element(in, slice.begin, slice.end, [&](int64_t, float x, float y, PackedCandidate key) {
+    bool const is_ahead = key > behind;  // behind > 0: excluded keys (0) are never ahead
+    if (key == 0 || !(is_ahead || with_total)) return;
+    FixedMass const m = fixed_mass(y, y0);
+    local_total += m;
+    if (!is_ahead) return;
+    local_ahead += m;
+    uint32_t const index = top_candidate_index(key);
+    best.offer(perturbed_score(in, noise, 0, index, x), static_cast<int32_t>(index), static_cast<double>(y));
+  });
+  block_best(best.score, best.index, best.y, sh);
+  FixedMass const block_ahead = block_sum(local_ahead, sh);
+  FixedMass const block_total = with_total ? block_sum(local_total, sh) : 0ull;
+  int const slot = static_cast<int>(phase & 1u);
+  if (threadIdx.x == 0) {
+    SharedState::Partials& mine = sh.partials[slot];
+    mine.score = best.score;
+    mine.index = best.index;
+    mine.y = best.y;
+    mine.ahead = block_ahead;
+    mine.total = block_total;
+  }
+  cluster.sync();
+  best = cluster_best(cluster, sh, slot);
+  ahead = 0;
+  FixedMass sum = 0;
+  for (unsigned r = 0; r < cluster.num_blocks(); ++r) {
+    SharedState::Partials const& peer = cluster.map_shared_rank(&sh, r)->partials[slot];
+    ahead += peer.ahead;
+    sum += peer.total;
+  }
+  if (with_total) total = sum;
+  ++phase;
+  return best;
+}
+
+// The winner-first path of a row without top_k, one sample and no log-probabilities, y0 finite
+// (docs/truncation.md, "the winner first"). Its survivors (top_p's prefix of the truncation order
+// and min_p's test) are a prefix of the order, and its sample is their best candidate. `t` comes
+// in as the best candidate of every allowed token (pass 1); invariant: the sample is t or lies
+// strictly ahead of it. t is the sample when it survives: it is first, or it passes min_p and
+// the mass strictly ahead of it does not reach top_p (the cut rule of choose_digit_by_mass /
+// first_reaching: a key survives iff its predecessor's inclusive mass does not reach top_p,
+// the same top_p_reached on the same integers). Else every survivor lies strictly ahead of t,
+// and the best candidate strictly ahead (from the same pass) replaces it. Writes the sample and
+// returns true, or returns false (nothing written) for the existing path to take the row: a
+// min_p-alone row whose t fails min_p (the sample pass over its survivors is one pass), or a row
+// still undecided after kWinnerFirstPasses passes.
+__device__ bool winner_first_row(cg::cluster_group& cluster, SharedState& sh, LogitsSamplerParams const& p,
+                                 int64_t row, RowInput const& in, Slice slice, RowNoiseKey const& noise,
+                                 PackedCandidate first, double y0, bool need_p, double top_p, MinP const& min_p,
+                                 Candidate t, unsigned& phase) {
+  FixedMass total = 0;
+  for (int pass = 0;; ++pass) {
+    // No candidate: no score at or ahead of the last t that is not NaN, so no sample (token -1).
+    bool decided = t.index == kNoCandidate;
+    PackedCandidate const key_t = t.key();
+    bool const keeps = key_t == first || min_p.keeps(static_cast<float>(t.y));
+    decided = decided || key_t == first || (keeps && !need_p);
+    if (!decided) {
+      if (!need_p || pass == kWinnerFirstPasses) return false;
+      FixedMass ahead = 0;
+      Candidate const next = winner_first_pass(cluster, sh, in, slice, noise, key_t, y0, pass == 0, phase, ahead, total);
+      if (!(keeps && !top_p_reached(ahead, total, top_p))) {
+        t = next;
+        continue;
+      }
+    }
+    if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+      write_sample(p, row, 0, t.score, t.index, t.y, y0, true, 1.0);  // no log-probabilities on this path
+    }
+    return true;
+  }
+}
+
 __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSamplerParams const& p, int64_t row,
-                           uint64_t batch_seed, uint64_t batch_offset) {
+                           uint64_t batch_seed, uint64_t batch_offset, unsigned& phase) {
   unsigned const rank = cluster.block_rank(), ctas = cluster.num_blocks();
   bool const leader = rank == 0;
   float const inv_t = p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
@@ -777,35 +952,59 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
                     static_cast<uint32_t>(p.vocab_start)};
   Slice const slice{p.vocab_size * rank / ctas, p.vocab_size * (rank + 1) / ctas};
   int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
+  bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
+  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+  MinP min_p;
+  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
+  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
+  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
+  RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
+  // The winner-first path's rows (winner_first_row): top_p and / or min_p without top_k, one
+  // sample, no log-probabilities. Pass 1 then also takes the best candidate of every allowed
+  // token. The same in every CTA of the cluster.
+  bool const winner_first =
+      kWinnerFirst && p.num_samples == 1 && k < 1 && p.token_logprobs == nullptr && (top_p_on || min_p.on);
 
-  // 1. The first key, the allowed tokens and the smallest finite y.
+  // 1. The first key, the allowed tokens and the smallest finite y (and the winner-first t).
   PackedCandidate local_max = 0;
   unsigned local_allowed = 0;
   float local_min = INFINITY;
-  for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
+  Candidate local_best;
+  for_each_element(in, slice.begin, slice.end, [&](int64_t, float x, float y, PackedCandidate key) {
     local_max = key > local_max ? key : local_max;
     local_allowed += key != 0;
     if (key != 0 && isfinite(y)) local_min = fminf(local_min, y);
+    if (winner_first && key != 0) {
+      uint32_t const index = top_candidate_index(key);
+      local_best.offer(perturbed_score(in, noise, 0, index, x), static_cast<int32_t>(index), static_cast<double>(y));
+    }
   });
   PackedCandidate const block_first = block_max(local_max, sh);
   unsigned const block_allowed = block_sum(local_allowed, sh);
   float const block_min_y = block_min(local_min, sh);
+  if (winner_first) block_best(local_best.score, local_best.index, local_best.y, sh);
+  int const slot = static_cast<int>(phase & 1u);
   if (threadIdx.x == 0) {
-    sh.max_key = block_first;
-    sh.allowed = block_allowed;
-    sh.min_y = block_min_y;
+    SharedState::Partials& mine = sh.partials[slot];
+    mine.max_key = block_first;
+    mine.allowed = block_allowed;
+    mine.min_y = block_min_y;
+    mine.score = local_best.score;
+    mine.index = local_best.index;
+    mine.y = local_best.y;
   }
   cluster.sync();
   PackedCandidate first = 0;
   int64_t allowed = 0;
   float min_y = INFINITY;
   for (unsigned r = 0; r < ctas; ++r) {
-    SharedState const* peer = cluster.map_shared_rank(&sh, r);
-    first = peer->max_key > first ? peer->max_key : first;
-    allowed += peer->allowed;
-    min_y = fminf(min_y, peer->min_y);
+    SharedState::Partials const& peer = cluster.map_shared_rank(&sh, r)->partials[slot];
+    first = peer.max_key > first ? peer.max_key : first;
+    allowed += peer.allowed;
+    min_y = fminf(min_y, peer.min_y);
   }
-  // The peers' max_key / allowed / min_y are not written again before the next row's barriers.
+  Candidate const t = winner_first ? cluster_best(cluster, sh, slot) : Candidate{};
+  ++phase;  // this slot is written again two steps on, after a barrier every peer passes once it has read it
   if (allowed == 0) {
     if (leader) write_row_without_sample(p, row, p.allowed_mask ? p.empty_mask_token : -1, -INFINITY);
     cluster.sync();
@@ -814,15 +1013,21 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   float const y0f = from_order_bits(static_cast<uint32_t>(first >> 32));
   double const y0 = static_cast<double>(y0f);
   bool const y0_finite = isfinite(y0f);
+  min_p.y0 = y0;
+  min_p.y0_finite = y0_finite;
 
   // 2.-3. The cut: top_k, then top_p over its survivors. A top_p of NaN or <= 0, or a row
   // without a finite y0 (NaN probabilities, as in truncation.py's float64 arithmetic), keeps
   // only the first token.
-  bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
-  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
   bool const first_only = top_p_on && !(top_p >= 1.0) && !(top_p > 0.0 && y0_finite);
   bool const need_k = !first_only && k >= 1 && k < allowed;
   bool const need_p = !first_only && top_p_on && top_p > 0.0 && top_p < 1.0;  // y0 finite here
+  // The winner first where it applies (a row that keeps only its first token, or without a finite
+  // y0, takes the existing path); the existing path takes the rows it leaves undecided.
+  if (winner_first && y0_finite && !first_only &&
+      winner_first_row(cluster, sh, p, row, in, slice, noise, first, y0, need_p, top_p, min_p, t, phase)) {
+    return;
+  }
   PackedCandidate threshold = first_only ? first : 0;
   BinRoute route = need_k ? BinRoute::kTopKFallback : BinRoute::kTopPFallback;
   unsigned complete = 0;  // > 0: every survivor is among the leader's first `complete` list keys
@@ -837,16 +1042,8 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
     PackedCandidate const cut = select_top_p(cluster, sh, in, slice, threshold, y0, top_p);
     threshold = cut > threshold ? cut : threshold;
   }
-  MinP min_p;
-  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
-  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
-  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
-  min_p.y0 = y0;
-  min_p.y0_finite = y0_finite;
 
   // 4. The samples, and the survivors' mass for the log-probabilities.
-  RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
-  bool const greedy = in.greedy;
   // At most top_k survivors, few against the row: drawing their noise where they lie is cheaper
   // than queueing every survivor; a large top_k queues them (docs/truncation.md).
   bool const few_survivors = need_k && k <= p.vocab_size / 1024;
@@ -858,11 +1055,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
     double local_mass = 0.0;
     bool const with_mass = s == 0 && p.token_logprobs != nullptr;
     auto draw = [&](uint32_t index, float x, float y) {
-      float const score =
-          greedy ? x
-                 : fs_perturbed_score(x, inv_t,
-                                      fs_gumbel_noise(noise.seed, noise.offset, noise.stream,
-                                                      static_cast<uint32_t>(s), index));
+      float const score = perturbed_score(in, noise, static_cast<uint32_t>(s), index, x);
       if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
         best_score = score;
         best_index = static_cast<int32_t>(index);
@@ -968,8 +1161,9 @@ __global__ void __launch_bounds__(kThreads, 1) sample_from_logits_kernel(LogitsS
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   int64_t const rows = p.rows ? static_cast<int64_t>(*p.rows) : p.batch_size;
   if (rows < p.min_rows || rows > p.max_rows) return;  // the other launch's (same for every CTA)
+  unsigned phase = 0;  // steps that used SharedState::partials (the same count in every CTA of the cluster)
   for (int64_t i = blockIdx.x / ctas; i < rows; i += gridDim.x / ctas) {
-    sample_row(cluster, sh, p, p.rows ? static_cast<int64_t>(p.rows[1 + i]) : i, batch_seed, batch_offset);
+    sample_row(cluster, sh, p, p.rows ? static_cast<int64_t>(p.rows[1 + i]) : i, batch_seed, batch_offset, phase);
   }
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory
 }

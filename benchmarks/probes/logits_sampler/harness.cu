@@ -42,12 +42,15 @@ __device__ __forceinline__ float normal(uint64_t i) {
 }
 
 // regime 0: flat, 1: llm (bulk), 2: tied (N(0, 1) rounded to multiples of 1/2: bins too full
-// for the list, the kernel's fallback).
+// for the list, the kernel's fallback), 3: special (flat with every 7th logit -inf and every
+// 1009th NaN).
 __global__ void fill_logits(float* logits, int64_t batch, int64_t vocab, int regime, uint64_t seed) {
   int64_t const n = batch * vocab;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     float const z = normal(seed * 0x9E3779B97F4A7C15ull + i);
     logits[i] = regime == 1 ? 2.5f * z : regime == 2 ? 0.5f * rintf(2.0f * z) : z;
+    if (regime == 3 && i % 7 == 3) logits[i] = -INFINITY;
+    if (regime == 3 && i % 1009 == 5) logits[i] = NAN;
   }
 }
 
@@ -68,13 +71,22 @@ struct Form {
   bool rows_k;
   double top_p;   // per row (when < 1)
   double min_p;   // per row (when > 0)
+  bool mixed;     // per-row top_p / min_p from kMixedTopP / kMixedMinP (row b: entry b mod their sizes)
 };
+
+// Rows of the "mixed" forms: top_p off (1), first token only (0, NaN), min_p off (0), min_p that
+// keeps only the first token (> 1, NaN).
+static const double kMixedTopP[] = {0.9, 0.5, 1.0, 0.99, 0.0, 0.95, NAN};
+static const double kMixedMinP[] = {0.0, 0.05, 0.0, 0.2, 0.0, 1e-4, 0.0, 2.0, NAN};
 
 static const Form kForms[] = {
     {"k50 p0.9 [B]", 0.8f, 50, true, 0.9, 0.0},   {"k20 [B]", 0.8f, 20, true, 1.0, 0.0},
     {"p0.9 [B]", 0.8f, 0, false, 0.9, 0.0},       {"min_p0.05 [B]", 0.8f, 0, false, 1.0, 0.05},
     {"k1000 (int)", 0.8f, 1000, false, 1.0, 0.0}, {"qwen3 k20 p0.95 [B]", 0.6f, 20, true, 0.95, 0.0},
     {"k50 p0.9 min_p0.05", 1.0f, 50, true, 0.9, 0.05},
+    // No top_k: the winner-first path's rows (sample_from_logits.cu, winner_first_row).
+    {"p0.5 [B]", 1.0f, 0, false, 0.5, 0.0},       {"p0.9 min_p0.05 [B]", 1.0f, 0, false, 0.9, 0.05},
+    {"greedy p0.9 [B]", 0.0f, 0, false, 0.9, 0.0}, {"mixed p / min_p [B]", 0.8f, 0, false, 0.9, 0.05, true},
 };
 
 struct Outputs {
@@ -123,9 +135,11 @@ int main(int argc, char** argv) {
               static_cast<long long>(vocab), iters);
   std::printf("| regime | B | form | ref us | new us | ref/new | same outputs |\n|---|---|---|---|---|---|---|\n");
   int mismatches = 0;
-  int regimes = 2;
-  if (std::getenv("TIED")) regimes = 3;
-  for (int regime = 0; regime < regimes; ++regime) {
+  // TIED=1 adds the tied regime, SPECIAL=1 the special one (-inf and NaN logits).
+  std::vector<int> regimes = {0, 1};
+  if (std::getenv("TIED")) regimes.push_back(2);
+  if (std::getenv("SPECIAL")) regimes.push_back(3);
+  for (int regime : regimes) {
     int const llm = regime == 1;
     for (int64_t batch : batches) {
       fill_logits<<<1024, 256>>>(logits, batch, vocab, regime, 17 + batch);
@@ -135,6 +149,10 @@ int main(int argc, char** argv) {
         if (!only_form.empty() && only_form != f.name) continue;
         std::vector<int64_t> hk(batch, f.top_k);
         std::vector<double> hp(batch, f.top_p), hm(batch, f.min_p);
+        for (int64_t b = 0; f.mixed && b < batch; ++b) {
+          hp[b] = kMixedTopP[b % (sizeof(kMixedTopP) / sizeof(double))];
+          hm[b] = kMixedMinP[b % (sizeof(kMixedMinP) / sizeof(double))];
+        }
         CHECK(cudaMemcpy(ks, hk.data(), sizeof(int64_t) * batch, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(ps, hp.data(), sizeof(double) * batch, cudaMemcpyHostToDevice));
         CHECK(cudaMemcpy(mps, hm.data(), sizeof(double) * batch, cudaMemcpyHostToDevice));
@@ -180,7 +198,9 @@ int main(int argc, char** argv) {
         }
         CHECK(cudaDeviceSynchronize());
         // Tokens and scores bit for bit; log-probabilities to 1e-5 (a survivor's mass may be
-        // summed in another order), and NaN where the reference has NaN.
+        // summed in another order), and NaN where the reference has NaN. The tokens and scores
+        // compared are the last timed launch's (without log-probabilities: the winner-first path
+        // where it applies), the log-probabilities the first launch's (with them: the cut path).
         bool same = true;
         auto fetch = [&](auto member, auto& a, auto& b) {
           a.resize(batch);
@@ -204,7 +224,7 @@ int main(int argc, char** argv) {
         }
         same = same && worst <= 1e-5;
         mismatches += !same;
-        std::printf("| %s | %lld | %s | %.1f | %.1f | %.2f | %s%s |\n", regime == 2 ? "tied" : llm ? "llm" : "flat",
+        std::printf("| %s | %lld | %s | %.1f | %.1f | %.2f | %s%s |\n", regime == 3 ? "special" : regime == 2 ? "tied" : llm ? "llm" : "flat",
                     static_cast<long long>(batch), f.name, us[0], us[1], us[0] / us[1], same ? "yes" : "NO",
                     worst > 0 ? " (logprobs within 1e-5)" : "");
         std::fflush(stdout);
