@@ -119,6 +119,32 @@ def test_cuda_kernel_equals_cpu_op_on_the_same_logits(kind, form, controls):
 
 
 @requires_cuda
+@pytest.mark.parametrize("kind", ["flat", "peaked", "tied", "non_finite"])
+@pytest.mark.parametrize("form", ["none", "p_rows", "min_p_rows", "p_scalar_min_p_scalar", "p_rows_min_p_rows"])
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
+def test_winner_first_rows_equal_cpu_op(kind, form, controls):
+    """One sample without log-probabilities: the rows without top_k take the kernel's winner-first
+    path (sample_from_logits.cu, winner_first_row), whose tokens and scores are the CPU op's bit
+    for bit, as the cut path's are (the test above runs that path: several samples, logprobs)."""
+    batch, vocab = (16, 12289) if kind != "non_finite" else (8, 4099)
+    logits = row_logits(kind, batch, vocab, seed=len(form) + len(kind))
+    trunc = (dict(top_ps=per_row("p", batch, vocab), min_ps=per_row("m", batch, vocab)[torch.arange(batch).flip(0)])
+             if form == "p_rows_min_p_rows" else op_truncation(form, batch, vocab, "cpu"))
+    kwargs = dict(num_samples=1, seed=torch.tensor(11), offset=torch.tensor(4), return_logprobs=False, **trunc)
+    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.4
+    temperatures[::5] = 0.0
+    kwargs["temperatures"] = temperatures
+    if controls:
+        c = random_controls(batch, vocab, "cpu", vocab_start=64, seed=batch, density=0.5)
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64,
+                      seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch), empty_mask_token=-7)
+    cpu = op_outputs(logits, "cpu", **kwargs)
+    gpu = op_outputs(logits, "cuda", **kwargs)
+    assert torch.equal(gpu[0], cpu[0]), (gpu[0] != cpu[0]).nonzero()[:8]
+    assert torch.equal(gpu[1], cpu[1])
+
+
+@requires_cuda
 @pytest.mark.parametrize("batch", [1, 16, 33, 64, 130, 257])
 def test_every_cluster_size_and_row_loop(batch):
     """Clusters of 8, 4 and 2 CTAs a row, and clusters that take several rows (B > 64)."""
