@@ -1,20 +1,21 @@
 // The top-N log-probabilities of a row and the ranks of its sampled tokens, from materialised
-// values (flashsampling/top_logprobs.h has the contract). One CTA a row, exact whatever the
-// data, no sort of the row. Keys are 64 bits: the order bits of t (hi; unsigned order = the
-// output order, NaN highest) and ~v (lo), so every key is distinct and a larger key comes first.
-// A radix select over the keys' digits (11, 11, 10 bits of hi, then of lo) finds the N-th key:
+// values (flashsampling/top_logprobs.h has the contract). Exact whatever the data, no sort of the
+// row. Keys are 64 bits: the order bits of t (hi; unsigned order = the output order, NaN highest)
+// and ~v (lo), so every key is distinct and a larger key comes first. A radix select over the
+// keys' digits (11, 11, 10 bits of hi, then of lo) finds the N-th key, in three launches:
 //
-//  1. one pass over the row histograms the first digit (and counts, per sampled token, the keys
-//     above the token's: its rank);
-//  2. where the keys from the chosen bin up fit the CTA's buffer (4096; the usual case: the top N
-//     of a row lie in its far tail), one more pass copies them there and the remaining digits,
-//     the gather of the N keys and their order use the buffer only: two reads of the row;
-//  3. else two more passes over the row find the rest of hi, and one gathers the keys above it
-//     and its first ties in index order (a block-wide ordered compaction), stopping once it has
-//     them: four to five reads.
+//  1. slices of the row, several CTAs a row (about two CTAs an SM over the batch): digit 0's
+//     histogram, and per sampled token the keys above the token's (its rank), added into the
+//     workspace;
+//  2. the same slices: where the keys from digit 0's chosen bin up fit a row's buffer (4096; the
+//     usual case: the top N of a row lie in its far tail), they are copied there;
+//  3. a CTA a row: the remaining digits, the gather of the N keys and their order over the
+//     buffer; where the keys did not fit, two passes over the row find the rest of hi and one
+//     gathers the keys above it and its first ties in index order (a block-wide ordered
+//     compaction), stopping once it has them.
 //
-// Loads go as float4, two a thread at a time, so that a CTA has 16 KB in flight (one row a CTA
-// at B = 1).
+// So a row is read twice, each time by several CTAs: at small B one CTA's loads alone would
+// bound a pass (instruction latency, not bandwidth). Loads go as float4, two a thread in flight.
 #include <cmath>
 #include <cstdint>
 
@@ -62,24 +63,25 @@ __device__ __forceinline__ uint64_t order_key(uint32_t hi, int64_t v) {
 
 __device__ __forceinline__ int64_t index_of(uint64_t key) { return 0xFFFFFFFFu - static_cast<uint32_t>(key); }
 
-// Calls f(v, hi) for every v of the row, kLoadsPerThread loads a thread in flight: float4 loads
-// where the row allows them (16-byte aligned, V a multiple of 4: the usual vocabularies).
+// Calls f(v, hi) for every v of [begin, end) of the row, kLoadsPerThread loads a thread in
+// flight: float4 loads where the row allows them (16-byte aligned, V and begin multiples of 4:
+// the usual vocabularies; slices of the row start at multiples of 4).
 template <class F>
-__device__ __forceinline__ void for_each_key(RowView const& view, F&& f) {
-  if (reinterpret_cast<uintptr_t>(view.values) % 16 == 0 && view.vocab % 4 == 0) {
+__device__ __forceinline__ void for_each_key(RowView const& view, int64_t begin, int64_t end, F&& f) {
+  if (reinterpret_cast<uintptr_t>(view.values) % 16 == 0 && view.vocab % 4 == 0 && begin % 4 == 0) {
     float4 const* quads = reinterpret_cast<float4 const*>(view.values);
-    int64_t const count = view.vocab / 4;
-    for (int64_t base = threadIdx.x; base < count; base += kLoadsPerThread * kThreads) {
+    int64_t const quad_end = end / 4;
+    for (int64_t base = begin / 4 + threadIdx.x; base < quad_end; base += kLoadsPerThread * kThreads) {
       float4 x[kLoadsPerThread];
 #pragma unroll
       for (int k = 0; k < kLoadsPerThread; ++k) {
         int64_t const i = base + k * kThreads;
-        x[k] = i < count ? __ldg(quads + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        x[k] = i < quad_end ? __ldg(quads + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
 #pragma unroll
       for (int k = 0; k < kLoadsPerThread; ++k) {
         int64_t const i = base + k * kThreads;
-        if (i < count) {
+        if (i < quad_end) {
           f(4 * i, order_bits(view.logprob_of(x[k].x)));
           f(4 * i + 1, order_bits(view.logprob_of(x[k].y)));
           f(4 * i + 2, order_bits(view.logprob_of(x[k].z)));
@@ -89,17 +91,17 @@ __device__ __forceinline__ void for_each_key(RowView const& view, F&& f) {
     }
     return;
   }
-  for (int64_t base = threadIdx.x; base < view.vocab; base += kLoadsPerThread * kThreads) {
+  for (int64_t base = begin + threadIdx.x; base < end; base += kLoadsPerThread * kThreads) {
     float x[kLoadsPerThread];
 #pragma unroll
     for (int k = 0; k < kLoadsPerThread; ++k) {
       int64_t const v = base + k * kThreads;
-      x[k] = v < view.vocab ? __ldg(view.values + v) : 0.0f;
+      x[k] = v < end ? __ldg(view.values + v) : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < kLoadsPerThread; ++k) {
       int64_t const v = base + k * kThreads;
-      if (v < view.vocab) f(v, order_bits(view.logprob_of(x[k])));
+      if (v < end) f(v, order_bits(view.logprob_of(x[k])));
     }
   }
 }
@@ -150,28 +152,43 @@ __device__ __forceinline__ uint32_t digit_of(uint64_t key, int d) {
   return static_cast<uint32_t>(key >> kDigitShift[d]) & ((1u << kDigitBits[d]) - 1u);
 }
 
-__global__ void __launch_bounds__(kThreads) top_logprobs_kernel(TopLogprobsParams p) {
-  __shared__ uint32_t hist[kMaxBins];
-  __shared__ uint64_t buffer[kBufferCapacity];
-  __shared__ uint64_t chosen[kMaxTopLogprobs];
-  __shared__ uint32_t warp_ties[kWarps], warp_above[kWarps];
-  __shared__ uint32_t rank_counts[kRankSlots];
-  __shared__ uint32_t shared_bin, shared_before, filled, gathered;
-
-  int64_t const row = blockIdx.x;
-  int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+__device__ __forceinline__ RowView row_view(TopLogprobsParams const& p, int64_t row) {
   double const lse = __ldg(p.lse + row);
-  RowView const view{p.values + row * p.row_stride, p.vocab_size, lse, static_cast<float>(lse), p.raw};
-  int64_t const vocab = p.vocab_size;
-  int const n = p.top_n;
+  return RowView{p.values + row * p.row_stride, p.vocab_size, lse, static_cast<float>(lse), p.raw};
+}
 
-  auto zero_hist = [&]() {
-    for (int i = tid; i < kMaxBins; i += kThreads) hist[i] = 0;
-  };
+// [begin, end) of slice `slice` of `slices`: a multiple of 4 elements each (the float4 loads).
+__device__ __forceinline__ void slice_bounds(int64_t vocab, int slices, int slice, int64_t& begin, int64_t& end) {
+  int64_t const step = ((vocab + slices - 1) / slices + 3) / 4 * 4;
+  begin = min(vocab, step * slice);
+  end = min(vocab, begin + step);
+}
 
-  // Pass 1: ranks, kRankSlots tokens a pass; the first pass also histograms digit 0.
-  Selection sel;
+// The row's histogram of digit 0 (from the workspace) into shared memory, then the selection of
+// digit 0 in every thread; returns how many keys lie in the chosen bin or above it.
+__device__ uint32_t select_first_digit(TopLogprobsWorkspace const& w, int64_t row, int n, uint32_t* hist,
+                                       Selection& sel, uint32_t* shared_bin, uint32_t* shared_before) {
+  for (int i = threadIdx.x; i < kMaxBins; i += kThreads) hist[i] = w.hist[row * kMaxBins + i];
+  __syncthreads();
+  sel = Selection{};
   sel.remaining = static_cast<uint32_t>(n);
+  choose_bin(hist, 0, sel, shared_bin, shared_before);
+  return sel.above + hist[*shared_bin];
+}
+
+// Step 1, a slice of a row a CTA (grid: B x slices): digit 0's histogram and the keys above each
+// sampled token's, added into the workspace.
+__global__ void __launch_bounds__(kThreads) top_logprobs_histogram_kernel(TopLogprobsParams p, TopLogprobsWorkspace w) {
+  __shared__ uint32_t hist[kMaxBins];
+  __shared__ uint32_t rank_counts[kRankSlots];
+  int64_t const row = blockIdx.x;
+  int const tid = threadIdx.x, lane = tid & 31, n = p.top_n;
+  RowView const view = row_view(p, row);
+  int64_t begin, end;
+  slice_bounds(view.vocab, gridDim.y, blockIdx.y, begin, end);
+  if (n > 0) {
+    for (int i = tid; i < kMaxBins; i += kThreads) hist[i] = 0;
+  }
   for (int64_t s0 = 0; s0 < p.num_samples || (s0 == 0 && n > 0); s0 += kRankSlots) {
     int const slots = p.num_samples - s0 < kRankSlots ? static_cast<int>(p.num_samples - s0) : kRankSlots;
     uint32_t token_hi[kRankSlots], count[kRankSlots];
@@ -179,16 +196,15 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_kernel(TopLogprobsParam
 #pragma unroll
     for (int k = 0; k < kRankSlots; ++k) {
       token[k] = k < slots ? __ldg(p.tokens + row * p.num_samples + s0 + k) : -1;
-      bool const valid = token[k] >= 0 && token[k] < vocab;
+      bool const valid = token[k] >= 0 && token[k] < view.vocab;
       token_hi[k] = valid ? order_bits(view.logprob(token[k])) : 0u;
       if (!valid) token[k] = -1;
       count[k] = 0;
     }
     bool const histogram = s0 == 0 && n > 0;
-    if (histogram) zero_hist();  // (kept after the first pass: the candidate count reads it)
     if (tid < kRankSlots) rank_counts[tid] = 0;
     __syncthreads();
-    for_each_key(view, [&](int64_t v, uint32_t hi) {
+    for_each_key(view, begin, end, [&](int64_t v, uint32_t hi) {
       if (histogram) atomicAdd(&hist[hi >> (32 - kDigitBits[0])], 1u);
 #pragma unroll
       for (int k = 0; k < kRankSlots; ++k) {
@@ -198,34 +214,72 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_kernel(TopLogprobsParam
 #pragma unroll
     for (int k = 0; k < kRankSlots; ++k) {
       uint32_t const warp_count = __reduce_add_sync(0xFFFFFFFFu, count[k]);
-      if (lane == 0) atomicAdd(&rank_counts[k], warp_count);
+      if (lane == 0 && warp_count != 0) atomicAdd(&rank_counts[k], warp_count);
     }
     __syncthreads();
-    if (tid < slots) {
-      p.ranks[row * p.num_samples + s0 + tid] = token[tid] >= 0 ? static_cast<int64_t>(rank_counts[tid]) + 1 : 0;
-    }
-    if (histogram) choose_bin(hist, 0, sel, &shared_bin, &shared_before);
+    if (tid < slots && rank_counts[tid] != 0) atomicAdd(&w.counts[row * p.num_samples + s0 + tid], rank_counts[tid]);
     __syncthreads();
+  }
+  if (n > 0) {
+    for (int i = tid; i < kMaxBins; i += kThreads) {
+      if (hist[i] != 0) atomicAdd(&w.hist[row * kMaxBins + i], hist[i]);
+    }
+  }
+}
+
+// Step 2, a slice a CTA: where the keys from digit 0's chosen bin up fit the row's buffer, they
+// go there (any order: their order is decided by their values).
+__global__ void __launch_bounds__(kThreads) top_logprobs_collect_kernel(TopLogprobsParams p, TopLogprobsWorkspace w) {
+  __shared__ uint32_t hist[kMaxBins];
+  __shared__ uint32_t shared_bin, shared_before;
+  int64_t const row = blockIdx.x;
+  if (p.top_n == 0) return;
+  Selection sel;
+  uint32_t const candidates = select_first_digit(w, row, p.top_n, hist, sel, &shared_bin, &shared_before);
+  if (candidates > kBufferCapacity) return;
+  RowView const view = row_view(p, row);
+  int64_t begin, end;
+  slice_bounds(view.vocab, gridDim.y, blockIdx.y, begin, end);
+  uint32_t const first_bin = shared_bin;
+  uint64_t* buffer = w.buffer + row * kBufferCapacity;
+  for_each_key(view, begin, end, [&](int64_t v, uint32_t hi) {
+    if ((hi >> (32 - kDigitBits[0])) >= first_bin) {
+      uint32_t const slot = atomicAdd(&w.filled[row], 1u);
+      if (slot < kBufferCapacity) buffer[slot] = order_key(hi, v);
+    }
+  });
+}
+
+// Step 3, a row a CTA: the ranks; the rest of the select over the buffer, or where the keys did
+// not fit it over the row (the rest of hi, then the keys above it and its first ties in index
+// order); then the N keys in order.
+__global__ void __launch_bounds__(kThreads) top_logprobs_finish_kernel(TopLogprobsParams p, TopLogprobsWorkspace w) {
+  __shared__ uint32_t hist[kMaxBins];
+  __shared__ uint64_t buffer[kBufferCapacity];
+  __shared__ uint64_t chosen[kMaxTopLogprobs];
+  __shared__ uint32_t warp_ties[kWarps], warp_above[kWarps];
+  __shared__ uint32_t shared_bin, shared_before, gathered;
+
+  int64_t const row = blockIdx.x;
+  int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n = p.top_n;
+  RowView const view = row_view(p, row);
+  int64_t const vocab = p.vocab_size;
+  for (int64_t s = tid; s < p.num_samples; s += kThreads) {
+    int64_t const token = __ldg(p.tokens + row * p.num_samples + s);
+    bool const valid = token >= 0 && token < vocab;
+    p.ranks[row * p.num_samples + s] = valid ? static_cast<int64_t>(w.counts[row * p.num_samples + s]) + 1 : 0;
   }
   if (n == 0) return;
 
-  uint32_t const candidates = sel.above + hist[shared_bin];  // keys from the chosen bin up
+  Selection sel;
+  uint32_t const candidates = select_first_digit(w, row, n, hist, sel, &shared_bin, &shared_before);
   __syncthreads();
   if (candidates <= kBufferCapacity) {
-    // Pass 2: those keys into the buffer; the rest of the select runs there.
-    uint32_t const first_bin = shared_bin;
-    if (tid == 0) filled = 0;
+    uint32_t const size = min(w.filled[row], static_cast<uint32_t>(kBufferCapacity));
+    for (uint32_t i = tid; i < size; i += kThreads) buffer[i] = w.buffer[row * kBufferCapacity + i];
     __syncthreads();
-    for_each_key(view, [&](int64_t v, uint32_t hi) {
-      if ((hi >> (32 - kDigitBits[0])) >= first_bin) {
-        uint32_t const slot = atomicAdd(&filled, 1u);
-        if (slot < kBufferCapacity) buffer[slot] = order_key(hi, v);
-      }
-    });
-    __syncthreads();
-    uint32_t const size = min(filled, static_cast<uint32_t>(kBufferCapacity));
     for (int d = 1; d < kDigits; ++d) {
-      zero_hist();
+      for (int i = tid; i < kMaxBins; i += kThreads) hist[i] = 0;
       __syncthreads();
       for (uint32_t i = tid; i < size; i += kThreads) {
         uint64_t const key = buffer[i];
@@ -246,11 +300,10 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_kernel(TopLogprobsParam
       }
     }
   } else {
-    // The rest of hi over the row, then the keys above it and its first ties in index order.
     for (int d = 1; d < 3; ++d) {
-      zero_hist();
+      for (int i = tid; i < kMaxBins; i += kThreads) hist[i] = 0;
       __syncthreads();
-      for_each_key(view, [&](int64_t v, uint32_t hi) {
+      for_each_key(view, 0, vocab, [&](int64_t, uint32_t hi) {
         uint64_t const key = static_cast<uint64_t>(hi) << 32;
         if ((key & sel.mask) == sel.prefix) atomicAdd(&hist[digit_of(key, d)], 1u);
       });
@@ -279,10 +332,10 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_kernel(TopLogprobsParam
       }
       __syncthreads();
       uint32_t position = ties_before + __popc(tie_ballot & ((1u << lane) - 1u));
-      for (int w = 0; w < kWarps; ++w) {
-        position += w < warp ? warp_ties[w] : 0u;
-        ties_before += warp_ties[w];
-        above_before += warp_above[w];
+      for (int k = 0; k < kWarps; ++k) {
+        position += k < warp ? warp_ties[k] : 0u;
+        ties_before += warp_ties[k];
+        above_before += warp_above[k];
       }
       if (tie && position < ties_wanted) chosen[above_total + position] = order_key(hi, v);
       __syncthreads();  // warp_ties / warp_above are rewritten next chunk
@@ -304,13 +357,42 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_kernel(TopLogprobsParam
 
 }  // namespace
 
-cudaError_t launch_top_logprobs(TopLogprobsParams const& params, cudaStream_t stream) {
+size_t top_logprobs_workspace_bytes(int64_t batch, int64_t num_samples) {
+  return static_cast<size_t>(batch) * (kMaxBins * sizeof(uint32_t) + num_samples * sizeof(uint32_t) + sizeof(uint32_t) +
+                                       kBufferCapacity * sizeof(uint64_t));
+}
+
+int top_logprobs_slices(int64_t batch, int64_t vocab, int sm_count) {
+  // About two CTAs an SM over the batch, each slice at least 8192 elements, at most 32 slices.
+  int64_t slices = (2 * static_cast<int64_t>(sm_count) + batch - 1) / batch;
+  int64_t const most = (vocab + 8191) / 8192;
+  slices = slices < most ? slices : most;
+  return static_cast<int>(slices < 1 ? 1 : (slices > 32 ? 32 : slices));
+}
+
+cudaError_t launch_top_logprobs(TopLogprobsParams const& params, void* workspace, int sm_count, cudaStream_t stream) {
   if (params.batch_size == 0) return cudaSuccess;
   if (params.top_n < 0 || params.top_n > kMaxTopLogprobs || params.top_n > params.vocab_size ||
       params.vocab_size < 1 || params.vocab_size > (int64_t{1} << 32) - 1 || params.batch_size > INT32_MAX) {
     return cudaErrorInvalidValue;
   }
-  top_logprobs_kernel<<<static_cast<unsigned>(params.batch_size), kThreads, 0, stream>>>(params);
+  int64_t const batch = params.batch_size;
+  // Layout: buffer (8-byte keys first, aligned), then hist, counts, filled.
+  TopLogprobsWorkspace w;
+  w.buffer = static_cast<uint64_t*>(workspace);
+  w.hist = reinterpret_cast<uint32_t*>(w.buffer + batch * kBufferCapacity);
+  w.counts = w.hist + batch * kMaxBins;
+  w.filled = w.counts + batch * params.num_samples;
+  size_t const zeroed = static_cast<size_t>(batch) * (kMaxBins + params.num_samples + 1) * sizeof(uint32_t);
+  cudaError_t err = cudaMemsetAsync(w.hist, 0, zeroed, stream);
+  if (err != cudaSuccess) return err;
+  dim3 const sliced(static_cast<unsigned>(batch),
+                    static_cast<unsigned>(top_logprobs_slices(batch, params.vocab_size, sm_count)));
+  top_logprobs_histogram_kernel<<<sliced, kThreads, 0, stream>>>(params, w);
+  if (params.top_n > 0) {
+    top_logprobs_collect_kernel<<<sliced, kThreads, 0, stream>>>(params, w);
+  }
+  top_logprobs_finish_kernel<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(params, w);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 // computes the same outputs in torch ops on the CPU.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -34,6 +35,23 @@ struct TopLogprobsParams {
   int64_t* ranks = nullptr;
 };
 
-cudaError_t launch_top_logprobs(TopLogprobsParams const& params, cudaStream_t stream);
+// Scratch of a call in device memory, carved by launch_top_logprobs out of one allocation of
+// top_logprobs_workspace_bytes (8-byte aligned): per row a buffer of candidate keys, digit 0's
+// histogram, the sampled tokens' counts of keys above them and the buffer's fill.
+struct TopLogprobsWorkspace {
+  uint64_t* buffer = nullptr;  // [B, 4096]
+  uint32_t* hist = nullptr;    // [B, 2048]
+  uint32_t* counts = nullptr;  // [B, S]
+  uint32_t* filled = nullptr;  // [B]
+};
+
+size_t top_logprobs_workspace_bytes(int64_t batch, int64_t num_samples);
+
+// How many slices (CTAs) a row gets in the launches that read it: about two CTAs an SM over the
+// batch, each slice at least 8192 elements, at most 32 (a pure function, so tests can name it).
+int top_logprobs_slices(int64_t batch, int64_t vocab, int sm_count);
+
+cudaError_t launch_top_logprobs(TopLogprobsParams const& params, void* workspace, int sm_count,
+                                cudaStream_t stream);
 
 }  // namespace flashsampling
