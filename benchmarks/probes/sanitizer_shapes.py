@@ -7,7 +7,7 @@ kernels, on epilogue warpgroups beyond 16 columns; B = 17 the 32-wide tile) and 
 bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the epilogue-warpgroup
 kernels many tiles per SM, so their exact skip (global floors, atomics) runs too. Each shape also
 takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
-several rows per cluster at B = 257) and, on sm90 where V suits it, the fused pass with every form,
+several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs."""
 
 import torch
@@ -66,6 +66,13 @@ for batch, vocab, dim, dtype in SHAPES:
     assert out.tokens.shape == (batch, 2) and bool(allowed.gather(1, out.tokens).all())
     assert torch.isfinite(out.logsumexp).all()
     print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, logits path)")
+    for truncation in (dict(top_p=top_p), dict(top_p=top_p, min_p=min_p), dict(min_p=min_p)):
+        # One sample without logprobs: the logits kernel's winner-first rows.
+        out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, allowed_mask=allowed,
+                                        truncation_path="logits", **truncation)
+        torch.cuda.synchronize()
+        assert bool(allowed.gather(1, out.view(batch, -1)).all())
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, logits path, winner first)")
     if 4096 <= vocab <= 229376 and torch.cuda.get_device_capability() == (9, 0):
         # The fused pass with every form: stage 2's rows, its row list, the stored logits and the
         # logits kernel's two launches over the rows it leaves (per-row k up to 300: both kinds).
