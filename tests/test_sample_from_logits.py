@@ -122,17 +122,19 @@ def test_cuda_kernel_equals_cpu_op_on_the_same_logits(kind, form, controls):
 @pytest.mark.parametrize("kind", ["flat", "peaked", "tied", "non_finite"])
 @pytest.mark.parametrize("form", ["none", "p_rows", "min_p_rows", "p_scalar_min_p_scalar", "p_rows_min_p_rows"])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
-def test_winner_first_rows_equal_cpu_op(kind, form, controls):
+@pytest.mark.parametrize("batch", [1, 8, 9])
+def test_winner_first_rows_equal_cpu_op(kind, form, controls, batch):
     """One sample without log-probabilities: the rows without top_k take the kernel's winner-first
-    path (sample_from_logits.cu, winner_first_row), whose tokens and scores are the CPU op's bit
-    for bit, as the cut path's are (the test above runs that path: several samples, logprobs)."""
-    batch, vocab = (16, 12289) if kind != "non_finite" else (8, 4099)
+    path (sample_from_logits.cu, winner_first_row: greedy rows, and top_p rows in launches of at
+    most 8 rows; B = 9 has only its greedy rows there), whose tokens and scores are the CPU op's
+    bit for bit, as the cut path's are (the test above runs that path: several samples, logprobs)."""
+    vocab = 12289 if kind != "non_finite" else 4099
     logits = row_logits(kind, batch, vocab, seed=len(form) + len(kind))
     trunc = (dict(top_ps=per_row("p", batch, vocab), min_ps=per_row("m", batch, vocab)[torch.arange(batch).flip(0)])
              if form == "p_rows_min_p_rows" else op_truncation(form, batch, vocab, "cpu"))
     kwargs = dict(num_samples=1, seed=torch.tensor(11), offset=torch.tensor(4), return_logprobs=False, **trunc)
     temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.4
-    temperatures[::5] = 0.0
+    temperatures[3::5] = 0.0  # B = 1: a sampled row
     kwargs["temperatures"] = temperatures
     if controls:
         c = random_controls(batch, vocab, "cpu", vocab_start=64, seed=batch, density=0.5)

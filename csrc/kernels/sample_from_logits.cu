@@ -4,21 +4,21 @@
 // histograms summed over the cluster through distributed shared memory, so all CTAs of the
 // cluster take the same branches with no second launch and no host round trip.
 //
-// Winner-first path (branch winner-first-top-p; compiled and read through, NOT yet run on a GPU:
-// benchmarks/probes/logits_sampler/WINNER_FIRST.md). Rows without top_k (k < 1), with one sample,
-// no log-probabilities and top_p and / or min_p given (a device-side test per row, the same in
-// every CTA of the cluster; -DFS_WINNER_FIRST=0 builds without it) find the sample before the
-// cut: pass 1 also takes t, the best perturbed score (fs_candidate_better, the sample pass's
-// noise) over every allowed token. t is the sample if it is the first token, or passes min_p and
-// (top_p) the fixed-point mass strictly ahead of it in the truncation order does not reach
-// top_p of the row's mass (top_p_reached, the cut rule's comparison on the same integers: a key
-// survives iff its predecessor's inclusive mass does not reach top_p). Else each further pass
-// (winner_first_pass) sums the mass ahead of t (and, the first time, the row's) and takes the
-// best score strictly ahead of t, which replaces t if t fails. Survivors form a prefix of the
-// order, so the sample always lies at or ahead of t, and the token and score equal the cut
-// path's bit for bit. A row still undecided after kWinnerFirstPasses (3) such passes, a
-// min_p-alone row whose t fails min_p, a row without a finite first y or whose top_p keeps only
-// the first token goes on to the cut path below, from pass 1's results.
+// Winner-first path (winner_first_row). A row without top_k (k < 1), with one sample, no
+// log-probabilities and top_p and / or min_p given, that is greedy or has top_p in a launch of at
+// most kWinnerFirstMaxRows rows (a device-side test per row, the same in every CTA of the
+// cluster), finds the sample before the cut: pass 1 also takes t, the best perturbed score
+// (fs_candidate_better, the sample pass's noise) over every allowed token. t is the sample if it
+// is the first token, or passes min_p and (top_p) the fixed-point mass strictly ahead of it in
+// the truncation order does not reach top_p of the row's mass (top_p_reached, the cut rule's
+// comparison on the same integers: a key survives iff its predecessor's inclusive mass does not
+// reach top_p). Else each further pass (winner_first_pass) sums the mass ahead of t (and, the
+// first time, the row's) and takes the best score strictly ahead of t, which replaces t if t
+// fails. Survivors form a prefix of the order, so the sample always lies at or ahead of t, and
+// the token and score equal the cut path's bit for bit. A row still undecided after
+// kWinnerFirstPasses (3) such passes, a min_p-alone row whose t fails min_p, a row without a
+// finite first y or whose top_p keeps only the first token goes on to the cut path below, from
+// pass 1's results.
 //
 // A row's survivors are the keys >= one threshold key (a prefix of the truncation order)
 // that also pass min_p, a test of each element against the row's first. Keys are 64 bits:
@@ -74,12 +74,14 @@ constexpr int kUnroll = 8;
 constexpr int kLevels = 6;  // digits of a key: 11, 11, 10 bits of y, then of ~index
 constexpr int kMaxBins = 2048;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
-// The winner-first path for top_p / min_p rows without top_k (winner_first_row); -DFS_WINNER_FIRST=0
-// builds the kernel without it (for A/B timing in benchmarks/probes/logits_sampler/).
-#ifndef FS_WINNER_FIRST
-#define FS_WINNER_FIRST 1
-#endif
-constexpr bool kWinnerFirst = FS_WINNER_FIRST != 0;
+// Which rows take the winner-first path (winner_first_row) besides greedy ones: top_p rows in a
+// launch of at most this many rows. Pass 1 then draws noise for every allowed token; with few
+// rows the cluster's passes are bound by their latency and two passes with noise beat the cut's
+// ~7, but a launch of many flat rows is bound by that noise and the cut path is faster (the A/B
+// in docs/truncation.md: on flat rows 0.4-0.9x from 16 rows, up to 1.9x faster at one). The
+// fused truncation's fallback rows of LLM-like batches are few, long-tailed ones. min_p-alone rows
+// never take it (its pass 1 cost 1.5x the cut path's one sample pass at every row count).
+constexpr int64_t kWinnerFirstMaxRows = 8;
 
 __device__ __forceinline__ int level_shift(int level) {
   return level == 0 ? 53 : level == 1 ? 42 : level == 2 ? 32 : level == 3 ? 21 : level == 4 ? 10 : 0;
@@ -924,7 +926,7 @@ __device__ bool winner_first_row(cg::cluster_group& cluster, SharedState& sh, Lo
 }
 
 __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSamplerParams const& p, int64_t row,
-                           uint64_t batch_seed, uint64_t batch_offset, unsigned& phase) {
+                           int64_t launch_rows, uint64_t batch_seed, uint64_t batch_offset, unsigned& phase) {
   unsigned const rank = cluster.block_rank(), ctas = cluster.num_blocks();
   bool const leader = rank == 0;
   float const inv_t = p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
@@ -960,10 +962,11 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
   RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
   // The winner-first path's rows (winner_first_row): top_p and / or min_p without top_k, one
-  // sample, no log-probabilities. Pass 1 then also takes the best candidate of every allowed
-  // token. The same in every CTA of the cluster.
-  bool const winner_first =
-      kWinnerFirst && p.num_samples == 1 && k < 1 && p.token_logprobs == nullptr && (top_p_on || min_p.on);
+  // sample, no log-probabilities; greedy, or top_p in a launch of few rows (kWinnerFirstMaxRows).
+  // Pass 1 then also takes the best candidate of every allowed token. The same in every CTA of
+  // the cluster.
+  bool const winner_first = p.num_samples == 1 && k < 1 && p.token_logprobs == nullptr && (top_p_on || min_p.on) &&
+                            (in.greedy || (top_p_on && launch_rows <= kWinnerFirstMaxRows));
 
   // 1. The first key, the allowed tokens and the smallest finite y (and the winner-first t).
   PackedCandidate local_max = 0;
@@ -1163,7 +1166,7 @@ __global__ void __launch_bounds__(kThreads, 1) sample_from_logits_kernel(LogitsS
   if (rows < p.min_rows || rows > p.max_rows) return;  // the other launch's (same for every CTA)
   unsigned phase = 0;  // steps that used SharedState::partials (the same count in every CTA of the cluster)
   for (int64_t i = blockIdx.x / ctas; i < rows; i += gridDim.x / ctas) {
-    sample_row(cluster, sh, p, p.rows ? static_cast<int64_t>(p.rows[1 + i]) : i, batch_seed, batch_offset, phase);
+    sample_row(cluster, sh, p, p.rows ? static_cast<int64_t>(p.rows[1 + i]) : i, rows, batch_seed, batch_offset, phase);
   }
   cluster.sync();  // no CTA leaves while a peer may still read its shared memory
 }
