@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
 
@@ -135,14 +136,25 @@ class LogitTransforms(NamedTuple):
     output_token_ids: object = None
 
 
+def _model_transform_ok(value: float) -> bool:
+    """Whether a host logit_scale / logit_softcap is what the op takes (checks.cpp): rounded to
+    float32, a positive normal number, so that neither it nor its reciprocal rounds to 0 or
+    overflows."""
+    try:
+        rounded = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # beyond float32's range
+        return False
+    return math.isfinite(rounded) and rounded >= torch.finfo(torch.float32).tiny
+
+
 def _model_transform_args(logit_scale, logit_softcap) -> tuple[float, float | None]:
     for name, value in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap)):
         if value is None and name == "logit_softcap":
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"flashsampling.sample: {name} must be a float, got {type(value).__name__}")
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"flashsampling.sample: {name} must be finite and > 0, got {value}")
+        if not _model_transform_ok(float(value)):
+            raise ValueError(f"flashsampling.sample: {name} must be finite and > 0 (a normal float32), got {value}")
     return float(logit_scale), None if logit_softcap is None else float(logit_softcap)
 
 
@@ -875,6 +887,15 @@ def _check_fake_args(
         )
 
 
+def _check_model_transform_fake(prefix: str, logit_scale, logit_softcap) -> None:
+    """checks.cpp's check_model_transform_args, its messages."""
+    for name, value in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap)):
+        if isinstance(value, (int, float)):
+            torch._check(_model_transform_ok(float(value)),
+                         lambda: f"{prefix} {name} must be finite and > 0 (a normal float32), got "
+                         f"{_c10_double(float(value))}")
+
+
 def _c10_double(value: float) -> str:
     """A double as c10's error messages print it (std::ostream: 6 significant digits)."""
     return f"{value:g}" if math.isfinite(value) else ("nan" if value != value else ("inf" if value > 0 else "-inf"))
@@ -957,6 +978,14 @@ def _sample_top_k_cpu(
     kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation,
                                                                                 logits)
     return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
+
+
+@torch.library.register_fake("flashsampling::_model_logits")
+def _model_logits_fake(logits, logit_scale=1.0, logit_softcap=None):
+    torch._check(logits.dtype == torch.float32,
+                 lambda: f"flashsampling._model_logits: logits must be float32, got {_c10(logits.dtype)}")
+    _check_model_transform_fake("flashsampling._model_logits:", logit_scale, logit_softcap)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("flashsampling::_logits")

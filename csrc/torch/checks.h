@@ -75,6 +75,21 @@ void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArg
 void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, bool capturing = false);
 void check_mask_rows_nonempty(int64_t vocab, const SampleArgs& args, bool capturing = false);
 
+// The model-side transforms' arguments (flashsampling.sample and _model_logits; `op` names the
+// caller in the message): logit_scale, and logit_softcap where given, positive normal float32s
+// (rounded to float32: neither the value nor its reciprocal 0 or infinite).
+void check_model_transform_args(const char* op, double logit_scale, std::optional<double> logit_softcap);
+
+// The model transform of one call as fs_model_logit takes it: (scale, softcap, fs_div(1, softcap)),
+// softcap 0 where absent (off).
+struct ModelTransform {
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  float inv_softcap = 0.0f;
+  bool on() const { return scale != 1.0f || softcap != 0.0f; }
+};
+ModelTransform model_transform(double logit_scale, std::optional<double> logit_softcap);
+
 // The noise ops' (noise_cpu.cpp, noise_cuda.cpp) uint32 arguments: an int64 tensor whose
 // values lie in [0, 2^32). Reads the values (a host sync on a device tensor; test ops only).
 void check_uint32_values(const char* op, const char* name, const at::Tensor& t);

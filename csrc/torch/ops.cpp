@@ -88,6 +88,10 @@ TORCH_LIBRARY(flashsampling, m) {
   // CPU computes them in torch ops (flashsampling_cuda/logprobs.py).
   m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw) -> "
         "(Tensor top_values, Tensor top_ids, Tensor ranks)");
+  // The model-side transforms of fp32 raw logits (any shape), elementwise: fl(l * logit_scale),
+  // then fl(cap * tanh(fl(l * fl(1 / cap)))) with philox_gumbel.h's tanh (fs_model_logit), the
+  // bits the fused op computes in its epilogue; the logits route applies them with this op.
+  m.def("_model_logits(Tensor logits, float logit_scale=1.0, float? logit_softcap=None) -> Tensor");
   // The fp32 logits [B, V] = hidden @ weight.T exactly as the CPU op computes them
   // (csrc/torch/logits_cpu.h), for the materialised truncation path.
   m.def("_logits(Tensor hidden, Tensor weight) -> Tensor");
