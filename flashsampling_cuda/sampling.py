@@ -796,7 +796,8 @@ def _c10(dtype: torch.dtype) -> str:
 
 def _check_fake_args(
     hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
-    allowed_mask, *, temperature=1.0, generator=None, empty_mask_token=None, vocab_start=0,
+    allowed_mask, *, temperature=1.0, generator=None, empty_mask_token=None, vocab_start=0, logit_scale=1.0,
+    logit_softcap=None,
 ):
     """The checks of csrc/torch/checks.cpp (check_sample_args) that need no tensor values, in its
     order and with its messages (tests/test_fake_checks.py compares them): the fake kernel also
@@ -851,6 +852,7 @@ def _check_fake_args(
 
     if temperatures is not None:
         check("temperatures", temperatures, (torch.float32,), "a float32 tensor", [(batch,)], f"[B] = [{batch}]")
+    _check_model_transform_fake(prefix, logit_scale, logit_softcap)
     seed_shapes = ([(), (batch,)], f"[] (batch-wide) or [B] = [{batch}] (one per row)")
     if seed is not None:
         check("seed", seed, (torch.int64,), "an int64 tensor", *seed_shapes, cpu_ok=True)
@@ -905,11 +907,12 @@ def _c10_double(value: float) -> str:
 def _sample_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0,
+    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
-                     empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+                     empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
+                     logit_softcap=logit_softcap)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
 
 
@@ -917,11 +920,12 @@ def _sample_fake(
 def _sample_with_scores_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0, return_logprobs=False,
+    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None, return_logprobs=False,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
-                     empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+                     empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
+                     logit_softcap=logit_softcap)
     batch = hidden.shape[0]
     shape = (batch, num_samples)
     return (

@@ -169,6 +169,7 @@ void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArg
               "flashsampling.sample: temperature must be finite and >= 0 (0 = greedy), got ",
               args.temperature);
   if (args.temperatures.has_value()) check_temperatures(*args.temperatures, hidden);
+  check_model_transform_args("flashsampling.sample", args.logit_scale, args.logit_softcap);
   if (args.seed.has_value()) {
     check_seed_like("seed", *args.seed, hidden);
     TORCH_CHECK(!(args.generator.has_value() && args.generator->defined()),
