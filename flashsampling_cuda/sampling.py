@@ -200,13 +200,23 @@ def _op_kwargs(
     if context is not None:  # the call as given, for outputs computed beside the sample (logprobs.py)
         context.update(kwargs=dict(kwargs), truncation=truncation, order=order, scale=scale, softcap=softcap,
                        penalties=penalties)
-    if (penalties is not None and not model_side and penalties.repetition is None and sparse_ids is None
-            and penalties.state.capacity <= FUSED_PENALTY_CAPACITY):
+    # The fused op applies the model-side transforms in its epilogue (CUDA) or transform pass (CPU);
+    # the truncation paths and the logprob outputs read logits the op does not hand over, so such
+    # calls take the logits route, which applies the same function (_model_logits).
+    model_fused = model_side and truncation is None and not logits_wanted
+    if (penalties is not None and (model_fused or not model_side) and penalties.repetition is None
+            and sparse_ids is None and penalties.state.capacity <= FUSED_PENALTY_CAPACITY):
         # Frequency and presence alone over a short history: their terms are sparse bias entries
         # of the fused op.
         kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"] = penalty_bias(penalties)
-    elif model_side or penalties is not None:
+    elif (model_side and not model_fused) or penalties is not None:
         _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties, order)
+        return kwargs
+    if model_fused:
+        if truncation_path not in TRUNCATION_PATHS or truncation_path == "fused_top_k":
+            raise ValueError("flashsampling.sample: with logit_scale / logit_softcap or penalties, truncation_path "
+                             f"must be 'auto', 'logits' or 'materialized', got {truncation_path!r}")
+        kwargs.update(logit_scale=scale, logit_softcap=softcap)
         return kwargs
     if truncation is not None:
         _check_op_args_eagerly(hidden, weight, kwargs)
