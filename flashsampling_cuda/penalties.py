@@ -4,7 +4,8 @@
 The rule, per row ``b`` and token ``v`` (fp32, in this order; docs/penalties.md):
 
 1. model side, on the raw logit ``l = hidden . weight[v]``: ``l = fl(l * logit_scale)``, then
-   ``l = fl(cap * tanh(fl(l / cap)))`` with ``cap = logit_softcap`` (Gemma 2/3
+   ``l = fl(cap * tanh(fl(l * fl(1 / cap))))`` with ``cap = logit_softcap`` and the tanh of
+   ``csrc/include/flashsampling/philox_gumbel.h`` (``fs_tanhf``, within 2 ulp; Gemma 2/3
    ``final_logit_softcapping``; Granite's ``logits_scaling`` is ``logit_scale = 1 / it``, Cohere's
    ``logit_scale`` is itself);
 2. the biases and the mask, as without penalties: ``x = fl(fl(l + logit_bias[v]) + s)``, ``s`` the
@@ -252,12 +253,12 @@ def parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, pen
 
 
 def model_logits(logits: Tensor, logit_scale: float, logit_softcap: float | None) -> Tensor:
-    """Step 1 of the rule on fp32 raw logits ``[B, V]``."""
-    if logit_scale != 1.0:
-        logits = logits * logit_scale
-    if logit_softcap is not None:
-        logits = torch.tanh(logits / logit_softcap) * logit_softcap
-    return logits
+    """Step 1 of the rule on fp32 raw logits ``[B, V]``, by ``torch.ops.flashsampling._model_logits``:
+    the function the fused op applies in its epilogue (philox_gumbel.h's ``fs_model_logit``, with
+    its own tanh), so the two routes transform the logits to the same bits."""
+    if logit_scale == 1.0 and logit_softcap is None:
+        return logits
+    return torch.ops.flashsampling._model_logits(logits, logit_scale, logit_softcap)
 
 
 def _local_ids(state: PenaltyState, vocab: int, vocab_start: int) -> tuple[Tensor, Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
 
@@ -135,14 +136,25 @@ class LogitTransforms(NamedTuple):
     output_token_ids: object = None
 
 
+def _model_transform_ok(value: float) -> bool:
+    """Whether a host logit_scale / logit_softcap is what the op takes (checks.cpp): rounded to
+    float32, a positive normal number, so that neither it nor its reciprocal rounds to 0 or
+    overflows."""
+    try:
+        rounded = struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # beyond float32's range
+        return False
+    return math.isfinite(rounded) and rounded >= torch.finfo(torch.float32).tiny
+
+
 def _model_transform_args(logit_scale, logit_softcap) -> tuple[float, float | None]:
     for name, value in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap)):
         if value is None and name == "logit_softcap":
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"flashsampling.sample: {name} must be a float, got {type(value).__name__}")
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"flashsampling.sample: {name} must be finite and > 0, got {value}")
+        if not _model_transform_ok(float(value)):
+            raise ValueError(f"flashsampling.sample: {name} must be finite and > 0 (a normal float32), got {value}")
     return float(logit_scale), None if logit_softcap is None else float(logit_softcap)
 
 
@@ -188,13 +200,23 @@ def _op_kwargs(
     if context is not None:  # the call as given, for outputs computed beside the sample (logprobs.py)
         context.update(kwargs=dict(kwargs), truncation=truncation, order=order, scale=scale, softcap=softcap,
                        penalties=penalties)
-    if (penalties is not None and not model_side and penalties.repetition is None and sparse_ids is None
-            and penalties.state.capacity <= FUSED_PENALTY_CAPACITY):
+    # The fused op applies the model-side transforms in its epilogue (CUDA) or transform pass (CPU);
+    # the truncation paths and the logprob outputs read logits the op does not hand over, so such
+    # calls take the logits route, which applies the same function (_model_logits).
+    model_fused = model_side and truncation is None and not logits_wanted
+    if (penalties is not None and (model_fused or not model_side) and penalties.repetition is None
+            and sparse_ids is None and penalties.state.capacity <= FUSED_PENALTY_CAPACITY):
         # Frequency and presence alone over a short history: their terms are sparse bias entries
         # of the fused op.
         kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"] = penalty_bias(penalties)
-    elif model_side or penalties is not None:
+    elif (model_side and not model_fused) or penalties is not None:
         _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties, order)
+        return kwargs
+    if model_fused:
+        if truncation_path not in TRUNCATION_PATHS or truncation_path == "fused_top_k":
+            raise ValueError("flashsampling.sample: with logit_scale / logit_softcap or penalties, truncation_path "
+                             f"must be 'auto', 'logits' or 'materialized', got {truncation_path!r}")
+        kwargs.update(logit_scale=scale, logit_softcap=softcap)
         return kwargs
     if truncation is not None:
         _check_op_args_eagerly(hidden, weight, kwargs)
@@ -784,7 +806,8 @@ def _c10(dtype: torch.dtype) -> str:
 
 def _check_fake_args(
     hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
-    allowed_mask, *, temperature=1.0, generator=None, empty_mask_token=None, vocab_start=0,
+    allowed_mask, *, temperature=1.0, generator=None, empty_mask_token=None, vocab_start=0, logit_scale=1.0,
+    logit_softcap=None,
 ):
     """The checks of csrc/torch/checks.cpp (check_sample_args) that need no tensor values, in its
     order and with its messages (tests/test_fake_checks.py compares them): the fake kernel also
@@ -839,6 +862,7 @@ def _check_fake_args(
 
     if temperatures is not None:
         check("temperatures", temperatures, (torch.float32,), "a float32 tensor", [(batch,)], f"[B] = [{batch}]")
+    _check_model_transform_fake(prefix, logit_scale, logit_softcap)
     seed_shapes = ([(), (batch,)], f"[] (batch-wide) or [B] = [{batch}] (one per row)")
     if seed is not None:
         check("seed", seed, (torch.int64,), "an int64 tensor", *seed_shapes, cpu_ok=True)
@@ -875,6 +899,15 @@ def _check_fake_args(
         )
 
 
+def _check_model_transform_fake(prefix: str, logit_scale, logit_softcap) -> None:
+    """checks.cpp's check_model_transform_args, its messages."""
+    for name, value in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap)):
+        if isinstance(value, (int, float)):
+            torch._check(_model_transform_ok(float(value)),
+                         lambda: f"{prefix} {name} must be finite and > 0 (a normal float32), got "
+                         f"{_c10_double(float(value))}")
+
+
 def _c10_double(value: float) -> str:
     """A double as c10's error messages print it (std::ostream: 6 significant digits)."""
     return f"{value:g}" if math.isfinite(value) else ("nan" if value != value else ("inf" if value > 0 else "-inf"))
@@ -884,11 +917,12 @@ def _c10_double(value: float) -> str:
 def _sample_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0,
+    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
-                     empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+                     empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
+                     logit_softcap=logit_softcap)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
 
 
@@ -896,11 +930,12 @@ def _sample_fake(
 def _sample_with_scores_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0, return_logprobs=False,
+    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None, return_logprobs=False,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
-                     empty_mask_token=empty_mask_token, vocab_start=vocab_start)
+                     empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
+                     logit_softcap=logit_softcap)
     batch = hidden.shape[0]
     shape = (batch, num_samples)
     return (
@@ -957,6 +992,14 @@ def _sample_top_k_cpu(
     kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation,
                                                                                 logits)
     return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
+
+
+@torch.library.register_fake("flashsampling::_model_logits")
+def _model_logits_fake(logits, logit_scale=1.0, logit_softcap=None):
+    torch._check(logits.dtype == torch.float32,
+                 lambda: f"flashsampling._model_logits: logits must be float32, got {_c10(logits.dtype)}")
+    _check_model_transform_fake("flashsampling._model_logits:", logit_scale, logit_softcap)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("flashsampling::_logits")

@@ -6,6 +6,8 @@ it), so an input the real op rejects must fail there too, with the words a user 
 the real op. CPU only: each case calls the op once on CPU tensors (the real kernel) and once on
 the same tensors on the meta device (the fake), and compares the first line of the errors.
 
+The model-side transforms' checks (logit_scale, logit_softcap) are among the cases.
+
 A case may carry a reason to mark it xfail (strict) while a known difference stands; none does.
 """
 
@@ -56,6 +58,11 @@ CASES = {
     "empty_mask_token_range": (_h(B, D), _h(V, D), dict(empty_mask_token=V + 3), None),
     "seed_and_generator": (_h(B, D), _h(V, D), dict(seed=torch.tensor(1), generator=torch.Generator()), None),
     "allowed_mask_shape": (_h(B, D), _h(V, D), dict(allowed_mask=torch.zeros(B, 2, dtype=torch.int32)), None),
+    "logit_scale_zero": (_h(B, D), _h(V, D), dict(logit_scale=0.0), None),
+    "logit_scale_inf": (_h(B, D), _h(V, D), dict(logit_scale=float("inf")), None),
+    "logit_softcap_negative": (_h(B, D), _h(V, D), dict(logit_softcap=-30.0), None),
+    "logit_softcap_float32_overflow": (_h(B, D), _h(V, D), dict(logit_softcap=1e39), None),
+    "logit_softcap_float32_underflow": (_h(B, D), _h(V, D), dict(logit_softcap=1e-40), None),
 }
 
 OPS = ["sample", "sample_with_scores"]

@@ -1,6 +1,7 @@
 """The dispatch's kernel choice (csrc/include/flashsampling/kernel_choice.h), a pure function of
 (architecture, loop, GEMM columns): checked on the CPU through torch.ops.flashsampling._kernel_choice,
-against the units csrc/kernels/generate_kernels.py writes (no GPU, no child process)."""
+against the units csrc/kernels/generate_kernels.py writes (no GPU, no child process); and the loop a
+call needs (sampler_loop.h, through torch.ops.flashsampling._sampler_loop)."""
 
 import sys
 from pathlib import Path
@@ -77,3 +78,35 @@ def test_bad_arguments_name_themselves():
         choice(90, "plain_loop", 4)
     with pytest.raises(RuntimeError, match="columns must be"):
         choice(90, "plain", 0)
+
+
+def loop(**needs):
+    return torch.ops.flashsampling._sampler_loop(**needs)
+
+
+def test_loop_of_a_call():
+    """The loop a call needs (sampler_loop.h): plain only without any control; logit_scale /
+    logit_softcap alone take the common controls' loop, never the plain one; with per-row keys,
+    sparse bias or several samples, the loop for all controls."""
+    assert loop() == "plain"
+    for need in ("model_transform", "per_row_temperatures", "logit_bias", "allowed_mask", "logprobs"):
+        assert loop(**{need: True}) == "common_controls", need
+        assert loop(**{need: True}, sparse_bias=True) == "all_controls", need
+        assert loop(**{need: True}, per_row_keys=True) == "all_controls", need
+        assert loop(**{need: True}, num_samples=3) == "all_controls", need
+    assert loop(model_transform=True, per_row_temperatures=True, logit_bias=True, allowed_mask=True,
+                logprobs=True) == "common_controls"
+    with pytest.raises(RuntimeError, match="num_samples"):
+        loop(num_samples=0)
+
+
+@pytest.mark.parametrize("columns", [1, 16, 17, 50, 100, 200, 300])
+def test_soft_capped_calls_run_the_controls_kernels(columns):
+    """A soft-capped (or scaled) call with nothing else runs the common controls' kernels on
+    every tile config: the CUTLASS pingpong tile up to 16 columns on sm90, the epilogue-warpgroup
+    kernels beyond; on sm100 the visitor's."""
+    needs = loop(model_transform=True)
+    for arch in (90, 100):
+        unit = choice(arch, needs, columns)
+        assert "_common_controls_" in unit and unit in UNITS, unit
+    assert ("epilogue_warpgroups" in choice(90, needs, columns)) == (columns > 16)

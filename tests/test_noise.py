@@ -212,3 +212,65 @@ def test_uniform_noise_op_equals_the_reference():
     assert torch.equal(uniform_noise(seeds, 7, torch.arange(4), torch.arange(3)[:, None, None], 2**32 - 1),
                        uniform_noise_reference(seeds, 7, torch.arange(4), torch.arange(3)[:, None, None], 2**32 - 1))
     torch.library.opcheck(torch.ops.flashsampling._uniform_noise.default, tuple(a[:64] for a in args))
+
+
+def fs_tanh(x: torch.Tensor) -> torch.Tensor:
+    """fs_tanhf (philox_gumbel.h) elementwise: _model_logits with scale 1 and soft-cap 1 is
+    fl(1 * tanh(fl(x * 1))), the tanh alone."""
+    return ops._model_logits(x, 1.0, 1.0)
+
+
+def ulps(got: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|got - exact| in fp32 ulps of the exact value (its binade's spacing)."""
+    _, exponent = torch.frexp(exact)
+    return (got.double() - exact).abs() / torch.ldexp(torch.ones_like(exact), exponent - 24)
+
+
+def test_tanh_within_2_5_ulp():
+    # The documented bound (< 2.5 ulp, 2.42 at worst over every float of (0, 11]) on a sample:
+    # every 11th float of [2^-30, 11] and the neighbourhood of the worst input.
+    sample = float_range(2.0**-30, 11.0, stride=11)
+    x = torch.cat([sample, float_range(0.0077, 0.0079, stride=1)])
+    err = ulps(fs_tanh(x), torch.tanh(x.double()))
+    assert err.max().item() < 2.5, f"fs_tanhf error {err.max().item():.3f} ulp at x = {x[err.argmax()].item()!r}"
+    assert (err[:sample.numel()] > 1.0).float().mean().item() < 0.15  # ~11% above an ulp
+
+
+def test_tanh_is_odd_and_handles_special_values():
+    x = float_range(2.0**-30, 11.0, stride=9973)
+    assert torch.equal(as_bits(fs_tanh(-x)), as_bits(-fs_tanh(x)))
+    special = torch.tensor([0.0, -0.0, math.inf, -math.inf, 9.5, 9.6, 1e30, -1e30, 2.0**-149, -(2.0**-149)])
+    expected = torch.tensor([0.0, -0.0, 1.0, -1.0, 1.0, 1.0, 1.0, -1.0, 2.0**-149, -(2.0**-149)])
+    assert torch.equal(as_bits(fs_tanh(special)), as_bits(expected))
+    assert torch.isnan(fs_tanh(torch.tensor([math.nan]))).all()
+    # tanh rounds to 1 from 9.02 on; the clamp at 9.5 keeps that
+    assert (fs_tanh(float_range(9.02, 20.0, stride=101)) == 1.0).all()
+
+
+@pytest.mark.parametrize("scale,softcap", [(1.0, 30.0), (0.25, None), (3.0, 5.0), (1.0, None), (1.0 / 3.0, 2.5)])
+def test_model_logits_composes_scale_and_softcap(scale, softcap):
+    """_model_logits (the logits route's step 1, fs_model_logit) is fl(l * scale), then
+    fl(cap * fs_tanhf(fl(l * fl(1 / cap)))), each only when on: built here from fp32 torch ops
+    and fs_tanhf, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.cat([torch.randn(100000, generator=g) * 40,
+                   torch.tensor([0.0, -0.0, math.inf, -math.inf, 1e-40, -1e30])])
+    expected = x * scale if scale != 1.0 else x.clone()
+    if softcap is not None:
+        inverse = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(softcap, dtype=torch.float32)
+        expected = torch.tensor(softcap, dtype=torch.float32) * fs_tanh(expected * inverse)
+    assert torch.equal(as_bits(ops._model_logits(x, scale, softcap)), as_bits(expected))
+    nan = ops._model_logits(torch.tensor([math.nan]), scale, softcap)
+    assert torch.isnan(nan).all()
+
+
+@pytest.mark.parametrize("scale,softcap,match", [
+    (0.0, None, "logit_scale must be finite and > 0"), (math.inf, None, "logit_scale"), (-1.0, None, "logit_scale"),
+    (1.0, 0.0, "logit_softcap must be finite and > 0"), (1.0, 1e-39, "logit_softcap"), (1.0, 1e39, "logit_softcap"),
+    (1.0, math.nan, "logit_softcap"),
+])
+def test_model_logits_bad_arguments(scale, softcap, match):
+    with pytest.raises(RuntimeError, match=match):
+        ops._model_logits(torch.ones(3), scale, softcap)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops._model_logits(torch.ones(3, dtype=torch.float64), 1.0, None)

@@ -77,3 +77,31 @@ def test_uniform_noise_cuda_equals_cpu():
     want = torch.ops.flashsampling._uniform_noise(*args)
     got = torch.ops.flashsampling._uniform_noise(*(a.cuda() for a in args))
     assert torch.equal(got.cpu(), want)
+
+
+def test_tanh_cuda_equals_cpu_on_every_third_float():
+    """fs_tanhf (the soft-cap's tanh, philox_gumbel.h) on the GPU == on the CPU, bit for bit: every
+    third float of [0, 11] (beyond, the clamp gives 1 on both), both signs, in chunks; through
+    _model_logits with scale 1 and soft-cap 1, the tanh alone."""
+    last = torch.tensor(11.0, dtype=torch.float32).view(torch.int32).item()
+    chunk = 1 << 25
+    for first in range(0, last + 1, chunk * 3):
+        bits = torch.arange(first, min(first + chunk * 3, last + 1), 3, dtype=torch.int32)
+        x = torch.cat([bits, bits | torch.iinfo(torch.int32).min]).view(torch.float32)
+        cpu = torch.ops.flashsampling._model_logits(x, 1.0, 1.0)
+        gpu = torch.ops.flashsampling._model_logits(x.cuda(), 1.0, 1.0).cpu()
+        differ = (_bits(cpu) != _bits(gpu)).nonzero().flatten()
+        assert differ.numel() == 0, f"{differ.numel()} inputs differ, first x = {x[differ[:4]].tolist()}"
+
+
+@pytest.mark.parametrize("scale,softcap", [(1.0, 30.0), (0.5, 8.0), (4.0, None), (1.0 / 3.0, 2.5)])
+def test_model_logits_cuda_equals_cpu(scale, softcap):
+    generator = torch.Generator().manual_seed(7)
+    x = torch.cat([torch.randn(1 << 22, generator=generator) * 50,
+                   torch.randint(-0x7F800000, 0x7F800000, (1 << 22,), generator=generator,
+                                 dtype=torch.int32).view(torch.float32),
+                   torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan])])
+    cpu = torch.ops.flashsampling._model_logits(x, scale, softcap)
+    gpu = torch.ops.flashsampling._model_logits(x.cuda(), scale, softcap).cpu()
+    same = (_bits(cpu) == _bits(gpu)) | (torch.isnan(cpu) & torch.isnan(gpu))
+    assert same.all(), f"{(~same).sum().item()} inputs differ, first x = {x[~same][:4].tolist()}"

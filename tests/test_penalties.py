@@ -155,6 +155,115 @@ def test_fused_and_logits_routes_agree_bit_for_bit():
     torch.testing.assert_close(fused.token_logprobs, logits_route.token_logprobs, rtol=1e-5, atol=1e-5)
 
 
+# The model-side transforms alone (no penalties, no truncation, no logprob outputs) run in the
+# fused op: its CUDA epilogue, its CPU transform pass.
+MODEL_TRANSFORMS = [dict(logit_softcap=30.0), dict(logit_scale=0.25), dict(logit_scale=3.0, logit_softcap=5.0),
+                    dict(logit_scale=0.5, logit_softcap=2.0)]
+
+
+def test_model_transforms_alone_take_the_fused_op():
+    from flashsampling_cuda.sampling import LogitTransforms, _op_kwargs
+
+    hidden, weight = problem(3, 500, 16, "cpu", logit_std=2.0)
+
+    def route_of(transforms, **extra):
+        route: dict = {}
+        kwargs = _op_kwargs(hidden, weight, 0.8, None, 5, None, 1, None, None, None, None, 0, route=route,
+                            transforms=transforms, **extra)
+        return kwargs, route
+
+    kwargs, route = route_of(LogitTransforms(logit_scale=0.5, logit_softcap=30.0))
+    assert route == {} and kwargs["logit_scale"] == 0.5 and kwargs["logit_softcap"] == 30.0
+    kwargs, route = route_of(LogitTransforms())  # off: today's call, no new arguments
+    assert route == {} and "logit_scale" not in kwargs and "logit_softcap" not in kwargs
+    state = PenaltyState([[1, 2]] * 3, capacity=16)  # frequency / presence stay fused with them
+    kwargs, route = route_of(LogitTransforms(logit_softcap=30.0, frequency_penalty=0.5, penalty_state=state))
+    assert route == {} and kwargs["logit_softcap"] == 30.0 and kwargs["sparse_bias_ids"] is not None
+    # truncation, the repetition penalty and the logprob outputs read the logits: the logits route
+    _, route = route_of(LogitTransforms(logit_softcap=30.0), top_k=5)
+    assert route["op"] == "sample_from_logits"
+    _, route = route_of(LogitTransforms(logit_softcap=30.0, repetition_penalty=1.2, penalty_state=state))
+    assert route["op"] == "sample_from_logits"
+    _, route = route_of(LogitTransforms(logit_softcap=30.0), logits_wanted=True)
+    assert route["op"] == "sample_from_logits"
+
+
+@pytest.mark.parametrize("transforms", MODEL_TRANSFORMS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
+def test_model_transforms_fused_op_equals_logits_route_bit_for_bit(transforms):
+    """CPU: the fused op applies the scale and soft-cap in its transform pass with the logits
+    route's function (_model_logits, philox_gumbel.h's fs_model_logit): the fused call, the same
+    call on the logits route (a repetition penalty of exactly 1 sends it there) and the CPU op on
+    the transformed materialised logits give the same tokens and scores bit for bit (and, on the
+    same op, the same log-probabilities), with bias, mask, per-row T with greedy rows, per-row
+    seeds and several samples."""
+    from test_controls import random_controls
+
+    batch, vocab, dim = 13, 3001, 64
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=8, logit_std=20.0)  # beyond the caps
+    c = random_controls(batch, vocab, "cpu", seed=3, density=0.6)
+    temperature = torch.rand(batch, generator=torch.Generator().manual_seed(1)) + 0.3
+    temperature[::4] = 0.0  # greedy rows
+    for seeding in (dict(seed=7, offset=2), dict(seed=torch.arange(batch) * 3 + 1, offset=torch.tensor(5))):
+        kwargs = dict(temperature=temperature, num_samples=2, logit_bias=c["logit_bias"],
+                      allowed_mask=c["allowed_mask"], **seeding)
+        fused = fs.sample_with_scores(hidden, weight, **kwargs, **transforms, return_logprobs=True)
+        untransformed = fs.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
+        assert (fused.logsumexp != untransformed.logsumexp).all()  # the transforms did apply
+        state = PenaltyState(batch=batch, capacity=4)
+        routed = fs.sample_with_scores(hidden, weight, **kwargs, **transforms, return_logprobs=True,
+                                       repetition_penalty=torch.ones(batch), penalty_state=state)
+        assert torch.equal(fused.tokens, routed.tokens)
+        assert torch.equal(fused.scores.view(torch.int32), routed.scores.view(torch.int32))
+        torch.testing.assert_close(fused.token_logprobs, routed.token_logprobs, rtol=1e-5, atol=1e-5)
+        logits = torch.ops.flashsampling._model_logits(torch.ops.flashsampling._logits(hidden, weight),
+                                                       transforms.get("logit_scale", 1.0),
+                                                       transforms.get("logit_softcap"))
+        op_kwargs = dict(kwargs, seed=torch.as_tensor(kwargs["seed"]), offset=torch.as_tensor(kwargs["offset"]))
+        op_kwargs["temperatures"] = op_kwargs.pop("temperature")
+        materialized = torch.ops.flashsampling._sample_logits(logits, **op_kwargs, return_logprobs=True)
+        for got, expected in zip(fused, materialized):
+            assert torch.equal(got.view(torch.int32) if got.is_floating_point() else got,
+                               expected.view(torch.int32) if expected.is_floating_point() else expected)
+
+
+def test_soft_cap_with_frequency_and_presence_fused_equals_logits_route():
+    """Frequency and presence over a short history stay on the fused op with a soft-cap (sparse
+    bias after it, as the rule orders them): bit for bit with the logits route (CPU)."""
+    from flashsampling_cuda.sampling import FUSED_PENALTY_CAPACITY
+
+    batch, vocab, dim = 10, 4000, 64
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=6, logit_std=8.0)
+    state = PenaltyState(*histories(batch, vocab, seed=2), capacity=FUSED_PENALTY_CAPACITY)
+    kwargs = dict(temperature=0.7, seed=5, frequency_penalty=0.9, presence_penalty=1.5, penalty_state=state,
+                  logit_bias=torch.randn(vocab), logit_scale=0.5, logit_softcap=4.0, return_logprobs=True)
+    fused = fs.sample_with_scores(hidden, weight, **kwargs)
+    logits_route = fs.sample_with_scores(hidden, weight, **kwargs, repetition_penalty=torch.ones(batch))
+    assert torch.equal(fused.tokens, logits_route.tokens)
+    assert torch.equal(fused.scores.view(torch.int32), logits_route.scores.view(torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("transforms", MODEL_TRANSFORMS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
+def test_model_transforms_pathwise_against_float64_reference(device, transforms):
+    """The fused op with scale / soft-cap, per-row T with greedy rows, bias and mask: pathwise
+    against the float64 reference (torch.tanh in float64), log-probabilities close."""
+    from test_controls import random_controls
+
+    batch, vocab, dim = 24, 5000, 64
+    hidden, weight = problem(batch, vocab, dim, device, seed=12, logit_std=20.0)
+    c = random_controls(batch, vocab, device, seed=4, density=0.6)
+    temperature = torch.rand(batch, generator=torch.Generator().manual_seed(2)) + 0.3
+    temperature[::5] = 0.0
+    kwargs = dict(temperature=temperature.to(device), seed=21, offset=4, logit_bias=c["logit_bias"],
+                  allowed_mask=c["allowed_mask"])
+    out = fs.sample(hidden, weight, **kwargs, **transforms, return_logprobs=True)
+    transform = reference_logit_transform(batch, vocab, device=device, **transforms)
+    ref = reference_sample(hidden, weight, **kwargs, logit_transform=transform)
+    assert_matches_reference(out.tokens, ref)
+    same = out.tokens.cpu() == ref.tokens.cpu()
+    assert torch.allclose(out.logprobs.cpu()[same], ref.logprobs.cpu().float()[same], atol=2e-4, rtol=1e-4)
+
+
 def test_penalised_distribution_chi_square():
     """Many samples of one small row: the empirical distribution is the softmax of the
     penalised, soft-capped logits (float64), chi-square p > 1e-3 (fixed seed)."""

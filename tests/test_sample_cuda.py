@@ -703,3 +703,129 @@ def test_mask_check_under_capture_points_at_empty_mask_token():
     with pytest.raises(RuntimeError, match="empty_mask_token"):
         with torch.cuda.graph(graph):
             flashsampling_cuda.sample(hidden, weight, seed=seed, allowed_mask=mask)
+
+
+# The model-side transforms (logit_scale, logit_softcap) in the fused epilogue: they run in the
+# controls' loops (the common controls' when nothing else is on), never in the plain loop.
+# GPU == CPU bit for bit needs the same raw logits on both, so these problems have exact ones:
+# hidden in k / 8 (|k| <= 8) and weight in small integers, whose products and every partial sum
+# are exact in fp32 in any order; the soft-cap (fs_tanhf), biases and noise are the same bits on
+# both sides, so the tokens and scores are too.
+MODEL_TRANSFORMS = [dict(logit_softcap=30.0), dict(logit_scale=0.5), dict(logit_scale=0.25, logit_softcap=8.0)]
+
+
+def exact_lm_head(batch, vocab=CONTROLS_VOCAB, dim=CONTROLS_DIM, seed=0, dtype=torch.bfloat16):
+    """bf16 hidden [B, D] and weight [V, D] whose fp32 logits are exact (std ~24), on the GPU."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = (torch.randint(-8, 9, (batch, dim), generator=gen) / 8).to(dtype)
+    weight = torch.randint(-4, 5, (vocab, dim), generator=gen).to(dtype)
+    return hidden.cuda(), weight.cuda()
+
+
+def assert_cuda_equals_cpu_bit_for_bit(hidden, weight, kwargs):
+    """Tokens and scores bit for bit against the CPU op; log-probabilities within 1e-4 (the GPU's
+    log-sum-exp sums with exp2 on the MUFU unit). Returns the GPU result."""
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
+    cpu_kwargs = {k: (tuple(t.cpu() for t in v) if isinstance(v, tuple) else v.cpu() if torch.is_tensor(v) else v)
+                  for k, v in kwargs.items()}
+    cpu = flashsampling_cuda.sample_with_scores(hidden.cpu(), weight.cpu(), **cpu_kwargs, return_logprobs=True)
+    assert torch.equal(out.tokens.cpu(), cpu.tokens)
+    assert torch.equal(out.scores.cpu().view(torch.int32), cpu.scores.view(torch.int32))
+    torch.testing.assert_close(out.token_logprobs.cpu(), cpu.token_logprobs, rtol=1e-4, atol=1e-4, equal_nan=True)
+    torch.testing.assert_close(out.logsumexp.cpu(), cpu.logsumexp, rtol=1e-4, atol=1e-4, equal_nan=True)
+    return out
+
+
+def test_exact_lm_head_logits_are_exact():
+    hidden, weight = exact_lm_head(64, seed=1)
+    logits = hidden.float() @ weight.float().T
+    assert torch.equal(logits.cpu(), torch.ops.flashsampling._logits(hidden.cpu(), weight.cpu()))
+    assert logits.abs().max() > 60 and logits.std() > 10  # well beyond the caps tested
+
+
+@pytest.mark.parametrize("batch", COMMON_CONTROL_BATCHES)
+@pytest.mark.parametrize("transforms", MODEL_TRANSFORMS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
+@pytest.mark.parametrize("controls", ["alone", "per_row_greedy", "greedy", "bias_mask"])
+def test_model_transforms_cuda_equal_cpu_on_every_tile_config(batch, transforms, controls):
+    """The scale and soft-cap in the common controls' loop on every tile config (the CUTLASS
+    pingpong tile up to 16 columns, the epilogue-warpgroup kernel's 32-, 64- and 128-wide tiles,
+    column pairs, three N tiles): tokens and scores == the CPU op bit for bit, alone (a call that
+    without them would be plain), with per-row T and greedy rows, all greedy, and with bias + mask."""
+    hidden, weight = exact_lm_head(batch, seed=batch)
+    _, _, c, temps = controls_problem(batch, hidden_seed=batch + 1)
+    kwargs = dict(seed=torch.tensor(99, device="cuda"), offset=torch.tensor(5, device="cuda"),
+                  vocab_start=CONTROLS_VOCAB_START, **transforms)
+    if controls == "per_row_greedy":
+        kwargs.update(temperature=temps.cuda())
+    elif controls == "greedy":
+        kwargs.update(temperature=0.0)
+    elif controls == "bias_mask":
+        kwargs.update(temperature=0.8, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+    assert_cuda_equals_cpu_bit_for_bit(hidden, weight, kwargs)
+    tokens = flashsampling_cuda.sample(hidden, weight, **kwargs)  # without logprobs: the serving call
+    cpu_kwargs = {k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items()}
+    assert torch.equal(tokens.cpu(), flashsampling_cuda.sample(hidden.cpu(), weight.cpu(), **cpu_kwargs))
+
+
+@pytest.mark.parametrize("batch,num_samples,seeding", [(12, 3, "batch"), (12, 1, "per_row"), (40, 4, "batch"),
+                                                       (100, 2, "per_row"), (200, 1, "per_row")])
+def test_model_transforms_on_the_loops_for_all_controls(batch, num_samples, seeding):
+    """With several samples, sparse bias and per-row seeds: the visitor's loop for all controls
+    (up to 16 columns) and the epilogue-warpgroup kernels' general-columns loop, == the CPU op bit
+    for bit."""
+    hidden, weight = exact_lm_head(batch, seed=batch + 3)
+    _, _, c, temps = controls_problem(batch, hidden_seed=batch + 1)
+    seed = torch.arange(batch, device="cuda") * 17 + 3 if seeding == "per_row" else torch.tensor(123, device="cuda")
+    kwargs = dict(seed=seed, offset=torch.tensor(7, device="cuda"), num_samples=num_samples, temperature=temps.cuda(),
+                  vocab_start=CONTROLS_VOCAB_START, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"],
+                  sparse_logit_bias=c["sparse_logit_bias"], logit_scale=0.5, logit_softcap=12.0)
+    assert_cuda_equals_cpu_bit_for_bit(hidden, weight, kwargs)
+
+
+@pytest.mark.parametrize("batch", [50, 200])
+def test_model_transforms_same_tokens_without_the_noise_skip(batch):
+    """The epilogue-warpgroup kernels' noise skip bounds the transformed logit's score: the same
+    tokens and scores with the skip off, and without the log-sum-exp references."""
+    hidden, weight = exact_lm_head(batch, seed=batch + 5)
+    _, _, _, temps = controls_problem(batch, hidden_seed=batch)
+    kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(9, device="cuda"), logit_softcap=30.0)
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    with dispatch_options(noise_skip=False, lse_references=False):
+        unskipped = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    assert torch.equal(out.tokens, unskipped.tokens)
+    assert torch.equal(out.scores.view(torch.int32), unskipped.scores.view(torch.int32))
+
+
+@pytest.mark.parametrize("batch", [1, 20, 100, 300])
+def test_model_transforms_pathwise_against_float64_reference(batch):
+    """An LM-head problem (logits in fp32 from bf16): pathwise against the float64 reference
+    (torch.tanh in float64), logprobs close, per-row T with greedy rows, bias and mask."""
+    from flashsampling_cuda.reference import reference_logit_transform
+
+    hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + 11)
+    kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(99, device="cuda"), offset=torch.tensor(5, device="cuda"),
+                  vocab_start=CONTROLS_VOCAB_START, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+    transform = reference_logit_transform(batch, CONTROLS_VOCAB, logit_scale=2.0, logit_softcap=4.0, device="cuda")
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs, logit_scale=2.0, logit_softcap=4.0,
+                                                return_logprobs=True)
+    ref = reference_sample(hidden, weight, **kwargs, logit_transform=transform, rtol=GPU_RTOL)
+    mismatches, unexplained = pathwise_mismatches(out.tokens, ref)
+    assert unexplained == 0 and mismatches <= max(1, out.tokens.numel() // 1000)
+    same = out.tokens.cpu() == ref.tokens.cpu()
+    assert torch.allclose(out.token_logprobs.cpu()[same], ref.logprobs.cpu().float()[same], atol=2e-4, rtol=1e-4)
+
+
+def test_soft_capped_call_runs_the_common_controls_kernel():
+    """A soft-capped call with nothing else runs the common controls' kernel (the epilogue-warpgroup
+    one at 100 columns), not the plain one, and no cuBLAS GEMM (the logits route's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hidden, weight = exact_lm_head(100, seed=2)
+    flashsampling_cuda.sample(hidden, weight, logit_softcap=30.0)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flashsampling_cuda.sample(hidden, weight, logit_softcap=30.0)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert runs_controls_on_epilogue_warpgroups(names, 128), names
+    ours = ("flashsampling", "cutlass")  # our kernels (prepare_gemm_inputs among them) and CUTLASS's
+    assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names

@@ -1,5 +1,5 @@
 // The noise transforms of philox_gumbel.h as elementwise GPU kernels (flashsampling._logf and
-// _gumbel_from_bits on CUDA tensors). They run the four-lane forms the fused epilogue calls, so
+// _gumbel_from_bits on CUDA tensors), and its model-side transforms (_model_logits). They run the four-lane forms the fused epilogue calls, so
 // a bit-for-bit comparison with the CPU ops covers the device code of the noise
 // (tests/test_noise_cuda.py).
 #include <cstdint>
@@ -23,6 +23,12 @@ __global__ void logf_kernel(float const* __restrict__ x, float* __restrict__ out
   for (int j = 0; j < kLanes; ++j) {
     if (first + j < n) out[first + j] = result[j];
   }
+}
+
+__global__ void model_logits_kernel(float const* __restrict__ x, float* __restrict__ out, int64_t n, float scale,
+                                    float softcap, float inv_softcap) {
+  int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = fs_model_logit(x[i], scale, softcap, inv_softcap);
 }
 
 __global__ void gumbel_from_bits_kernel(int64_t const* __restrict__ bits, float* __restrict__ out, int64_t n) {
@@ -63,6 +69,14 @@ unsigned int num_blocks(int64_t n) {
 cudaError_t launch_logf(float const* x, float* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   logf_kernel<<<num_blocks(n), kThreads, 0, stream>>>(x, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_model_logits(float const* x, float* out, int64_t n, float scale, float softcap, float inv_softcap,
+                                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  model_logits_kernel<<<static_cast<unsigned int>((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      x, out, n, scale, softcap, inv_softcap);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include "flashsampling/philox_gumbel.h"
+
 #include <c10/util/Exception.h>
 
 #include <ATen/ATen.h>
@@ -63,6 +65,31 @@ void check_extra(const char* name, const at::Tensor& t, std::initializer_list<at
 }
 
 }  // namespace
+
+namespace {
+// A host value of logit_scale / logit_softcap as the kernels take it: a positive normal float32,
+// so that neither it nor its reciprocal rounds to 0 or overflows.
+void check_model_value(const char* op, const char* name, double value) {
+  const float f = static_cast<float>(value);
+  TORCH_CHECK(std::isfinite(f) && f >= 1.17549435e-38f, op, ": ", name,
+              " must be finite and > 0 (a normal float32), got ", value);
+}
+}  // namespace
+
+void check_model_transform_args(const char* op, double logit_scale, std::optional<double> logit_softcap) {
+  check_model_value(op, "logit_scale", logit_scale);
+  if (logit_softcap.has_value()) check_model_value(op, "logit_softcap", *logit_softcap);
+}
+
+ModelTransform model_transform(double logit_scale, std::optional<double> logit_softcap) {
+  ModelTransform t;
+  t.scale = static_cast<float>(logit_scale);
+  if (logit_softcap.has_value()) {
+    t.softcap = static_cast<float>(*logit_softcap);
+    t.inv_softcap = fs_div(1.0f, t.softcap);
+  }
+  return t;
+}
 
 void check_uint32_values(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.scalar_type() == at::kLong, op, ": ", name, " must be an int64 tensor, got ",
@@ -142,6 +169,7 @@ void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArg
               "flashsampling.sample: temperature must be finite and >= 0 (0 = greedy), got ",
               args.temperature);
   if (args.temperatures.has_value()) check_temperatures(*args.temperatures, hidden);
+  check_model_transform_args("flashsampling.sample", args.logit_scale, args.logit_softcap);
   if (args.seed.has_value()) {
     check_seed_like("seed", *args.seed, hidden);
     TORCH_CHECK(!(args.generator.has_value() && args.generator->defined()),

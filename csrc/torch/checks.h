@@ -15,7 +15,9 @@ namespace flashsampling {
 // Everything of the op's schema (csrc/torch/ops.cpp) after hidden and weight.
 //
 // Transformed logit of row b, vocabulary index v (global index vocab_start + v):
-//   x = fl32(fl32(logit + logit_bias[v]) + sum of sparse_bias_values[b, k] over the k
+//   l = fs_model_logit(logit, logit_scale, logit_softcap) (philox_gumbel.h: fl32(logit * logit_scale),
+//       then fl32(cap * fs_tanhf(fl32(l * fl32(1 / cap)))); each only when on)
+//   x = fl32(fl32(l + logit_bias[v]) + sum of sparse_bias_values[b, k] over the k
 //       with sparse_bias_ids[b, k] == vocab_start + v)    (each term only when given)
 //   excluded when allowed_mask[b] has bit v clear;
 //   score = fma(x, fl32(1 / T_b), g) (T_b > 0) or x (T_b == 0, greedy, no noise);
@@ -36,6 +38,8 @@ struct SampleArgs {
   std::optional<int64_t> empty_mask_token;
   int64_t vocab_start = 0;  // global index of weight row 0 (tensor-parallel shards)
   bool return_logprobs = false;
+  double logit_scale = 1.0;              // 1: off
+  std::optional<double> logit_softcap;   // absent: off
 };
 
 // tokens int64 [B, S]: global vocabulary ids; -1 for a row with no finite candidate
@@ -75,6 +79,21 @@ void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArg
 void check_mask_rows_nonempty(const at::Tensor& weight, const SampleArgs& args, bool capturing = false);
 void check_mask_rows_nonempty(int64_t vocab, const SampleArgs& args, bool capturing = false);
 
+// The model-side transforms' arguments (flashsampling.sample and _model_logits; `op` names the
+// caller in the message): logit_scale, and logit_softcap where given, positive normal float32s
+// (rounded to float32: neither the value nor its reciprocal 0 or infinite).
+void check_model_transform_args(const char* op, double logit_scale, std::optional<double> logit_softcap);
+
+// The model transform of one call as fs_model_logit takes it: (scale, softcap, fs_div(1, softcap)),
+// softcap 0 where absent (off).
+struct ModelTransform {
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  float inv_softcap = 0.0f;
+  bool on() const { return scale != 1.0f || softcap != 0.0f; }
+};
+ModelTransform model_transform(double logit_scale, std::optional<double> logit_softcap);
+
 // The noise ops' (noise_cpu.cpp, noise_cuda.cpp) uint32 arguments: an int64 tensor whose
 // values lie in [0, 2^32). Reads the values (a host sync on a device tensor; test ops only).
 void check_uint32_values(const char* op, const char* name, const at::Tensor& t);
@@ -106,11 +125,12 @@ struct SampleOps {
                               const std::optional<at::Tensor>& sparse_bias_ids,
                               const std::optional<at::Tensor>& sparse_bias_values,
                               const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
-                              int64_t vocab_start, bool return_logprobs) {
+                              int64_t vocab_start, bool return_logprobs, double logit_scale = 1.0,
+                              std::optional<double> logit_softcap = std::nullopt) {
     return SampleArgs{temperature,  temperatures,       num_samples,  seed,
                       offset,       std::move(generator), logit_bias, sparse_bias_ids,
                       sparse_bias_values, allowed_mask, empty_mask_token, vocab_start,
-                      return_logprobs};
+                      return_logprobs, logit_scale, logit_softcap};
   }
 
   static at::Tensor sample(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
@@ -120,10 +140,11 @@ struct SampleOps {
                            const std::optional<at::Tensor>& sparse_bias_ids,
                            const std::optional<at::Tensor>& sparse_bias_values,
                            const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
-                           int64_t vocab_start) {
+                           int64_t vocab_start, double logit_scale, std::optional<double> logit_softcap) {
     return Impl(hidden, weight,
                 make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias,
-                          sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, false))
+                          sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, false,
+                          logit_scale, logit_softcap))
         .tokens;
   }
 
@@ -133,11 +154,12 @@ struct SampleOps {
       const std::optional<at::Tensor>& offset, std::optional<at::Generator> generator,
       const std::optional<at::Tensor>& logit_bias, const std::optional<at::Tensor>& sparse_bias_ids,
       const std::optional<at::Tensor>& sparse_bias_values, const std::optional<at::Tensor>& allowed_mask,
-      std::optional<int64_t> empty_mask_token, int64_t vocab_start, bool return_logprobs) {
+      std::optional<int64_t> empty_mask_token, int64_t vocab_start, double logit_scale,
+      std::optional<double> logit_softcap, bool return_logprobs) {
     SampleResult r = Impl(hidden, weight,
                           make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator),
                                     logit_bias, sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token,
-                                    vocab_start, return_logprobs));
+                                    vocab_start, return_logprobs, logit_scale, logit_softcap));
     return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
   }
 

@@ -1,6 +1,7 @@
 // CPU kernels exposing the noise of philox_gumbel.h (per element; _gumbel_from_bits in the
 // four-lane form the fused epilogue uses), so tests can check the header (known answers, log
-// accuracy) and compare it bit for bit with the pure-PyTorch port in flashsampling_cuda/noise.py.
+// accuracy) and compare it bit for bit with the pure-PyTorch port in flashsampling_cuda/noise.py;
+// and its model-side transforms (_model_logits: the logits route's scale and soft-cap).
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
@@ -106,6 +107,21 @@ at::Tensor logf_cpu(const at::Tensor& x) {
   return out;
 }
 
+// flashsampling._model_logits: fs_model_logit elementwise, the logits route's step 1 (and, with
+// scale 1 and softcap 1, fs_tanhf itself for tests/test_noise.py).
+at::Tensor model_logits_cpu(const at::Tensor& logits, double logit_scale, std::optional<double> logit_softcap) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, "flashsampling._model_logits: logits must be float32, got ",
+              logits.scalar_type());
+  check_model_transform_args("flashsampling._model_logits", logit_scale, logit_softcap);
+  const ModelTransform t = model_transform(logit_scale, logit_softcap);
+  const at::Tensor xc = logits.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const float* xp = xc.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  parallel_elements(out.numel(), [&](int64_t i) { op[i] = fs_model_logit(xp[i], t.scale, t.softcap, t.inv_softcap); });
+  return out;
+}
+
 at::Tensor gumbel_from_bits_cpu(const at::Tensor& bits) {
   check_uint32_values("flashsampling._gumbel_from_bits", "bits", bits);
   const at::Tensor bc = bits.contiguous();
@@ -148,6 +164,7 @@ TORCH_LIBRARY_IMPL(flashsampling, CPU, m) {
   m.impl("_philox4x32_10", &philox4x32_10_cpu);
   m.impl("_uniform_noise", &uniform_noise_cpu);
   m.impl("_logf", &logf_cpu);
+  m.impl("_model_logits", &model_logits_cpu);
   m.impl("_gumbel_from_bits", &gumbel_from_bits_cpu);
   m.impl("_gumbel_upper_bound", &gumbel_upper_bound_cpu);
 }

@@ -1,7 +1,8 @@
 // CUDA impls of flashsampling._logf, _gumbel_from_bits and _gumbel_upper_bound (the fused
 // kernels' skip bound; the CPU ones are in noise_cpu.cpp): the noise transforms as the GPU
 // computes them, for tests that compare the two bit for bit; and of _uniform_noise, speculative
-// verification's acceptance draws in one kernel.
+// verification's acceptance draws in one kernel; and of _model_logits, the logits route's scale
+// and soft-cap.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -22,6 +23,20 @@ at::Tensor logf_cuda(const at::Tensor& x) {
   check_cuda_launch(launch_logf(xc.const_data_ptr<float>(), out.mutable_data_ptr<float>(), xc.numel(),
                                 c10::cuda::getCurrentCUDAStream()),
                     "flashsampling._logf");
+  return out;
+}
+
+at::Tensor model_logits_cuda(const at::Tensor& logits, double logit_scale, std::optional<double> logit_softcap) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, "flashsampling._model_logits: logits must be float32, got ",
+              logits.scalar_type());
+  check_model_transform_args("flashsampling._model_logits", logit_scale, logit_softcap);
+  const ModelTransform t = model_transform(logit_scale, logit_softcap);
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor xc = logits.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  check_cuda_launch(launch_model_logits(xc.const_data_ptr<float>(), out.mutable_data_ptr<float>(), xc.numel(),
+                                        t.scale, t.softcap, t.inv_softcap, c10::cuda::getCurrentCUDAStream()),
+                    "flashsampling._model_logits");
   return out;
 }
 
@@ -66,6 +81,7 @@ at::Tensor uniform_noise_cuda(const at::Tensor& seed, const at::Tensor& offset, 
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
   m.impl("_uniform_noise", &uniform_noise_cuda);
   m.impl("_logf", &logf_cuda);
+  m.impl("_model_logits", &model_logits_cuda);
   m.impl("_gumbel_from_bits", &gumbel_from_bits_cuda);
   m.impl("_gumbel_upper_bound", &gumbel_upper_bound_cuda);
 }

@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 
 #include "flashsampling/kernel_choice.h"
@@ -27,23 +28,44 @@ std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns
       flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters), bf16);
 }
 
+// The epilogue loop a call with these needs (sampler_loop.h's sampler_loop_for), by the name
+// _kernel_choice takes; a pure function, as above.
+std::string sampler_loop(bool model_transform, bool per_row_temperatures, bool logit_bias, bool allowed_mask,
+                         bool logprobs, bool sparse_bias, bool per_row_keys, int64_t num_samples) {
+  TORCH_CHECK(num_samples >= 1, "flashsampling._sampler_loop: num_samples must be >= 1, got ", num_samples);
+  flashsampling::LoopNeeds needs;
+  needs.model_transform = model_transform;
+  needs.per_row_temperatures = per_row_temperatures;
+  needs.logit_bias = logit_bias;
+  needs.allowed_mask = allowed_mask;
+  needs.logprobs = logprobs;
+  needs.sparse_bias = sparse_bias;
+  needs.per_row_keys = per_row_keys;
+  needs.num_samples = static_cast<int>(std::min<int64_t>(num_samples, 2));  // only 1 or more matters
+  static char const* const kLoops[] = {"plain", "common_controls", "all_controls", "top_candidates"};
+  return kLoops[static_cast<int>(flashsampling::sampler_loop_for(needs))];
+}
+
 }  // namespace
 
 TORCH_LIBRARY(flashsampling, m) {
   // Exact Gumbel-Max sampling fused with the LM-head GEMM:
   //   token[b, s] = argmax_v(score(b, s, v)), score = fma(x[b, v], fl32(1 / T_b), g(seed, offset, stream_b, s, v)),
-  //   x = hidden[b, :] . weight[v, :] in fp32, plus biases, over the allowed tokens
+  //   x = hidden[b, :] . weight[v, :] in fp32, scaled and soft-capped, plus biases, over the allowed tokens
   //   (checks.h, SampleArgs, has the whole rule). Returns int64 [B, num_samples].
 #define FS_SAMPLE_ARGS                                                                                  \
   "Tensor hidden, Tensor weight, *, float temperature=1.0, Tensor? temperatures=None, "                \
   "int num_samples=1, Tensor? seed=None, Tensor? offset=None, Generator? generator=None, "              \
   "Tensor? logit_bias=None, Tensor? sparse_bias_ids=None, Tensor? sparse_bias_values=None, "           \
   "Tensor? allowed_mask=None, int? empty_mask_token=None, int vocab_start=0"
-  m.def("sample(" FS_SAMPLE_ARGS ") -> Tensor", {at::Tag::nondeterministic_seeded});
+  // The model-side transforms of the raw logit, before the biases (checks.h; sample_top_k has
+  // none: flashsampling_cuda.sample takes the logits route for truncation with them).
+#define FS_MODEL_ARGS ", float logit_scale=1.0, float? logit_softcap=None"
+  m.def("sample(" FS_SAMPLE_ARGS FS_MODEL_ARGS ") -> Tensor", {at::Tag::nondeterministic_seeded});
   // The same sample plus the winning scores [B, S] (what tensor-parallel ranks compare)
   // and, with return_logprobs, the log-probability of each token [B, S] and the
   // logsumexp [B] of the transformed logits (empty [0] tensors otherwise).
-  m.def("sample_with_scores(" FS_SAMPLE_ARGS
+  m.def("sample_with_scores(" FS_SAMPLE_ARGS FS_MODEL_ARGS
         ", bool return_logprobs=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
   // Fused truncation (flashsampling_cuda/truncation.py has the semantics): keep the top_k
@@ -69,6 +91,7 @@ TORCH_LIBRARY(flashsampling, m) {
         "int? empty_mask_token=None, int vocab_start=0, bool return_logprobs=False) "
         "-> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
+#undef FS_MODEL_ARGS
 #undef FS_SAMPLE_ARGS
   // Sampling from materialised fp32 logits [B, V] (flashsampling/sample_from_logits.h): the
   // controls of sample (no sparse bias: add it to the logits), then top_k, top_p and min_p as
@@ -88,6 +111,10 @@ TORCH_LIBRARY(flashsampling, m) {
   // CPU computes them in torch ops (flashsampling_cuda/logprobs.py).
   m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw) -> "
         "(Tensor top_values, Tensor top_ids, Tensor ranks)");
+  // The model-side transforms of fp32 raw logits (any shape), elementwise: fl(l * logit_scale),
+  // then fl(cap * tanh(fl(l * fl(1 / cap)))) with philox_gumbel.h's tanh (fs_model_logit), the
+  // bits the fused op computes in its epilogue; the logits route applies them with this op.
+  m.def("_model_logits(Tensor logits, float logit_scale=1.0, float? logit_softcap=None) -> Tensor");
   // The fp32 logits [B, V] = hidden @ weight.T exactly as the CPU op computes them
   // (csrc/torch/logits_cpu.h), for the materialised truncation path.
   m.def("_logits(Tensor hidden, Tensor weight) -> Tensor");
@@ -113,6 +140,10 @@ TORCH_LIBRARY(flashsampling, m) {
   // The dispatch's kernel choice (above).
   m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True) -> str",
         &kernel_choice);
+  m.def("_sampler_loop(*, bool model_transform=False, bool per_row_temperatures=False, bool logit_bias=False, "
+        "bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "
+        "int num_samples=1) -> str",
+        &sampler_loop);
 }
 
 // `import flashsampling_cuda._C` loads this library (and so runs the registrations

@@ -226,6 +226,7 @@ struct LogSumExp {
 
 // What the transform pass applies; null / false members are skipped.
 struct Transform {
+  ModelTransform model;           // logit_scale, logit_softcap (first, on the raw logit)
   const float* bias = nullptr;    // logit_bias [V]
   const int32_t* mask = nullptr;  // allowed_mask [B, mask_words]
   int64_t mask_words = 0;
@@ -300,13 +301,17 @@ FS_ALWAYS_INLINE void fill_excluded_range(float* v, const uint32_t* words, int64
   }
 }
 
-// Adds the biases, accumulates the logsumexp of y = x / T over the allowed tokens and
+// Applies the model transforms, adds the biases, accumulates the logsumexp of y = x / T over the allowed tokens and
 // writes NaN over the excluded ones (so the scan never picks them).
 FS_ALWAYS_INLINE void transform_unit_body(const TransformArgs& a) {
   constexpr float kMinusInf = -std::numeric_limits<float>::infinity();
   const Transform& t = *a.t;
   float* xs = a.x;
   const int64_t n = a.end - a.begin;
+  if (t.model.on()) {
+    const ModelTransform m = t.model;
+    for (int64_t i = 0; i < n; ++i) xs[i] = fs_model_logit(xs[i], m.scale, m.softcap, m.inv_softcap);
+  }
   if (t.bias != nullptr) {
     const float* bias = t.bias + a.begin;
     for (int64_t i = 0; i < n; ++i) xs[i] = fs_add(xs[i], bias[i]);
@@ -542,7 +547,8 @@ SampleResult sample_blocks(int64_t batch, int64_t vocab, const at::TensorOptions
     empty_row = empty_mask_rows(mask, vocab);  // only with empty_mask_token (else checked before)
   }
   transform.logsumexp = args.return_logprobs;
-  const bool run_transform = transform.bias != nullptr || transform.sparse != nullptr ||
+  transform.model = model_transform(args.logit_scale, args.logit_softcap);
+  const bool run_transform = transform.model.on() || transform.bias != nullptr || transform.sparse != nullptr ||
                              transform.mask != nullptr || transform.logsumexp;
 
   const int64_t num_blocks = (vocab + kBlockVocab - 1) / kBlockVocab;

@@ -223,6 +223,10 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
 
   SamplingControls& c = p.controls;
   c.mask_words = (vocab + 31) / 32;
+  const ModelTransform model = model_transform(args.logit_scale, args.logit_softcap);
+  c.logit_scale = model.scale;
+  c.logit_softcap = model.softcap;
+  c.inv_logit_softcap = model.inv_softcap;
   if (args.temperatures.has_value()) {
     const at::Tensor t = args.temperatures->contiguous();
     keep_alive.push_back(t);

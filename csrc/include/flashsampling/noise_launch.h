@@ -13,6 +13,11 @@ namespace flashsampling {
 // out[i] = fs_logf(x[i]), four lanes per thread (fs_logf_lanes<4>, as the epilogue runs it).
 cudaError_t launch_logf(float const* x, float* out, int64_t n, cudaStream_t stream);
 
+// out[i] = fs_model_logit(x[i], scale, softcap, inv_softcap): the logits route's scale and
+// soft-cap (flashsampling._model_logits), the bits the fused epilogue computes.
+cudaError_t launch_model_logits(float const* x, float* out, int64_t n, float scale, float softcap, float inv_softcap,
+                                cudaStream_t stream);
+
 // out[i] = fs_gumbel_from_bits(uint32(bits[i])), four lanes per thread.
 cudaError_t launch_gumbel_from_bits(int64_t const* bits, float* out, int64_t n, cudaStream_t stream);
 

@@ -8,7 +8,8 @@ namespace flashsampling {
 // is not taken still costs instruction cache: docs/epilogue.md).
 //   kPlain:          is_plain_sampling.
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
-//                    logit bias, allowed-token mask, logprobs: what serving engines send every step.
+//                    logit bias, allowed-token mask, logprobs: what serving engines send every step;
+//                    and the model-side logit_scale / logit_softcap.
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
 //                    sm90 beyond 16 GEMM columns the epilogue-warpgroup kernels' kCommonControls
 //                    loop takes these too: kernel_choice.h).
@@ -18,5 +19,26 @@ namespace flashsampling {
 //                    (truncate_candidates.cu) selects the row's top-k, truncates (top-p, min-p)
 //                    and samples the survivors.
 enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2, kTopCandidates = 3 };
+
+// What of a sampling call decides its loop (sampler_params.h's sampler_loop_for reads it off the
+// call; tests/test_kernel_choice.py through flashsampling::_sampler_loop).
+struct LoopNeeds {
+  bool model_transform = false;       // logit_scale != 1 or a logit_softcap
+  bool per_row_temperatures = false;
+  bool logit_bias = false;
+  bool allowed_mask = false;
+  bool logprobs = false;
+  bool sparse_bias = false;
+  bool per_row_keys = false;  // per-row seeds or offsets
+  int num_samples = 1;
+};
+
+// The loop of a call (not the fused top-k pass, which is kTopCandidates whatever it needs).
+inline SamplerLoop sampler_loop_for(LoopNeeds const& n) {
+  bool const common = n.num_samples == 1 && !n.sparse_bias && !n.per_row_keys;
+  bool const plain = common && !n.model_transform && !n.per_row_temperatures && !n.logit_bias && !n.allowed_mask &&
+                     !n.logprobs;
+  return plain ? SamplerLoop::kPlain : common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
+}
 
 }  // namespace flashsampling

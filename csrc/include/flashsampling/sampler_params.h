@@ -32,9 +32,15 @@ struct NoiseSource {
 };
 
 // Per-row sampling controls, all optional (nullptr = off); device memory.
-// Transformed logit: x = fl(fl(logit + logit_bias[v]) + sparse sum), masked tokens
-// excluded, score = fma(x, fl(1 / T), g) or x for greedy rows (csrc/torch/checks.h).
+// Transformed logit: l = fs_model_logit(logit, logit_scale, logit_softcap, inv_logit_softcap),
+// x = fl(fl(l + logit_bias[v]) + sparse sum), masked tokens excluded, score = fma(x, fl(1 / T), g)
+// or x for greedy rows (csrc/torch/checks.h).
 struct SamplingControls {
+  // The model-side transforms of the raw logit, before the biases (philox_gumbel.h's
+  // fs_model_logit): scale 1 and softcap 0 are off; inv_logit_softcap = fs_div(1, softcap).
+  float logit_scale = 1.0f;
+  float logit_softcap = 0.0f;
+  float inv_logit_softcap = 0.0f;
   const float* temperatures = nullptr;    // [B]; wins over SamplerParams::inv_temperature
   // [B] fs_inv_temperature(temperatures[b]), filled by launch_sampler in its workspace before
   // the GEMM where SamplerParams::prepare_inv_temperatures says so; else nullptr and the kernels
@@ -51,13 +57,26 @@ struct SamplingControls {
   int64_t mask_words = 0;  // ceil(V / 32)
 };
 
-// Plain sampling: one sample per row, batch-wide temperature and noise, no logit
-// transform, no logprobs. The dispatcher runs it on kernels compiled without the
-// controls' code (benchmarks/NOTES.md: that code costs instruction cache when present).
+// The loop a call needs (sampler_loop.h). Plain sampling (one sample per row, batch-wide
+// temperature and noise, no logit transform, no logprobs) runs on kernels compiled without the
+// controls' code (benchmarks/NOTES.md: that code costs instruction cache when present); the
+// model-side transforms run in the controls' loops (the common controls' for a call that has
+// nothing else), never in the plain loop.
+inline LoopNeeds loop_needs(SamplingControls const& c, NoiseSource const& noise, int num_samples, bool logprobs) {
+  LoopNeeds n;
+  n.model_transform = c.logit_scale != 1.0f || c.logit_softcap != 0.0f;
+  n.per_row_temperatures = c.temperatures != nullptr;
+  n.logit_bias = c.logit_bias != nullptr;
+  n.allowed_mask = c.allowed_mask != nullptr;
+  n.logprobs = logprobs;
+  n.sparse_bias = c.sparse_ids != nullptr;
+  n.per_row_keys = noise.row_seeds != nullptr || noise.row_offsets != nullptr;
+  n.num_samples = num_samples;
+  return n;
+}
+
 inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& noise, int num_samples, bool logprobs) {
-  return num_samples == 1 && !logprobs && c.temperatures == nullptr && c.logit_bias == nullptr &&
-         c.allowed_mask == nullptr && c.sparse_ids == nullptr && noise.row_seeds == nullptr &&
-         noise.row_offsets == nullptr;
+  return sampler_loop_for(loop_needs(c, noise, num_samples, logprobs)) == SamplerLoop::kPlain;
 }
 
 // The epilogue's element loops: flashsampling/sampler_loop.h.
@@ -72,10 +91,7 @@ constexpr int kMaxFusedTopK = 64;
 
 inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const& noise, int num_samples,
                                     bool logprobs) {
-  if (is_plain_sampling(c, noise, num_samples, logprobs)) return SamplerLoop::kPlain;
-  bool const common = num_samples == 1 && c.sparse_ids == nullptr && noise.row_seeds == nullptr &&
-                      noise.row_offsets == nullptr;
-  return common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
+  return sampler_loop_for(loop_needs(c, noise, num_samples, logprobs));
 }
 
 struct SamplerParams {

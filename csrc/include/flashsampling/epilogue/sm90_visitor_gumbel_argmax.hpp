@@ -26,7 +26,8 @@
   SamplerLoop). The plain loop serves one sample with a batch-wide temperature and
   seed and nothing else. The common controls' loop adds what serving engines send
   every step: per-row temperatures (T = 0: greedy), a dense logit bias and the
-  allowed-token mask transform each logit before the noise, and with logprobs the
+  allowed-token mask transform each logit before the noise (after the model-side
+  scale and soft-cap, which the controls' loops apply), and with logprobs the
   node also keeps an online (max, sum of exp) per column in log2 units and the
   transformed logit of each column's best candidate, reduced alongside. The loop for
   all controls adds sparse per-row bias, per-row seeds and offsets and several
@@ -212,6 +213,23 @@ CUTLASS_DEVICE void load_mask_words_and_biases(SamplingControls const& controls,
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// The fragment's raw logits as floats, through the model-side transforms where the call has any
+// (fs_model_logit: scale, then soft-cap). One warp-uniform branch per fragment, ahead of the
+// element loop, so the loop itself is the same code with or without them.
+template <typename ElementInput, int FragmentSize>
+CUTLASS_DEVICE void model_logits(SamplingControls const& controls,
+                                 cutlass::Array<ElementInput, FragmentSize> const& frg_logits,
+                                 float (&logit)[FragmentSize]) {
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < FragmentSize; ++k) logit[k] = static_cast<float>(frg_logits[k]);
+  if (controls.logit_scale != 1.0f || controls.logit_softcap != 0.0f) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < FragmentSize; ++k) {
+      logit[k] = fs_model_logit(logit[k], controls.logit_scale, controls.logit_softcap, controls.inv_logit_softcap);
+    }
+  }
+}
+
 // A thread's running best of one column: replaced when (score, vocab_index) is better.
 CUTLASS_DEVICE bool keep_better_candidate(float score, uint32_t vocab_index, float& best_score, int32_t& best_index) {
   if (!fs_candidate_better(score, static_cast<int32_t>(vocab_index), best_score, best_index)) {
@@ -286,7 +304,9 @@ struct Sm90GumbelArgmaxRowReduction {
     SamplerLoop const needed = sampler_loop_for(args.controls, args.noise, args.num_samples, args.logprobs);
     return args.ptr_candidates != nullptr && args.num_samples >= 1 && args.batch_size >= 1 &&
            static_cast<int>(needed) <= static_cast<int>(kLoop) &&
-           (kLoop != SamplerLoop::kTopCandidates || args.controls.sparse_ids == nullptr) &&
+           (kLoop != SamplerLoop::kTopCandidates ||
+            (args.controls.sparse_ids == nullptr && args.controls.logit_scale == 1.0f &&
+             args.controls.logit_softcap == 0.0f)) &&
            (args.ptr_row_logits == nullptr || (kTopScan && args.ptr_lse_parts != nullptr)) &&
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
@@ -529,6 +549,8 @@ struct Sm90GumbelArgmaxRowReduction {
       float bias[FragmentSize];
       load_mask_words_and_biases(controls, tCcD_mn, epi_v, m_origin, n_origin, last_row, last_vocab,
                                  arg<kScore>().layout(), mask_word, bias);
+      float logit[FragmentSize];
+      model_logits(controls, frg_logits, logit);
       constexpr int kGroup = 4;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += kGroup) {
@@ -542,7 +564,7 @@ struct Sm90GumbelArgmaxRowReduction {
           uint32_t const vocab_local = static_cast<uint32_t>(m_origin + get<0>(coord));
           vocab_index[j] = params.vocab_start + vocab_local;
           batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
-          x[j] = static_cast<float>(frg_logits[i + j]);
+          x[j] = logit[i + j];
           if (controls.logit_bias) {
             x[j] = fs_add(x[j], bias[i + j]);
           }
@@ -629,6 +651,8 @@ struct Sm90GumbelArgmaxRowReduction {
       SamplingControls const& controls = params.controls;
       NoiseSource const& src = params.noise;
       bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
+      float logit[FragmentSize];
+      model_logits(controls, frg_logits, logit);
       constexpr int kGroup = 4;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += kGroup) {
@@ -647,7 +671,7 @@ struct Sm90GumbelArgmaxRowReduction {
           uint32_t const sample = params.num_samples == 1 ? 0u : column / params.batch_size;
           // Out-of-range elements read row 0's values (never past the arrays) and are not kept.
           uint32_t const batch_row = in_range ? column - sample * params.batch_size : 0u;
-          x[j] = static_cast<float>(frg_logits[i + j]);
+          x[j] = logit[i + j];
           keep[j] = in_range && (!transform || transform_logit(controls, batch_row, vocab_local, vocab_index[j], x[j]));
           // (launch_sampler prepares the [B] array for this loop: a load per element, no division)
           inv_temperature[j] = params.inv_temperature;

@@ -547,10 +547,10 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // The controls' loop over one 64 x N half tile (the visitor's loops, element for element:
-  // dense bias, then sparse bias, then 1/T per column (0: a greedy row), masked or
-  // out-of-range elements no candidate and no mass), then per column the best key with its
-  // transformed logit y and the (max2, sum) log-sum-exp part, merged over the column's eight
-  // lanes here and over the four warps by the caller.
+  // the model-side scale and soft-cap, dense bias, then sparse bias, then 1/T per column (0: a
+  // greedy row), masked or out-of-range elements no candidate and no mass), then per column the
+  // best key with its transformed logit y and the (max2, sum) log-sum-exp part, merged over the
+  // column's eight lanes here and over the four warps by the caller.
   //
   // kGeneralColumns: the loop for several samples (GEMM column s * B + b) and sparse bias, a copy
   // of its own: behind runtime branches in one loop, their per-column division and look-ups
@@ -583,6 +583,7 @@ class Sm90SamplerEpilogueWarpGroups {
     }
     bool const mask_high_word = (vocab_local[0] >> 5) & 1u;  // the half's 64 rows start a word pair
     bool const keyed_noise = needs_keyed_noise(node);
+    bool const model_transform = controls.logit_scale != 1.0f || controls.logit_softcap != 0.0f;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
       constexpr int N = kStepElements;
@@ -591,6 +592,14 @@ class Sm90SamplerEpilogueWarpGroups {
       // (rows made greedy by a per-row T of 0 draw noise they do not use)
       load_step<kGeneralColumns>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x,
                                  vocab_index, column_index, bits, keyed_noise);
+      // The model-side transforms of the raw logits (fs_model_logit), one warp-uniform branch per
+      // step ahead of the element loop, which stays the same code without them.
+      if (model_transform) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < N; ++e) {
+          x[e] = fs_model_logit(x[e], controls.logit_scale, controls.logit_softcap, controls.inv_logit_softcap);
+        }
+      }
       // The log-sum-exp references of the step's columns, from the lanes that hold them.
       float reference2[kBlocksPerStep][2];
       if (node.logprobs) {
