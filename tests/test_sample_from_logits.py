@@ -36,14 +36,15 @@ def row_logits(kind: str, batch: int, vocab: int, seed: int) -> torch.Tensor:
         return logits.scatter(1, head, values)
     if kind == "tied":  # few distinct values: ties at every cut, so the index digits decide
         return torch.randint(-4, 3, (batch, vocab), generator=g).float()
-    if kind == "non_finite":  # rows with +inf, NaN, -inf, and all -inf
+    if kind == "non_finite":  # rows with +inf, NaN, -inf, and all -inf (those of them the batch has)
         logits = torch.randn(batch, vocab, generator=g)
         logits[0, 5] = math.inf
-        logits[1, :: 7] = math.nan
-        logits[2, 10:] = -math.inf
-        logits[3] = -math.inf
-        logits[4, 3] = math.inf
-        logits[4, 9] = math.inf
+        if batch >= 5:
+            logits[1, :: 7] = math.nan
+            logits[2, 10:] = -math.inf
+            logits[3] = -math.inf
+            logits[4, 3] = math.inf
+            logits[4, 9] = math.inf
         return logits
     raise ValueError(kind)
 

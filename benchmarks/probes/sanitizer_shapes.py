@@ -8,7 +8,8 @@ bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the ep
 kernels many tiles per SM, so their exact skip (global floors, atomics) runs too. Each shape also
 takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
-with per-row top_k / top_p / min_p, a mask and logprobs."""
+with per-row top_k / top_p / min_p, a mask and logprobs; and top-N logprobs with ranks (the
+top-N kernel's split passes and workspace)."""
 
 import torch
 
@@ -73,6 +74,12 @@ for batch, vocab, dim, dtype in SHAPES:
         torch.cuda.synchronize()
         assert bool(allowed.gather(1, out.view(batch, -1)).all())
     print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, logits path, winner first)")
+    # Top-N logprobs with the sampled tokens' ranks: the top-N kernel's split passes, workspace and finish.
+    out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, num_samples=2,
+                                    allowed_mask=allowed, return_logprobs=True, top_logprobs=min(20, vocab))
+    torch.cuda.synchronize()
+    assert bool((out.ranks >= 1).all()) and bool(allowed.gather(1, out.top_ids.clamp(0, vocab - 1)).any(1).all())
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (top-N logprobs)")
     if 4096 <= vocab <= 229376 and torch.cuda.get_device_capability() == (9, 0):
         # The fused pass with every form: stage 2's rows, its row list, the stored logits and the
         # logits kernel's two launches over the rows it leaves (per-row k up to 300: both kinds).
