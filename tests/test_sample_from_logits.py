@@ -87,6 +87,19 @@ def op_truncation(form: str, batch: int, vocab: int, device) -> dict:
     return args
 
 
+def row_controls(batch: int, vocab: int, controls: bool, first_greedy_row: int) -> dict:
+    """Per-row temperatures (every fifth row greedy from `first_greedy_row`) and, with `controls`,
+    a bias, a mask, vocab_start and per-row seeds / offsets: the op's keyword arguments."""
+    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.4
+    temperatures[first_greedy_row::5] = 0.0
+    kwargs = dict(temperatures=temperatures)
+    if controls:
+        c = random_controls(batch, vocab, "cpu", vocab_start=64, seed=batch, density=0.5)
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64,
+                      seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch), empty_mask_token=-7)
+    return kwargs
+
+
 def op_outputs(logits, device, **kwargs):
     out = torch.ops.flashsampling.sample_from_logits(logits.to(device), **{
         k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
@@ -104,13 +117,7 @@ def test_cuda_kernel_equals_cpu_op_on_the_same_logits(kind, form, controls):
     logits = row_logits(kind, batch, vocab, seed=len(form) + len(kind))
     kwargs = dict(num_samples=3, seed=torch.tensor(11), offset=torch.tensor(4), return_logprobs=True,
                   **op_truncation(form, batch, vocab, "cpu"))
-    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.4
-    temperatures[::5] = 0.0
-    kwargs["temperatures"] = temperatures
-    if controls:
-        c = random_controls(batch, vocab, "cpu", vocab_start=64, seed=batch, density=0.5)
-        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64,
-                      seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch), empty_mask_token=-7)
+    kwargs.update(row_controls(batch, vocab, controls, first_greedy_row=0))
     cpu = op_outputs(logits, "cpu", **kwargs)
     gpu = op_outputs(logits, "cuda", **kwargs)
     assert torch.equal(gpu[0], cpu[0]), (gpu[0] != cpu[0]).nonzero()[:8]
@@ -134,13 +141,7 @@ def test_winner_first_rows_equal_cpu_op(kind, form, controls, batch):
     trunc = (dict(top_ps=per_row("p", batch, vocab), min_ps=per_row("m", batch, vocab)[torch.arange(batch).flip(0)])
              if form == "p_rows_min_p_rows" else op_truncation(form, batch, vocab, "cpu"))
     kwargs = dict(num_samples=1, seed=torch.tensor(11), offset=torch.tensor(4), return_logprobs=False, **trunc)
-    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.4
-    temperatures[3::5] = 0.0  # B = 1: a sampled row
-    kwargs["temperatures"] = temperatures
-    if controls:
-        c = random_controls(batch, vocab, "cpu", vocab_start=64, seed=batch, density=0.5)
-        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64,
-                      seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch), empty_mask_token=-7)
+    kwargs.update(row_controls(batch, vocab, controls, first_greedy_row=3))  # B = 1: a sampled row
     cpu = op_outputs(logits, "cpu", **kwargs)
     gpu = op_outputs(logits, "cuda", **kwargs)
     assert torch.equal(gpu[0], cpu[0]), (gpu[0] != cpu[0]).nonzero()[:8]

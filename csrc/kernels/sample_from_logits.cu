@@ -250,38 +250,22 @@ __device__ PackedCandidate block_max(PackedCandidate v, SharedState& sh) {
   return r;
 }
 
-__device__ unsigned block_sum(unsigned v, SharedState& sh) {
+// The CTA's sum of one value a thread, through one shared slot a warp (`slots`: the slots of the
+// value's type in SharedState). Integer sums are exact.
+template <typename T>
+__device__ T block_sum_through(T v, T (&slots)[kWarps]) {
 #pragma unroll
   for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(kFullMask, v, delta);
-  if (threadIdx.x % 32 == 0) sh.warp_count[threadIdx.x / 32] = v;
+  if (threadIdx.x % 32 == 0) slots[threadIdx.x / 32] = v;
   __syncthreads();
-  unsigned r = 0;
-  for (int w = 0; w < kWarps; ++w) r += sh.warp_count[w];
+  T r = 0;
+  for (int w = 0; w < kWarps; ++w) r += slots[w];
   __syncthreads();
   return r;
 }
-
-__device__ double block_sum(double v, SharedState& sh) {
-#pragma unroll
-  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(kFullMask, v, delta);
-  if (threadIdx.x % 32 == 0) sh.warp_mass[threadIdx.x / 32] = v;
-  __syncthreads();
-  double r = 0.0;
-  for (int w = 0; w < kWarps; ++w) r += sh.warp_mass[w];
-  __syncthreads();
-  return r;
-}
-
-__device__ FixedMass block_sum(FixedMass v, SharedState& sh) {  // exact: integers
-#pragma unroll
-  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(kFullMask, v, delta);
-  if (threadIdx.x % 32 == 0) sh.warp_fixed[threadIdx.x / 32] = v;
-  __syncthreads();
-  FixedMass r = 0;
-  for (int w = 0; w < kWarps; ++w) r += sh.warp_fixed[w];
-  __syncthreads();
-  return r;
-}
+__device__ unsigned block_sum(unsigned v, SharedState& sh) { return block_sum_through(v, sh.warp_count); }
+__device__ double block_sum(double v, SharedState& sh) { return block_sum_through(v, sh.warp_mass); }
+__device__ FixedMass block_sum(FixedMass v, SharedState& sh) { return block_sum_through(v, sh.warp_fixed); }
 
 __device__ float block_min(float v, SharedState& sh) {
 #pragma unroll
