@@ -7,13 +7,13 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <array>
 #include <cmath>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "checks.h"
+#include "cuda_device_info.h"
 #include "cuda_launch_check.h"
 #include "flashsampling/philox_gumbel.h"
 #include "flashsampling/sample_from_logits.h"
@@ -21,27 +21,6 @@
 
 namespace flashsampling {
 namespace {
-
-struct DeviceInfo {
-  int arch = 0;  // major * 10 + minor
-  int sm_count = 0;
-};
-
-// Read once per device: the attributes cannot change while the process runs.
-DeviceInfo device_info(int device) {
-  static std::array<DeviceInfo, 64> cache{};
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  DeviceInfo& info = cache.at(static_cast<size_t>(device));
-  if (info.arch == 0) {
-    int major = 0, minor = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device));
-    info.arch = major * 10 + minor;
-  }
-  return info;
-}
 
 // A 0-d int64 tensor becomes a value (CPU) or a device pointer the kernel reads at
 // run time (CUDA: no sync, and a captured graph sees the value at replay).

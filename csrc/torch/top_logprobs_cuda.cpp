@@ -1,13 +1,14 @@
 // CUDA impl of flashsampling._top_logprobs (flashsampling/top_logprobs.h; the CPU computes the
-// same outputs in torch ops, flashsampling_cuda/logprobs.py): one kernel on the current stream.
+// same outputs in torch ops, flashsampling_cuda/logprobs.py): its launches on the current stream,
+// with a workspace of top_logprobs_workspace_bytes.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <tuple>
 
+#include "cuda_device_info.h"
 #include "cuda_launch_check.h"
 #include "flashsampling/top_logprobs.h"
 
@@ -54,8 +55,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> top_logprobs_cuda(const at::Tenso
   p.ranks = ranks.mutable_data_ptr<int64_t>();
   at::Tensor workspace = at::empty({static_cast<int64_t>((top_logprobs_workspace_bytes(batch, t.size(1)) + 7) / 8)},
                                    tokens.options());  // int64 words: 8-byte aligned
-  int sm_count = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, values.get_device()));
+  int const sm_count = device_info(values.get_device()).sm_count;
   check_cuda_launch(launch_top_logprobs(p, workspace.mutable_data_ptr(), sm_count, c10::cuda::getCurrentCUDAStream()),
                     "flashsampling._top_logprobs");
   return {top_values, top_ids, ranks};
