@@ -1213,7 +1213,7 @@ cudaError_t launch_sample_from_logits(LogitsSamplerParams const& params, int sm_
   LogitsSamplerGrid const grid = logits_sampler_grid(params.batch_size, sm_count, resident);
   cudaLaunchAttribute attribute;
   LogitsSamplerGrid const few = logits_sampler_grid(1, sm_count, resident);  // a row's widest cluster
-  int const few_rows = std::min<int>(resident[(few.cluster_size == 8) ? 2 : (few.cluster_size == 4 ? 1 : 0)],
+  int const few_rows = std::min<int>(resident_clusters_of_size(few.cluster_size, resident),
                                      static_cast<int>(params.batch_size));
   if (params.rows != nullptr && grid.cluster_size < few.cluster_size && few_rows >= 1) {
     // A row list of unknown length: up to few_rows of them one per wide cluster, more on the

@@ -89,6 +89,12 @@ inline LogitsSamplerGrid logits_sampler_grid(int64_t batch, int sm_count, const 
   return {cluster, static_cast<int>(rows)};
 }
 
+// How many clusters of `cluster_size` (2, 4 or 8) CTAs the device runs at once, from `resident` as
+// above.
+inline int resident_clusters_of_size(int cluster_size, const int resident[3]) {
+  return resident[cluster_size == 8 ? 2 : cluster_size == 4 ? 1 : 0];
+}
+
 cudaError_t launch_sample_from_logits(const LogitsSamplerParams& params, int sm_count, cudaStream_t stream);
 
 }  // namespace flashsampling
