@@ -16,11 +16,10 @@ namespace {
 // function, so CPU builds answer it too (tests/test_kernel_choice.py).
 std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters) {
   using flashsampling::SamplerLoop;
-  SamplerLoop const kind = loop == "plain"             ? SamplerLoop::kPlain
-                           : loop == "common_controls" ? SamplerLoop::kCommonControls
-                           : loop == "all_controls"    ? SamplerLoop::kAllControls
-                           : loop == "top_candidates"  ? SamplerLoop::kTopCandidates
-                                                       : static_cast<SamplerLoop>(-1);
+  SamplerLoop kind = static_cast<SamplerLoop>(-1);
+  for (int i = 0; i < flashsampling::kSamplerLoops; ++i) {
+    if (loop == flashsampling::sampler_loop_name(static_cast<SamplerLoop>(i))) kind = static_cast<SamplerLoop>(i);
+  }
   TORCH_CHECK(static_cast<int>(kind) >= 0, "flashsampling._kernel_choice: loop must be plain, common_controls, ",
               "all_controls or top_candidates, got '", loop, "'");
   TORCH_CHECK(columns >= 1, "flashsampling._kernel_choice: columns must be >= 1, got ", columns);
@@ -42,8 +41,7 @@ std::string sampler_loop(bool model_transform, bool per_row_temperatures, bool l
   needs.sparse_bias = sparse_bias;
   needs.per_row_keys = per_row_keys;
   needs.num_samples = static_cast<int>(std::min<int64_t>(num_samples, 2));  // only 1 or more matters
-  static char const* const kLoops[] = {"plain", "common_controls", "all_controls", "top_candidates"};
-  return kLoops[static_cast<int>(flashsampling::sampler_loop_for(needs))];
+  return flashsampling::sampler_loop_name(flashsampling::sampler_loop_for(needs));
 }
 
 }  // namespace

@@ -90,9 +90,8 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
 // The unit's file stem in csrc/kernels/instantiations/ (generate_kernels.py's Kernel.filename).
 inline std::string kernel_unit_name(KernelChoice const& c, bool bf16) {
   if (c.arch == 0) return "";
-  static char const* const kLoops[] = {"plain", "common_controls", "all_controls", "top_candidates"};
   std::string name = std::string("sampler_") + (bf16 ? "bf16" : "fp16") + "_n" + std::to_string(c.tile_n) + "_" +
-                     kLoops[static_cast<int>(c.loop)];
+                     sampler_loop_name(c.loop);
   switch (c.schedule) {
     case SamplerSchedule::kPingpong: name += "_pingpong"; break;
     case SamplerSchedule::kCooperative: name += "_cooperative"; break;

@@ -19,6 +19,14 @@ namespace flashsampling {
 //                    (truncate_candidates.cu) selects the row's top-k, truncates (top-p, min-p)
 //                    and samples the survivors.
 enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2, kTopCandidates = 3 };
+constexpr int kSamplerLoops = 4;
+
+// A loop's name: in the generated units' file names (generate_kernels.py) and in the test ops
+// _kernel_choice / _sampler_loop.
+inline char const* sampler_loop_name(SamplerLoop loop) {
+  static char const* const kNames[kSamplerLoops] = {"plain", "common_controls", "all_controls", "top_candidates"};
+  return kNames[static_cast<int>(loop)];
+}
 
 // What of a sampling call decides its loop (sampler_params.h's sampler_loop_for reads it off the
 // call; tests/test_kernel_choice.py through flashsampling::_sampler_loop).
