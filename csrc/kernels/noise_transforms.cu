@@ -1,7 +1,7 @@
 // The noise transforms of philox_gumbel.h as elementwise GPU kernels (flashsampling._logf and
-// _gumbel_from_bits on CUDA tensors), and its model-side transforms (_model_logits). They run the four-lane forms the fused epilogue calls, so
-// a bit-for-bit comparison with the CPU ops covers the device code of the noise
-// (tests/test_noise_cuda.py).
+// _gumbel_from_bits on CUDA tensors), and its model-side transforms (_model_logits). The noise
+// kernels run the four-lane forms the fused epilogue calls, so a bit-for-bit comparison with the
+// CPU ops covers the device code of the noise (tests/test_noise_cuda.py).
 #include <cstdint>
 
 #include "flashsampling/noise_launch.h"

@@ -91,6 +91,13 @@ ModelTransform model_transform(double logit_scale, std::optional<double> logit_s
   return t;
 }
 
+ModelTransform model_logits_args(const at::Tensor& logits, double logit_scale, std::optional<double> logit_softcap) {
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, "flashsampling._model_logits: logits must be float32, got ",
+              logits.scalar_type());
+  check_model_transform_args("flashsampling._model_logits", logit_scale, logit_softcap);
+  return model_transform(logit_scale, logit_softcap);
+}
+
 void check_uint32_values(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.scalar_type() == at::kLong, op, ": ", name, " must be an int64 tensor, got ",
               t.scalar_type());

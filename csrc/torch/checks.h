@@ -94,6 +94,10 @@ struct ModelTransform {
 };
 ModelTransform model_transform(double logit_scale, std::optional<double> logit_softcap);
 
+// flashsampling._model_logits' arguments (CPU and CUDA impls): float32 logits and the checked
+// transform.
+ModelTransform model_logits_args(const at::Tensor& logits, double logit_scale, std::optional<double> logit_softcap);
+
 // The noise ops' (noise_cpu.cpp, noise_cuda.cpp) uint32 arguments: an int64 tensor whose
 // values lie in [0, 2^32). Reads the values (a host sync on a device tensor; test ops only).
 void check_uint32_values(const char* op, const char* name, const at::Tensor& t);

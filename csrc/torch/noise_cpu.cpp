@@ -110,10 +110,7 @@ at::Tensor logf_cpu(const at::Tensor& x) {
 // flashsampling._model_logits: fs_model_logit elementwise, the logits route's step 1 (and, with
 // scale 1 and softcap 1, fs_tanhf itself for tests/test_noise.py).
 at::Tensor model_logits_cpu(const at::Tensor& logits, double logit_scale, std::optional<double> logit_softcap) {
-  TORCH_CHECK(logits.scalar_type() == at::kFloat, "flashsampling._model_logits: logits must be float32, got ",
-              logits.scalar_type());
-  check_model_transform_args("flashsampling._model_logits", logit_scale, logit_softcap);
-  const ModelTransform t = model_transform(logit_scale, logit_softcap);
+  const ModelTransform t = model_logits_args(logits, logit_scale, logit_softcap);
   const at::Tensor xc = logits.contiguous();
   at::Tensor out = at::empty_like(xc);
   const float* xp = xc.const_data_ptr<float>();

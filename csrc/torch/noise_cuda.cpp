@@ -27,10 +27,7 @@ at::Tensor logf_cuda(const at::Tensor& x) {
 }
 
 at::Tensor model_logits_cuda(const at::Tensor& logits, double logit_scale, std::optional<double> logit_softcap) {
-  TORCH_CHECK(logits.scalar_type() == at::kFloat, "flashsampling._model_logits: logits must be float32, got ",
-              logits.scalar_type());
-  check_model_transform_args("flashsampling._model_logits", logit_scale, logit_softcap);
-  const ModelTransform t = model_transform(logit_scale, logit_softcap);
+  const ModelTransform t = model_logits_args(logits, logit_scale, logit_softcap);
   const c10::cuda::CUDAGuard guard(logits.device());
   const at::Tensor xc = logits.contiguous();
   at::Tensor out = at::empty_like(xc);
