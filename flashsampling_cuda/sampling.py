@@ -213,9 +213,7 @@ def _op_kwargs(
         _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties, order)
         return kwargs
     if model_fused:
-        if truncation_path not in TRUNCATION_PATHS or truncation_path == "fused_top_k":
-            raise ValueError("flashsampling.sample: with logit_scale / logit_softcap or penalties, truncation_path "
-                             f"must be 'auto', 'logits' or 'materialized', got {truncation_path!r}")
+        _check_transformed_truncation_path(truncation_path)
         kwargs.update(logit_scale=scale, logit_softcap=softcap)
         return kwargs
     if truncation is not None:
@@ -287,6 +285,14 @@ def _check_op_args_eagerly(hidden: Tensor, weight: Tensor, kwargs: dict) -> None
                          vocab_start=kwargs["vocab_start"])
 
 
+def _check_transformed_truncation_path(truncation_path) -> None:
+    """A call with logit_scale / logit_softcap or penalties: the fused top-k pass applies neither,
+    so its truncation_path is one of the others."""
+    if truncation_path not in TRUNCATION_PATHS or truncation_path == "fused_top_k":
+        raise ValueError("flashsampling.sample: with logit_scale / logit_softcap or penalties, truncation_path must be "
+                         f"'auto', 'logits' or 'materialized', got {truncation_path!r}")
+
+
 def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncation_path: str, scale: float,
                   softcap: float | None, penalties, order: str = "top_k_first") -> None:
     """Fills ``route`` for a call with model-side transforms or penalties the fused op cannot
@@ -294,9 +300,7 @@ def _logits_route(hidden, weight, kwargs: dict, route: dict, truncation, truncat
     flashsampling_cuda/penalties.py on them in torch ops, then
     ``torch.ops.flashsampling.sample_from_logits`` (its CUDA kernel, or the CPU op), which
     applies the mask, temperature, truncation and noise. No host sync."""
-    if truncation_path not in TRUNCATION_PATHS or truncation_path == "fused_top_k":
-        raise ValueError("flashsampling.sample: with logit_scale / logit_softcap or penalties, truncation_path must be "
-                         f"'auto', 'logits' or 'materialized', got {truncation_path!r}")
+    _check_transformed_truncation_path(truncation_path)
     _check_op_args_eagerly(hidden, weight, kwargs)
     # Every bias is folded into x here (the same fp32 adds the kernel would do).
     raw = materialized_logits(hidden, weight)
