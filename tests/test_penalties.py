@@ -310,6 +310,7 @@ def test_graph_safe_decode_step_on_cpu_compiles():
     (dict(logit_softcap=-1.0), ValueError, "logit_softcap"),
     (dict(logit_scale=0.0), ValueError, "logit_scale"),
     (dict(logit_softcap=30.0, top_k=5, truncation_path="fused_top_k"), ValueError, "truncation_path"),
+    (dict(logit_softcap=30.0, truncation_path="fused_top_k"), ValueError, "truncation_path"),
     (dict(frequency_penalty=0.5, prompt_token_ids=torch.ones(1, 2)), TypeError, "prompt_token_ids"),
 ])
 def test_bad_arguments_name_themselves(kwargs, error, match):
