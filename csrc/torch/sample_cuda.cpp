@@ -97,6 +97,15 @@ bool current_stream_capturing() {
   return status != cudaStreamCaptureStatusNone;
 }
 
+// An optional device tensor's data for a kernel's params: nullptr when absent, else its
+// contiguous copy's (or itself), which `keep_alive` holds until the launch is enqueued.
+template <class T>
+const T* kept_data(const std::optional<at::Tensor>& t, std::vector<at::Tensor>& keep_alive) {
+  if (!t.has_value()) return nullptr;
+  keep_alive.push_back(t->contiguous());
+  return static_cast<const T*>(keep_alive.back().const_data_ptr());
+}
+
 // The per-row truncation arrays of sample_top_k and sample_from_logits: int64 top_ks and
 // float64 top_ps / min_ps, each [B] on the device of `rows` ([B, ...], named `rows_name`).
 void check_per_row_truncation(const char* prefix, const at::Tensor& rows, const char* rows_name,
@@ -206,21 +215,9 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
   c.logit_scale = model.scale;
   c.logit_softcap = model.softcap;
   c.inv_logit_softcap = model.inv_softcap;
-  if (args.temperatures.has_value()) {
-    const at::Tensor t = args.temperatures->contiguous();
-    keep_alive.push_back(t);
-    c.temperatures = t.const_data_ptr<float>();
-  }
-  if (args.logit_bias.has_value()) {
-    const at::Tensor b = args.logit_bias->contiguous();
-    keep_alive.push_back(b);
-    c.logit_bias = b.const_data_ptr<float>();
-  }
-  if (args.allowed_mask.has_value()) {
-    const at::Tensor m = args.allowed_mask->contiguous();
-    keep_alive.push_back(m);
-    c.allowed_mask = reinterpret_cast<const uint32_t*>(m.const_data_ptr<int32_t>());
-  }
+  c.temperatures = kept_data<float>(args.temperatures, keep_alive);
+  c.logit_bias = kept_data<float>(args.logit_bias, keep_alive);
+  c.allowed_mask = kept_data<uint32_t>(args.allowed_mask, keep_alive);  // int32 words, read as uint32
   if (args.sparse_bias_ids.has_value() && args.sparse_bias_ids->size(1) > 0) {
     TORCH_CHECK(args.sparse_bias_ids->size(1) <= INT32_MAX, "flashsampling.sample: sparse_bias_ids has too many columns");
     // int32 ids for the kernel; ids outside [0, 2^31 - 1) can match no token, so clamp
@@ -249,21 +246,9 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
     p.top_k = top->top_k;
     p.top_p = top->top_p.value_or(1.0);
     p.min_p = top->min_p.value_or(0.0);
-    if (top->top_ps.has_value()) {
-      const at::Tensor t = top->top_ps->contiguous();
-      keep_alive.push_back(t);
-      p.top_ps = t.const_data_ptr<double>();
-    }
-    if (top->min_ps.has_value()) {
-      const at::Tensor t = top->min_ps->contiguous();
-      keep_alive.push_back(t);
-      p.min_ps = t.const_data_ptr<double>();
-    }
-    if (top->top_ks.has_value()) {
-      const at::Tensor t = top->top_ks->contiguous();
-      keep_alive.push_back(t);
-      p.top_ks = t.const_data_ptr<int64_t>();
-    }
+    p.top_ps = kept_data<double>(top->top_ps, keep_alive);
+    p.min_ps = kept_data<double>(top->min_ps, keep_alive);
+    p.top_ks = kept_data<int64_t>(top->top_ks, keep_alive);
     if (!fused_truncation_decides_every_row(p)) {
       // The logits of the rows stage 2 leaves come from this GEMM pass (sm90: its top-k scan
       // stores them; flashsampling_cuda.sample takes the logits path elsewhere).
@@ -366,29 +351,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
   check_mask_rows_nonempty(weight, args, current_stream_capturing());
 
   std::vector<at::Tensor> keep_alive;
-  auto device_data = [&](const std::optional<at::Tensor>& t) {
-    if (!t.has_value()) return static_cast<const void*>(nullptr);
-    at::Tensor c = t->contiguous();
-    keep_alive.push_back(c);
-    return c.const_data_ptr();
-  };
   LogitsSamplerParams p;
   p.logits = logits.const_data_ptr<float>();
   p.logits_row_stride = batch == 1 ? vocab : logits.stride(0);
   p.batch_size = batch;
   p.vocab_size = vocab;
   p.vocab_start = vocab_start;
-  p.logit_bias = static_cast<const float*>(device_data(logit_bias));
-  p.allowed_mask = static_cast<const uint32_t*>(device_data(allowed_mask));
+  p.logit_bias = kept_data<float>(logit_bias, keep_alive);
+  p.allowed_mask = kept_data<uint32_t>(allowed_mask, keep_alive);
   p.mask_words = (vocab + 31) / 32;
   p.inv_temperature = fs_inv_temperature(static_cast<float>(temperature));
-  p.temperatures = static_cast<const float*>(device_data(temperatures));
+  p.temperatures = kept_data<float>(temperatures, keep_alive);
   p.top_k = top_k;
-  p.top_ks = static_cast<const int64_t*>(device_data(top_ks));
+  p.top_ks = kept_data<int64_t>(top_ks, keep_alive);
   p.top_p = top_p;
-  p.top_ps = static_cast<const double*>(device_data(top_ps));
+  p.top_ps = kept_data<double>(top_ps, keep_alive);
   p.min_p = min_p;
-  p.min_ps = static_cast<const double*>(device_data(min_ps));
+  p.min_ps = kept_data<double>(min_ps, keep_alive);
   p.noise = resolve_noise(logits, num_samples, seed, offset, args.generator, keep_alive);
   p.num_samples = static_cast<int>(num_samples);
   p.tokens = result.tokens.data_ptr<int64_t>();
