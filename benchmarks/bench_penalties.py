@@ -9,8 +9,9 @@ half output: ids drawn from L / 4 per row, so with repeats), bf16 LLM-like logit
   plain       ours, flashsampling_cuda.sample(hidden, weight, temperature=T)
   ours        ours with the form:
                 penalties L      repetition 1.1, frequency 0.3, presence 0.2 ([B] tensors) over a
-                                 PenaltyState of the history (the logits route, docs/penalties.md)
-                freq+pres L      frequency 0.3, presence 0.2 alone (the fused route)
+                                 PenaltyState of the history (the fused op's rank bitmap,
+                                 docs/penalties.md)
+                freq+pres L      frequency 0.3, presence 0.2 alone (the same route)
                 softcap          logit_softcap=30 (Gemma 2/3)
                 logit_scale      logit_scale=0.125 (Granite-like)
   vLLM mult.  torch.compile(cuBLAS fp32 logits -> vLLM's penalties (vllm/v1/sample/ops/penalties.py:

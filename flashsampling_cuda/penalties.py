@@ -275,7 +275,10 @@ def repetition_penalized(x: Tensor, penalties: Penalties, vocab_start: int) -> T
     batch, vocab = x.shape
     column, inside = _local_ids(penalties.state, vocab, vocab_start)
     r = penalties.repetition
-    r = r[:, None] if isinstance(r, Tensor) else r
+    # A host value as a [1, 1] tensor on x's device: CUDA divides a tensor by a host scalar as a
+    # product with the scalar's reciprocal (ATen's div_true_kernel_cuda), which can differ from
+    # the true division (fs_penalized_logit's, the fused op's) in the last bit.
+    r = r[:, None] if isinstance(r, Tensor) else torch.full((1, 1), r, dtype=x.dtype, device=x.device)
     wide = torch.cat([x, x.new_zeros(batch, 1)], dim=1)  # a spare column for free slots
     seen = wide.gather(1, column)
     penalized = torch.where(seen > 0, seen / r, seen * r)
@@ -298,6 +301,26 @@ def penalty_bias(penalties: Penalties) -> tuple[Tensor, Tensor] | None:
         q = q + (p[:, None] if isinstance(p, Tensor) else p) * (counts > 0).float()
     counted = (state.ids >= 0) & (state.output_counts > 0)  # prompt-only tokens get no entry
     return torch.where(counted, state.ids, -1), torch.where(counted, -q, 0.0)
+
+
+def fused_penalty_args(penalties: Penalties, batch: int) -> dict:
+    """Step 3 as the fused op's arguments (``torch.ops.flashsampling.sample``'s ``penalty_ids``,
+    ``penalty_values``, ``repetition_penalties``; csrc/torch/checks.h): the state's ids, what the
+    logits route adds to each (``fl(0 + (-q))``, the sum :func:`~.truncation.transformed_logits`
+    forms of a sparse entry; ``-0.0`` for an id with no entry, which leaves ``x`` as it is) and
+    the per-row repetition penalty. Small ``[B, C]`` torch ops on the state's device, no host
+    sync; the op turns them into its rank bitmap (csrc/kernels/reduce_candidates.cu)."""
+    state = penalties.state
+    args = {"penalty_ids": state.ids}
+    entries = penalty_bias(penalties)
+    if entries is not None:
+        ids, values = entries
+        args["penalty_values"] = torch.where(ids >= 0, values + 0.0, -0.0)
+    r = penalties.repetition
+    if r is not None:
+        args["repetition_penalties"] = (r if isinstance(r, Tensor)
+                                        else torch.full((batch,), r, dtype=torch.float32, device=state.ids.device))
+    return args
 
 
 def rule_logits(logits: Tensor, logit_bias: Tensor | None, sparse_bias_ids: Tensor | None,

@@ -14,7 +14,7 @@ from torch import Tensor
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .logprobs import MAX_TOP_LOGPROBS, LogprobsOutput, logprob_outputs, parse_logprob_args, top_logprobs_cpu
 from .noise import as_int64_tensor, draw_seed
-from .penalties import PenaltyState, parse_penalties, penalty_bias, rule_logits
+from .penalties import PenaltyState, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
@@ -200,21 +200,19 @@ def _op_kwargs(
     if context is not None:  # the call as given, for outputs computed beside the sample (logprobs.py)
         context.update(kwargs=dict(kwargs), truncation=truncation, order=order, scale=scale, softcap=softcap,
                        penalties=penalties)
-    # The fused op applies the model-side transforms in its epilogue (CUDA) or transform pass (CPU);
-    # the truncation paths and the logprob outputs read logits the op does not hand over, so such
-    # calls take the logits route, which applies the same function (_model_logits).
-    model_fused = model_side and truncation is None and not logits_wanted
-    if (penalties is not None and (model_fused or not model_side) and penalties.repetition is None
-            and sparse_ids is None and penalties.state.capacity <= FUSED_PENALTY_CAPACITY):
-        # Frequency and presence alone over a short history: their terms are sparse bias entries
-        # of the fused op.
-        kwargs["sparse_bias_ids"], kwargs["sparse_bias_values"] = penalty_bias(penalties)
-    elif (model_side and not model_fused) or penalties is not None:
+    # The fused op applies the model-side transforms and the penalties in its epilogue (CUDA) or
+    # transform pass (CPU); the truncation paths and the logprob outputs read logits the op does
+    # not hand over, so such calls take the logits route, which applies the same functions
+    # (_model_logits; the penalties' torch ops, which divide and add as fs_penalized_logit does).
+    if (model_side or penalties is not None) and (truncation is not None or logits_wanted):
         _logits_route(hidden, weight, kwargs, route, truncation, truncation_path, scale, softcap, penalties, order)
         return kwargs
-    if model_fused:
+    if model_side or penalties is not None:
         _check_transformed_truncation_path(truncation_path)
-        kwargs.update(logit_scale=scale, logit_softcap=softcap)
+        if model_side:
+            kwargs.update(logit_scale=scale, logit_softcap=softcap)
+        if penalties is not None:
+            kwargs.update(fused_penalty_args(penalties, hidden.shape[0]))
         return kwargs
     if truncation is not None:
         _check_op_args_eagerly(hidden, weight, kwargs)
@@ -247,14 +245,6 @@ def _op_kwargs(
                 route.update(op="sample_from_logits",
                              **logits_path_args(Truncation(None, None, None), hidden, weight, kwargs))
     return kwargs
-
-
-# The longest token history (PenaltyState capacity) whose frequency and presence terms go to the
-# fused op as sparse bias. The epilogue scans a row's entries for every marked element, so the
-# cost grows as capacity^2 a row: at 2048 an H100 took 7-40x plain sampling (penalties benchmark,
-# docs/penalties.md), about 3% of that at 128 by that scaling; longer histories take the logits
-# route.
-FUSED_PENALTY_CAPACITY = 128
 
 
 def _truncation_order(truncation_order, truncation) -> str:
@@ -488,14 +478,15 @@ def sample(
         logit_scale, logit_softcap: model-side transforms of the raw logits, before the biases:
             ``l * logit_scale``, then ``logit_softcap * tanh(l / logit_softcap)`` (Gemma's
             ``final_logit_softcapping``; Granite's ``logits_scaling`` is ``1 / logit_scale``).
-            Off by default (1.0, None); either on takes the logits route (docs/penalties.md).
+            Off by default (1.0, None); in the fused op, or with truncation or the logprob
+            outputs that read the logits on the logits route (docs/penalties.md).
         repetition_penalty, frequency_penalty, presence_penalty: vLLM's penalties, after the
             biases and before the temperature: a host float, or a 0-d / ``[B]`` float tensor
             (per row). Repetition (off: 1.0, host values > 0) divides a positive logit of a token
             seen in the prompt or the output by it and multiplies a negative one; frequency and
             presence (off: 0.0) subtract ``f * count + p * [count > 0]`` over the output tokens.
-            Frequency and presence alone (and no ``sparse_logit_bias``) run fused as sparse
-            bias entries; the repetition penalty takes the logits route (docs/penalties.md).
+            They run in the fused op, after the biases; with truncation or logprob outputs
+            the call takes the logits route (docs/penalties.md).
         penalty_state: the token history of every row (:class:`flashsampling_cuda.PenaltyState`,
             on hidden's device; ``penalty_state.update(tokens)`` after each step, graph-safe).
         prompt_token_ids, output_token_ids: instead of ``penalty_state``, the history as
@@ -811,7 +802,7 @@ def _c10(dtype: torch.dtype) -> str:
 def _check_fake_args(
     hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
     allowed_mask, *, temperature=1.0, generator=None, empty_mask_token=None, vocab_start=0, logit_scale=1.0,
-    logit_softcap=None,
+    logit_softcap=None, penalty_ids=None, penalty_values=None, repetition_penalties=None,
 ):
     """The checks of csrc/torch/checks.cpp (check_sample_args) that need no tensor values, in its
     order and with its messages (tests/test_fake_checks.py compares them): the fake kernel also
@@ -895,6 +886,22 @@ def _check_fake_args(
         words = (vocab + 31) // 32
         check("allowed_mask", allowed_mask, (torch.int32,), "int32", [(batch, words)],
               f"[B, ceil(V / 32)] = [{batch}, {words}]")
+    if penalty_ids is not None:
+        torch._check(penalty_ids.dim() == 2 and penalty_ids.shape[0] == batch
+                     and penalty_ids.shape[1] <= _MAX_INT32_EXTENT,
+                     lambda: f"{prefix} penalty_ids must have shape [B, C] = [{batch}, C], got shape "
+                     f"{list(penalty_ids.shape)}")
+        shape = tuple(penalty_ids.shape)
+        check("penalty_ids", penalty_ids, (torch.int64,), "int64", [shape], f"[B, C] = {list(shape)}")
+        if penalty_values is not None:
+            check("penalty_values", penalty_values, (torch.float32,), "float32", [shape],
+                  f"[B, C] (the shape of penalty_ids) = {list(shape)}")
+        if repetition_penalties is not None:
+            check("repetition_penalties", repetition_penalties, (torch.float32,), "float32", [(batch,)],
+                  f"[B] = [{batch}]")
+    else:
+        torch._check(penalty_values is None and repetition_penalties is None,
+                     lambda: f"{prefix} penalty_values and repetition_penalties need penalty_ids")
     if isinstance(empty_mask_token, int) and isinstance(vocab_start, int):
         torch._check(
             empty_mask_token < 0 or vocab_start <= empty_mask_token < vocab_start + vocab,
@@ -921,12 +928,14 @@ def _c10_double(value: float) -> str:
 def _sample_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None,
+    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None, penalty_ids=None,
+    penalty_values=None, repetition_penalties=None,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
                      empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
-                     logit_softcap=logit_softcap)
+                     logit_softcap=logit_softcap, penalty_ids=penalty_ids, penalty_values=penalty_values,
+                     repetition_penalties=repetition_penalties)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
 
 
@@ -934,12 +943,14 @@ def _sample_fake(
 def _sample_with_scores_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None, return_logprobs=False,
+    empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None, penalty_ids=None,
+    penalty_values=None, repetition_penalties=None, return_logprobs=False,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
                      empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
-                     logit_softcap=logit_softcap)
+                     logit_softcap=logit_softcap, penalty_ids=penalty_ids, penalty_values=penalty_values,
+                     repetition_penalties=repetition_penalties)
     batch = hidden.shape[0]
     shape = (batch, num_samples)
     return (

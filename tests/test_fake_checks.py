@@ -6,7 +6,8 @@ it), so an input the real op rejects must fail there too, with the words a user 
 the real op. CPU only: each case calls the op once on CPU tensors (the real kernel) and once on
 the same tensors on the meta device (the fake), and compares the first line of the errors.
 
-The model-side transforms' checks (logit_scale, logit_softcap) are among the cases.
+The model-side transforms' checks (logit_scale, logit_softcap) and the penalties' (penalty_ids,
+penalty_values, repetition_penalties) are among the cases.
 
 A case may carry a reason to mark it xfail (strict) while a known difference stands; none does.
 """
@@ -63,6 +64,20 @@ CASES = {
     "logit_softcap_negative": (_h(B, D), _h(V, D), dict(logit_softcap=-30.0), None),
     "logit_softcap_float32_overflow": (_h(B, D), _h(V, D), dict(logit_softcap=1e39), None),
     "logit_softcap_float32_underflow": (_h(B, D), _h(V, D), dict(logit_softcap=1e-40), None),
+    "penalty_ids_dtype": (_h(B, D), _h(V, D), dict(penalty_ids=torch.zeros(B, 3, dtype=torch.int32)), None),
+    "penalty_ids_rows": (_h(B, D), _h(V, D), dict(penalty_ids=torch.zeros(B + 1, 3, dtype=torch.int64)), None),
+    "penalty_ids_1d": (_h(B, D), _h(V, D), dict(penalty_ids=torch.zeros(B, dtype=torch.int64)), None),
+    "penalty_values_shape": (_h(B, D), _h(V, D), dict(penalty_ids=torch.zeros(B, 3, dtype=torch.int64),
+                                                      penalty_values=torch.zeros(B, 4)), None),
+    "penalty_values_dtype": (_h(B, D), _h(V, D), dict(penalty_ids=torch.zeros(B, 3, dtype=torch.int64),
+                                                      penalty_values=torch.zeros(B, 3, dtype=torch.float64)), None),
+    "repetition_penalties_shape": (_h(B, D), _h(V, D), dict(penalty_ids=torch.zeros(B, 3, dtype=torch.int64),
+                                                            repetition_penalties=torch.ones(B + 1)), None),
+    "repetition_penalties_dtype": (_h(B, D), _h(V, D), dict(penalty_ids=torch.zeros(B, 3, dtype=torch.int64),
+                                                            repetition_penalties=torch.ones(B, dtype=torch.int64)),
+                                   None),
+    "penalty_values_alone": (_h(B, D), _h(V, D), dict(penalty_values=torch.zeros(B, 3)), None),
+    "repetition_penalties_alone": (_h(B, D), _h(V, D), dict(repetition_penalties=torch.ones(B)), None),
 }
 
 OPS = ["sample", "sample_with_scores"]

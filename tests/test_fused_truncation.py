@@ -73,7 +73,9 @@ def truncation_kwargs(form, batch, device):
 
 
 @requires_sm90
-@pytest.mark.parametrize("batch", [5, 40, 100])  # the N = 16, 64 and cooperative 128 tiles
+# the N = 16 and 64 tiles, then the epilogue-warpgroup kernel: one column tile (100) and two in a
+# column cluster (130, 200); three tiles (300) in test_top_candidates_kernels_agree_bit_for_bit
+@pytest.mark.parametrize("batch", [5, 40, 100, 130, 200])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
@@ -101,6 +103,49 @@ def test_fused_truncation_equals_cpu_op_on_exact_logits(form, regime, batch, con
     assert torch.equal(got.scores.cpu(), expected[1])
     torch.testing.assert_close(got.token_logprobs.cpu(), expected[2], rtol=1e-4, atol=1e-4, equal_nan=True)
     torch.testing.assert_close(got.logsumexp.cpu(), expected[3], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@requires_sm90
+@pytest.mark.parametrize("vocab", [V, V - 40], ids=["whole_tiles", "ragged_last_tile"])
+@pytest.mark.parametrize("batch", [100, 200, 300])
+@pytest.mark.parametrize("form", ["k_rows", "p_rows", "k_p_min_p_rows"])
+def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
+    """The fused pass beyond 64 columns on the epilogue-warpgroup kernel and on CUTLASS's
+    cooperative tile (DispatchOptions::top_candidates_epilogue_warpgroups): the same candidates,
+    stored logits and log-mass parts, so the same tokens, scores, logprobs and logsumexp bit for
+    bit (rows decided by stage 2 and rows sampled from the stored logits alike), with the controls
+    the pass takes (per-row T with greedy rows, bias, mask, per-row seeds, two samples), also with
+    a last vocabulary tile of 88 rows (runs of 16 rows partly and wholly past the vocabulary). The
+    profiler checks that each setting ran the kernel it names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    weight = lm_head_weight(vocab, D, seed=3).cuda()
+    hidden = hidden_states(weight, batch, "llm", seed=batch)
+    g = torch.Generator().manual_seed(batch)
+    temperatures = (torch.rand(batch, generator=g) * 1.5 + 0.3).cuda()
+    temperatures[::7] = 0.0
+    c = random_controls(batch, vocab, "cuda", vocab_start=64, seed=batch, density=0.5)
+    kwargs = dict(temperature=temperatures, seed=torch.arange(batch, device="cuda") * 3 + 1,
+                  offset=torch.arange(batch, device="cuda"), num_samples=2, return_logprobs=True,
+                  logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7,
+                  truncation_path="fused_top_k", **truncation_kwargs(form, batch, "cuda"))
+    results = {}
+    for epilogue_warpgroups in (True, False):
+        torch.ops.flashsampling._set_dispatch_options(top_candidates_epilogue_warpgroups=epilogue_warpgroups)
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                results[epilogue_warpgroups] = fs.sample_with_scores(hidden, weight, **kwargs)
+                torch.cuda.synchronize()
+        finally:
+            torch.ops.flashsampling._set_dispatch_options()
+        # the top-k pass's loop is (flashsampling::SamplerLoop)3 in the kernel's name
+        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        ran_ours = any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in names)
+        assert ran_ours == epilogue_warpgroups, names
+    for name in ("tokens", "scores", "token_logprobs", "logsumexp"):
+        got, want = getattr(results[True], name), getattr(results[False], name)
+        as_bits = (lambda t: t.view(torch.int32)) if got.is_floating_point() else (lambda t: t)
+        assert torch.equal(as_bits(got), as_bits(want)), (name, (as_bits(got) != as_bits(want)).nonzero()[:8])
 
 
 @requires_sm90

@@ -19,8 +19,9 @@ COLUMNS = (*range(1, 300), 383, 384, 385, 511, 512, 513, 1000, 1024, 4096)
 UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels()}
 
 
-def choice(arch, loop, columns, bf16=True, column_clusters=True):
-    return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters)
+def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True):
+    return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
+                                                  top_candidates_epilogue_warpgroups)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -30,7 +31,8 @@ def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
             for columns in COLUMNS:
                 for bf16 in (True, False):
                     for clusters in (True, False):
-                        chosen.add(choice(arch, loop, columns, bf16, clusters))
+                        for top_ewg in (True, False):
+                            chosen.add(choice(arch, loop, columns, bf16, clusters, top_ewg))
     assert chosen <= UNITS, f"chosen but not generated: {sorted(chosen - UNITS)}"
     assert UNITS <= chosen, f"generated but never chosen: {sorted(UNITS - chosen)}"
 
@@ -59,9 +61,21 @@ def test_controls_sm90():
 
 
 def test_top_candidates_and_sm100():
-    assert [choice(90, "top_candidates", c) for c in (32, 33, 65)] == [
+    assert [choice(90, "top_candidates", c) for c in (32, 33, 65, 128, 129, 256, 257)] == [
         "sampler_bf16_n16_top_candidates_pingpong_sm90", "sampler_bf16_n64_top_candidates_pingpong_cluster_m2_sm90",
-        "sampler_bf16_n128_top_candidates_cooperative_sm90"]
+        "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90",
+        "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90",
+        "sampler_bf16_n128_top_candidates_epilogue_warpgroups_cluster_n2_sm90",
+        "sampler_bf16_n128_top_candidates_epilogue_warpgroups_cluster_n2_sm90",
+        "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90"]  # three column tiles: no pairs
+    assert choice(90, "top_candidates", 200, column_clusters=False) == (
+        "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90")
+    # the cooperative tile where asked (the A/B), and the narrow tiles either way
+    assert [choice(90, "top_candidates", c, top_candidates_epilogue_warpgroups=False) for c in (32, 64, 65, 256)] == [
+        "sampler_bf16_n16_top_candidates_pingpong_sm90", "sampler_bf16_n64_top_candidates_pingpong_cluster_m2_sm90",
+        "sampler_bf16_n128_top_candidates_cooperative_sm90", "sampler_bf16_n128_top_candidates_cooperative_sm90"]
+    assert choice(100, "top_candidates", 200, top_candidates_epilogue_warpgroups=False) == (
+        choice(100, "top_candidates", 200)) == "sampler_bf16_n128_top_candidates_sm100"
     assert [choice(100, "plain", c, bf16=False) for c in (16, 32, 64, 500)] == [
         f"sampler_fp16_n{n}_plain_sm100" for n in (16, 32, 64, 128)]
     assert [choice(100, "all_controls", c) for c in (32, 33, 500)] == [
@@ -86,10 +100,10 @@ def loop(**needs):
 
 def test_loop_of_a_call():
     """The loop a call needs (sampler_loop.h): plain only without any control; logit_scale /
-    logit_softcap alone take the common controls' loop, never the plain one; with per-row keys,
+    logit_softcap or the penalties alone take the common controls' loop, never the plain one; with per-row keys,
     sparse bias or several samples, the loop for all controls."""
     assert loop() == "plain"
-    for need in ("model_transform", "per_row_temperatures", "logit_bias", "allowed_mask", "logprobs"):
+    for need in ("model_transform", "penalties", "per_row_temperatures", "logit_bias", "allowed_mask", "logprobs"):
         assert loop(**{need: True}) == "common_controls", need
         assert loop(**{need: True}, sparse_bias=True) == "all_controls", need
         assert loop(**{need: True}, per_row_keys=True) == "all_controls", need
@@ -98,6 +112,19 @@ def test_loop_of_a_call():
                 logprobs=True) == "common_controls"
     with pytest.raises(RuntimeError, match="num_samples"):
         loop(num_samples=0)
+
+
+@pytest.mark.parametrize("columns", [1, 16, 17, 50, 100, 200, 300])
+def test_penalised_calls_run_the_controls_kernels(columns):
+    """A call with penalties and nothing else runs the common controls' kernels on every tile
+    config (the epilogue-warpgroup kernels beyond 16 columns on sm90); with sparse bias or
+    per-row keys, the loop for all controls."""
+    needs = loop(penalties=True)
+    for arch in (90, 100):
+        unit = choice(arch, needs, columns)
+        assert "_common_controls_" in unit and unit in UNITS, unit
+    assert ("epilogue_warpgroups" in choice(90, needs, columns)) == (columns > 16)
+    assert loop(penalties=True, sparse_bias=True) == "all_controls"
 
 
 @pytest.mark.parametrize("columns", [1, 16, 17, 50, 100, 200, 300])

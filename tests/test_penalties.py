@@ -136,23 +136,188 @@ def test_rows_without_penalties_get_the_plain_tokens_bit_for_bit():
     assert (plain.logsumexp[~off] != penalized.logsumexp[~off]).any()  # the penalties did change rows
 
 
-def test_fused_and_logits_routes_agree_bit_for_bit():
-    """Frequency and presence alone over a short history (capacity <= FUSED_PENALTY_CAPACITY) run
-    on the fused op as sparse bias entries; with a repetition penalty of exactly 1 (on, but
-    changing nothing) the same call takes the logits route: the same logits, so the same tokens
-    and scores, bit for bit (CPU)."""
-    from flashsampling_cuda.sampling import FUSED_PENALTY_CAPACITY
+def logits_route(hidden, weight, return_logprobs=False, **kwargs):
+    """``fs.sample_with_scores`` of the same call forced onto the logits route (fp32 logits, the
+    rule in torch ops, then sample_from_logits): what the fused op must match bit for bit."""
+    from flashsampling_cuda.sampling import LogitTransforms, _scored_sample
+
+    transforms = LogitTransforms(**{k: kwargs.pop(k) for k in list(kwargs) if k in LogitTransforms._fields})
+    args = dict(temperature=1.0, generator=None, seed=None, offset=None, num_samples=1, logit_bias=None,
+                sparse_logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=0, top_k=None,
+                top_p=None, min_p=None, truncation_path="auto", truncation_order="top_k_first")
+    args.update(kwargs)
+    out, route = _scored_sample(hidden, weight, args, transforms, return_logprobs, False, logits_wanted=True)
+    assert route["op"] == "sample_from_logits"
+    return out
+
+
+def fused_route_kwargs(hidden, weight, **kwargs):
+    """The fused op's keyword arguments for a call (asserting that it takes the fused op)."""
+    from flashsampling_cuda.sampling import LogitTransforms, _op_kwargs
+
+    transforms = LogitTransforms(**{k: kwargs.pop(k) for k in list(kwargs) if k in LogitTransforms._fields})
+    route: dict = {}
+    args = dict(temperature=1.0, generator=None, seed=None, offset=None, num_samples=1, logit_bias=None,
+                sparse_logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=0)
+    args.update(kwargs)
+    op_kwargs = _op_kwargs(hidden, weight, **args, route=route, transforms=transforms)
+    assert route == {}, route
+    return op_kwargs
+
+
+def assert_same_bits(a, b, logprobs_exact=False):
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.equal(a.scores.view(torch.int32), b.scores.view(torch.int32))
+    if a.token_logprobs.numel():
+        if logprobs_exact:
+            assert torch.equal(a.token_logprobs.view(torch.int32), b.token_logprobs.view(torch.int32))
+        else:
+            torch.testing.assert_close(a.token_logprobs, b.token_logprobs, rtol=1e-5, atol=1e-5)
+
+
+PENALTY_CASES = {
+    "repetition": dict(repetition_penalty=1.3),
+    "repetition_below_one": dict(repetition_penalty=0.7),
+    "frequency": dict(frequency_penalty=0.9),
+    "presence": dict(presence_penalty=-1.5),
+    "all": dict(repetition_penalty=1.2, frequency_penalty=0.4, presence_penalty=0.6),
+    "all_per_row": "per_row",
+    "all_with_scale_softcap": dict(repetition_penalty=1.2, frequency_penalty=0.4, presence_penalty=0.6,
+                                   logit_scale=0.5, logit_softcap=4.0),
+}
+
+
+def penalty_case(case, batch):
+    if case == "per_row":
+        g = torch.Generator().manual_seed(9)
+        rep = torch.rand(batch, generator=g) + 0.5
+        rep[::4] = 1.0  # rows with the repetition penalty off
+        freq = torch.randn(batch, generator=g)
+        freq[1::5] = 0.0
+        return dict(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=torch.tensor(0.3))
+    return dict(case)
+
+
+@pytest.mark.parametrize("controls", ["plain", "bias_mask_sparse", "per_row_keys_samples"])
+@pytest.mark.parametrize("case", list(PENALTY_CASES))
+def test_fused_and_logits_routes_agree_bit_for_bit(case, controls):
+    """CPU: every penalty alone and together (host and per-row [B] values, with scale and
+    soft-cap) runs in the fused op, after the biases, with the logits route's arithmetic: the fused
+    call and the same call on the logits route give the same tokens and scores bit for bit, with
+    dense and sparse bias, the mask, per-row T with greedy rows, per-row seeds and several samples.
+    The history has padded rows, an empty row and ids repeated in prompt and output."""
+    from test_controls import random_controls
 
     batch, vocab, dim = 10, 4000, 64
-    hidden, weight = problem(batch, vocab, dim, "cpu", seed=6, logit_std=2.0)
-    state = PenaltyState(*histories(batch, vocab, seed=2), capacity=FUSED_PENALTY_CAPACITY)
-    kwargs = dict(temperature=0.7, seed=5, num_samples=2, frequency_penalty=0.9, presence_penalty=1.5,
-                  penalty_state=state, logit_bias=torch.randn(vocab), return_logprobs=True)
-    fused = fs.sample_with_scores(hidden, weight, **kwargs)
-    logits_route = fs.sample_with_scores(hidden, weight, **kwargs, repetition_penalty=torch.ones(batch))
-    assert torch.equal(fused.tokens, logits_route.tokens)
-    assert torch.equal(fused.scores.view(torch.int32), logits_route.scores.view(torch.int32))
-    torch.testing.assert_close(fused.token_logprobs, logits_route.token_logprobs, rtol=1e-5, atol=1e-5)
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=6, logit_std=3.0)
+    prompt, output = histories(batch, vocab, seed=2, prompt_len=300, output_len=200)
+    prompt[2] = -1  # row 2: no history at all
+    state = PenaltyState(prompt, output, capacity=600)
+    args = penalty_case(PENALTY_CASES[case], batch)
+    kwargs = dict(temperature=0.7, seed=5, penalty_state=state)
+    if controls != "plain":
+        c = random_controls(batch, vocab, "cpu", seed=3, density=0.7)
+        temperature = torch.rand(batch, generator=torch.Generator().manual_seed(1)) + 0.3
+        temperature[::4] = 0.0  # greedy rows
+        ids = torch.cat([output[:, :6], torch.randint(0, vocab, (batch, 4))], dim=1)  # seen ids among them
+        kwargs.update(temperature=temperature, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"],
+                      sparse_logit_bias=(ids, torch.randn(batch, 10)))
+    if controls == "per_row_keys_samples":
+        kwargs.update(seed=torch.arange(batch) * 7 + 1, offset=torch.tensor(3), num_samples=3)
+    op_kwargs = fused_route_kwargs(hidden, weight, **kwargs, **args)
+    assert op_kwargs["penalty_ids"] is state.ids
+    assert ("repetition_penalties" in op_kwargs) == ("repetition_penalty" in args)
+    for return_logprobs in (False, True):
+        fused = fs.sample_with_scores(hidden, weight, **kwargs, **args, return_logprobs=return_logprobs)
+        routed = logits_route(hidden, weight, **kwargs, **args, return_logprobs=return_logprobs)
+        assert_same_bits(fused, routed)
+    off = fs.sample_with_scores(hidden, weight, **kwargs)
+    assert not torch.equal(fused.tokens, off.tokens) or (fused.scores != off.scores).any()  # they did apply
+
+
+def test_fused_penalties_equal_the_cpu_op_on_penalised_logits():
+    """CPU: the fused op with penalties gives the tokens, scores and log-probabilities of the CPU
+    op (_sample_logits) on the penalised materialised logits (penalties.rule_logits), bit for bit:
+    one op, two inputs (what tests/test_sample_cuda.py compares the CUDA epilogue against)."""
+    from flashsampling_cuda.penalties import parse_penalties, rule_logits
+
+    batch, vocab, dim = 7, 2500, 32
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=2, logit_std=3.0)
+    state = PenaltyState(*histories(batch, vocab, seed=4, prompt_len=100, output_len=80), capacity=256)
+    args = dict(repetition_penalty=1.4, frequency_penalty=0.3, presence_penalty=0.2)
+    fused = fs.sample_with_scores(hidden, weight, temperature=0.9, seed=3, penalty_state=state, **args,
+                                  return_logprobs=True)
+    penalties = parse_penalties(*args.values(), state, None, None, hidden)
+    x = rule_logits(torch.ops.flashsampling._logits(hidden, weight), None, None, None, 0, 1.0, None, penalties)
+    materialized = torch.ops.flashsampling._sample_logits(x, temperature=0.9, seed=torch.tensor(3),
+                                                          return_logprobs=True)
+    for got, expected in zip(fused, materialized):
+        assert torch.equal(got.view(torch.int32) if got.is_floating_point() else got,
+                           expected.view(torch.int32) if expected.is_floating_point() else expected)
+
+
+def test_fused_penalties_overflowed_state_and_vocab_shard():
+    """CPU: an overflowed state (its recorded ids still penalised), ids beyond a shard's
+    vocabulary (vocab_start > 0: other shards' ids ignored) and a state without any id: the
+    fused op equals the logits route bit for bit."""
+    batch, vocab, dim = 6, 1500, 32
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=5, logit_std=3.0)
+    state = PenaltyState(*histories(batch, 3 * vocab, seed=1, prompt_len=60, output_len=40), capacity=40)
+    assert state.overflowed.any()
+    args = dict(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.5, penalty_state=state)
+    for vocab_start in (0, vocab, 2 * vocab):
+        kwargs = dict(temperature=0.8, seed=4, vocab_start=vocab_start, **args)
+        assert_same_bits(fs.sample_with_scores(hidden, weight, **kwargs), logits_route(hidden, weight, **kwargs))
+    empty = PenaltyState(batch=batch, capacity=8)
+    kwargs = dict(temperature=0.8, seed=4, repetition_penalty=1.5, frequency_penalty=0.5, penalty_state=empty)
+    assert_same_bits(fs.sample_with_scores(hidden, weight, **kwargs),
+                     fs.sample_with_scores(hidden, weight, temperature=0.8, seed=4))
+
+
+def test_multi_step_decode_fused_equals_logits_route():
+    """CPU: a decode of 10 steps with all three penalties (per-row repetition), each step's tokens
+    recorded by PenaltyState.update on two copies of the state: the fused op and the logits route
+    give the same token streams bit for bit."""
+    batch, vocab, dim = 8, 1200, 32
+    hidden, weight = problem(batch, vocab, dim, "cpu", seed=9, logit_std=2.0)
+    prompt, output = histories(batch, vocab, seed=5, prompt_len=50, output_len=0)
+    fused_state = PenaltyState(prompt, capacity=128)
+    routed_state = PenaltyState(prompt, capacity=128)
+    args = dict(temperature=0.8, repetition_penalty=torch.linspace(0.8, 1.6, batch), frequency_penalty=0.4,
+                presence_penalty=0.3)
+    for step in range(10):
+        fused = fs.sample_with_scores(hidden, weight, **args, seed=3, offset=step, penalty_state=fused_state)
+        routed = logits_route(hidden, weight, **args, seed=3, offset=step, penalty_state=routed_state)
+        assert_same_bits(fused, routed)
+        fused_state.update(fused.tokens)
+        routed_state.update(routed.tokens)
+    assert torch.equal(fused_state.output_counts, routed_state.output_counts)
+    assert int(fused_state.output_counts.max()) >= 2  # a token was sampled again, penalised by its count
+
+
+def test_fused_penalties_signed_zeros_and_specials():
+    """CPU: the penalty arithmetic on logits of +-0, +-inf and huge values (x > 0 divides, else
+    multiplies; a -0.0 add leaves x as it is) is the logits route's, bit for bit: greedy scores
+    are the penalised logits themselves."""
+    batch, vocab = 4, 64
+    logits = torch.randn(batch, vocab) * 3
+    logits[:, 0] = 0.0
+    logits[:, 1] = -0.0
+    logits[:, 2] = 3e38
+    logits[:, 3] = -3e38
+    logits[0, 4] = float("inf")
+    # hidden = identity rows: the raw logits are exactly these (fp32 matmul with one term each)
+    hidden = logits.clone()
+    weight = torch.eye(vocab)
+    state = PenaltyState([[0, 1, 2, 3, 4, 10, 11]] * batch, [[1, 10, 10], [2], [-1], [3, 3, 3]], capacity=16)
+    for args in (dict(repetition_penalty=2.0), dict(frequency_penalty=0.0, presence_penalty=0.0 + 1e-30),
+                 dict(repetition_penalty=0.5, frequency_penalty=-2.0)):
+        for t in range(vocab):  # each token in turn the only allowed one: its greedy score is its x
+            mask = torch.zeros(batch, 2, dtype=torch.int32)
+            mask[:, t // 32] = 1 << (t % 32) if t % 32 != 31 else -(1 << 31)
+            kwargs = dict(temperature=0.0, allowed_mask=mask, penalty_state=state, **args)
+            assert_same_bits(fs.sample_with_scores(hidden, weight, **kwargs),
+                             logits_route(hidden, weight, **kwargs))
 
 
 # The model-side transforms alone (no penalties, no truncation, no logprob outputs) run in the
@@ -176,23 +341,30 @@ def test_model_transforms_alone_take_the_fused_op():
     assert route == {} and kwargs["logit_scale"] == 0.5 and kwargs["logit_softcap"] == 30.0
     kwargs, route = route_of(LogitTransforms())  # off: today's call, no new arguments
     assert route == {} and "logit_scale" not in kwargs and "logit_softcap" not in kwargs
-    state = PenaltyState([[1, 2]] * 3, capacity=16)  # frequency / presence stay fused with them
+    state = PenaltyState([[1, 2]] * 3, capacity=16)  # the penalties stay fused with them
     kwargs, route = route_of(LogitTransforms(logit_softcap=30.0, frequency_penalty=0.5, penalty_state=state))
-    assert route == {} and kwargs["logit_softcap"] == 30.0 and kwargs["sparse_bias_ids"] is not None
-    # truncation, the repetition penalty and the logprob outputs read the logits: the logits route
-    _, route = route_of(LogitTransforms(logit_softcap=30.0), top_k=5)
-    assert route["op"] == "sample_from_logits"
-    _, route = route_of(LogitTransforms(logit_softcap=30.0, repetition_penalty=1.2, penalty_state=state))
-    assert route["op"] == "sample_from_logits"
-    _, route = route_of(LogitTransforms(logit_softcap=30.0), logits_wanted=True)
-    assert route["op"] == "sample_from_logits"
+    assert route == {} and kwargs["logit_softcap"] == 30.0 and kwargs["sparse_bias_ids"] is None
+    assert kwargs["penalty_ids"] is state.ids and "repetition_penalties" not in kwargs
+    kwargs, route = route_of(LogitTransforms(logit_softcap=30.0, repetition_penalty=1.2, penalty_state=state))
+    assert route == {} and kwargs["repetition_penalties"].tolist() == [1.2000000476837158] * 3
+    assert "penalty_values" not in kwargs
+    long_history = PenaltyState([list(range(3000))] * 3)  # any capacity: no sparse-bias scan any more
+    kwargs, route = route_of(LogitTransforms(presence_penalty=0.5, penalty_state=long_history))
+    assert route == {} and kwargs["penalty_values"].shape == (3, long_history.capacity)
+    # truncation and the logprob outputs read the logits: the logits route
+    for transforms in (LogitTransforms(logit_softcap=30.0), LogitTransforms(repetition_penalty=1.2,
+                                                                            penalty_state=state)):
+        _, route = route_of(transforms, top_k=5)
+        assert route["op"] == "sample_from_logits"
+        _, route = route_of(transforms, logits_wanted=True)
+        assert route["op"] == "sample_from_logits"
 
 
 @pytest.mark.parametrize("transforms", MODEL_TRANSFORMS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
 def test_model_transforms_fused_op_equals_logits_route_bit_for_bit(transforms):
     """CPU: the fused op applies the scale and soft-cap in its transform pass with the logits
     route's function (_model_logits, philox_gumbel.h's fs_model_logit): the fused call, the same
-    call on the logits route (a repetition penalty of exactly 1 sends it there) and the CPU op on
+    call on the logits route (logits_route) and the CPU op on
     the transformed materialised logits give the same tokens and scores bit for bit (and, on the
     same op, the same log-probabilities), with bias, mask, per-row T with greedy rows, per-row
     seeds and several samples."""
@@ -209,9 +381,7 @@ def test_model_transforms_fused_op_equals_logits_route_bit_for_bit(transforms):
         fused = fs.sample_with_scores(hidden, weight, **kwargs, **transforms, return_logprobs=True)
         untransformed = fs.sample_with_scores(hidden, weight, **kwargs, return_logprobs=True)
         assert (fused.logsumexp != untransformed.logsumexp).all()  # the transforms did apply
-        state = PenaltyState(batch=batch, capacity=4)
-        routed = fs.sample_with_scores(hidden, weight, **kwargs, **transforms, return_logprobs=True,
-                                       repetition_penalty=torch.ones(batch), penalty_state=state)
+        routed = logits_route(hidden, weight, **kwargs, **transforms, return_logprobs=True)
         assert torch.equal(fused.tokens, routed.tokens)
         assert torch.equal(fused.scores.view(torch.int32), routed.scores.view(torch.int32))
         torch.testing.assert_close(fused.token_logprobs, routed.token_logprobs, rtol=1e-5, atol=1e-5)
@@ -227,19 +397,17 @@ def test_model_transforms_fused_op_equals_logits_route_bit_for_bit(transforms):
 
 
 def test_soft_cap_with_frequency_and_presence_fused_equals_logits_route():
-    """Frequency and presence over a short history stay on the fused op with a soft-cap (sparse
-    bias after it, as the rule orders them): bit for bit with the logits route (CPU)."""
-    from flashsampling_cuda.sampling import FUSED_PENALTY_CAPACITY
-
+    """Frequency and presence (and the repetition penalty) stay on the fused op with a soft-cap,
+    after it and the bias, as the rule orders them: bit for bit with the logits route (CPU)."""
     batch, vocab, dim = 10, 4000, 64
     hidden, weight = problem(batch, vocab, dim, "cpu", seed=6, logit_std=8.0)
-    state = PenaltyState(*histories(batch, vocab, seed=2), capacity=FUSED_PENALTY_CAPACITY)
+    state = PenaltyState(*histories(batch, vocab, seed=2), capacity=2048)
     kwargs = dict(temperature=0.7, seed=5, frequency_penalty=0.9, presence_penalty=1.5, penalty_state=state,
-                  logit_bias=torch.randn(vocab), logit_scale=0.5, logit_softcap=4.0, return_logprobs=True)
-    fused = fs.sample_with_scores(hidden, weight, **kwargs)
-    logits_route = fs.sample_with_scores(hidden, weight, **kwargs, repetition_penalty=torch.ones(batch))
-    assert torch.equal(fused.tokens, logits_route.tokens)
-    assert torch.equal(fused.scores.view(torch.int32), logits_route.scores.view(torch.int32))
+                  logit_bias=torch.randn(vocab), logit_scale=0.5, logit_softcap=4.0)
+    for extra in ({}, dict(repetition_penalty=1.3)):
+        fused = fs.sample_with_scores(hidden, weight, **kwargs, **extra, return_logprobs=True)
+        routed = logits_route(hidden, weight, **kwargs, **extra, return_logprobs=True)
+        assert_same_bits(fused, routed)
 
 
 @pytest.mark.parametrize("device", DEVICES)

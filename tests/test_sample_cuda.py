@@ -829,3 +829,141 @@ def test_soft_capped_call_runs_the_common_controls_kernel():
     assert runs_controls_on_epilogue_warpgroups(names, 128), names
     ours = ("flashsampling", "cutlass")  # our kernels (prepare_gemm_inputs among them) and CUTLASS's
     assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names
+
+
+# The penalties (repetition, frequency, presence) in the fused epilogue: the rank bitmap built
+# before the GEMM (reduce_candidates.cu) and looked up in the controls' loops after the biases.
+# On exact logits (exact_lm_head) the CUDA op == the CPU op bit for bit.
+def penalty_history(batch, seed, vocab=CONTROLS_VOCAB, vocab_start=CONTROLS_VOCAB_START, capacity=2048):
+    """A PenaltyState on the GPU with 2048-slot rows: long prompts of ids around this vocabulary
+    shard (some beyond it), short outputs with repeats, a padded row and an empty one."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab_start + vocab + 500, (batch, 1500), generator=gen)
+    output = vocab_start + torch.randint(0, 300, (batch, 400), generator=gen)  # repeats
+    if batch > 1:
+        prompt[1, 20:] = -1
+        prompt[batch - 1] = -1
+        output[batch - 1] = -1
+    return flashsampling_cuda.PenaltyState(prompt.cuda(), output.cuda(), capacity=capacity)
+
+
+PENALTIES = {
+    "repetition": dict(repetition_penalty=1.3),
+    "frequency_presence": dict(frequency_penalty=0.7, presence_penalty=0.4),
+    "all": dict(repetition_penalty=0.8, frequency_penalty=-0.3, presence_penalty=1.5),
+    "all_with_softcap": dict(repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=0.5,
+                             logit_scale=0.5, logit_softcap=12.0),
+}
+
+
+@pytest.mark.parametrize("batch", COMMON_CONTROL_BATCHES)
+@pytest.mark.parametrize("case", list(PENALTIES))
+@pytest.mark.parametrize("controls", ["alone", "per_row_greedy", "bias_mask"])
+def test_penalties_cuda_equal_cpu_on_every_tile_config(batch, case, controls):
+    """The penalties in the common controls' loop on every tile config (the CUTLASS pingpong tile
+    up to 16 columns, the epilogue-warpgroup kernels' 32-, 64- and 128-wide tiles, column pairs,
+    three N tiles): tokens and scores == the CPU op bit for bit, alone, with per-row T and greedy
+    rows, and with bias + mask; per-row [B] penalties in the per-row case."""
+    hidden, weight = exact_lm_head(batch, seed=batch + 20)
+    _, _, c, temps = controls_problem(batch, hidden_seed=batch + 1)
+    args = dict(PENALTIES[case])
+    if controls == "per_row_greedy":
+        args["repetition_penalty"] = torch.linspace(0.6, 1.8, batch, device="cuda")
+    kwargs = dict(seed=torch.tensor(99, device="cuda"), offset=torch.tensor(5, device="cuda"),
+                  vocab_start=CONTROLS_VOCAB_START, penalty_state=penalty_history(batch, seed=batch), **args)
+    if controls == "per_row_greedy":
+        kwargs.update(temperature=temps.cuda())
+    elif controls == "bias_mask":
+        kwargs.update(temperature=0.8, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"])
+    cpu_state = kwargs["penalty_state"]
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    cpu_kwargs = {k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items() if k != "penalty_state"}
+    cpu_kwargs["penalty_state"] = flashsampling_cuda.PenaltyState(batch=batch, capacity=cpu_state.capacity)
+    for name in ("ids", "output_counts", "in_prompt", "size", "overflowed"):
+        setattr(cpu_kwargs["penalty_state"], name, getattr(cpu_state, name).cpu())
+    cpu = flashsampling_cuda.sample_with_scores(hidden.cpu(), weight.cpu(), **cpu_kwargs)
+    assert torch.equal(out.tokens.cpu(), cpu.tokens)
+    assert torch.equal(out.scores.cpu().view(torch.int32), cpu.scores.view(torch.int32))
+    # The penalties did apply. Not against `out`: a row's winner is often a token it has not seen
+    # (then its score is plain sampling's; at B = 1 and B = 20 with frequency / presence every
+    # row's is, on the CPU op), so on a history of the plain winners, whose scores must move.
+    plain = flashsampling_cuda.sample_with_scores(hidden, weight, **{k: v for k, v in kwargs.items()
+                                                                     if k not in args and k != "penalty_state"})
+    seen = flashsampling_cuda.PenaltyState(output_token_ids=plain.tokens, capacity=4)
+    moved = flashsampling_cuda.sample_with_scores(hidden, weight, **{**kwargs, "penalty_state": seen})
+    assert (moved.scores != plain.scores).any()
+
+
+@pytest.mark.parametrize("batch,num_samples,seeding", [(12, 3, "batch"), (12, 1, "per_row"), (40, 4, "batch"),
+                                                       (100, 2, "per_row"), (200, 1, "per_row")])
+def test_penalties_on_the_loops_for_all_controls(batch, num_samples, seeding):
+    """With several samples, sparse bias and per-row seeds: the visitor's loop for all controls
+    (up to 16 columns) and the epilogue-warpgroup kernels' general-columns loop, == the CPU op bit
+    for bit (logprobs within 1e-4)."""
+    hidden, weight = exact_lm_head(batch, seed=batch + 23)
+    _, _, c, temps = controls_problem(batch, hidden_seed=batch + 1)
+    seed = torch.arange(batch, device="cuda") * 17 + 3 if seeding == "per_row" else torch.tensor(123, device="cuda")
+    state = penalty_history(batch, seed=batch + 1)
+    kwargs = dict(seed=seed, offset=torch.tensor(7, device="cuda"), num_samples=num_samples, temperature=temps.cuda(),
+                  vocab_start=CONTROLS_VOCAB_START, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"],
+                  sparse_logit_bias=c["sparse_logit_bias"], repetition_penalty=1.25, frequency_penalty=0.5,
+                  presence_penalty=0.25, prompt_token_ids=state.ids)  # a prompt-only state built per call
+    assert_cuda_equals_cpu_bit_for_bit(hidden, weight, kwargs)
+
+
+@pytest.mark.parametrize("batch", [50, 200])
+def test_penalties_same_tokens_without_the_noise_skip(batch):
+    """The noise skip bounds the penalised logit's score: the same tokens and scores with the skip
+    off and without the log-sum-exp references."""
+    hidden, weight = exact_lm_head(batch, seed=batch + 25)
+    _, _, _, temps = controls_problem(batch, hidden_seed=batch)
+    kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(9, device="cuda"), vocab_start=CONTROLS_VOCAB_START,
+                  repetition_penalty=1.5, presence_penalty=1.0, penalty_state=penalty_history(batch, seed=3))
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    with dispatch_options(noise_skip=False, lse_references=False):
+        unskipped = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    assert torch.equal(out.tokens, unskipped.tokens)
+    assert torch.equal(out.scores.view(torch.int32), unskipped.scores.view(torch.int32))
+
+
+@pytest.mark.parametrize("batch", [1, 20, 100, 300])
+def test_penalties_multi_step_decode_cuda_equals_cpu(batch):
+    """A decode of 12 steps, each sampling with all three penalties and then
+    PenaltyState.update(tokens) on both devices: the CUDA and CPU token streams are the same,
+    and so are the states (the rank bitmap is rebuilt from the updated state each step)."""
+    hidden, weight = exact_lm_head(batch, seed=batch + 27)
+    gpu_state = penalty_history(batch, seed=batch + 2, capacity=2048)
+    cpu_state = flashsampling_cuda.PenaltyState(batch=batch, capacity=2048)
+    for name in ("ids", "output_counts", "in_prompt", "size", "overflowed"):
+        setattr(cpu_state, name, getattr(gpu_state, name).cpu().clone())
+    args = dict(temperature=0.9, vocab_start=CONTROLS_VOCAB_START, repetition_penalty=1.3, frequency_penalty=0.6,
+                presence_penalty=0.8)
+    for step in range(12):
+        seed = torch.tensor(5)
+        offset = torch.tensor(step)
+        tokens = flashsampling_cuda.sample(hidden, weight, **args, seed=seed.cuda(), offset=offset.cuda(),
+                                           penalty_state=gpu_state)
+        cpu_tokens = flashsampling_cuda.sample(hidden.cpu(), weight.cpu(), **args, seed=seed, offset=offset,
+                                               penalty_state=cpu_state)
+        assert torch.equal(tokens.cpu(), cpu_tokens), step
+        gpu_state.update(tokens)
+        cpu_state.update(cpu_tokens)
+    assert torch.equal(gpu_state.output_counts.cpu(), cpu_state.output_counts)
+
+
+def test_penalised_call_runs_the_common_controls_kernel():
+    """A penalised call with nothing else runs the common controls' kernel (the epilogue-warpgroup
+    one at 100 columns) after the rank-bitmap kernel, and no cuBLAS GEMM (the old logits route's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hidden, weight = exact_lm_head(100, seed=2)
+    kwargs = dict(repetition_penalty=1.2, frequency_penalty=0.5, penalty_state=penalty_history(100, seed=4))
+    flashsampling_cuda.sample(hidden, weight, **kwargs)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flashsampling_cuda.sample(hidden, weight, **kwargs)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert any("build_penalty_table" in n for n in names), names
+    assert runs_controls_on_epilogue_warpgroups(names, 128), names
+    ours = ("flashsampling", "cutlass")
+    assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names

@@ -1,9 +1,10 @@
 """The fused top-k pass (issue #5, csrc/kernels/truncate_candidates.cu): on the GPU,
 ``sample(..., top_k=k)`` with a host ``k <= 64`` keeps four candidates per vocabulary tile in
 the GEMM's epilogue and truncates and samples in a second kernel. Pathwise against the
-float64 reference and against the materialised path, on every tile config (B = 8, 40, 100:
-N = 16, 64 and the cooperative 128), the repair of tiles that hold more than four of the
-top-k (clustered and tied logits), chi-square, CUDA-graph replay, empty rows, opcheck.
+float64 reference and against the materialised path, on every tile config (B = 8, 40, 100, 200:
+N = 16, 64, then 128: on sm90 the epilogue-warpgroup kernel, one column tile and a clustered
+pair), the repair of tiles that hold more than four of the top-k (clustered and tied logits),
+chi-square, CUDA-graph replay, empty rows, opcheck.
 The CPU kernel of ``sample_top_k`` (the materialised path) is checked on the CPU too."""
 
 import pytest
@@ -35,7 +36,7 @@ CASES = {
 
 
 @requires_cuda
-@pytest.mark.parametrize("batch", [8, 40, 100])
+@pytest.mark.parametrize("batch", [8, 40, 100, 200])  # N = 16, 64, then 128 (sm90: epilogue warpgroups)
 @pytest.mark.parametrize("case", list(CASES))
 def test_fused_top_k_matches_reference_and_materialised_path(case, batch):
     spec = dict(CASES[case])

@@ -150,9 +150,14 @@ def sm90_kernels(dtype: str) -> list[Kernel]:
         k(64, "common_controls", "epilogue_warpgroups"),
         k(128, "common_controls", "epilogue_warpgroups"),
         k(128, "common_controls", "epilogue_warpgroups", cluster_n=2),
-        # The fused top-k pass: N = 16 up to 32 rows, 64 up to 64, the cooperative 128 beyond.
+        # The fused top-k pass: N = 16 up to 32 rows, 64 up to 64; beyond, the kernel with
+        # epilogue warpgroups (an even number of column tiles in clusters of two along N), or the
+        # cooperative 128 whose visitor's outputs it reproduces bit for bit (kept for the A/B:
+        # DispatchOptions::top_candidates_epilogue_warpgroups = false).
         k(16, "top_candidates", "pingpong"),
         k(64, "top_candidates", "pingpong", cluster_m=2),
+        k(128, "top_candidates", "epilogue_warpgroups"),
+        k(128, "top_candidates", "epilogue_warpgroups", cluster_n=2),
         k(128, "top_candidates", "cooperative"),
     ]
 

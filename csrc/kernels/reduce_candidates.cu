@@ -1,5 +1,6 @@
 // Small kernels around the fused GEMM:
-//  - before it, the sparse-bias bitmap (which (row, token) pairs have a sparse entry),
+//  - before it, the sparse-bias bitmap (which (row, token) pairs have a sparse entry), the
+//    penalties' rank bitmap (the rows' seen tokens, their ranks and penalties),
 //    the rows' fl(1 / T) and the zeroed floors of the exact skip;
 //  - after it, stage 2: per (batch row, sample) the best packed candidate over all
 //    vocabulary tiles, decoded to a token id and score, plus (logprobs) the merged
@@ -31,6 +32,63 @@ __global__ void build_sparse_bitmap_kernel(int32_t const* __restrict__ ids, int6
   int64_t const local = static_cast<int64_t>(ids[i]) - vocab_start;
   if (local >= 0 && local < vocab_size) {  // ids of other shards (and -1 padding) are ignored
     atomicOr(bitmap + row * mask_words + (local >> 5), 1u << (local & 31));
+  }
+}
+
+// The rank bitmap of the penalties (SamplingControls::penalty_words / penalty_slots), one block
+// per row: the row's seen-token bits, then per word the seen tokens of the earlier words (an
+// exclusive scan of the words' popcounts), then each seen token's {r, add} at its rank among the
+// row's seen tokens (ordered by id). O(mask_words + capacity) per row, no [B, V] table; the
+// epilogue then finds a token's slot with one load and a popcount. The ids must be distinct in
+// a row (a PenaltyState's are); a repeated id's slot gets one of its entries.
+constexpr int kPenaltyTableThreads = 512;
+
+__global__ void __launch_bounds__(kPenaltyTableThreads)
+    build_penalty_table_kernel(int64_t const* __restrict__ ids, float const* __restrict__ values,
+                               float const* __restrict__ repetition, int capacity, int64_t vocab_start,
+                               int64_t vocab_size, int64_t mask_words, uint2* __restrict__ words,
+                               float2* __restrict__ slots) {
+  __shared__ int warp_sums[kPenaltyTableThreads / 32];
+  int64_t const row = blockIdx.x;
+  int const t = threadIdx.x;
+  uint2* const row_words = words + row * mask_words;
+  int64_t const* const row_ids = ids + row * capacity;
+  for (int64_t w = t; w < mask_words; w += kPenaltyTableThreads) row_words[w] = make_uint2(0u, 0u);
+  __syncthreads();
+  for (int k = t; k < capacity; k += kPenaltyTableThreads) {
+    int64_t const local = row_ids[k] - vocab_start;
+    if (local >= 0 && local < vocab_size) {  // free slots (-1) and other shards' ids are not seen here
+      atomicOr(&row_words[local >> 5].x, 1u << (local & 31));
+    }
+  }
+  __syncthreads();
+  // Exclusive scan of the popcounts: thread t takes a run of consecutive words.
+  int64_t const run = (mask_words + kPenaltyTableThreads - 1) / kPenaltyTableThreads;
+  int64_t const first = t * run, last = first + run < mask_words ? first + run : mask_words;
+  int count = 0;
+  for (int64_t w = first; w < last; ++w) count += __popc(row_words[w].x);
+  int inclusive = count;
+  for (int delta = 1; delta < 32; delta *= 2) {
+    int const other = __shfl_up_sync(0xFFFFFFFF, inclusive, delta);
+    if (t % 32 >= delta) inclusive += other;
+  }
+  if (t % 32 == 31) warp_sums[t / 32] = inclusive;
+  __syncthreads();
+  int before = inclusive - count;
+  for (int warp = 0; warp < t / 32; ++warp) before += warp_sums[warp];
+  for (int64_t w = first; w < last; ++w) {
+    row_words[w].y = static_cast<uint32_t>(before);
+    before += __popc(row_words[w].x);
+  }
+  __syncthreads();
+  float const r = repetition != nullptr ? repetition[row] : 1.0f;
+  for (int k = t; k < capacity; k += kPenaltyTableThreads) {
+    int64_t const local = row_ids[k] - vocab_start;
+    if (local >= 0 && local < vocab_size) {
+      uint2 const word = row_words[local >> 5];
+      uint32_t const rank = word.y + __popc(word.x & ((1u << (local & 31)) - 1u));
+      slots[row * capacity + rank] = make_float2(r, values != nullptr ? values[row * capacity + k] : -0.0f);
+    }
   }
 }
 
@@ -166,6 +224,14 @@ cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap,
   int const threads = 256;
   build_sparse_bitmap_kernel<<<static_cast<unsigned>((entries + threads - 1) / threads), threads, 0, stream>>>(
       c.sparse_ids, p.batch_size, c.sparse_k, p.vocab_start, p.vocab_size, c.mask_words, bitmap);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_build_penalty_table(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {
+  SamplingControls const& c = p.controls;
+  build_penalty_table_kernel<<<static_cast<unsigned>(p.batch_size), kPenaltyTableThreads, 0, stream>>>(
+      c.penalty_ids, c.penalty_values, c.repetition_penalties, c.penalty_capacity, p.vocab_start, p.vocab_size,
+      c.mask_words, reinterpret_cast<uint2*>(buffers.penalty_words), reinterpret_cast<float2*>(buffers.penalty_slots));
   return cudaGetLastError();
 }
 

@@ -58,6 +58,8 @@ struct SamplerBuffers {
   float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs only)
   float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (needs_lse_parts)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
+  uint32_t* penalty_words = nullptr;      // [B][mask_words][2] (penalties only: SamplingControls)
+  float* penalty_slots = nullptr;         // [B][penalty_capacity][2] (penalties only)
   float* inv_temperatures = nullptr;      // [B] (prepare_inv_temperatures only)
   uint32_t* noise_floors = nullptr;       // [S * B] zeroed (skip_unreachable_noise only)
 };
@@ -65,8 +67,8 @@ struct SamplerBuffers {
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
 // hidden rows (when padded), then the GEMM's own.
 struct SamplerWorkspaceLayout {
-  size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, inv_temperatures = 0,
-         noise_floors = 0, padded_hidden = 0, gemm = 0, total = 0;
+  size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, penalty_words = 0,
+         penalty_slots = 0, inv_temperatures = 0, noise_floors = 0, padded_hidden = 0, gemm = 0, total = 0;
 
   SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
     auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -81,6 +83,12 @@ struct SamplerWorkspaceLayout {
     at += needs_lse_parts(p) ? round_up(slots * sizeof(float2)) : 0;
     sparse_bitmap = at;
     at += p.controls.sparse_ids ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 4) : 0;
+    bool const penalties = p.controls.penalty_ids != nullptr;
+    penalty_words = at;
+    at += penalties ? round_up(static_cast<size_t>(p.batch_size) * p.controls.mask_words * 2 * sizeof(uint32_t)) : 0;
+    penalty_slots = at;
+    at += penalties ? round_up(static_cast<size_t>(p.batch_size) * p.controls.penalty_capacity * 2 * sizeof(float))
+                    : 0;
     inv_temperatures = at;
     at += p.prepare_inv_temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
     noise_floors = at;
@@ -98,6 +106,9 @@ struct SamplerWorkspaceLayout {
     b.candidate_logits = p.logprobs ? reinterpret_cast<float*>(base + candidate_logits) : nullptr;
     b.lse_parts = needs_lse_parts(p) ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
     b.sparse_bitmap = p.controls.sparse_ids ? reinterpret_cast<uint32_t*>(base + sparse_bitmap) : nullptr;
+    bool const penalties = p.controls.penalty_ids != nullptr;
+    b.penalty_words = penalties ? reinterpret_cast<uint32_t*>(base + penalty_words) : nullptr;
+    b.penalty_slots = penalties ? reinterpret_cast<float*>(base + penalty_slots) : nullptr;
     b.inv_temperatures = p.prepare_inv_temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
     b.noise_floors = p.skip_unreachable_noise ? reinterpret_cast<uint32_t*>(base + noise_floors) : nullptr;
     return b;
@@ -115,10 +126,14 @@ cudaError_t run_sampler_gemm_sm90(SamplerParams const& p, SamplerBuffers const& 
 template <class Element, int TileN, bool kPingpong, SamplerLoop kLoop, int kClusterM = 1>
 size_t sampler_gemm_workspace_sm90(SamplerParams const& p);
 
-// The plain loop (or the common controls' loop) on sm90 with epilogue warpgroups of their own
-// (no GEMM workspace); its candidates come per 64-row half tile (kEpilogueWarpGroupsVocabTile).
+// The plain loop (or the common controls' loop, or the fused top-k pass's) on sm90 with epilogue
+// warpgroups of their own (no GEMM workspace); its candidates come per 64-row half tile
+// (kEpilogueWarpGroupsVocabTile), the top-k pass's per 128-row tile.
 // kClusterM / kClusterN: 2 for clusters of two CTAs along the vocabulary / the columns.
 constexpr int kEpilogueWarpGroupsVocabTile = 64;
+// The fused top-k pass on it writes per 128-row tile, the tile of CUTLASS's cooperative schedule
+// whose visitor outputs it reproduces bit for bit (stage 2 reads the same tiles either way).
+constexpr int kEpilogueWarpGroupsTopCandidatesVocabTile = 128;
 template <class Element, int TileN, SamplerLoop kLoop, int kClusterM = 1, int kClusterN = 1>
 cudaError_t run_sampler_gemm_sm90_epilogue_warpgroups(SamplerParams const& p, SamplerBuffers const& buffers,
                                                       void* gemm_workspace, cudaStream_t stream);
@@ -131,6 +146,10 @@ size_t sampler_gemm_workspace_sm100(SamplerParams const& p);
 
 // Before stage 1, with sparse bias: marks (row, v) of every sparse entry in the bitmap.
 cudaError_t launch_build_sparse_bitmap(SamplerParams const& p, uint32_t* bitmap, cudaStream_t stream);
+
+// Before stage 1, with penalties: the rank bitmap of the rows' seen tokens (SamplingControls::
+// penalty_words, penalty_slots) from penalty_ids / penalty_values / repetition_penalties.
+cudaError_t launch_build_penalty_table(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream);
 
 // Before stage 1, one kernel for what the buffers ask: inv_temperatures[b] =
 // fs_inv_temperature(T_b) (prepare_inv_temperatures); with the exact skip the zeroed noise floors.

@@ -43,6 +43,18 @@ ConfigEntry sm90_epilogue_warpgroups_entry() {
 }
 #endif
 
+#if defined(FLASHSAMPLING_ENABLE_SM90)
+// The fused top-k pass there: candidates per 128-row tile, as the cooperative tile's visitor
+// writes them; no noise (so no skip), and per-row temperatures divided where the scan needs them,
+// as the visitor does (no kernel before the GEMM).
+template <class Element, int kClusterN = 1>
+ConfigEntry sm90_top_candidates_epilogue_warpgroups_entry() {
+  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, 128, SamplerLoop::kTopCandidates, 1, kClusterN>,
+          [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsTopCandidatesVocabTile, 128,
+          /*skips_unreachable_noise=*/false, /*loads_inv_temperatures=*/false};
+}
+#endif
+
 #if defined(FLASHSAMPLING_ENABLE_SM100)
 template <class Element, int TileN, SamplerLoop kLoop>
 ConfigEntry sm100_entry() {
@@ -59,6 +71,10 @@ ConfigEntry sm90_config(KernelChoice const& c) {
   using L = SamplerLoop;
   switch (c.schedule) {
     case SamplerSchedule::kEpilogueWarpGroups:
+      if (c.loop == L::kTopCandidates) {
+        return c.cluster_n == 2 ? sm90_top_candidates_epilogue_warpgroups_entry<Element, 2>()
+                                : sm90_top_candidates_epilogue_warpgroups_entry<Element>();
+      }
       if (c.loop == L::kPlain) {
         return c.cluster_n == 2 ? sm90_epilogue_warpgroups_entry<Element, 128, L::kPlain, 1, 2>()
                                 : sm90_epilogue_warpgroups_entry<Element, 128, L::kPlain>();
@@ -137,8 +153,9 @@ std::atomic<unsigned> g_disabled_options{0};
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   SamplerLoop const loop = p.fused_truncation ? SamplerLoop::kTopCandidates
                                        : sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs);
-  KernelChoice const choice =
-      choose_kernel(device_arch, loop, sampler_gemm_columns(p), sampler_dispatch_options().column_clusters);
+  DispatchOptions const options = sampler_dispatch_options();
+  KernelChoice const choice = choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
+                                            options.top_candidates_epilogue_warpgroups);
   return p.element_type == ElementType::kBFloat16 ? config_for<cutlass::bfloat16_t>(choice)
                                                   : config_for<cutlass::half_t>(choice);
 }
@@ -189,7 +206,8 @@ cudaError_t pad_hidden_rows(SamplerParams& p, void* padded_hidden, cudaStream_t 
 
 void set_sampler_dispatch_options(DispatchOptions const& options) {
   g_disabled_options.store((options.column_clusters ? 0u : 1u) | (options.pad_columns ? 0u : 2u) |
-                               (options.noise_skip ? 0u : 4u) | (options.lse_references ? 0u : 8u),
+                               (options.noise_skip ? 0u : 4u) | (options.lse_references ? 0u : 8u) |
+                               (options.top_candidates_epilogue_warpgroups ? 0u : 16u),
                            std::memory_order_relaxed);
 }
 
@@ -200,6 +218,7 @@ DispatchOptions sampler_dispatch_options() {
   o.pad_columns = !(off & 2u);
   o.noise_skip = !(off & 4u);
   o.lse_references = !(off & 8u);
+  o.top_candidates_epilogue_warpgroups = !(off & 16u);
   return o;
 }
 
@@ -275,6 +294,12 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
     cudaError_t err = launch_build_sparse_bitmap(p, buffers.sparse_bitmap, stream);
     if (err != cudaSuccess) return err;
     p.controls.sparse_bitmap = buffers.sparse_bitmap;
+  }
+  if (buffers.penalty_words != nullptr) {
+    cudaError_t err = launch_build_penalty_table(p, buffers, stream);
+    if (err != cudaSuccess) return err;
+    p.controls.penalty_words = buffers.penalty_words;
+    p.controls.penalty_slots = buffers.penalty_slots;
   }
   if (cudaError_t err = launch_prepare_gemm_inputs(p, buffers, stream); err != cudaSuccess) return err;
   p.controls.inv_temperatures = buffers.inv_temperatures;

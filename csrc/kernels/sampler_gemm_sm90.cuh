@@ -42,9 +42,27 @@ struct SamplerGemmSm90 {
   using Launcher = SamplerGemmLauncher<Gemm, Element, Config::kTileM, /*kScratchD=*/false>;
 };
 
-// The plain loop (or the common controls' loop) on a kernel of our own with two epilogue
-// warpgroups beside the two MMA warpgroups (kernel/sm90_sampler_epilogue_warpgroups.hpp):
-// 128 x TileN tiles, candidates per 64-row half tile. kClusterM / kClusterN = 2: two CTAs on
+// The top-k pass on the epilogue-warpgroup kernel reproduces the visitor's scan on the
+// cooperative 128 x 128 tile (runs of 16 rows: a 128 x 32 epilogue subtile over 256 threads, 8
+// a column); this holds it to that geometry should CUTLASS's choice of subtile change.
+template <class Element, SamplerLoop kLoop>
+struct TopScanGeometryOfCooperativeTile {
+  static constexpr bool kMatches = true;
+};
+template <class Element>
+struct TopScanGeometryOfCooperativeTile<Element, SamplerLoop::kTopCandidates> {
+  using Setup = typename SamplerGemmSm90<Element, 128, /*kPingpong=*/false, SamplerLoop::kTopCandidates>::Setup;
+  using EpilogueTile = typename Setup::CollectiveEpilogue::EpilogueTile;
+  static constexpr bool kMatches = SamplerTileConfig<128, false>::kTileM == 128 &&
+                                   decltype(cute::size<0>(EpilogueTile{}))::value == 128 &&
+                                   decltype(cute::size<1>(EpilogueTile{}))::value == 32 &&
+                                   decltype(cute::size(typename Setup::GemmKernel::TiledMma{}))::value == 256;
+};
+
+// The plain loop (or the common controls' loop, or the fused top-k pass's) on a kernel of our own
+// with two epilogue warpgroups beside the two MMA warpgroups
+// (kernel/sm90_sampler_epilogue_warpgroups.hpp): 128 x TileN tiles, candidates per 64-row half
+// tile (the top-k pass: per tile, as the cooperative schedule's visitor writes them). kClusterM / kClusterN = 2: two CTAs on
 // neighbouring vocabulary / column tiles share each hidden / W tile by TMA multicast.
 template <class Element, int TileN, SamplerLoop kLoop, int kClusterM = 1, int kClusterN = 1>
 struct SamplerGemmSm90EpilogueWarpGroups {
@@ -57,7 +75,12 @@ struct SamplerGemmSm90EpilogueWarpGroups {
       kernel::Sm90WeightHiddenMainloop<Element, TileShape, ClusterShape, cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                        static_cast<int>(sizeof(HandOver))>;
   using GemmKernel = kernel::Sm90SamplerEpilogueWarpGroups<CollectiveMainloop, kLoop>;
-  static_assert(GemmKernel::kHalfM == kEpilogueWarpGroupsVocabTile, "stage 2 reads candidates per half tile");
+  static_assert(GemmKernel::kCandidateTileM == (kLoop == SamplerLoop::kTopCandidates
+                                                    ? kEpilogueWarpGroupsTopCandidatesVocabTile
+                                                    : kEpilogueWarpGroupsVocabTile),
+                "stage 2 reads candidates per half tile (the top-k pass's: per tile)");
+  static_assert(TopScanGeometryOfCooperativeTile<Element, kLoop>::kMatches,
+                "the top-k scan's runs are those of the cooperative tile's visitor");
   // The hand-over's shared memory leaves the mainloop 5 stages at N = 128 (4 are slower:
   // docs/kernel.md); anything added to it must fit in what is left.
   static_assert(TileN != 128 || CollectiveMainloop::DispatchPolicy::Stages >= 5, "5 mainloop stages at N = 128");

@@ -207,6 +207,24 @@ void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArg
     check_extra("allowed_mask", *args.allowed_mask, {at::kInt}, "int32", {batch, (vocab + 31) / 32},
                 "[B, ceil(V / 32)]", hidden);
   }
+  if (args.penalty_ids.has_value()) {
+    const at::Tensor& ids = *args.penalty_ids;
+    TORCH_CHECK(ids.dim() == 2 && ids.size(0) == batch && ids.size(1) <= kMaxInt32Extent,
+                "flashsampling.sample: penalty_ids must have shape [B, C] = [", batch, ", C], got shape ",
+                ids.sizes());
+    check_extra("penalty_ids", ids, {at::kLong}, "int64", ids.sizes(), "[B, C]", hidden);
+    if (args.penalty_values.has_value()) {
+      check_extra("penalty_values", *args.penalty_values, {at::kFloat}, "float32", ids.sizes(),
+                  "[B, C] (the shape of penalty_ids)", hidden);
+    }
+    if (args.repetition_penalties.has_value()) {
+      check_extra("repetition_penalties", *args.repetition_penalties, {at::kFloat}, "float32", {batch}, "[B]",
+                  hidden);
+    }
+  } else {
+    TORCH_CHECK(!args.penalty_values.has_value() && !args.repetition_penalties.has_value(),
+                "flashsampling.sample: penalty_values and repetition_penalties need penalty_ids");
+  }
   if (args.empty_mask_token.has_value()) {
     const int64_t token = *args.empty_mask_token;
     TORCH_CHECK(token < 0 || (token >= args.vocab_start && token < args.vocab_start + vocab),

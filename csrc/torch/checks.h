@@ -19,6 +19,9 @@ namespace flashsampling {
 //       then fl32(cap * fs_tanhf(fl32(l * fl32(1 / cap)))); each only when on)
 //   x = fl32(fl32(l + logit_bias[v]) + sum of sparse_bias_values[b, k] over the k
 //       with sparse_bias_ids[b, k] == vocab_start + v)    (each term only when given)
+//   where penalty_ids[b, k] == vocab_start + v for some k (the row's seen tokens; ids distinct
+//   in a row): x = x > 0 ? fl32(x / r_b) : fl32(x * r_b) with r_b = repetition_penalties[b],
+//   then x = fl32(x + penalty_values[b, k])                 (each only when given)
 //   excluded when allowed_mask[b] has bit v clear;
 //   score = fma(x, fl32(1 / T_b), g) (T_b > 0) or x (T_b == 0, greedy, no noise);
 //   y = fl32(x * fl32(1 / T_b)) (T_b > 0) or x (greedy): the logits of the log-probabilities.
@@ -40,6 +43,9 @@ struct SampleArgs {
   bool return_logprobs = false;
   double logit_scale = 1.0;              // 1: off
   std::optional<double> logit_softcap;   // absent: off
+  std::optional<at::Tensor> penalty_ids;           // int64 [B, C] global ids (negative: free slot)
+  std::optional<at::Tensor> penalty_values;        // float32 [B, C] (needs penalty_ids)
+  std::optional<at::Tensor> repetition_penalties;  // float32 [B] (needs penalty_ids)
 };
 
 // tokens int64 [B, S]: global vocabulary ids; -1 for a row with no finite candidate
@@ -130,11 +136,15 @@ struct SampleOps {
                               const std::optional<at::Tensor>& sparse_bias_values,
                               const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
                               int64_t vocab_start, bool return_logprobs, double logit_scale = 1.0,
-                              std::optional<double> logit_softcap = std::nullopt) {
+                              std::optional<double> logit_softcap = std::nullopt,
+                              const std::optional<at::Tensor>& penalty_ids = std::nullopt,
+                              const std::optional<at::Tensor>& penalty_values = std::nullopt,
+                              const std::optional<at::Tensor>& repetition_penalties = std::nullopt) {
     return SampleArgs{temperature,  temperatures,       num_samples,  seed,
                       offset,       std::move(generator), logit_bias, sparse_bias_ids,
                       sparse_bias_values, allowed_mask, empty_mask_token, vocab_start,
-                      return_logprobs, logit_scale, logit_softcap};
+                      return_logprobs, logit_scale, logit_softcap, penalty_ids, penalty_values,
+                      repetition_penalties};
   }
 
   static at::Tensor sample(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
@@ -144,11 +154,14 @@ struct SampleOps {
                            const std::optional<at::Tensor>& sparse_bias_ids,
                            const std::optional<at::Tensor>& sparse_bias_values,
                            const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
-                           int64_t vocab_start, double logit_scale, std::optional<double> logit_softcap) {
+                           int64_t vocab_start, double logit_scale, std::optional<double> logit_softcap,
+                           const std::optional<at::Tensor>& penalty_ids,
+                           const std::optional<at::Tensor>& penalty_values,
+                           const std::optional<at::Tensor>& repetition_penalties) {
     return Impl(hidden, weight,
                 make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias,
                           sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, false,
-                          logit_scale, logit_softcap))
+                          logit_scale, logit_softcap, penalty_ids, penalty_values, repetition_penalties))
         .tokens;
   }
 
@@ -159,11 +172,14 @@ struct SampleOps {
       const std::optional<at::Tensor>& logit_bias, const std::optional<at::Tensor>& sparse_bias_ids,
       const std::optional<at::Tensor>& sparse_bias_values, const std::optional<at::Tensor>& allowed_mask,
       std::optional<int64_t> empty_mask_token, int64_t vocab_start, double logit_scale,
-      std::optional<double> logit_softcap, bool return_logprobs) {
+      std::optional<double> logit_softcap, const std::optional<at::Tensor>& penalty_ids,
+      const std::optional<at::Tensor>& penalty_values, const std::optional<at::Tensor>& repetition_penalties,
+      bool return_logprobs) {
     SampleResult r = Impl(hidden, weight,
                           make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator),
                                     logit_bias, sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token,
-                                    vocab_start, return_logprobs, logit_scale, logit_softcap));
+                                    vocab_start, return_logprobs, logit_scale, logit_softcap, penalty_ids,
+                                    penalty_values, repetition_penalties));
     return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
   }
 

@@ -14,7 +14,8 @@ namespace {
 // The fused-GEMM unit the CUDA dispatch runs for a call (flashsampling/kernel_choice.h): its
 // file stem in csrc/kernels/instantiations/, "" for an architecture without kernels. A pure
 // function, so CPU builds answer it too (tests/test_kernel_choice.py).
-std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters) {
+std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters,
+                          bool top_candidates_epilogue_warpgroups) {
   using flashsampling::SamplerLoop;
   SamplerLoop kind = static_cast<SamplerLoop>(-1);
   for (int i = 0; i < flashsampling::kSamplerLoops; ++i) {
@@ -24,16 +25,19 @@ std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns
               "all_controls or top_candidates, got '", loop, "'");
   TORCH_CHECK(columns >= 1, "flashsampling._kernel_choice: columns must be >= 1, got ", columns);
   return flashsampling::kernel_unit_name(
-      flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters), bf16);
+      flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters,
+                                   top_candidates_epilogue_warpgroups),
+      bf16);
 }
 
 // The epilogue loop a call with these needs (sampler_loop.h's sampler_loop_for), by the name
 // _kernel_choice takes; a pure function, as above.
-std::string sampler_loop(bool model_transform, bool per_row_temperatures, bool logit_bias, bool allowed_mask,
+std::string sampler_loop(bool model_transform, bool penalties, bool per_row_temperatures, bool logit_bias, bool allowed_mask,
                          bool logprobs, bool sparse_bias, bool per_row_keys, int64_t num_samples) {
   TORCH_CHECK(num_samples >= 1, "flashsampling._sampler_loop: num_samples must be >= 1, got ", num_samples);
   flashsampling::LoopNeeds needs;
   needs.model_transform = model_transform;
+  needs.penalties = penalties;
   needs.per_row_temperatures = per_row_temperatures;
   needs.logit_bias = logit_bias;
   needs.allowed_mask = allowed_mask;
@@ -59,11 +63,15 @@ TORCH_LIBRARY(flashsampling, m) {
   // The model-side transforms of the raw logit, before the biases (checks.h; sample_top_k has
   // none: flashsampling_cuda.sample takes the logits route for truncation with them).
 #define FS_MODEL_ARGS ", float logit_scale=1.0, float? logit_softcap=None"
-  m.def("sample(" FS_SAMPLE_ARGS FS_MODEL_ARGS ") -> Tensor", {at::Tag::nondeterministic_seeded});
+  // The penalties of the tokens each row has seen, after the biases (checks.h; docs/penalties.md:
+  // flashsampling_cuda.sample passes a PenaltyState's ids, the frequency / presence terms per
+  // entry and the repetition penalty per row; sample_top_k has none).
+#define FS_PENALTY_ARGS ", Tensor? penalty_ids=None, Tensor? penalty_values=None, Tensor? repetition_penalties=None"
+  m.def("sample(" FS_SAMPLE_ARGS FS_MODEL_ARGS FS_PENALTY_ARGS ") -> Tensor", {at::Tag::nondeterministic_seeded});
   // The same sample plus the winning scores [B, S] (what tensor-parallel ranks compare)
   // and, with return_logprobs, the log-probability of each token [B, S] and the
   // logsumexp [B] of the transformed logits (empty [0] tensors otherwise).
-  m.def("sample_with_scores(" FS_SAMPLE_ARGS FS_MODEL_ARGS
+  m.def("sample_with_scores(" FS_SAMPLE_ARGS FS_MODEL_ARGS FS_PENALTY_ARGS
         ", bool return_logprobs=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
   // Fused truncation (flashsampling_cuda/truncation.py has the semantics): keep the top_k
@@ -89,6 +97,7 @@ TORCH_LIBRARY(flashsampling, m) {
         "int? empty_mask_token=None, int vocab_start=0, bool return_logprobs=False) "
         "-> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
+#undef FS_PENALTY_ARGS
 #undef FS_MODEL_ARGS
 #undef FS_SAMPLE_ARGS
   // Sampling from materialised fp32 logits [B, V] (flashsampling/sample_from_logits.h): the
@@ -136,10 +145,11 @@ TORCH_LIBRARY(flashsampling, m) {
   // The skip bound of the epilogue-warpgroup kernels (fs_gumbel_upper_bound_from_bits).
   m.def("_gumbel_upper_bound(Tensor bits) -> Tensor");
   // The dispatch's kernel choice (above).
-  m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True) -> str",
+  m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True, "
+        "bool top_candidates_epilogue_warpgroups=True) -> str",
         &kernel_choice);
-  m.def("_sampler_loop(*, bool model_transform=False, bool per_row_temperatures=False, bool logit_bias=False, "
-        "bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "
+  m.def("_sampler_loop(*, bool model_transform=False, bool penalties=False, bool per_row_temperatures=False, "
+        "bool logit_bias=False, bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "
         "int num_samples=1) -> str",
         &sampler_loop);
 }

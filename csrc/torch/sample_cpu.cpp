@@ -194,6 +194,48 @@ SparseBias gather_sparse_bias(const at::Tensor& ids_in, const at::Tensor& values
   return out;
 }
 
+// The penalties of a row's seen tokens (checks.h), by local index (CSR): the CPU's form of the
+// CUDA epilogue's rank bitmap, the same {r, add} per token. Free slots (negative ids) and ids
+// outside [vocab_start, vocab_start + V) are dropped; r = 1 and add = -0.0f where not given
+// (fs_penalized_logit then leaves x as it is). Ids are distinct in a row (a PenaltyState's);
+// a repeated one is applied once per entry.
+struct PenaltyEntry {
+  int64_t index;
+  float r, add;
+};
+
+struct PenaltyTable {
+  std::vector<int64_t> row_begin;  // [B + 1]
+  std::vector<PenaltyEntry> entries;
+};
+
+PenaltyTable gather_penalties(const SampleArgs& args, int64_t vocab) {
+  const at::Tensor ids = args.penalty_ids->contiguous();
+  const at::Tensor values = args.penalty_values.has_value() ? args.penalty_values->contiguous() : at::Tensor();
+  const at::Tensor repetition =
+      args.repetition_penalties.has_value() ? args.repetition_penalties->contiguous() : at::Tensor();
+  const int64_t batch = ids.size(0), capacity = ids.size(1);
+  const int64_t* id = ids.const_data_ptr<int64_t>();
+  const float* value = values.defined() ? values.const_data_ptr<float>() : nullptr;
+  const float* r = repetition.defined() ? repetition.const_data_ptr<float>() : nullptr;
+  PenaltyTable out;
+  out.row_begin.assign(1, 0);
+  for (int64_t b = 0; b < batch; ++b) {
+    const auto first = static_cast<std::ptrdiff_t>(out.entries.size());
+    for (int64_t k = 0; k < capacity; ++k) {
+      const int64_t local = id[b * capacity + k] - args.vocab_start;
+      if (local >= 0 && local < vocab) {
+        out.entries.push_back(PenaltyEntry{local, r != nullptr ? r[b] : 1.0f,
+                                           value != nullptr ? value[b * capacity + k] : -0.0f});
+      }
+    }
+    std::stable_sort(out.entries.begin() + first, out.entries.end(),
+                     [](const PenaltyEntry& a, const PenaltyEntry& c) { return a.index < c.index; });
+    out.row_begin.push_back(static_cast<int64_t>(out.entries.size()));
+  }
+  return out;
+}
+
 // Online logsumexp: lse = max + log(sum), sum of exp(y - max) over the non-NaN values;
 // any NaN makes it NaN. Empty: max = -inf, sum = 0 (lse = -inf).
 struct LogSumExp {
@@ -231,6 +273,7 @@ struct Transform {
   const int32_t* mask = nullptr;  // allowed_mask [B, mask_words]
   int64_t mask_words = 0;
   const SparseBias* sparse = nullptr;
+  const PenaltyTable* penalties = nullptr;  // after the biases
   bool logsumexp = false;
 };
 
@@ -323,6 +366,16 @@ FS_ALWAYS_INLINE void transform_unit_body(const TransformArgs& a) {
                                             [](const SparseEntry& s, int64_t v) { return s.index < v; });
     for (; e != last && e->index < a.end; ++e) {
       xs[e->index - a.begin] = fs_add(xs[e->index - a.begin], e->value);
+    }
+  }
+  if (t.penalties != nullptr) {
+    const PenaltyEntry* first = t.penalties->entries.data() + t.penalties->row_begin[a.row];
+    const PenaltyEntry* last = t.penalties->entries.data() + t.penalties->row_begin[a.row + 1];
+    const PenaltyEntry* e = std::lower_bound(first, last, a.begin,
+                                             [](const PenaltyEntry& s, int64_t v) { return s.index < v; });
+    for (; e != last && e->index < a.end; ++e) {
+      float& x = xs[e->index - a.begin];
+      x = fs_penalized_logit(x, e->r, e->add);
     }
   }
   const uint32_t* words = t.mask == nullptr ? nullptr
@@ -531,6 +584,7 @@ SampleResult sample_blocks(int64_t batch, int64_t vocab, const at::TensorOptions
   Transform transform;
   at::Tensor bias, mask;
   SparseBias sparse;
+  PenaltyTable penalties;
   std::vector<char> empty_row(batch, 0);
   if (args.logit_bias.has_value()) {
     bias = args.logit_bias->contiguous();
@@ -548,8 +602,12 @@ SampleResult sample_blocks(int64_t batch, int64_t vocab, const at::TensorOptions
   }
   transform.logsumexp = args.return_logprobs;
   transform.model = model_transform(args.logit_scale, args.logit_softcap);
+  if (args.penalty_ids.has_value()) {
+    penalties = gather_penalties(args, vocab);
+    if (!penalties.entries.empty()) transform.penalties = &penalties;
+  }
   const bool run_transform = transform.model.on() || transform.bias != nullptr || transform.sparse != nullptr ||
-                             transform.mask != nullptr || transform.logsumexp;
+                             transform.penalties != nullptr || transform.mask != nullptr || transform.logsumexp;
 
   const int64_t num_blocks = (vocab + kBlockVocab - 1) / kBlockVocab;
   const int64_t num_winners = batch * num_samples;

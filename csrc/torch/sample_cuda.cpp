@@ -231,6 +231,16 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
     c.sparse_k = static_cast<int>(ids.size(1));
   }
 
+  if (args.penalty_ids.has_value()) {
+    // launch_sampler builds the rank bitmap of these before the GEMM (graph-safe: shapes only).
+    const at::Tensor ids = args.penalty_ids->contiguous();
+    keep_alive.push_back(ids);
+    c.penalty_ids = ids.const_data_ptr<int64_t>();
+    c.penalty_capacity = static_cast<int>(ids.size(1));
+    c.penalty_values = kept_data<float>(args.penalty_values, keep_alive);
+    c.repetition_penalties = kept_data<float>(args.repetition_penalties, keep_alive);
+  }
+
   p.noise = resolve_noise(hidden, num_samples, args.seed, args.offset, args.generator, keep_alive);
   p.num_samples = static_cast<int>(num_samples);
   p.tokens = result.tokens.data_ptr<int64_t>();
@@ -391,18 +401,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
 
 // Test hook: variants of the dispatch that must give the same tokens (DispatchOptions), for the
 // process, until set again; tests/test_sample_cuda.py compares them in one process.
-static void set_dispatch_options(bool column_clusters, bool pad_columns, bool noise_skip, bool lse_references) {
+static void set_dispatch_options(bool column_clusters, bool pad_columns, bool noise_skip, bool lse_references,
+                                 bool top_candidates_epilogue_warpgroups) {
   DispatchOptions options;
   options.column_clusters = column_clusters;
   options.pad_columns = pad_columns;
   options.noise_skip = noise_skip;
   options.lse_references = lse_references;
+  options.top_candidates_epilogue_warpgroups = top_candidates_epilogue_warpgroups;
   set_sampler_dispatch_options(options);
 }
 
 TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
   m.def("_set_dispatch_options(bool column_clusters=True, bool pad_columns=True, bool noise_skip=True, "
-        "bool lse_references=True) -> ()",
+        "bool lse_references=True, bool top_candidates_epilogue_warpgroups=True) -> ()",
         &set_dispatch_options);
 }
 

@@ -37,7 +37,11 @@ inline int sampler_tile_n_for_batch(int64_t columns) {
 // `loop`: sampler_loop_for's loop of the call, or kTopCandidates for the fused top-k pass;
 // `columns`: its GEMM columns before padding. `column_clusters` = false gives the one-CTA
 // variant of a column-clustered choice (the same tiles; tests compare the two).
-inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true) {
+// `top_candidates_epilogue_warpgroups` = false gives the top-k pass beyond 64 columns on sm90
+// CUTLASS's cooperative tile instead of the epilogue-warpgroup kernel (the same outputs bit for
+// bit; tests and benchmarks compare the two).
+inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
+                                  bool top_candidates_epilogue_warpgroups = true) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -46,11 +50,22 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   if (loop == SamplerLoop::kTopCandidates) {
     // Its per-element work (a transform and a 4-key insert, no noise) is lighter than plain
     // sampling's: N = 16 up to 32 rows (a 64-wide tile half empty at B = 32 is slower than two
-    // narrow ones), 64 (pingpong, clusters of two along M) up to 64, cooperative 128 beyond.
+    // narrow ones), 64 (pingpong, clusters of two along M) up to 64. Beyond, on sm90 the
+    // epilogue-warpgroup kernel, whose epilogue overlaps the next tile's GEMM as for plain
+    // sampling (column tiles paired as there), writing what the cooperative 128-wide tile's
+    // visitor writes (kernel/sm90_sampler_epilogue_warpgroups.hpp); the cooperative tile where
+    // asked.
     c.tile_n = columns <= 32 ? 16 : columns <= 64 ? 64 : 128;
-    c.schedule = !sm90 ? SamplerSchedule::kSm100 : c.tile_n == 128 ? SamplerSchedule::kCooperative
-                                                                   : SamplerSchedule::kPingpong;
-    c.cluster_m = sm90 && c.tile_n == 64 ? 2 : 1;
+    if (!sm90) {
+      c.schedule = SamplerSchedule::kSm100;
+    } else if (c.tile_n == 128 && top_candidates_epilogue_warpgroups) {
+      c.schedule = SamplerSchedule::kEpilogueWarpGroups;
+      int64_t const column_tiles = (columns + 127) / 128;
+      c.cluster_n = column_tiles % 2 == 0 && column_clusters ? 2 : 1;
+    } else {
+      c.schedule = c.tile_n == 128 ? SamplerSchedule::kCooperative : SamplerSchedule::kPingpong;
+      c.cluster_m = c.tile_n == 64 ? 2 : 1;
+    }
     return c;
   }
   int const tile_n = sampler_tile_n_for_batch(columns);

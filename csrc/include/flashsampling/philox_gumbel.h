@@ -233,6 +233,16 @@ FS_HOST_DEVICE float fs_model_logit(float logit, float scale, float softcap, flo
   return logit;
 }
 
+// The penalties of a token the row has seen (docs/penalties.md step 3, vLLM's order): the
+// repetition penalty r (x / r where x > 0, x * r elsewhere; r = 1 leaves x as it is), then
+// x + add (add = -0.0f leaves x as it is, signed zeros and NaN included). A division, not a
+// product with 1 / r: the logits route divides (torch's `x / r`), and both routes must give the
+// same bits. The fused op (CPU transform pass, CUDA epilogue) calls this.
+FS_HOST_DEVICE float fs_penalized_logit(float x, float r, float add) {
+  x = x > 0.0f ? fs_div(x, r) : fs_mul(x, r);
+  return fs_add(x, add);
+}
+
 // Standard Gumbel noise from 32 random bits: g = -log(-log(u)), over N lanes as above.
 template <int N>
 FS_HOST_DEVICE void fs_gumbel_from_bits_lanes(const uint32_t (&bits)[N], float (&gumbel)[N]) {

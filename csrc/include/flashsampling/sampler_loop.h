@@ -9,7 +9,8 @@ namespace flashsampling {
 //   kPlain:          is_plain_sampling.
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step;
-//                    and the model-side logit_scale / logit_softcap.
+//                    and the model-side logit_scale / logit_softcap, and the penalties of
+//                    the tokens each row has seen (repetition, frequency, presence).
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
 //                    sm90 beyond 16 GEMM columns the epilogue-warpgroup kernels' kCommonControls
 //                    loop takes these too: kernel_choice.h).
@@ -32,6 +33,7 @@ inline char const* sampler_loop_name(SamplerLoop loop) {
 // call; tests/test_kernel_choice.py through flashsampling::_sampler_loop).
 struct LoopNeeds {
   bool model_transform = false;       // logit_scale != 1 or a logit_softcap
+  bool penalties = false;             // the seen tokens' penalties (SamplingControls::penalty_ids)
   bool per_row_temperatures = false;
   bool logit_bias = false;
   bool allowed_mask = false;
@@ -44,8 +46,8 @@ struct LoopNeeds {
 // The loop of a call (not the fused top-k pass, which is kTopCandidates whatever it needs).
 inline SamplerLoop sampler_loop_for(LoopNeeds const& n) {
   bool const common = n.num_samples == 1 && !n.sparse_bias && !n.per_row_keys;
-  bool const plain = common && !n.model_transform && !n.per_row_temperatures && !n.logit_bias && !n.allowed_mask &&
-                     !n.logprobs;
+  bool const plain = common && !n.model_transform && !n.penalties && !n.per_row_temperatures && !n.logit_bias &&
+                     !n.allowed_mask && !n.logprobs;
   return plain ? SamplerLoop::kPlain : common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
 }
 

@@ -33,8 +33,9 @@ struct NoiseSource {
 
 // Per-row sampling controls, all optional (nullptr = off); device memory.
 // Transformed logit: l = fs_model_logit(logit, logit_scale, logit_softcap, inv_logit_softcap),
-// x = fl(fl(l + logit_bias[v]) + sparse sum), masked tokens excluded, score = fma(x, fl(1 / T), g)
-// or x for greedy rows (csrc/torch/checks.h).
+// x = fl(fl(l + logit_bias[v]) + sparse sum), then on the row's seen tokens the penalties
+// (fs_penalized_logit), masked tokens excluded, score = fma(x, fl(1 / T), g) or x for greedy rows
+// (csrc/torch/checks.h).
 struct SamplingControls {
   // The model-side transforms of the raw logit, before the biases (philox_gumbel.h's
   // fs_model_logit): scale 1 and softcap 0 are off; inv_logit_softcap = fs_div(1, softcap).
@@ -55,6 +56,21 @@ struct SamplingControls {
   const float* sparse_values = nullptr;     // [B, sparse_k]
   int sparse_k = 0;
   int64_t mask_words = 0;  // ceil(V / 32)
+  // Penalties of the tokens each row has seen (docs/penalties.md step 3): penalty_ids [B,
+  // penalty_capacity] global ids, distinct within a row (a PenaltyState's; negative ids and ids
+  // outside this vocabulary ignored); the entry's token gets x / r or x * r with r =
+  // repetition_penalties[b] (nullptr: none), then + penalty_values[b, k] (nullptr: none).
+  const int64_t* penalty_ids = nullptr;
+  const float* penalty_values = nullptr;
+  const float* repetition_penalties = nullptr;
+  int penalty_capacity = 0;
+  // Set by launch_sampler, not by callers (launch_build_penalty_table, before the GEMM): the
+  // rank bitmap the epilogue looks a token up in, O(1) per logit. penalty_words [B, mask_words]
+  // pairs {bits of the row's seen tokens in the word, seen tokens of the row in earlier words};
+  // a seen token's rank in its row is words.y + popc(words.x & below) and penalty_slots [B,
+  // penalty_capacity] pairs {r, add} by rank (r = 1, add = -0.0f where not given: no change).
+  const uint32_t* penalty_words = nullptr;
+  const float* penalty_slots = nullptr;
 };
 
 // The loop a call needs (sampler_loop.h). Plain sampling (one sample per row, batch-wide
@@ -65,6 +81,7 @@ struct SamplingControls {
 inline LoopNeeds loop_needs(SamplingControls const& c, NoiseSource const& noise, int num_samples, bool logprobs) {
   LoopNeeds n;
   n.model_transform = c.logit_scale != 1.0f || c.logit_softcap != 0.0f;
+  n.penalties = c.penalty_ids != nullptr;
   n.per_row_temperatures = c.temperatures != nullptr;
   n.logit_bias = c.logit_bias != nullptr;
   n.allowed_mask = c.allowed_mask != nullptr;
@@ -192,6 +209,9 @@ struct DispatchOptions {
   bool pad_columns = true;      // hidden rows padded to whole N tiles where the last is at most half full
   bool noise_skip = true;       // the epilogue-warpgroup kernels skip noise that cannot win
   bool lse_references = true;   // and sum log-sum-exp terms against earlier tiles' (else each step's max)
+  // the fused top-k pass beyond 64 columns on sm90 runs the epilogue-warpgroup kernel (else
+  // CUTLASS's cooperative tile, whose visitor's outputs it reproduces bit for bit)
+  bool top_candidates_epilogue_warpgroups = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

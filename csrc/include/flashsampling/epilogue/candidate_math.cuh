@@ -121,6 +121,31 @@ __device__ __forceinline__ void merge_top_candidates(PackedCandidate (&a)[N], Pa
 // of the stored logits tells excluded tokens from NaN logits.
 constexpr uint32_t kExcludedLogitBits = 0xFFFFFFFFu;
 
+// The top-k scan (the fused truncation's stage 1 on sm90): the visitor's scan
+// (sm90_visitor_gumbel_argmax.hpp, reduce_top_candidates_scan) and the epilogue-warpgroup
+// kernel's (kernel/sm90_sampler_epilogue_warpgroups.hpp) must give the same candidates, stored
+// logits and log-mass parts bit for bit, so each per-element step they share is written once,
+// here.
+
+// The value the scan keeps of a transformed logit x: x, the canonical NaN for a NaN logit, or
+// kExcludedLogitBits where the mask excludes the token (or it lies past the problem).
+__device__ __forceinline__ float top_scan_value(float x, bool keep) {
+  return __uint_as_float(!keep ? kExcludedLogitBits : x != x ? 0x7fc00000u : __float_as_uint(x));
+}
+
+// The candidate key of a scanned value at vocabulary id `index` (0: excluded, never a candidate).
+__device__ __forceinline__ PackedCandidate top_scan_key(float value, uint32_t index) {
+  return __float_as_uint(value) == kExcludedLogitBits ? PackedCandidate{0} : pack_top_candidate(value, index);
+}
+
+// log2(e) / T of a batch row, the factor from x to y in log2 units (greedy rows: y = x).
+__device__ __forceinline__ float top_scan_log2_scale(SamplingControls const& c, uint32_t row,
+                                                     float call_inv_temperature) {
+  constexpr float kLog2e = 1.4426950408889634f;  // (the epilogue's epilogue::kLog2e)
+  float const inv_t = row_inv_temperature(c, row, call_inv_temperature);
+  return (inv_t == 0.0f ? 1.0f : inv_t) * kLog2e;
+}
+
 // 2^x on the MUFU unit: flushes results below 2^-126 to 0 (terms that small do not move
 // a log-sum-exp at the 1e-4 the contract asks for), 2^-inf = 0, 2^NaN = NaN.
 __device__ __forceinline__ float exp2_approx(float x) {
@@ -156,6 +181,28 @@ __device__ __forceinline__ void lse_add(float& max2, float& sum, float y2, bool 
   float const s = fmaf(sum, exp2_approx(max2 == m ? 0.0f : max2 - m), exp2_approx(y2 == m ? 0.0f : y2 - m));
   sum = adds ? s : sum;
   max2 = adds ? m : max2;
+}
+
+// A scan run's mass of y = x / T (log2 units: y2 = x * y2_scale) merged into (max2, sum): the
+// run's max first, then its terms 2^(y2 - max) summed in run order (one exponential an element),
+// then one lse_merge. Excluded tokens and NaN logits carry no mass (as in stage 2). The order of
+// every operation is part of the result's bits: both scans run this one function on runs of the
+// same rows.
+template <int kRunValues>
+__device__ __forceinline__ void add_top_scan_run_mass(float const (&values)[kRunValues], float y2_scale, float& max2,
+                                                      float& sum) {
+  float y2[kRunValues];
+  float run_max2 = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kRunValues; ++i) {
+    y2[i] = values[i] == values[i] ? values[i] * y2_scale : -INFINITY;
+    run_max2 = fmaxf(run_max2, y2[i]);
+  }
+  if (run_max2 == -INFINITY) return;
+  float run_sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRunValues; ++i) run_sum += exp2_approx(y2[i] - run_max2);
+  lse_merge(max2, sum, run_max2, run_sum);
 }
 
 }  // namespace flashsampling

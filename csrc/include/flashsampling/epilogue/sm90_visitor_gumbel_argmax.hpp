@@ -27,7 +27,8 @@
   seed and nothing else. The common controls' loop adds what serving engines send
   every step: per-row temperatures (T = 0: greedy), a dense logit bias and the
   allowed-token mask transform each logit before the noise (after the model-side
-  scale and soft-cap, which the controls' loops apply), and with logprobs the
+  scale and soft-cap, which the controls' loops apply; the penalties of the row's seen
+  tokens follow the biases there), and with logprobs the
   node also keeps an online (max, sum of exp) per column in log2 units and the
   transformed logit of each column's best candidate, reduced alongside. The loop for
   all controls adds sparse per-row bias, per-row seeds and offsets and several
@@ -169,6 +170,22 @@ CUTLASS_DEVICE float add_sparse_bias(SamplingControls const& c, uint32_t batch_r
   return fs_add(x, sum);
 }
 
+// x through the penalties of row `row`'s seen tokens (fs_penalized_logit), x unchanged where the
+// row has not seen v: one load of the rank bitmap's word pair, and for a seen token one of its
+// slot (SamplingControls::penalty_words). row and vocab_local must be inside the problem.
+CUTLASS_DEVICE float penalized_logit(SamplingControls const& c, uint32_t row, uint32_t vocab_local, float x) {
+  uint2 const words =
+      __ldg(reinterpret_cast<uint2 const*>(c.penalty_words) + row * c.mask_words + (vocab_local >> 5));
+  uint32_t const bit = vocab_local & 31u;
+  if (!((words.x >> bit) & 1u)) {
+    return x;
+  }
+  uint32_t const rank = words.y + __popc(words.x & ((1u << bit) - 1u));
+  float2 const slot = __ldg(reinterpret_cast<float2 const*>(c.penalty_slots) +
+                            static_cast<int64_t>(row) * c.penalty_capacity + rank);
+  return fs_penalized_logit(x, slot.x, slot.y);
+}
+
 // x = fl(fl(logit + logit_bias[v]) + sparse sum); false when the mask excludes v.
 CUTLASS_DEVICE bool transform_logit(SamplingControls const& c, uint32_t batch_row, uint32_t vocab_local,
                                     uint32_t vocab_index, float& x) {
@@ -306,7 +323,7 @@ struct Sm90GumbelArgmaxRowReduction {
            static_cast<int>(needed) <= static_cast<int>(kLoop) &&
            (kLoop != SamplerLoop::kTopCandidates ||
             (args.controls.sparse_ids == nullptr && args.controls.logit_scale == 1.0f &&
-             args.controls.logit_softcap == 0.0f)) &&
+             args.controls.logit_softcap == 0.0f && args.controls.penalty_ids == nullptr)) &&
            (args.ptr_row_logits == nullptr || (kTopScan && args.ptr_lse_parts != nullptr)) &&
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
@@ -551,6 +568,21 @@ struct Sm90GumbelArgmaxRowReduction {
                                  arg<kScore>().layout(), mask_word, bias);
       float logit[FragmentSize];
       model_logits(controls, frg_logits, logit);
+      // The penalties come after the dense bias (docs/penalties.md): with them the bias is added
+      // here, and both behind one warp-uniform branch per fragment, so the element loop below is
+      // the same code without them.
+      bool const penalties = controls.penalty_words != nullptr;
+      if (penalties) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < FragmentSize; ++k) {
+          auto const coord = tCcD_mn(epi_v * FragmentSize + k);
+          uint32_t const vocab_local = min(static_cast<uint32_t>(m_origin + get<0>(coord)), last_vocab);
+          uint32_t const row = min(static_cast<uint32_t>(n_origin + get<1>(coord)), last_row);
+          float const x = controls.logit_bias ? fs_add(logit[k], bias[k]) : logit[k];
+          logit[k] = penalized_logit(controls, row, vocab_local, x);
+        }
+      }
+      bool const add_bias = controls.logit_bias && !penalties;
       constexpr int kGroup = 4;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; i += kGroup) {
@@ -565,7 +597,7 @@ struct Sm90GumbelArgmaxRowReduction {
           vocab_index[j] = params.vocab_start + vocab_local;
           batch_row[j] = static_cast<uint32_t>(n_origin + get<1>(coord));
           x[j] = logit[i + j];
-          if (controls.logit_bias) {
+          if (add_bias) {
             x[j] = fs_add(x[j], bias[i + j]);
           }
           keep[j] = elem_less(coord, residue_tCcD) && ((mask_word[i + j] >> (vocab_local & 31u)) & 1u);
@@ -624,7 +656,7 @@ struct Sm90GumbelArgmaxRowReduction {
         }
         bool const keep = elem_less(coord, residue_tCcD) && ((mask_word[i] >> (vocab_local & 31u)) & 1u);
         if constexpr (kTopScan) {
-          encoded[i] = __uint_as_float(!keep ? kExcludedBits : x != x ? 0x7fc00000u : __float_as_uint(x));
+          encoded[i] = top_scan_value(x, keep);
           continue;
         }
         PackedCandidate const key = keep ? pack_top_candidate(x, params.vocab_start + vocab_local) : 0;
@@ -651,6 +683,8 @@ struct Sm90GumbelArgmaxRowReduction {
       SamplingControls const& controls = params.controls;
       NoiseSource const& src = params.noise;
       bool const transform = controls.logit_bias || controls.allowed_mask || controls.sparse_bitmap;
+      bool const penalties = controls.penalty_words != nullptr;
+      uint32_t const last_row = params.batch_size - 1;
       float logit[FragmentSize];
       model_logits(controls, frg_logits, logit);
       constexpr int kGroup = 4;
@@ -673,6 +707,14 @@ struct Sm90GumbelArgmaxRowReduction {
           uint32_t const batch_row = in_range ? column - sample * params.batch_size : 0u;
           x[j] = logit[i + j];
           keep[j] = in_range && (!transform || transform_logit(controls, batch_row, vocab_local, vocab_index[j], x[j]));
+          // After the biases (docs/penalties.md). Kept: inside the vocabulary, but with one sample
+          // the padding columns of a ragged N tile (launch_sampler's padded_columns, GEMM columns
+          // of their own) are in range with a batch row past B: their word pair would be read
+          // past the rank bitmap and its garbage prefix count would send the slot load anywhere.
+          // Clamped (their candidates are never read).
+          if (penalties && keep[j]) {
+            x[j] = penalized_logit(controls, min(batch_row, last_row), vocab_local, x[j]);
+          }
           // (launch_sampler prepares the [B] array for this loop: a load per element, no division)
           inv_temperature[j] = params.inv_temperature;
           greedy[j] = params.greedy;
@@ -972,10 +1014,7 @@ struct Sm90GumbelArgmaxRowReduction {
         float const v[4] = {v4.x, v4.y, v4.z, v4.w};
         CUTLASS_PRAGMA_UNROLL
         for (int u = 0; u < 4; ++u) {
-          uint32_t const bits = __float_as_uint(v[u]);
-          PackedCandidate const key =
-              bits == kExcludedBits ? PackedCandidate{0} : pack_top_candidate(v[u], first_index + 4 * q + u);
-          insert_top_candidate(scan_top, key);
+          insert_top_candidate(scan_top, top_scan_key(v[u], first_index + 4 * q + u));
         }
       }
       if (store_row) {
@@ -1007,34 +1046,26 @@ struct Sm90GumbelArgmaxRowReduction {
 
     // The fused truncation's part of the scan, out of the scan's loop (the host-int top-k pass
     // runs without it): the thread's run of x to the stored row as they are, and their mass of
-    // y into the thread's log-sum-exp, against the run's max (one exponential an element).
-    // Excluded tokens and NaN logits carry no mass (as in stage 2).
+    // y into the thread's log-sum-exp (add_top_scan_run_mass, which the epilogue-warpgroup
+    // kernel's scan runs too).
     template <int kRunValues>
     CUTLASS_DEVICE void store_run_and_add_mass(float4 const* values, float4* stored, float y2_scale) {
-      float y2[kRunValues];
-      float run_max2 = -INFINITY;
+      float run[kRunValues];
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < kRunValues / 4; ++q) {
         float4 const v4 = values[q];
         stored[q] = v4;
-        float const v[4] = {v4.x, v4.y, v4.z, v4.w};
-        CUTLASS_PRAGMA_UNROLL
-        for (int u = 0; u < 4; ++u) {
-          y2[4 * q + u] = v[u] == v[u] ? v[u] * y2_scale : -INFINITY;
-          run_max2 = fmaxf(run_max2, y2[4 * q + u]);
-        }
+        run[4 * q] = v4.x;
+        run[4 * q + 1] = v4.y;
+        run[4 * q + 2] = v4.z;
+        run[4 * q + 3] = v4.w;
       }
-      if (run_max2 == -INFINITY) return;
-      float run_sum = 0.0f;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < kRunValues; ++i) run_sum += exp2_approx(y2[i] - run_max2);
-      lse_merge(scan_lse_max2, scan_lse_sum, run_max2, run_sum);
+      add_top_scan_run_mass<kRunValues>(run, y2_scale, scan_lse_max2, scan_lse_sum);
     }
 
     // log2(e) / T of a batch row, the factor from x to y in log2 units (greedy rows: y = x).
     CUTLASS_DEVICE float log2_scale_of_row(uint32_t row) const {
-      float const inv_t = row_inv_temperature(params.controls, row, params.inv_temperature);
-      return (inv_t == 0.0f ? 1.0f : inv_t) * kLog2e;
+      return top_scan_log2_scale(params.controls, row, params.inv_temperature);
     }
 
     // The top-k pass's reduce: the same three stages as the argmax (lanes sharing a column by

@@ -28,6 +28,12 @@
 // 64-row half tile: the candidate table has ceil(V / 64) rows and stage 2 reduces it as
 // for any other tile height.
 //
+// The fused top-k pass (SamplerLoop::kTopCandidates, N = 128) is the exception: its outputs must
+// be those of the visitor's top-k scan on CUTLASS's cooperative 128 x 128 tile bit for bit
+// (stage 2 and the logits sampler read them, and the log-mass parts' merge order is part of
+// their bits), so it writes per 128-row tile, and the two epilogue warpgroups meet at a named
+// barrier to merge their halves (run_top_candidates_epilogue).
+//
 // The structure follows CUTLASS's sm90_gemm_tma_warpspecialized_cooperative.hpp (roles by
 // warpgroup, one persistent tile scheduler walked by every role, the producer's registers
 // given back with setmaxnreg).
@@ -86,9 +92,11 @@ struct EpilogueWarpGroupsStorage {
 template <class CollectiveMainloop_, SamplerLoop kLoop = SamplerLoop::kPlain>
 class Sm90SamplerEpilogueWarpGroups {
  public:
-  static_assert(kLoop == SamplerLoop::kPlain || kLoop == SamplerLoop::kCommonControls,
-                "the plain loop or the common controls' loop");
+  static_assert(kLoop == SamplerLoop::kPlain || kLoop == SamplerLoop::kCommonControls ||
+                    kLoop == SamplerLoop::kTopCandidates,
+                "the plain loop, the common controls' loop or the top-k pass's");
   static constexpr bool kControls = kLoop == SamplerLoop::kCommonControls;
+  static constexpr bool kTopCandidates = kLoop == SamplerLoop::kTopCandidates;
   using CollectiveMainloop = CollectiveMainloop_;
   using TileShape = typename CollectiveMainloop::TileShape;
   using TiledMma = typename CollectiveMainloop::TiledMma;
@@ -118,6 +126,9 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr int kBlocksPerStep = 2;
   static_assert(kBlocksPerThread % kBlocksPerStep == 0, "whole steps");
   static constexpr int kEpilogueWarpGroups = HandOver::kHalves;
+  // M of a candidate row: a half tile, or for the top-k pass the whole tile (the visitor's).
+  static constexpr int kCandidateTileM = kTopCandidates ? kTileM : kHalfM;
+  static_assert(!kTopCandidates || kTileN == 128, "the top-k scan reproduces the cooperative 128 x 128 tile's");
   // Clusters of two CTAs share one operand tile by TMA multicast: along M the hidden tile
   // (two vocabulary tiles, the same columns), along N the W tile (one vocabulary tile, two column
   // tiles). Only the mainloop sees the cluster; each CTA's epilogue is its own.
@@ -184,13 +195,20 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   static bool can_implement(Arguments const& args) {
+    SamplingControls const& controls = args.node.controls;
     return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
            CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
            args.node.ptr_candidates != nullptr && args.node.batch_size >= 1 &&
-           // the controls' loop here takes every control, the plain loop none
-           static_cast<int>(sampler_loop_for(args.node.controls, args.node.noise, args.node.num_samples,
+           // the controls' loop here takes every control, the plain loop none, the top-k pass's
+           // what the visitor's takes (its noise is drawn in stage 2)
+           static_cast<int>(sampler_loop_for(controls, args.node.noise, args.node.num_samples,
                                              args.node.logprobs)) <=
-               static_cast<int>(kControls ? SamplerLoop::kAllControls : SamplerLoop::kPlain) &&
+               static_cast<int>(kTopCandidates ? SamplerLoop::kTopCandidates
+                                : kControls    ? SamplerLoop::kAllControls
+                                               : SamplerLoop::kPlain) &&
+           (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
+                                controls.logit_softcap == 0.0f &&
+                                (args.node.ptr_row_logits == nullptr || args.node.ptr_lse_parts != nullptr))) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -237,7 +255,10 @@ class Sm90SamplerEpilogueWarpGroups {
     if (warp_idx == 1 && lane_predicate) {
       for (int w = 0; w < HandOver::kHalves; ++w) {
         cutlass::arch::ClusterBarrier::init(&hand_over.full[w], NumThreadsPerWarpGroup);
-        cutlass::arch::ClusterBarrier::init(&hand_over.empty[w], NumThreadsPerWarpGroup);
+        // The top-k pass's merge reads both halves, so both epilogue warpgroups free each half.
+        cutlass::arch::ClusterBarrier::init(&hand_over.empty[w], kTopCandidates
+                                                                     ? kEpilogueWarpGroups * NumThreadsPerWarpGroup
+                                                                     : NumThreadsPerWarpGroup);
       }
     }
     cutlass::arch::fence_barrier_init();
@@ -305,6 +326,9 @@ class Sm90SamplerEpilogueWarpGroups {
         cutlass::arch::ClusterBarrier::arrive(&hand_over.full[half]);
         work = get<0>(scheduler.fetch_next_work(work));
       }
+    } else if constexpr (kTopCandidates) {
+      run_top_candidates_epilogue(params, hand_over, scheduler, work, warp_group - 3,
+                                  thread_idx % NumThreadsPerWarpGroup);
     } else {
       run_epilogue(params, hand_over, scheduler, work, warp_group - 3, thread_idx % NumThreadsPerWarpGroup);
     }
@@ -547,8 +571,8 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // The controls' loop over one 64 x N half tile (the visitor's loops, element for element:
-  // the model-side scale and soft-cap, dense bias, then sparse bias, then 1/T per column (0: a
-  // greedy row), masked or out-of-range elements no candidate and no mass), then per column the
+  // the model-side scale and soft-cap, dense bias, then sparse bias, then the seen tokens'
+  // penalties, then 1/T per column (0: a greedy row), masked or out-of-range elements no candidate and no mass), then per column the
   // best key with its transformed logit y and the (max2, sum) log-sum-exp part, merged over the
   // column's eight lanes here and over the four warps by the caller.
   //
@@ -584,6 +608,7 @@ class Sm90SamplerEpilogueWarpGroups {
     bool const mask_high_word = (vocab_local[0] >> 5) & 1u;  // the half's 64 rows start a word pair
     bool const keyed_noise = needs_keyed_noise(node);
     bool const model_transform = controls.logit_scale != 1.0f || controls.logit_softcap != 0.0f;
+    bool const penalties = controls.penalty_words != nullptr;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
       constexpr int N = kStepElements;
@@ -629,20 +654,14 @@ class Sm90SamplerEpilogueWarpGroups {
           sparse_step = __any_sync(0xFFFFFFFF, sparse_blocks != 0u);
         }
       }
+      uint32_t column_row[kBlocksPerStep][2];  // the batch row of each block's two columns
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
-        int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;  // even
-        float2 const floors = skip ? column_floors(hand_over, half, tile_column) : float2{};
-        // the mask words of the block's column pair: (n, low), (n, high), (n + 1, low), (n + 1, high)
-        uint4 const mask_words = controls.allowed_mask
-                                     ? reinterpret_cast<uint4 const&>(hand_over.mask_bits[half][tile_column])
-                                     : make_uint4(~0u, ~0u, ~0u, ~0u);
-        uint32_t const column_mask_word[2] = {mask_high_word ? mask_words.y : mask_words.x,
-                                              mask_high_word ? mask_words.w : mask_words.z};
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < 2; ++c) {
           uint32_t row, sample;
           column_row_and_sample<kGeneralColumns>(node, column_index[4 * s + c], row, sample);
+          column_row[s][c] = row;
           // (launch_sampler prepares the [B] array for these kernels: no division in this loop)
           inv_temperature[s][c] = controls.inv_temperatures ? __ldg(controls.inv_temperatures + row)
                                   : node.greedy                ? 0.0f
@@ -657,6 +676,40 @@ class Sm90SamplerEpilogueWarpGroups {
                 x[e] = epilogue::add_sparse_bias(controls, row, vocab_local[r], vocab_index[e], x[e]);
               }
             }
+          }
+        }
+      }
+      // The penalties of the rows' seen tokens, after the biases (docs/penalties.md) and before
+      // the skip's bounds: one warp-uniform branch per step, so without them the loops are the
+      // code they were. Rows past the vocabulary look up the last one and are not kept.
+      if (penalties) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < kBlocksPerStep; ++s) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int c = 0; c < 2; ++c) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < 2; ++r) {
+              int const e = 4 * s + 2 * r + c;
+              x[e] = epilogue::penalized_logit(controls, column_row[s][c], min(vocab_local[r], last_vocab), x[e]);
+            }
+          }
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < kBlocksPerStep; ++s) {
+        int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;  // even
+        float2 const floors = skip ? column_floors(hand_over, half, tile_column) : float2{};
+        // the mask words of the block's column pair: (n, low), (n, high), (n + 1, low), (n + 1, high)
+        uint4 const mask_words = controls.allowed_mask
+                                     ? reinterpret_cast<uint4 const&>(hand_over.mask_bits[half][tile_column])
+                                     : make_uint4(~0u, ~0u, ~0u, ~0u);
+        uint32_t const column_mask_word[2] = {mask_high_word ? mask_words.y : mask_words.x,
+                                              mask_high_word ? mask_words.w : mask_words.z};
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < 2; ++c) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            int const e = 4 * s + 2 * r + c;  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
             keep[e] = (column_mask_word[c] & row_mask_bit[r]) != 0u;
             // (without the skip any_reachable starts true: no branch per element either way)
             any_reachable |= may_reach_floor(keep[e], x[e], inv_temperature[s][c], bits[e], c ? floors.y : floors.x);
@@ -1037,6 +1090,207 @@ class Sm90SamplerEpilogueWarpGroups {
       }
       cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[half]);  // after the merge's reads
       work = next_work;
+    }
+  }
+
+  // The fused top-k pass (kTopCandidates). Its outputs are the visitor's top-k scan's on CUTLASS's
+  // cooperative 128 x 128 tile (reduce_top_candidates_scan), bit for bit: there the epilogue
+  // subtile is 128 x 32 over 256 threads, so 8 threads share a column and each scans a run of 16
+  // rows (run r: rows 16 r .. 16 r + 15 of the tile), and a column's log-mass part is a butterfly
+  // over its 8 runs' parts in which thread r merges r ^ 4, then r ^ 2, then r ^ 1 into its own
+  // (lse_merge is not symmetric, so the order is part of the bits) and thread 0 writes. Here run r
+  // is warp r % 4 of half r / 4 (an MMA warp holds 16 rows of its 64): each epilogue thread scans
+  // whole runs with the shared steps of candidate_math.cuh (top_scan_value, top_scan_key,
+  // add_top_scan_run_mass), leaves each run's keys and part in the slots it has read, and after
+  // the two warpgroups meet one thread per column merges its eight runs in the butterfly's order.
+  // The keys' merge order does not matter: the four largest of distinct keys are the same.
+  static constexpr int kScanRunRows = 16;                                // rows of a run
+  static constexpr int kColumnPairs = kTileN / 2;                        // a float4 slot holds two columns
+  static constexpr int kRunsPerHalf = kHalfM / kScanRunRows;             // one per MMA warp
+  static constexpr int kScanItems = kColumnPairs * kRunsPerHalf;         // (column pair, run) of a half
+  static constexpr int kScanItemsPerThread = kScanItems / NumThreadsPerWarpGroup;
+  static_assert(!kTopCandidates || kScanItems % NumThreadsPerWarpGroup == 0, "whole items per thread");
+  // Named barrier of the two epilogue warpgroups together (0 and 1 are each one's own).
+  static constexpr uint32_t kTopMergeBarrier = 2;
+  // The result slots of an item, among its eight (scan_slot's row8): each column's four keys in
+  // two, both columns' log-mass parts (max2, sum) in one.
+  static constexpr int kKeySlot = 0;   // column c's keys: row8 2c and 2c + 1
+  static constexpr int kPartSlot = 4;  // (max2, sum) of column 0, then of column 1
+
+  // Slot row8 of a scan item: rows row8 and row8 + 8 of MMA warp `warp`'s 16 rows of the half,
+  // columns 2 pair and 2 pair + 1 of the tile, as the wgmma layout puts them in MMA thread
+  // 32 warp + 4 row8 + pair % 4's block pair / 4: (row8, 2 pair), (row8, 2 pair + 1),
+  // (row8 + 8, 2 pair), (row8 + 8, 2 pair + 1).
+  CUTLASS_DEVICE static float4& scan_slot(HandOver& hand_over, int half, int pair, int warp, int row8) {
+    return hand_over.accumulators[half][pair / 4][32 * warp + 4 * row8 + pair % 4];
+  }
+
+  // One run of two columns: the visitor's element steps (x, + dense bias, mask -> the scanned
+  // value), the four largest keys of each column, its values to row_logits and its log-mass part
+  // (both only where the fused truncation stores rows), then the results to the item's slots.
+  CUTLASS_DEVICE static void scan_top_candidates_run(NodeArguments const& node, HandOver& hand_over, int half,
+                                                     int pair, int warp, int m_origin, int n_origin, int num_rows) {
+    SamplingControls const& controls = node.controls;
+    // The eight slots, loaded with row8 = j ^ (block parity): the eight threads of a quarter warp
+    // (neighbouring pairs of one warp) then read eight different 16-byte bank groups (in row8
+    // order two of them share each); back in row order by a select per pair of slots. The dense
+    // bias is added as the visitor adds it (rows past the vocabulary read an in-range entry and
+    // are not kept).
+    uint32_t const first_local = static_cast<uint32_t>(m_origin + half * kHalfM + warp * kScanRunRows);
+    uint32_t const last_vocab = static_cast<uint32_t>(num_rows) - 1;
+    int const swap = (pair / 4) % 2;
+    float x[2][kScanRunRows];  // (column, row of the run)
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < 8; j += 2) {
+      float4 const a = scan_slot(hand_over, half, pair, warp, j + swap);
+      float4 const b = scan_slot(hand_over, half, pair, warp, j + 1 - swap);
+      float4 const block[2] = {swap ? b : a, swap ? a : b};  // rows j, j + 1 (and + 8)
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        int const i = j + k;
+        x[0][i] = block[k].x;
+        x[1][i] = block[k].y;
+        x[0][i + 8] = block[k].z;
+        x[1][i + 8] = block[k].w;
+        if (controls.logit_bias) {
+          float const bias = __ldg(controls.logit_bias + min(first_local + i, last_vocab));
+          float const bias8 = __ldg(controls.logit_bias + min(first_local + i + 8, last_vocab));
+          x[0][i] = fs_add(x[0][i], bias);
+          x[1][i] = fs_add(x[1][i], bias);
+          x[0][i + 8] = fs_add(x[0][i + 8], bias8);
+          x[1][i + 8] = fs_add(x[1][i + 8], bias8);
+        }
+      }
+    }
+    float2 part[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < 2; ++c) {
+      uint32_t const column = static_cast<uint32_t>(n_origin + 2 * pair + c);
+      // the run's 16 rows lie in one mask word (runs start at multiples of 16)
+      uint32_t const mask_row = min(column, node.batch_size - 1);
+      uint32_t const mask_word =
+          controls.allowed_mask
+              ? __ldg(controls.allowed_mask + static_cast<int64_t>(mask_row) * controls.mask_words +
+                      (min(first_local, last_vocab) >> 5))
+              : ~0u;
+      float (&value)[kScanRunRows] = x[c];  // the scanned values replace x
+      PackedCandidate top[kTopCandidatesPerTile] = {};
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kScanRunRows; ++i) {
+        uint32_t const v = first_local + i;
+        bool const keep = v < static_cast<uint32_t>(num_rows) && ((mask_word >> (v & 31u)) & 1u);
+        value[i] = top_scan_value(value[i], keep);
+        insert_top_candidate(top, top_scan_key(value[i], node.vocab_start + v));
+      }
+      // (the keys first: their registers are free for the mass)
+      reinterpret_cast<ulonglong2&>(scan_slot(hand_over, half, pair, warp, kKeySlot + 2 * c)) =
+          make_ulonglong2(top[0], top[1]);
+      reinterpret_cast<ulonglong2&>(scan_slot(hand_over, half, pair, warp, kKeySlot + 2 * c + 1)) =
+          make_ulonglong2(top[2], top[3]);
+      part[c] = make_float2(-INFINITY, 0.0f);
+      if (node.ptr_row_logits != nullptr && column < node.batch_size) {
+        // (the row's stride covers whole 128-row tiles, so the tail past V needs no bound)
+        float4* stored = reinterpret_cast<float4*>(node.ptr_row_logits +
+                                                   static_cast<int64_t>(column) * node.row_logits_stride + first_local);
+        CUTLASS_PRAGMA_UNROLL
+        for (int q = 0; q < kScanRunRows / 4; ++q) {
+          stored[q] = make_float4(value[4 * q], value[4 * q + 1], value[4 * q + 2], value[4 * q + 3]);
+        }
+        add_top_scan_run_mass<kScanRunRows>(value, top_scan_log2_scale(controls, column, node.inv_temperature),
+                                            part[c].x, part[c].y);
+      }
+    }
+    scan_slot(hand_over, half, pair, warp, kPartSlot) = make_float4(part[0].x, part[0].y, part[1].x, part[1].y);
+  }
+
+  // Column `column` of the tile (both halves' runs in their slots): the four largest of its eight
+  // runs' keys and its log-mass part merged in the visitor's butterfly order, written where the
+  // visitor writes them (slot m_tile * N + column).
+  CUTLASS_DEVICE static void merge_top_candidates_column(NodeArguments const& node, HandOver& hand_over, int column,
+                                                         int m_tile, int n_origin, int num_cols) {
+    constexpr int kRuns = 2 * kRunsPerHalf;
+    int const pair = column / 2;
+    int const odd = column % 2;
+    int const tile_column = n_origin + column;
+    bool const written = tile_column < num_cols;
+    int64_t const slot = static_cast<int64_t>(m_tile) * num_cols + tile_column;
+    // The keys, then the parts: one of the two held at a time (both at once spilled).
+    PackedCandidate best[kTopCandidatesPerTile];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRuns; ++r) {
+      int const half = r / kRunsPerHalf, warp = r % kRunsPerHalf;
+      ulonglong2 const first =
+          reinterpret_cast<ulonglong2 const&>(scan_slot(hand_over, half, pair, warp, kKeySlot + 2 * odd));
+      ulonglong2 const second =
+          reinterpret_cast<ulonglong2 const&>(scan_slot(hand_over, half, pair, warp, kKeySlot + 2 * odd + 1));
+      PackedCandidate const keys[kTopCandidatesPerTile] = {first.x, first.y, second.x, second.y};
+      if (r == 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kTopCandidatesPerTile; ++j) best[j] = keys[j];
+      } else {
+        merge_top_candidates(best, keys);
+      }
+    }
+    if (written) {
+      PackedCandidate* out = node.ptr_candidates + slot * kTopCandidatesPerTile;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kTopCandidatesPerTile; ++j) out[j] = best[j];
+    }
+    if (node.ptr_row_logits == nullptr) {  // no mass: the visitor writes no part either
+      return;
+    }
+    float2 part[kRuns];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRuns; ++r) {
+      float4 const parts = scan_slot(hand_over, r / kRunsPerHalf, pair, r % kRunsPerHalf, kPartSlot);
+      part[r] = odd ? make_float2(parts.z, parts.w) : make_float2(parts.x, parts.y);
+    }
+    // The butterfly: at step delta, run r < delta merges run r + delta (= r ^ delta) into its own.
+    CUTLASS_PRAGMA_UNROLL
+    for (int delta = kRuns / 2; delta > 0; delta /= 2) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < delta; ++r) lse_merge(part[r].x, part[r].y, part[r + delta].x, part[r + delta].y);
+    }
+    if (written && static_cast<uint32_t>(tile_column) < node.batch_size) node.ptr_lse_parts[slot] = part[0];
+  }
+
+  // The top-k pass's epilogue warpgroup: for each tile, its half's runs, then (both warpgroups at
+  // the barrier) the merge of columns 64 half .. 64 half + 63 over both halves; each thread gives
+  // both buffers back once it has read them. The next tile is fetched after the tile (nothing is loaded
+  // ahead here): fetched first, its coordinates and the scheduler's 64-bit index stayed live
+  // through the scan and spilled (80 bytes of spill stores at 96 registers).
+  template <class WorkTileInfo>
+  CUTLASS_DEVICE static void run_top_candidates_epilogue(Params const& params, HandOver& hand_over,
+                                                         TileScheduler& scheduler, WorkTileInfo work, int half,
+                                                         int t) {
+    NodeArguments const& node = params.node;
+    int const num_rows = get<0>(params.problem_shape);
+    int const num_cols = get<1>(params.problem_shape);
+    constexpr uint32_t kBothWarpGroups = kEpilogueWarpGroups * NumThreadsPerWarpGroup;
+    uint32_t full_phase = 0;
+    while (work.is_valid()) {
+      int const m_origin = work.M_idx * kTileM;
+      int const n_origin = work.N_idx * kTileN;
+      cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
+      full_phase ^= 1;
+      // Item t + 128 i: column pair item % 64, run (MMA warp) item / 64; a warp's 32 threads take
+      // neighbouring pairs of one run.
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int i = 0; i < kScanItemsPerThread; ++i) {
+        int const item = t + i * NumThreadsPerWarpGroup;
+        scan_top_candidates_run(node, hand_over, half, item % kColumnPairs, item / kColumnPairs, m_origin, n_origin,
+                                num_rows);
+      }
+      cutlass::arch::NamedBarrier::sync(kBothWarpGroups, kTopMergeBarrier);  // both halves' runs are in place
+      constexpr int kColumnsPerWarpGroup = kTileN / kEpilogueWarpGroups;
+      if (t < kColumnsPerWarpGroup) {
+        merge_top_candidates_column(node, hand_over, half * kColumnsPerWarpGroup + t, work.M_idx, n_origin, num_cols);
+      }
+      // Each thread frees both halves after its own reads (an MMA warpgroup overwrites its half
+      // once all 256 threads have arrived): every reader orders its reads before the MMA's writes
+      // by its own arrive, not through a barrier with the other warpgroup.
+      for (int w = 0; w < HandOver::kHalves; ++w) cutlass::arch::ClusterBarrier::arrive(&hand_over.empty[w]);
+      work = get<0>(scheduler.fetch_next_work(work));
     }
   }
 };
