@@ -802,7 +802,7 @@ def _c10(dtype: torch.dtype) -> str:
 def _check_fake_args(
     hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids, sparse_bias_values,
     allowed_mask, *, temperature=1.0, generator=None, empty_mask_token=None, vocab_start=0, logit_scale=1.0,
-    logit_softcap=None, penalty_ids=None, penalty_values=None, repetition_penalties=None,
+    logit_softcap=None, penalty_ids=None, penalty_values=None, repetition_penalties=None, streams=None,
 ):
     """The checks of csrc/torch/checks.cpp (check_sample_args) that need no tensor values, in its
     order and with its messages (tests/test_fake_checks.py compares them): the fake kernel also
@@ -866,6 +866,10 @@ def _check_fake_args(
         torch._check(seed is not None, lambda: f"{prefix} offset was given without seed; with no seed the offset "
                      "comes from the generator")
         check("offset", offset, (torch.int64,), "an int64 tensor", *seed_shapes, cpu_ok=True)
+    if streams is not None:
+        torch._check(streams.dim() == 1,
+                     lambda: f"{prefix} streams must have shape [B] = [{batch}], got shape {list(streams.shape)}")
+        check("streams", streams, (torch.int64,), "an int64 tensor", *seed_shapes, cpu_ok=True)
     if logit_bias is not None:
         check("logit_bias", logit_bias, (torch.float32,), "float32", [(vocab,)], f"[V] = [{vocab}]")
     torch._check(
@@ -929,13 +933,13 @@ def _sample_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
     empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None, penalty_ids=None,
-    penalty_values=None, repetition_penalties=None,
+    penalty_values=None, repetition_penalties=None, streams=None,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
                      empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
                      logit_softcap=logit_softcap, penalty_ids=penalty_ids, penalty_values=penalty_values,
-                     repetition_penalties=repetition_penalties)
+                     repetition_penalties=repetition_penalties, streams=streams)
     return hidden.new_empty((hidden.shape[0], num_samples), dtype=torch.int64)
 
 
@@ -944,13 +948,13 @@ def _sample_with_scores_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
     empty_mask_token=None, vocab_start=0, logit_scale=1.0, logit_softcap=None, penalty_ids=None,
-    penalty_values=None, repetition_penalties=None, return_logprobs=False,
+    penalty_values=None, repetition_penalties=None, streams=None, return_logprobs=False,
 ):
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
                      empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
                      logit_softcap=logit_softcap, penalty_ids=penalty_ids, penalty_values=penalty_values,
-                     repetition_penalties=repetition_penalties)
+                     repetition_penalties=repetition_penalties, streams=streams)
     batch = hidden.shape[0]
     shape = (batch, num_samples)
     return (

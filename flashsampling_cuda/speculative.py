@@ -23,13 +23,22 @@ offset ``offset + j`` (stream ``b``, or 0 with per-row seeds): the bonus token i
 ``sample(hidden[:, n], weight, offset=offset + n)`` returns. The residual samples use
 ``log max(0, p - q)`` as their logits.
 
-This implementation computes the target logits once (``[B * (n + 1), V]`` fp32, cuBLAS on
-CUDA, the op's own kernels on the CPU) and draws each position's sample with the
-``sample_from_logits`` op, with no host sync (CUDA-graph capture; ``torch.compile`` is not yet
-tested). One-hot drafts without truncation (:func:`verify_one_hot`) need nothing more: that op's
-log-sum-exp gives ``p_j(d_j)``; sampled drafts and truncation also build the float64
-log-probabilities of every position. Verification fused into the LM-head GEMM is issue #36's
-goal. The helpers below are shared with the tensor-parallel verification,
+Routes, all without a host sync (CUDA-graph capture, ``torch.compile(fullgraph=True)``):
+
+- one-hot drafts without truncation on CUDA (:func:`verify_one_hot_fused`): one call of the fused
+  op over the ``B * (n + 1)`` rows, the target logits never in memory. Row ``(b, j)`` is a row of
+  its own with row ``b``'s seed and stream (the op's ``streams``) at offset ``offset + j``, so it
+  draws exactly the noise above; its mask drops the draft on sampled rows, so its token is the
+  corrective sample and its log-sum-exp, with the draft's term added back, gives ``p_j(d_j)``;
+  the draft's logit is a dot product of its own (fp32, the same value as the GEMM's up to the
+  order of the summation);
+- one-hot drafts without truncation on the CPU (:func:`verify_one_hot`): the same with the target
+  logits computed once (``[B * (n + 1), V]`` fp32, the op's own bits) and the ``sample_from_logits``
+  op per position;
+- sampled drafts and truncation (:func:`verify`): the float64 log-probabilities of every position
+  from the logits computed once (cuBLAS on CUDA), then each position's sample.
+
+The helpers below are shared with the tensor-parallel verification,
 :func:`flashsampling_cuda.distributed.speculative_sample`.
 """
 
@@ -49,6 +58,7 @@ from .truncation import Truncation, materialized_logits, parse_truncation, scale
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
 _ACCEPT_INDEX = 2**32 - 1  # the acceptance uniforms' vocabulary index: no token has it
+FUSED_MAX_POSITIONS = 64  # n + 1 the fused route's finishing kernel takes (csrc/kernels/speculative.cu)
 
 
 class SpeculativeOutput(NamedTuple):
@@ -337,6 +347,118 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
                        y_emitted.double() - lse_full)
 
 
+def verify_one_hot_fused(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logit_bias: Tensor | None,
+                         allowed_mask: Tensor | None, step: _Step, vocab_start: int, return_logprobs: bool,
+                         kernels: bool | None = None) -> SpeculativeOutput:
+    """:func:`verify_one_hot`'s step from one call of the fused op (``sample_with_scores``) over
+    the ``B * (n + 1)`` rows in position-major order (row ``j * B + b``: a batch-wide seed's
+    neighbouring rows then share their Philox blocks as in plain sampling), each with row ``b``'s
+    seed, stream and temperature at offset ``offset_b + j`` and row ``b``'s mask less the draft's
+    bit on sampled rows; the draft's logit ``x_j(d_j)`` from an fp32 dot product (then the
+    model-side transforms and the bias, as the op applies them). Before and after the op,
+    ``kernels`` (default: on CUDA) runs the two small kernels of ``_speculative_masks`` /
+    ``_speculative_finish``, else the same steps in torch ops (:func:`_row_masks`,
+    :func:`_finish_step`; the CPU's, and the kernels' reference in the tests)."""
+    batch, positions, dim = hidden.shape
+    vocab, device = weight.shape[0], hidden.device
+    kernels = hidden.is_cuda if kernels is None else kernels
+    base = None
+    if allowed_mask is not None:
+        mask = allowed_mask.to(device)
+        base = mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
+    if kernels:
+        masks = torch.ops.flashsampling._speculative_masks(draft_token_ids, step.temps, base, vocab, vocab_start)
+    else:
+        masks = _row_masks(draft_token_ids, step, base, vocab, vocab_start)
+    j = torch.arange(positions, device=device)
+    seed = step.seeds.repeat(positions) if step.per_row_seed else step.seeds[:1].reshape(())
+    token, _, token_logp, lse = torch.ops.flashsampling.sample_with_scores(
+        hidden.transpose(0, 1).reshape(positions * batch, dim), weight, temperature=1.0,
+        temperatures=step.temps.repeat(positions), num_samples=1, seed=seed,
+        offset=(step.offsets[None, :] + j[:, None]).reshape(-1), generator=None,
+        logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32), allowed_mask=masks,
+        empty_mask_token=-1, vocab_start=vocab_start, logit_scale=step.logit_scale,
+        logit_softcap=step.logit_softcap, streams=step.streams.repeat(positions), return_logprobs=True)
+    bias = None if logit_bias is None else logit_bias.to(device, torch.float32)
+    if kernels:
+        tokens, num_accepted, logprobs = torch.ops.flashsampling._speculative_finish(
+            hidden, weight, draft_token_ids, token[:, 0], lse, token_logp[:, 0] if return_logprobs else None,
+            step.temps, step.seeds, step.offsets, step.streams, base, bias, step.logit_scale, step.logit_softcap,
+            vocab_start)
+        return SpeculativeOutput(tokens, num_accepted, logprobs if return_logprobs else None)
+    return _finish_step(hidden, weight, draft_token_ids, token[:, 0], lse, token_logp[:, 0], base, bias, step,
+                        vocab_start, return_logprobs)
+
+
+def _row_masks(draft_token_ids: Tensor, step: _Step, base: Tensor | None, vocab: int, vocab_start: int) -> Tensor:
+    """int32 ``[(n + 1) * B, ceil(V / 32)]``: row ``j * B + b`` holds row ``b``'s mask (all ones
+    without one) less the draft's bit where ``j < n`` and row ``b`` samples (``_speculative_masks``)."""
+    batch, n = draft_token_ids.shape
+    device = draft_token_ids.device
+    if base is None:
+        base = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
+    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
+    word = safe >> 5
+    words = base.gather(1, word)
+    clear = inside & ~step.greedy[:, None]
+    bits = int32_words(torch.ones_like(safe) << (safe % 32))
+    masks = base.repeat(n + 1, 1)
+    draft_rows = torch.arange(n, device=device)[None, :] * batch + torch.arange(batch, device=device)[:, None]
+    masks[draft_rows.reshape(-1), word.reshape(-1)] = torch.where(clear, words & ~bits, words).reshape(-1)
+    return masks
+
+
+def _finish_step(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, emitted_rows: Tensor, lse_rows: Tensor,
+                 token_logp_rows: Tensor, base: Tensor | None, bias: Tensor | None, step: _Step, vocab_start: int,
+                 return_logprobs: bool) -> SpeculativeOutput:
+    """The acceptance walk after the fused op (``_speculative_finish``) in torch ops: the draft's
+    logit, ``p_j(d_j)`` from the emitted row's log-sum-exp with the draft's term added back, the
+    acceptance uniforms, then the step's tokens (and their log-probabilities)."""
+    batch, positions, _ = hidden.shape
+    n, vocab = step.n, weight.shape[0]
+    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
+    draft_allowed = inside
+    if base is not None:
+        words = base.gather(1, safe >> 5)
+        draft_allowed = inside & (((words >> (safe & 31).to(torch.int32)) & 1) == 1)
+    cleared = draft_allowed & ~step.greedy[:, None]
+    emitted = emitted_rows.reshape(positions, batch).T  # [B, n + 1]
+    lse = lse_rows.reshape(positions, batch).T.double()
+    # The draft's logit: raw dot product, then the op's rule (scale, soft-cap, bias), then 1 / T.
+    raw = (hidden[:, :n].float() * weight[safe].float()).sum(dim=2)
+    x_draft = torch.ops.flashsampling._model_logits(raw, step.logit_scale, step.logit_softcap)
+    if bias is not None:
+        x_draft = x_draft + bias[safe]
+    inv_temperature = torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)  # fl32(1 / T)
+    y_draft = (x_draft * inv_temperature[:, None]).double()
+    lse_draft = lse[:, :n]
+    lse_full_draft = torch.where(cleared, torch.logaddexp(lse_draft, y_draft), lse_draft)
+    logp_draft = torch.where(draft_allowed, y_draft - lse_full_draft, -torch.inf)
+    greedy_hit = (emitted[:, :n] == draft_token_ids) & inside
+    num_accepted = accepted_count(step, acceptance_probability(logp_draft.exp(), None, inside), greedy_hit)
+    if not return_logprobs:
+        return step_output(draft_token_ids, emitted, num_accepted, None, None)
+    # The op's log-probability is over its row's tokens (the draft left out): back to the whole row.
+    lse_full = torch.cat([lse_full_draft, lse[:, n:]], dim=1)
+    emitted_logp = token_logp_rows.reshape(positions, batch).T.double() + lse - lse_full
+    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, logp_draft, torch.nan),
+                       emitted_logp)
+
+
+@torch.library.register_fake("flashsampling::_speculative_masks")
+def _speculative_masks_fake(drafts, temperatures, allowed_mask, vocab, vocab_start):
+    batch, n = drafts.shape
+    return drafts.new_empty(((n + 1) * batch, (vocab + 31) // 32), dtype=torch.int32)
+
+
+@torch.library.register_fake("flashsampling::_speculative_finish")
+def _speculative_finish_fake(hidden, weight, drafts, emitted, lse, token_logprobs, temperatures, seeds, offsets,
+                             streams, allowed_mask, logit_bias, logit_scale, logit_softcap, vocab_start):
+    batch, positions, _ = hidden.shape
+    return (hidden.new_empty((batch, positions), dtype=torch.int64), hidden.new_empty((batch,), dtype=torch.int64),
+            hidden.new_empty((batch if token_logprobs is not None else 0, positions), dtype=torch.float32))
+
+
 def empty_output(hidden: Tensor, n: int, return_logprobs: bool) -> SpeculativeOutput:
     """The output of a batch of no rows."""
     tokens = torch.empty((0, n + 1), dtype=torch.int64, device=hidden.device)
@@ -417,6 +539,9 @@ def speculative_sample(
         return empty_output(hidden, n, return_logprobs)
     check_draft_values("flashsampling.speculative_sample", draft_token_ids, draft_probs, vocab_start + weight.shape[0])
     if draft_probs is None and step.truncation is None:
+        if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16) and n + 1 <= FUSED_MAX_POSITIONS:
+            return verify_one_hot_fused(hidden, weight, draft_token_ids, logit_bias, allowed_mask, step, vocab_start,
+                                        return_logprobs)
         return verify_one_hot(hidden, weight, draft_token_ids, logit_bias, allowed_mask, step, vocab_start,
                               return_logprobs)
     return verify(hidden, weight, draft_token_ids, draft_probs, logit_bias, allowed_mask, step, vocab_start,

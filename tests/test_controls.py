@@ -269,6 +269,36 @@ def test_logprobs_special_values_cpu():
 # ---------------------------------------------------------------- batch invariance
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op_name", ["sample", "sample_with_scores"])
+def test_streams_carry_a_rows_noise_to_another_position(device, op_name):
+    """The op's streams [B]: a row drawing stream s gets the token of the batch-wide-seed row s
+    with the same logits (any position, repeated rows, the loops for all controls, per-row seeds
+    too: they draw stream 0 unless streams say otherwise)."""
+    batch, vocab = 9, 3000
+    hidden, weight = problem(batch, vocab, 32, device, logit_std=1.0, seed=6)
+    op = getattr(torch.ops.flashsampling, op_name)
+
+    def tokens(h, **kwargs):
+        out = op(h, weight, temperature=0.9, seed=torch.tensor(11, device=device), offset=torch.tensor(4, device=device),
+                 **kwargs)
+        return out if op_name == "sample" else out[0]
+
+    full = tokens(hidden)
+    for rows in ([4], [8, 0, 3], [2, 2, 7, 1, 5, 6], [5, 0, 1, 2, 3, 4, 6, 7, 8]):
+        idx = torch.tensor(rows, device=device)
+        assert torch.equal(tokens(hidden[idx], streams=idx), full[idx]), rows
+        # with a mask and per-row temperatures (the controls' loops)
+        mask = torch.full((len(rows), (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
+        temps = torch.full((len(rows),), 0.9, device=device)
+        assert torch.equal(tokens(hidden[idx], streams=idx, allowed_mask=mask, temperatures=temps), full[idx]), rows
+    # per-row seeds equal to the batch-wide one, with the rows' streams: the same tokens
+    seeds = torch.full((batch,), 11, dtype=torch.int64, device=device)
+    out = op(hidden, weight, temperature=0.9, seed=seeds, offset=torch.tensor(4, device=device),
+             streams=torch.arange(batch, device=device))
+    assert torch.equal(out if op_name == "sample" else out[0], full)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_per_row_seeds_make_every_control_batch_invariant(device):
     """With [B] seeds, a row's tokens depend on its own seed, offset, temperature, biases
     and mask only: not on the rows around it or its position."""
@@ -490,6 +520,8 @@ def test_opcheck_both_ops_every_option(device):
                   logit_bias=c["logit_bias"], sparse_bias_ids=ids, sparse_bias_values=values,
                   allowed_mask=c["allowed_mask"], empty_mask_token=-1, vocab_start=32)
     torch.library.opcheck(torch.ops.flashsampling.sample.default, (hidden, weight), kwargs)
+    torch.library.opcheck(torch.ops.flashsampling.sample.default, (hidden, weight),
+                          dict(kwargs, streams=torch.tensor([3, 0, 2, 1], device=device)))
     for return_logprobs in (False, True):
         torch.library.opcheck(torch.ops.flashsampling.sample_with_scores.default, (hidden, weight),
                               dict(kwargs, return_logprobs=return_logprobs))

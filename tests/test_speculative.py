@@ -1,7 +1,7 @@
 """speculative_sample (flashsampling_cuda/speculative.py): the emitted tokens follow the target
 (chi-square, one-hot and sampled drafts), pathwise against the float64 reference, the bonus token
-is sample()'s, greedy verification, argument errors. CPU always; CUDA where there is a GPU.
-(torch.compile of the step is not tested: inductor takes minutes on the Philox uniforms.)"""
+is sample()'s, greedy verification, argument errors, the routes against each other, torch.compile.
+CPU always; CUDA where there is a GPU."""
 
 import pytest
 import torch
@@ -197,3 +197,98 @@ def test_one_hot_route_equals_the_general_route(device, masked, per_row_seed):
     assert torch.equal(fast.tokens, general.tokens)
     assert torch.equal(fast.num_accepted, general.num_accepted)
     torch.testing.assert_close(fast.logprobs, general.logprobs, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def exact_problem(batch, positions, vocab, dim, device, seed):
+    """Small integers (weights in quarters): every fp32 dot product is exact, so the fused GEMM,
+    cuBLAS, the CPU op and a dot product of one row give the same logits bit for bit."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randint(-2, 3, (batch, positions, dim), generator=g).to(torch.bfloat16).to(device)
+    weight = (torch.randint(-2, 3, (vocab, dim), generator=g) / 4).to(torch.bfloat16).to(device)
+    return hidden, weight
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("per_row_seed", [False, True])
+@pytest.mark.parametrize("transforms", [False, True])
+def test_fused_one_hot_route_equals_the_logits_routes(device, masked, per_row_seed, transforms):
+    """verify_one_hot_fused (one fused call over the B * (n + 1) rows, the op's streams carrying
+    row b's noise to position j's row; CUDA's route) returns the tokens, acceptances and
+    log-probabilities of verify_one_hot and of the general route (logits materialised) on logits
+    all three compute exactly: greedy and sampled rows, a mask, a bias, scale and soft-cap,
+    batch-wide and per-row seeds, a vocab_start."""
+    from flashsampling_cuda import speculative
+
+    batch, n, vocab, dim, vocab_start = 36, 3, 700, 32, 5
+    hidden, weight = exact_problem(batch, n + 1, vocab, dim, device, seed=8)
+    g = torch.Generator().manual_seed(9)
+    x = hidden.float().cpu() @ weight.float().cpu().T
+    drafts = torch.where(torch.rand(batch, n, generator=g) < 0.7, x[:, :n].argmax(2),
+                         torch.randint(0, vocab, (batch, n), generator=g)) + vocab_start
+    drafts = drafts.to(device)
+    temps = torch.tensor([0.0, 0.5, 1.0, 1.7] * (batch // 4), device=device)
+    mask = None
+    if masked:
+        bits = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
+        mask = (bits.to(torch.int32) | 0x1).to(device)
+    bias = (torch.randint(-8, 9, (vocab,), generator=g) / 8).to(device) if transforms else None
+    seed = torch.arange(batch, device=device) * 7 + 3 if per_row_seed else 3
+    offset = torch.arange(batch, device=device) % 4 + 7 if per_row_seed else 7
+    scale, softcap = (0.5, 8.0) if transforms else (1.0, None)
+    step = speculative.parse_step("test", hidden, weight, drafts, None, temps, seed, offset, None, None, None, None,
+                                  scale, softcap, bias, mask)
+    fused = speculative.verify_one_hot_fused(hidden, weight, drafts, bias, mask, step, vocab_start, True)
+    logits_route = speculative.verify_one_hot(hidden, weight, drafts, bias, mask, step, vocab_start, True)
+    general = speculative.verify(hidden, weight, drafts, None, bias, mask, step, vocab_start, True)
+    others = [logits_route, general]
+    if device == "cuda":  # the two kernels against their steps in torch ops
+        others.append(speculative.verify_one_hot_fused(hidden, weight, drafts, bias, mask, step, vocab_start, True,
+                                                       kernels=False))
+        without = speculative.verify_one_hot_fused(hidden, weight, drafts, bias, mask, step, vocab_start, False)
+        assert torch.equal(without.tokens, fused.tokens) and without.logprobs is None
+    for other in others:
+        assert torch.equal(fused.tokens, other.tokens)
+        assert torch.equal(fused.num_accepted, other.num_accepted)
+        torch.testing.assert_close(fused.logprobs, other.logprobs, atol=2e-5, rtol=2e-5, equal_nan=True)
+    assert (fused.num_accepted > 0).any() and (fused.num_accepted < n).any()  # acceptances and rejections
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_speculative_sample_takes_the_fused_route_on_cuda(device, monkeypatch):
+    """speculative_sample's one-hot steps without truncation run verify_one_hot_fused on CUDA
+    (bf16 / fp16) and verify_one_hot on the CPU; with truncation neither."""
+    from flashsampling_cuda import speculative
+
+    calls = []
+    for name in ("verify_one_hot_fused", "verify_one_hot", "verify"):
+        original = getattr(speculative, name)
+        monkeypatch.setattr(speculative, name,
+                            lambda *a, _name=name, _original=original, **k: calls.append(_name) or _original(*a, **k))
+    hidden, weight = exact_problem(4, 3, 300, 16, device, seed=1)
+    drafts = torch.zeros(4, 2, dtype=torch.int64, device=device)
+    fs.speculative_sample(hidden, weight, drafts, seed=1)
+    fs.speculative_sample(hidden, weight, drafts, seed=1, top_k=5)
+    assert calls == ["verify_one_hot_fused" if device == "cuda" else "verify_one_hot", "verify"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampled_drafts", [False, True])
+def test_torch_compile_fullgraph_equals_eager(device, sampled_drafts):
+    """torch.compile(fullgraph=True) of a verification step (one-hot: the fused route on CUDA;
+    sampled drafts with top_k: the general route) returns the eager step's outputs."""
+    hidden, weight = exact_problem(4, 3, 300, 16, device, seed=1)
+    drafts = torch.tensor([[3, 7], [0, 1], [250, 2], [9, 9]], device=device)
+    q = torch.softmax(torch.randn(4, 2, 300, generator=torch.Generator().manual_seed(2)), -1).to(device)
+    extra = dict(top_k=20) if sampled_drafts else {}
+
+    def step(h, w, d, q, s, o):
+        out = fs.speculative_sample(h, w, d, q if sampled_drafts else None, temperature=0.8, seed=s, offset=o,
+                                    return_logprobs=True, **extra)
+        return out.tokens, out.num_accepted, out.logprobs
+
+    args = (hidden, weight, drafts, q, torch.tensor(5, device=device), torch.tensor(3, device=device))
+    compiled = torch.compile(step, fullgraph=True)(*args)
+    eager = step(*args)
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
+    torch.testing.assert_close(compiled[2], eager[2], equal_nan=True)

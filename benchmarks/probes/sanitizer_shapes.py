@@ -80,6 +80,18 @@ for batch, vocab, dim, dtype in SHAPES:
     torch.cuda.synchronize()
     assert bool((out.ranks >= 1).all()) and bool(allowed.gather(1, out.top_ids.clamp(0, vocab - 1)).any(1).all())
     print(f"ok B={batch} V={vocab} D={dim} {dtype} (top-N logprobs)")
+    # One-hot speculative verification (fused route): the rows' masks, the fused op with per-row
+    # offsets and streams, the finishing kernel (draft logits, acceptance walk), n = 3.
+    positions = 4
+    spec_hidden = hidden[: max(1, batch // 4)].repeat_interleave(positions, 0)[: max(1, batch // 4) * positions]
+    spec_hidden = spec_hidden.view(-1, positions, dim)
+    drafts = torch.randint(0, vocab, (spec_hidden.shape[0], positions - 1), device="cuda")
+    out = flashsampling_cuda.speculative_sample(spec_hidden, weight, drafts, temperature=temperatures[: spec_hidden.shape[0]],
+                                                seed=7, allowed_mask=allowed[: spec_hidden.shape[0]],
+                                                return_logprobs=True)
+    torch.cuda.synchronize()
+    assert bool((out.num_accepted >= 0).all()) and bool((out.num_accepted < positions).all())
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (speculative, one-hot, fused route)")
     if 4096 <= vocab <= 229376 and torch.cuda.get_device_capability() == (9, 0):
         # The fused pass with every form: stage 2's rows, its row list, the stored logits and the
         # logits kernel's two launches over the rows it leaves (per-row k up to 300: both kinds).

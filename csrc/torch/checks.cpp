@@ -188,6 +188,11 @@ void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArg
                 "comes from the generator");
     check_seed_like("offset", *args.offset, hidden);
   }
+  if (args.streams.has_value()) {
+    TORCH_CHECK(args.streams->dim() == 1, "flashsampling.sample: streams must have shape [B] = [", batch,
+                "], got shape ", args.streams->sizes());
+    check_seed_like("streams", *args.streams, hidden);
+  }
   if (args.logit_bias.has_value()) {
     check_extra("logit_bias", *args.logit_bias, {at::kFloat}, "float32", {vocab}, "[V]", hidden);
   }

@@ -46,6 +46,8 @@ struct SampleArgs {
   std::optional<at::Tensor> penalty_ids;           // int64 [B, C] global ids (negative: free slot)
   std::optional<at::Tensor> penalty_values;        // float32 [B, C] (needs penalty_ids)
   std::optional<at::Tensor> repetition_penalties;  // float32 [B] (needs penalty_ids)
+  // int64 [B] noise streams (low 32 bits), on the CPU or hidden's device; absent: the rule below.
+  std::optional<at::Tensor> streams;
 };
 
 // tokens int64 [B, S]: global vocabulary ids; -1 for a row with no finite candidate
@@ -70,6 +72,7 @@ struct SampleResult {
 //   seed 0-d  -> batch-wide seed, noise stream = batch row;
 //   seed [B]  -> per-row seed,    noise stream = 0 (a row's token is batch-invariant);
 //   offset    -> 0-d or [B]; defaults to 0 when a seed is given; given alone it is an error;
+//   streams   -> [B]: row b draws noise stream streams[b] instead (whatever the seed's form);
 //   no seed   -> the backend draws (seed, offset) from `generator` or the device's default
 //                generator and uses it as a batch-wide seed.
 void check_sample_args(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args);
@@ -139,12 +142,13 @@ struct SampleOps {
                               std::optional<double> logit_softcap = std::nullopt,
                               const std::optional<at::Tensor>& penalty_ids = std::nullopt,
                               const std::optional<at::Tensor>& penalty_values = std::nullopt,
-                              const std::optional<at::Tensor>& repetition_penalties = std::nullopt) {
+                              const std::optional<at::Tensor>& repetition_penalties = std::nullopt,
+                              const std::optional<at::Tensor>& streams = std::nullopt) {
     return SampleArgs{temperature,  temperatures,       num_samples,  seed,
                       offset,       std::move(generator), logit_bias, sparse_bias_ids,
                       sparse_bias_values, allowed_mask, empty_mask_token, vocab_start,
                       return_logprobs, logit_scale, logit_softcap, penalty_ids, penalty_values,
-                      repetition_penalties};
+                      repetition_penalties, streams};
   }
 
   static at::Tensor sample(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
@@ -157,11 +161,12 @@ struct SampleOps {
                            int64_t vocab_start, double logit_scale, std::optional<double> logit_softcap,
                            const std::optional<at::Tensor>& penalty_ids,
                            const std::optional<at::Tensor>& penalty_values,
-                           const std::optional<at::Tensor>& repetition_penalties) {
+                           const std::optional<at::Tensor>& repetition_penalties,
+                           const std::optional<at::Tensor>& streams) {
     return Impl(hidden, weight,
                 make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias,
                           sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, false,
-                          logit_scale, logit_softcap, penalty_ids, penalty_values, repetition_penalties))
+                          logit_scale, logit_softcap, penalty_ids, penalty_values, repetition_penalties, streams))
         .tokens;
   }
 
@@ -174,12 +179,12 @@ struct SampleOps {
       std::optional<int64_t> empty_mask_token, int64_t vocab_start, double logit_scale,
       std::optional<double> logit_softcap, const std::optional<at::Tensor>& penalty_ids,
       const std::optional<at::Tensor>& penalty_values, const std::optional<at::Tensor>& repetition_penalties,
-      bool return_logprobs) {
+      const std::optional<at::Tensor>& streams, bool return_logprobs) {
     SampleResult r = Impl(hidden, weight,
                           make_args(temperature, temperatures, num_samples, seed, offset, std::move(generator),
                                     logit_bias, sparse_bias_ids, sparse_bias_values, allowed_mask, empty_mask_token,
                                     vocab_start, return_logprobs, logit_scale, logit_softcap, penalty_ids,
-                                    penalty_values, repetition_penalties));
+                                    penalty_values, repetition_penalties, streams));
     return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
   }
 

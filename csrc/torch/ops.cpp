@@ -67,11 +67,15 @@ TORCH_LIBRARY(flashsampling, m) {
   // flashsampling_cuda.sample passes a PenaltyState's ids, the frequency / presence terms per
   // entry and the repetition penalty per row; sample_top_k has none).
 #define FS_PENALTY_ARGS ", Tensor? penalty_ids=None, Tensor? penalty_values=None, Tensor? repetition_penalties=None"
-  m.def("sample(" FS_SAMPLE_ARGS FS_MODEL_ARGS FS_PENALTY_ARGS ") -> Tensor", {at::Tag::nondeterministic_seeded});
+  // Per-row noise streams (checks.h: int64 [B], in place of the row or 0): speculative
+  // verification samples position j of row b as a row of its own with row b's stream.
+#define FS_STREAM_ARGS ", Tensor? streams=None"
+  m.def("sample(" FS_SAMPLE_ARGS FS_MODEL_ARGS FS_PENALTY_ARGS FS_STREAM_ARGS ") -> Tensor",
+        {at::Tag::nondeterministic_seeded});
   // The same sample plus the winning scores [B, S] (what tensor-parallel ranks compare)
   // and, with return_logprobs, the log-probability of each token [B, S] and the
   // logsumexp [B] of the transformed logits (empty [0] tensors otherwise).
-  m.def("sample_with_scores(" FS_SAMPLE_ARGS FS_MODEL_ARGS FS_PENALTY_ARGS
+  m.def("sample_with_scores(" FS_SAMPLE_ARGS FS_MODEL_ARGS FS_PENALTY_ARGS FS_STREAM_ARGS
         ", bool return_logprobs=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
   // Fused truncation (flashsampling_cuda/truncation.py has the semantics): keep the top_k
@@ -97,6 +101,7 @@ TORCH_LIBRARY(flashsampling, m) {
         "int? empty_mask_token=None, int vocab_start=0, bool return_logprobs=False) "
         "-> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
+#undef FS_STREAM_ARGS
 #undef FS_PENALTY_ARGS
 #undef FS_MODEL_ARGS
 #undef FS_SAMPLE_ARGS
@@ -118,6 +123,17 @@ TORCH_LIBRARY(flashsampling, m) {
   // CPU computes them in torch ops (flashsampling_cuda/logprobs.py).
   m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw) -> "
         "(Tensor top_values, Tensor top_ids, Tensor ranks)");
+  // One-hot speculative verification around the fused op (flashsampling_cuda/speculative.py,
+  // verify_one_hot_fused; flashsampling/speculative_launch.h): the int32 masks
+  // [(n + 1) * B, ceil(V / 32)] of the position-major rows (the draft left out on sampled rows),
+  // and after the op the acceptance walk -> (tokens [B, n + 1], num_accepted [B], logprobs
+  // [B, n + 1] float32, or [0, n + 1] without token_logprobs). CUDA only.
+  m.def("_speculative_masks(Tensor drafts, Tensor temperatures, Tensor? allowed_mask, int vocab, "
+        "int vocab_start) -> Tensor");
+  m.def("_speculative_finish(Tensor hidden, Tensor weight, Tensor drafts, Tensor emitted, Tensor lse, "
+        "Tensor? token_logprobs, Tensor temperatures, Tensor seeds, Tensor offsets, Tensor streams, "
+        "Tensor? allowed_mask, Tensor? logit_bias, float logit_scale, float? logit_softcap, int vocab_start) "
+        "-> (Tensor tokens, Tensor num_accepted, Tensor logprobs)");
   // The model-side transforms of fp32 raw logits (any shape), elementwise: fl(l * logit_scale),
   // then fl(cap * tanh(fl(l * fl(1 / cap)))) with philox_gumbel.h's tanh (fs_model_logit), the
   // bits the fused op computes in its epilogue; the logits route applies them with this op.

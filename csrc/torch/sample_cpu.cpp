@@ -68,8 +68,8 @@ struct RowParams {
 struct RowGroup {
   int64_t first_row;
   int num_rows;
-  // Batch-wide seed, equal offsets and aligned rows: row r is lane r of one Philox
-  // block, so one Philox call serves the whole group.
+  // Equal seeds and offsets and streams 4q + r in row order (a batch-wide seed's aligned rows):
+  // row r is lane r of one Philox block, so one Philox call serves the whole group.
   bool shared_block;
 };
 
@@ -494,6 +494,7 @@ std::vector<RowParams> resolve_rows(int64_t batch, const SampleArgs& args) {
   const std::vector<uint64_t> seeds = per_row_values(args.seed, batch, generator_seed);
   const std::vector<uint64_t> offsets = per_row_values(args.offset, batch, 0);
   const bool per_row_seed = has_per_row_seed(args.seed);
+  const std::vector<uint64_t> streams = per_row_values(args.streams, batch, 0);
   at::Tensor temps;
   if (args.temperatures.has_value()) temps = args.temperatures->contiguous();
 
@@ -503,25 +504,30 @@ std::vector<RowParams> resolve_rows(int64_t batch, const SampleArgs& args) {
                                     : static_cast<float>(args.temperature);
     // The same rule as the CUDA kernel: 0 = greedy (checks.cpp has refused invalid values).
     const float inv_temperature = fs_inv_temperature(t);
-    rows[row] = RowParams{seeds[row], offsets[row], per_row_seed ? 0u : static_cast<uint32_t>(row),
+    const uint32_t stream = args.streams.has_value() ? static_cast<uint32_t>(streams[row])
+                            : per_row_seed           ? 0u
+                                                     : static_cast<uint32_t>(row);
+    rows[row] = RowParams{seeds[row], offsets[row], stream,
                           inv_temperature, inv_temperature == 0.0f};
   }
   return rows;
 }
 
-std::vector<RowGroup> make_groups(const std::vector<RowParams>& rows, bool per_row_seed) {
+std::vector<RowGroup> make_groups(const std::vector<RowParams>& rows) {
   const auto batch = static_cast<int64_t>(rows.size());
   std::vector<RowGroup> groups;
   for (int64_t first = 0; first < batch; first += kGroupRows) {
     const int n = static_cast<int>(std::min<int64_t>(kGroupRows, batch - first));
     int noisy = 0;
-    bool same_offset = true;
+    bool one_block = rows[first].stream % 4 == 0;
     for (int r = 0; r < n; ++r) {
-      noisy += rows[first + r].greedy ? 0 : 1;
-      same_offset = same_offset && rows[first + r].offset == rows[first].offset;
+      const RowParams& p = rows[first + r];
+      noisy += p.greedy ? 0 : 1;
+      one_block = one_block && p.seed == rows[first].seed && p.offset == rows[first].offset &&
+                  p.stream == rows[first].stream + static_cast<uint32_t>(r);
     }
     // One block costs about as much as two single-lane draws.
-    groups.push_back(RowGroup{first, n, !per_row_seed && same_offset && noisy >= 2});
+    groups.push_back(RowGroup{first, n, one_block && noisy >= 2});
   }
   return groups;
 }
@@ -577,7 +583,7 @@ SampleResult sample_blocks(int64_t batch, int64_t vocab, const at::TensorOptions
   if (batch == 0) return result;
 
   const std::vector<RowParams> rows = resolve_rows(batch, args);
-  const std::vector<RowGroup> groups = make_groups(rows, has_per_row_seed(args.seed));
+  const std::vector<RowGroup> groups = make_groups(rows);
   const CpuKernels kernels = select_kernels();
 
   // The transform pass (only when something asks for it).

@@ -34,16 +34,18 @@ void take_scalar_tensor(const at::Tensor& t, uint64_t& value, const int64_t*& de
 }
 
 // The batch-wide seed/offset, or per-row [B] arrays on the device (stream 0 with
-// per-row seeds). `keep_alive` holds the device copies of host-resident [B] tensors.
+// per-row seeds), and the per-row streams where given. `keep_alive` holds the device copies of
+// host-resident [B] tensors.
 NoiseSource resolve_noise(const at::Tensor& hidden, int64_t num_samples, const std::optional<at::Tensor>& seed,
                           const std::optional<at::Tensor>& offset, const std::optional<at::Generator>& generator,
-                          std::vector<at::Tensor>& keep_alive) {
+                          const std::optional<at::Tensor>& streams, std::vector<at::Tensor>& keep_alive) {
   NoiseSource src;
   auto per_row_on_device = [&](const at::Tensor& t) {
     at::Tensor d = t.to(hidden.device(), /*non_blocking=*/false).contiguous();
     keep_alive.push_back(d);
     return d.const_data_ptr<int64_t>();
   };
+  if (streams.has_value()) src.row_streams = per_row_on_device(*streams);
   if (seed.has_value()) {
     if (seed->dim() == 1) {
       src.row_seeds = per_row_on_device(*seed);
@@ -241,7 +243,7 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
     c.repetition_penalties = kept_data<float>(args.repetition_penalties, keep_alive);
   }
 
-  p.noise = resolve_noise(hidden, num_samples, args.seed, args.offset, args.generator, keep_alive);
+  p.noise = resolve_noise(hidden, num_samples, args.seed, args.offset, args.generator, args.streams, keep_alive);
   p.num_samples = static_cast<int>(num_samples);
   p.tokens = result.tokens.data_ptr<int64_t>();
   p.scores = result.scores.data_ptr<float>();
@@ -378,7 +380,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
   p.top_ps = kept_data<double>(top_ps, keep_alive);
   p.min_p = min_p;
   p.min_ps = kept_data<double>(min_ps, keep_alive);
-  p.noise = resolve_noise(logits, num_samples, seed, offset, args.generator, keep_alive);
+  p.noise = resolve_noise(logits, num_samples, seed, offset, args.generator, std::nullopt, keep_alive);
   p.num_samples = static_cast<int>(num_samples);
   p.tokens = result.tokens.data_ptr<int64_t>();
   p.scores = result.scores.data_ptr<float>();

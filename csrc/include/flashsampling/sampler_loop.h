@@ -39,7 +39,7 @@ struct LoopNeeds {
   bool allowed_mask = false;
   bool logprobs = false;
   bool sparse_bias = false;
-  bool per_row_keys = false;  // per-row seeds or offsets
+  bool per_row_keys = false;  // per-row seeds, offsets or streams
   int num_samples = 1;
 };
 

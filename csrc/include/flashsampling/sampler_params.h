@@ -29,6 +29,10 @@ struct NoiseSource {
   // Per-row seeds also switch every row to noise stream 0 (batch-invariant sampling).
   const int64_t* row_seeds = nullptr;
   const int64_t* row_offsets = nullptr;
+  // Per-row [B] noise streams (low 32 bits), when set, in place of the row (batch-wide seed) or
+  // 0 (per-row seeds): rows that stand for other rows' positions keep those rows' noise
+  // (speculative verification samples position j of row b as row b at offset + j).
+  const int64_t* row_streams = nullptr;
 };
 
 // Per-row sampling controls, all optional (nullptr = off); device memory.
@@ -87,7 +91,7 @@ inline LoopNeeds loop_needs(SamplingControls const& c, NoiseSource const& noise,
   n.allowed_mask = c.allowed_mask != nullptr;
   n.logprobs = logprobs;
   n.sparse_bias = c.sparse_ids != nullptr;
-  n.per_row_keys = noise.row_seeds != nullptr || noise.row_offsets != nullptr;
+  n.per_row_keys = noise.row_seeds != nullptr || noise.row_offsets != nullptr || noise.row_streams != nullptr;
   n.num_samples = num_samples;
   return n;
 }

@@ -21,7 +21,8 @@ __device__ __forceinline__ void resolve_noise_source(NoiseSource const& src, uin
 
 // The noise key of sample `sample` of batch row `row` (philox_gumbel.h's contract), given the
 // batch-wide seed / offset resolve_noise_source read: the row's own seed and / or offset where the
-// call has per-row ones, counted on by the sample; stream 0 with a per-row seed, else the row.
+// call has per-row ones, counted on by the sample; the row's own stream where the call has them,
+// else stream 0 with a per-row seed, else the row.
 struct RowNoiseKey {
   uint64_t seed;
   uint64_t offset;  // offset + sample
@@ -31,7 +32,7 @@ __device__ __forceinline__ RowNoiseKey row_noise_key(NoiseSource const& src, uin
                                                      uint32_t row, uint32_t sample) {
   return {src.row_seeds ? static_cast<uint64_t>(__ldg(src.row_seeds + row)) : seed,
           (src.row_offsets ? static_cast<uint64_t>(__ldg(src.row_offsets + row)) : offset) + sample,
-          src.row_seeds ? 0u : row};
+          src.row_streams ? static_cast<uint32_t>(__ldg(src.row_streams + row)) : src.row_seeds ? 0u : row};
 }
 
 // fl(1 / T) of batch row `row` (0 marks a greedy row): the [B] array launch_sampler prepared

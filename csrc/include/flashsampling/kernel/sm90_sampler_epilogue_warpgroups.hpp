@@ -472,9 +472,9 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // Whether the common controls' loop draws a step's noise key by key (keyed_step_noise_bits):
-  // per-row seeds / offsets, or several samples whose column quads are not row quads.
+  // per-row seeds / offsets / streams, or several samples whose column quads are not row quads.
   CUTLASS_DEVICE static bool needs_keyed_noise(NodeArguments const& node) {
-    return node.noise.row_seeds != nullptr || node.noise.row_offsets != nullptr ||
+    return node.noise.row_seeds != nullptr || node.noise.row_offsets != nullptr || node.noise.row_streams != nullptr ||
            (node.num_samples > 1 && node.batch_size % 4 != 0);
   }
 

@@ -1,0 +1,55 @@
+// Torch-free launchers of the two small kernels around the fused op in one-hot speculative
+// verification (csrc/kernels/speculative.cu; flashsampling_cuda/speculative.py,
+// verify_one_hot_fused): the masks of the B * (n + 1) rows before the GEMM, and the acceptance
+// walk after it. Rows are position-major: row j * B + b is position j of batch row b.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashsampling {
+
+// masks[j * B + b][w] = allowed_mask[b][w] (all ones without a mask), with the bit of draft
+// drafts[b][j] - vocab_start cleared where j < n, the draft is one of the V columns and row b
+// samples (temperatures[b] != 0): the corrective sample leaves the draft out.
+struct SpeculativeMaskParams {
+  int64_t batch = 0, n = 0, words = 0, vocab = 0, vocab_start = 0;
+  const int64_t* drafts = nullptr;         // [B, n]
+  const float* temperatures = nullptr;     // [B]
+  const uint32_t* allowed_mask = nullptr;  // [B, words] or nullptr
+  uint32_t* masks = nullptr;               // [(n + 1) * B, words]
+};
+cudaError_t launch_speculative_masks(SpeculativeMaskParams const& p, cudaStream_t stream);
+
+// Per batch row b: the draft's logit x_j(d) at each position (an fp32 dot product of hidden[b, j]
+// and weight[d - vocab_start], then fs_model_logit and the dense bias), y = x * fl(1 / T) (x on
+// greedy rows); then positions j = 0 .. n - 1 in order: a greedy row accepts while emitted[j]
+// is the draft, a sampled row while u_j < p_j(d) = exp(y - logaddexp(lse_j, y)) (lse_j: the
+// emitted row's log-sum-exp without the draft; fs_uniform_noise at (seed, offset, stream, j,
+// 2^32 - 1)); then the tokens (accepted drafts, the emitted token at num_accepted, -1 after) and,
+// with token_logprobs, their log-probabilities under the target (NaN after).
+struct SpeculativeFinishParams {
+  int64_t batch = 0, n = 0, dim = 0, vocab = 0, vocab_start = 0, words = 0;
+  const void* hidden = nullptr;  // [B, n + 1, D], contiguous
+  const void* weight = nullptr;  // [V, D], unit stride along D
+  int64_t weight_row_stride = 0;
+  bool bf16 = true;  // else fp16
+  const int64_t* drafts = nullptr;          // [B, n] global ids
+  const int64_t* emitted = nullptr;         // [(n + 1) * B] the fused op's tokens, global ids
+  const float* lse = nullptr;               // [(n + 1) * B]
+  const float* token_logprobs = nullptr;    // [(n + 1) * B] or nullptr
+  const float* temperatures = nullptr;      // [B]
+  const int64_t* seeds = nullptr;           // [B]
+  const int64_t* offsets = nullptr;         // [B]
+  const int64_t* streams = nullptr;         // [B]
+  const uint32_t* allowed_mask = nullptr;   // [B, words] or nullptr
+  const float* logit_bias = nullptr;        // [V] or nullptr
+  float logit_scale = 1.0f, logit_softcap = 0.0f, inv_logit_softcap = 0.0f;
+  int64_t* tokens = nullptr;                // [B, n + 1]
+  int64_t* num_accepted = nullptr;          // [B]
+  float* logprobs = nullptr;                // [B, n + 1] or nullptr
+};
+cudaError_t launch_speculative_finish(SpeculativeFinishParams const& p, cudaStream_t stream);
+
+}  // namespace flashsampling
