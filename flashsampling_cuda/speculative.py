@@ -282,6 +282,22 @@ def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tenso
     return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
 
 
+def one_hot_acceptance(step: _Step, draft_token_ids: Tensor, emitted: Tensor, lse: Tensor, y_draft: Tensor,
+                       draft_allowed: Tensor, cleared: Tensor, inside: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One-hot drafts' acceptance from each position's sample ``emitted [B, n + 1]`` and
+    log-sum-exp ``lse`` (float64 ``[B, n + 1]``, over the tokens the sample saw: without the draft
+    where ``cleared``) and the draft's ``y_draft`` (float64 ``[B, n]``): ``(num_accepted [B],
+    log p_j(d_j) [B, n] (-inf where the draft is not allowed), the whole distribution's
+    log-sum-exp [B, n + 1])``. A greedy row accepts while the draft is its sample (the argmax)."""
+    n = step.n
+    lse_draft = lse[:, :n]
+    lse_full_draft = torch.where(cleared, torch.logaddexp(lse_draft, y_draft), lse_draft)  # the draft's term back
+    logp_draft = torch.where(draft_allowed, y_draft - lse_full_draft, -torch.inf)
+    greedy_hit = (emitted[:, :n] == draft_token_ids) & inside
+    num_accepted = accepted_count(step, acceptance_probability(logp_draft.exp(), None, inside), greedy_hit)
+    return num_accepted, logp_draft, torch.cat([lse_full_draft, lse[:, n:]], dim=1)
+
+
 def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logit_bias: Tensor | None,
                    allowed_mask: Tensor | None, step: _Step, vocab_start: int,
                    return_logprobs: bool) -> SpeculativeOutput:
@@ -333,15 +349,10 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
             tokens.append(token[:, 0])
             lses.append(lse)
         emitted, lse = torch.stack(tokens, dim=1), torch.stack(lses, dim=1).double()  # [B, n + 1]
-    # The log-sum-exp of each position's whole distribution: the draft's term added back.
-    lse_draft = lse[:, :n]
-    lse_full_draft = torch.where(cleared, torch.logaddexp(lse_draft, y_draft.double()), lse_draft)
-    logp_draft = torch.where(draft_allowed, y_draft.double() - lse_full_draft, -torch.inf)
-    greedy_hit = (emitted[:, :n] == draft_token_ids) & inside
-    num_accepted = accepted_count(step, acceptance_probability(logp_draft.exp(), None, inside), greedy_hit)
+    num_accepted, logp_draft, lse_full = one_hot_acceptance(step, draft_token_ids, emitted, lse, y_draft.double(),
+                                                            draft_allowed, cleared, inside)
     if not return_logprobs:
         return step_output(draft_token_ids, emitted, num_accepted, None, None)
-    lse_full = torch.cat([lse_full_draft, lse[:, n:]], dim=1)
     y_emitted = values_at(x, emitted - vocab_start) * inv_temperature[:, None]
     return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, logp_draft, torch.nan),
                        y_emitted.double() - lse_full)
@@ -431,15 +442,11 @@ def _finish_step(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, emitte
         x_draft = x_draft + bias[safe]
     inv_temperature = torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)  # fl32(1 / T)
     y_draft = (x_draft * inv_temperature[:, None]).double()
-    lse_draft = lse[:, :n]
-    lse_full_draft = torch.where(cleared, torch.logaddexp(lse_draft, y_draft), lse_draft)
-    logp_draft = torch.where(draft_allowed, y_draft - lse_full_draft, -torch.inf)
-    greedy_hit = (emitted[:, :n] == draft_token_ids) & inside
-    num_accepted = accepted_count(step, acceptance_probability(logp_draft.exp(), None, inside), greedy_hit)
+    num_accepted, logp_draft, lse_full = one_hot_acceptance(step, draft_token_ids, emitted, lse, y_draft,
+                                                            draft_allowed, cleared, inside)
     if not return_logprobs:
         return step_output(draft_token_ids, emitted, num_accepted, None, None)
     # The op's log-probability is over its row's tokens (the draft left out): back to the whole row.
-    lse_full = torch.cat([lse_full_draft, lse[:, n:]], dim=1)
     emitted_logp = token_logp_rows.reshape(positions, batch).T.double() + lse - lse_full
     return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, logp_draft, torch.nan),
                        emitted_logp)
