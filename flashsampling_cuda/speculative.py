@@ -367,8 +367,8 @@ def verify_one_hot_fused(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor
     seed, stream and temperature at offset ``offset_b + j`` and row ``b``'s mask less the draft's
     bit on sampled rows; the draft's logit ``x_j(d_j)`` from an fp32 dot product (then the
     model-side transforms and the bias, as the op applies them). Before and after the op,
-    ``kernels`` (default: on CUDA) runs the two small kernels of ``_speculative_masks`` /
-    ``_speculative_finish``, else the same steps in torch ops (:func:`_row_masks`,
+    ``kernels`` (default: on CUDA) runs the two small kernels of ``_speculative_rows`` /
+    ``_speculative_finish``, else the same steps in torch ops (:func:`_rows`,
     :func:`_finish_step`; the CPU's, and the kernels' reference in the tests)."""
     batch, positions, dim = hidden.shape
     vocab, device = weight.shape[0], hidden.device
@@ -377,19 +377,15 @@ def verify_one_hot_fused(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor
     if allowed_mask is not None:
         mask = allowed_mask.to(device)
         base = mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
-    if kernels:
-        masks = torch.ops.flashsampling._speculative_masks(draft_token_ids, step.temps, base, vocab, vocab_start)
-    else:
-        masks = _row_masks(draft_token_ids, step, base, vocab, vocab_start)
-    j = torch.arange(positions, device=device)
-    seed = step.seeds.repeat(positions) if step.per_row_seed else step.seeds[:1].reshape(())
+    rows_of = torch.ops.flashsampling._speculative_rows if kernels else _rows
+    masks, temps, seeds, offsets, streams = rows_of(draft_token_ids, step.temps, step.seeds, step.offsets,
+                                                    step.streams, base, vocab, vocab_start)
     token, _, token_logp, lse = torch.ops.flashsampling.sample_with_scores(
-        hidden.transpose(0, 1).reshape(positions * batch, dim), weight, temperature=1.0,
-        temperatures=step.temps.repeat(positions), num_samples=1, seed=seed,
-        offset=(step.offsets[None, :] + j[:, None]).reshape(-1), generator=None,
-        logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32), allowed_mask=masks,
-        empty_mask_token=-1, vocab_start=vocab_start, logit_scale=step.logit_scale,
-        logit_softcap=step.logit_softcap, streams=step.streams.repeat(positions), return_logprobs=True)
+        hidden.transpose(0, 1).reshape(positions * batch, dim), weight, temperature=1.0, temperatures=temps,
+        num_samples=1, seed=seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=offsets,
+        generator=None, logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32),
+        allowed_mask=masks, empty_mask_token=-1, vocab_start=vocab_start, logit_scale=step.logit_scale,
+        logit_softcap=step.logit_softcap, streams=streams, return_logprobs=True)
     bias = None if logit_bias is None else logit_bias.to(device, torch.float32)
     if kernels:
         tokens, num_accepted, logprobs = torch.ops.flashsampling._speculative_finish(
@@ -401,9 +397,12 @@ def verify_one_hot_fused(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor
                         vocab_start, return_logprobs)
 
 
-def _row_masks(draft_token_ids: Tensor, step: _Step, base: Tensor | None, vocab: int, vocab_start: int) -> Tensor:
-    """int32 ``[(n + 1) * B, ceil(V / 32)]``: row ``j * B + b`` holds row ``b``'s mask (all ones
-    without one) less the draft's bit where ``j < n`` and row ``b`` samples (``_speculative_masks``)."""
+def _rows(draft_token_ids: Tensor, temps: Tensor, seeds: Tensor, offsets: Tensor, streams: Tensor,
+          base: Tensor | None, vocab: int, vocab_start: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``_speculative_rows`` in torch ops: the ``(n + 1) * B`` position-major rows' masks (int32
+    ``[rows, ceil(V / 32)]``: row ``j * B + b`` holds row ``b``'s mask, all ones without one, less
+    the draft's bit where ``j < n`` and row ``b`` samples), temperatures, seeds, offsets
+    (``offset_b + j``) and streams."""
     batch, n = draft_token_ids.shape
     device = draft_token_ids.device
     if base is None:
@@ -411,12 +410,14 @@ def _row_masks(draft_token_ids: Tensor, step: _Step, base: Tensor | None, vocab:
     safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
     word = safe >> 5
     words = base.gather(1, word)
-    clear = inside & ~step.greedy[:, None]
+    clear = inside & (temps != 0)[:, None]
     bits = int32_words(torch.ones_like(safe) << (safe % 32))
     masks = base.repeat(n + 1, 1)
     draft_rows = torch.arange(n, device=device)[None, :] * batch + torch.arange(batch, device=device)[:, None]
     masks[draft_rows.reshape(-1), word.reshape(-1)] = torch.where(clear, words & ~bits, words).reshape(-1)
-    return masks
+    j = torch.arange(n + 1, device=device)
+    return (masks, temps.repeat(n + 1), seeds.repeat(n + 1), (offsets[None, :] + j[:, None]).reshape(-1),
+            streams.repeat(n + 1))
 
 
 def _finish_step(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, emitted_rows: Tensor, lse_rows: Tensor,
@@ -452,10 +453,11 @@ def _finish_step(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, emitte
                        emitted_logp)
 
 
-@torch.library.register_fake("flashsampling::_speculative_masks")
-def _speculative_masks_fake(drafts, temperatures, allowed_mask, vocab, vocab_start):
-    batch, n = drafts.shape
-    return drafts.new_empty(((n + 1) * batch, (vocab + 31) // 32), dtype=torch.int32)
+@torch.library.register_fake("flashsampling::_speculative_rows")
+def _speculative_rows_fake(drafts, temperatures, seeds, offsets, streams, allowed_mask, vocab, vocab_start):
+    rows = (drafts.shape[1] + 1) * drafts.shape[0]
+    return (drafts.new_empty((rows, (vocab + 31) // 32), dtype=torch.int32), temperatures.new_empty((rows,)),
+            seeds.new_empty((rows,)), offsets.new_empty((rows,)), streams.new_empty((rows,)))
 
 
 @torch.library.register_fake("flashsampling::_speculative_finish")

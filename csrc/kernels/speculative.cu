@@ -14,14 +14,21 @@
 namespace flashsampling {
 namespace {
 
-constexpr int kMaskThreads = 256;
+constexpr int kRowsThreads = 256;
 constexpr int kFinishWarps = 8;  // positions whose draft logits a block computes at once
 constexpr int kMaxPositions = 64;  // n + 1 of a step (speculative.py checks it)
 constexpr uint32_t kAcceptIndex = 0xFFFFFFFFu;  // the acceptance uniforms' vocabulary index
 
-__global__ void speculative_masks_kernel(SpeculativeMaskParams p) {
-  int64_t const total = (p.n + 1) * p.batch * p.words;
+__global__ void speculative_rows_kernel(SpeculativeRowsParams p) {
+  int64_t const rows = (p.n + 1) * p.batch, total = rows * p.words;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    if (i < rows) {  // row i's scalars (j = i / B, b = i % B)
+      int64_t const j = i / p.batch, b = i - j * p.batch;
+      p.row_temperatures[i] = p.temperatures[b];
+      p.row_seeds[i] = p.seeds[b];
+      p.row_offsets[i] = static_cast<int64_t>(static_cast<uint64_t>(p.offsets[b]) + static_cast<uint64_t>(j));
+      p.row_streams[i] = p.streams[b];
+    }
     int64_t const row = i / p.words, w = i - row * p.words;
     int64_t const j = row / p.batch, b = row - j * p.batch;
     uint32_t word = p.allowed_mask ? p.allowed_mask[b * p.words + w] : ~0u;
@@ -121,11 +128,11 @@ __global__ void speculative_finish_kernel(SpeculativeFinishParams p) {
 
 }  // namespace
 
-cudaError_t launch_speculative_masks(SpeculativeMaskParams const& p, cudaStream_t stream) {
+cudaError_t launch_speculative_rows(SpeculativeRowsParams const& p, cudaStream_t stream) {
   int64_t const total = (p.n + 1) * p.batch * p.words;
   if (total == 0) return cudaSuccess;
-  int64_t const blocks = (total + kMaskThreads - 1) / kMaskThreads;
-  speculative_masks_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kMaskThreads, 0, stream>>>(p);
+  int64_t const blocks = (total + kRowsThreads - 1) / kRowsThreads;
+  speculative_rows_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kRowsThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -124,12 +124,13 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw) -> "
         "(Tensor top_values, Tensor top_ids, Tensor ranks)");
   // One-hot speculative verification around the fused op (flashsampling_cuda/speculative.py,
-  // verify_one_hot_fused; flashsampling/speculative_launch.h): the int32 masks
-  // [(n + 1) * B, ceil(V / 32)] of the position-major rows (the draft left out on sampled rows),
-  // and after the op the acceptance walk -> (tokens [B, n + 1], num_accepted [B], logprobs
+  // verify_one_hot_fused; flashsampling/speculative_launch.h): the position-major rows' int32
+  // masks [(n + 1) * B, ceil(V / 32)] (the draft left out on sampled rows), temperatures, seeds,
+  // offsets (+ j) and streams; and after the op the acceptance walk -> (tokens [B, n + 1], num_accepted [B], logprobs
   // [B, n + 1] float32, or [0, n + 1] without token_logprobs). CUDA only.
-  m.def("_speculative_masks(Tensor drafts, Tensor temperatures, Tensor? allowed_mask, int vocab, "
-        "int vocab_start) -> Tensor");
+  m.def("_speculative_rows(Tensor drafts, Tensor temperatures, Tensor seeds, Tensor offsets, Tensor streams, "
+        "Tensor? allowed_mask, int vocab, int vocab_start) -> (Tensor masks, Tensor temperatures, Tensor seeds, "
+        "Tensor offsets, Tensor streams)");
   m.def("_speculative_finish(Tensor hidden, Tensor weight, Tensor drafts, Tensor emitted, Tensor lse, "
         "Tensor? token_logprobs, Tensor temperatures, Tensor seeds, Tensor offsets, Tensor streams, "
         "Tensor? allowed_mask, Tensor? logit_bias, float logit_scale, float? logit_softcap, int vocab_start) "

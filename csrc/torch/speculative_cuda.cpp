@@ -1,4 +1,4 @@
-// CUDA impls of flashsampling._speculative_masks and _speculative_finish, the two small kernels
+// CUDA impls of flashsampling._speculative_rows and _speculative_finish, the two small kernels
 // around the fused op in one-hot speculative verification (flashsampling/speculative_launch.h;
 // flashsampling_cuda/speculative.py, verify_one_hot_fused, checks the step's arguments and
 // passes them here in the shapes below). CUDA only: the CPU verifies from its logits.
@@ -23,32 +23,55 @@ at::Tensor checked(const char* op, const char* name, const at::Tensor& t, at::Sc
   return t.contiguous();
 }
 
-at::Tensor speculative_masks_cuda(const at::Tensor& drafts, const at::Tensor& temperatures,
-                                  const std::optional<at::Tensor>& allowed_mask, int64_t vocab, int64_t vocab_start) {
-  constexpr const char* kOp = "flashsampling._speculative_masks";
+// A [B] tensor of `dtype` on `device` read in place: contiguous or one value expanded (stride 0).
+template <typename T>
+RowValues<T> row_values(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype,
+                        const at::Device& device, int64_t batch) {
+  TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", t.scalar_type());
+  TORCH_CHECK(t.device() == device, op, ": ", name, " must be on ", device, ", got ", t.device());
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == batch && (batch <= 1 || t.stride(0) == 0 || t.stride(0) == 1), op, ": ",
+              name, " must be a [", batch, "] tensor, contiguous or expanded, got shape ", t.sizes(), " and strides ",
+              t.strides());
+  return RowValues<T>{t.const_data_ptr<T>(), batch <= 1 ? 0 : t.stride(0)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> speculative_rows_cuda(
+    const at::Tensor& drafts, const at::Tensor& temperatures, const at::Tensor& seeds, const at::Tensor& offsets,
+    const at::Tensor& streams, const std::optional<at::Tensor>& allowed_mask, int64_t vocab, int64_t vocab_start) {
+  constexpr const char* kOp = "flashsampling._speculative_rows";
   TORCH_CHECK(drafts.dim() == 2, kOp, ": drafts must be [B, n], got ", drafts.sizes());
   TORCH_CHECK(vocab >= 1, kOp, ": vocab must be >= 1, got ", vocab);
   const c10::cuda::CUDAGuard guard(drafts.device());
   const int64_t batch = drafts.size(0), n = drafts.size(1), words = (vocab + 31) / 32;
-  SpeculativeMaskParams p;
+  SpeculativeRowsParams p;
   p.batch = batch;
   p.n = n;
   p.words = words;
   p.vocab = vocab;
   p.vocab_start = vocab_start;
   const at::Tensor d = checked(kOp, "drafts", drafts, at::kLong, drafts.device(), {batch, n});
-  const at::Tensor t = checked(kOp, "temperatures", temperatures, at::kFloat, drafts.device(), {batch});
+  p.temperatures = row_values<float>(kOp, "temperatures", temperatures, at::kFloat, drafts.device(), batch);
+  p.seeds = row_values<int64_t>(kOp, "seeds", seeds, at::kLong, drafts.device(), batch);
+  p.offsets = row_values<int64_t>(kOp, "offsets", offsets, at::kLong, drafts.device(), batch);
+  p.streams = row_values<int64_t>(kOp, "streams", streams, at::kLong, drafts.device(), batch);
   at::Tensor m;
   if (allowed_mask.has_value()) {
     m = checked(kOp, "allowed_mask", *allowed_mask, at::kInt, drafts.device(), {batch, words});
     p.allowed_mask = reinterpret_cast<const uint32_t*>(m.const_data_ptr<int32_t>());
   }
-  at::Tensor masks = at::empty({(n + 1) * batch, words}, drafts.options().dtype(at::kInt));
+  const int64_t rows = (n + 1) * batch;
+  at::Tensor masks = at::empty({rows, words}, drafts.options().dtype(at::kInt));
+  at::Tensor row_temperatures = at::empty({rows}, drafts.options().dtype(at::kFloat));
+  at::Tensor row_seeds = at::empty({rows}, d.options()), row_offsets = at::empty({rows}, d.options()),
+             row_streams = at::empty({rows}, d.options());
   p.drafts = d.const_data_ptr<int64_t>();
-  p.temperatures = t.const_data_ptr<float>();
   p.masks = reinterpret_cast<uint32_t*>(masks.mutable_data_ptr<int32_t>());
-  check_cuda_launch(launch_speculative_masks(p, c10::cuda::getCurrentCUDAStream()), kOp);
-  return masks;
+  p.row_temperatures = row_temperatures.mutable_data_ptr<float>();
+  p.row_seeds = row_seeds.mutable_data_ptr<int64_t>();
+  p.row_offsets = row_offsets.mutable_data_ptr<int64_t>();
+  p.row_streams = row_streams.mutable_data_ptr<int64_t>();
+  check_cuda_launch(launch_speculative_rows(p, c10::cuda::getCurrentCUDAStream()), kOp);
+  return {masks, row_temperatures, row_seeds, row_offsets, row_streams};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> speculative_finish_cuda(
@@ -86,10 +109,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> speculative_finish_cuda(
   const at::Tensor d = checked(kOp, "drafts", drafts, at::kLong, device, {batch, n});
   const at::Tensor e = checked(kOp, "emitted", emitted, at::kLong, device, {rows});
   const at::Tensor l = checked(kOp, "lse", lse, at::kFloat, device, {rows});
-  const at::Tensor t = checked(kOp, "temperatures", temperatures, at::kFloat, device, {batch});
-  const at::Tensor se = checked(kOp, "seeds", seeds, at::kLong, device, {batch});
-  const at::Tensor of = checked(kOp, "offsets", offsets, at::kLong, device, {batch});
-  const at::Tensor st = checked(kOp, "streams", streams, at::kLong, device, {batch});
+  p.temperatures = row_values<float>(kOp, "temperatures", temperatures, at::kFloat, device, batch);
+  p.seeds = row_values<int64_t>(kOp, "seeds", seeds, at::kLong, device, batch);
+  p.offsets = row_values<int64_t>(kOp, "offsets", offsets, at::kLong, device, batch);
+  p.streams = row_values<int64_t>(kOp, "streams", streams, at::kLong, device, batch);
   at::Tensor tl, m, bias;
   if (token_logprobs.has_value()) {
     tl = checked(kOp, "token_logprobs", *token_logprobs, at::kFloat, device, {rows});
@@ -106,10 +129,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> speculative_finish_cuda(
   p.drafts = d.const_data_ptr<int64_t>();
   p.emitted = e.const_data_ptr<int64_t>();
   p.lse = l.const_data_ptr<float>();
-  p.temperatures = t.const_data_ptr<float>();
-  p.seeds = se.const_data_ptr<int64_t>();
-  p.offsets = of.const_data_ptr<int64_t>();
-  p.streams = st.const_data_ptr<int64_t>();
   p.logit_scale = transform.scale;
   p.logit_softcap = transform.softcap;
   p.inv_logit_softcap = transform.inv_softcap;
@@ -127,7 +146,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> speculative_finish_cuda(
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
-  m.impl("_speculative_masks", &speculative_masks_cuda);
+  m.impl("_speculative_rows", &speculative_rows_cuda);
   m.impl("_speculative_finish", &speculative_finish_cuda);
 }
 
