@@ -303,19 +303,33 @@ def penalty_bias(penalties: Penalties) -> tuple[Tensor, Tensor] | None:
     return torch.where(counted, state.ids, -1), torch.where(counted, -q, 0.0)
 
 
+def penalty_values(penalties: Penalties) -> Tensor:
+    """float32 ``[B, C]``: what step 3 adds to each slot's logit, ``fl(0 + (-q))`` (the sum
+    :func:`~.truncation.transformed_logits` forms of a sparse entry), ``-0.0`` for a slot with no
+    entry (it leaves ``x`` as it is); torch ops (``flashsampling._penalty_values`` on CUDA)."""
+    ids, values = penalty_bias(penalties)
+    return torch.where(ids >= 0, values + 0.0, -0.0)
+
+
 def fused_penalty_args(penalties: Penalties, batch: int) -> dict:
     """Step 3 as the fused op's arguments (``torch.ops.flashsampling.sample``'s ``penalty_ids``,
     ``penalty_values``, ``repetition_penalties``; csrc/torch/checks.h): the state's ids, what the
     logits route adds to each (``fl(0 + (-q))``, the sum :func:`~.truncation.transformed_logits`
     forms of a sparse entry; ``-0.0`` for an id with no entry, which leaves ``x`` as it is) and
-    the per-row repetition penalty. Small ``[B, C]`` torch ops on the state's device, no host
-    sync; the op turns them into its rank bitmap (csrc/kernels/reduce_candidates.cu)."""
+    the per-row repetition penalty. No host sync; on CUDA the added values come from one kernel
+    (``flashsampling._penalty_values``), elsewhere from :func:`penalty_values` (the same bits); the
+    op turns them into its rank bitmap (csrc/kernels/reduce_candidates.cu)."""
     state = penalties.state
     args = {"penalty_ids": state.ids}
-    entries = penalty_bias(penalties)
-    if entries is not None:
-        ids, values = entries
-        args["penalty_values"] = torch.where(ids >= 0, values + 0.0, -0.0)
+    if penalties.frequency is not None or penalties.presence is not None:
+        if state.ids.is_cuda:
+            f, p = penalties.frequency, penalties.presence
+            args["penalty_values"] = torch.ops.flashsampling._penalty_values(
+                state.ids, state.output_counts, frequency=None if isinstance(f, Tensor) else f,
+                frequencies=f if isinstance(f, Tensor) else None, presence=None if isinstance(p, Tensor) else p,
+                presences=p if isinstance(p, Tensor) else None)
+        else:
+            args["penalty_values"] = penalty_values(penalties)
     r = penalties.repetition
     if r is not None:
         args["repetition_penalties"] = (r if isinstance(r, Tensor)
@@ -335,3 +349,8 @@ def rule_logits(logits: Tensor, logit_bias: Tensor | None, sparse_bias_ids: Tens
         if entries is not None:
             x = transformed_logits(x, None, *entries, vocab_start, distinct_ids=True)  # a state's ids are distinct
     return x
+
+
+@torch.library.register_fake("flashsampling::_penalty_values")
+def _penalty_values_fake(ids, output_counts, frequency=None, frequencies=None, presence=None, presences=None):
+    return ids.new_empty(ids.shape, dtype=torch.float32)

@@ -507,3 +507,29 @@ def test_load_refills_in_place():
         assert torch.equal(getattr(state, name), getattr(fresh, name)), name
     with pytest.raises(ValueError, match="beyond vocab_size=100"):
         state.load_([[100]])
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("frequency, presence", [(0.3, None), (None, -0.7), (0.3, 0.2), ("rows", "rows"),
+                                                 (-1.5, "rows"), (0.0, 0.0)])
+def test_penalty_values_kernel_equals_its_torch_ops(frequency, presence):
+    """flashsampling._penalty_values (CUDA's step-3 values, one kernel) gives penalty_values' bits
+    (torch ops; the CPU's): host and [B] values, negative and zero penalties, free slots,
+    prompt-only tokens (count 0), a signed zero where nothing is added."""
+    from flashsampling_cuda.penalties import Penalties, penalty_values
+
+    batch, vocab = 6, 500
+    prompt, output = histories(batch, vocab, seed=4)
+    state = PenaltyState(prompt.cuda(), output.cuda(), capacity=64)
+    g = torch.Generator().manual_seed(3)
+    rows = lambda: (torch.randn(batch, generator=g) * 2).cuda()  # noqa: E731
+    f = rows() if frequency == "rows" else frequency
+    p = rows() if presence == "rows" else presence
+    penalties = Penalties(None, f, p, state)
+    reference = penalty_values(penalties)
+    kernel = torch.ops.flashsampling._penalty_values(
+        state.ids, state.output_counts, frequency=None if isinstance(f, torch.Tensor) else f,
+        frequencies=f if isinstance(f, torch.Tensor) else None, presence=None if isinstance(p, torch.Tensor) else p,
+        presences=p if isinstance(p, torch.Tensor) else None)
+    assert torch.equal(kernel.view(torch.int32), reference.view(torch.int32))  # bit for bit, signed zeros too

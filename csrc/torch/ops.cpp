@@ -123,6 +123,12 @@ TORCH_LIBRARY(flashsampling, m) {
   // CPU computes them in torch ops (flashsampling_cuda/logprobs.py).
   m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw) -> "
         "(Tensor top_values, Tensor top_ids, Tensor ranks)");
+  // What step 3 of the penalties adds to each seen token's logit (flashsampling_cuda/penalties.py,
+  // fused_penalty_args; flashsampling/penalty_values_launch.h): float32 [B, C] from a PenaltyState's
+  // ids [B, C] and output_counts (int32 [B, C]), frequency / presence as host values or float32 [B]
+  // (None: off). CUDA only: elsewhere the same bits come from torch ops.
+  m.def("_penalty_values(Tensor ids, Tensor output_counts, float? frequency=None, Tensor? frequencies=None, "
+        "float? presence=None, Tensor? presences=None) -> Tensor");
   // One-hot speculative verification around the fused op (flashsampling_cuda/speculative.py,
   // verify_one_hot_fused; flashsampling/speculative_launch.h): the position-major rows' int32
   // masks [(n + 1) * B, ceil(V / 32)] (the draft left out on sampled rows), temperatures, seeds,
