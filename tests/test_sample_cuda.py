@@ -782,6 +782,16 @@ def test_model_transforms_on_the_loops_for_all_controls(batch, num_samples, seed
     assert_cuda_equals_cpu_bit_for_bit(hidden, weight, kwargs)
 
 
+def assert_same_without_noise_skip(hidden, weight, kwargs):
+    """The same tokens and scores (bit for bit) with the noise skip and the log-sum-exp references
+    off as with the dispatch's defaults."""
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    with dispatch_options(noise_skip=False, lse_references=False):
+        unskipped = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    assert torch.equal(out.tokens, unskipped.tokens)
+    assert torch.equal(out.scores.view(torch.int32), unskipped.scores.view(torch.int32))
+
+
 @pytest.mark.parametrize("batch", [50, 200])
 def test_model_transforms_same_tokens_without_the_noise_skip(batch):
     """The epilogue-warpgroup kernels' noise skip bounds the transformed logit's score: the same
@@ -789,11 +799,7 @@ def test_model_transforms_same_tokens_without_the_noise_skip(batch):
     hidden, weight = exact_lm_head(batch, seed=batch + 5)
     _, _, _, temps = controls_problem(batch, hidden_seed=batch)
     kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(9, device="cuda"), logit_softcap=30.0)
-    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
-    with dispatch_options(noise_skip=False, lse_references=False):
-        unskipped = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
-    assert torch.equal(out.tokens, unskipped.tokens)
-    assert torch.equal(out.scores.view(torch.int32), unskipped.scores.view(torch.int32))
+    assert_same_without_noise_skip(hidden, weight, kwargs)
 
 
 @pytest.mark.parametrize("batch", [1, 20, 100, 300])
@@ -919,11 +925,7 @@ def test_penalties_same_tokens_without_the_noise_skip(batch):
     _, _, _, temps = controls_problem(batch, hidden_seed=batch)
     kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(9, device="cuda"), vocab_start=CONTROLS_VOCAB_START,
                   repetition_penalty=1.5, presence_penalty=1.0, penalty_state=penalty_history(batch, seed=3))
-    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
-    with dispatch_options(noise_skip=False, lse_references=False):
-        unskipped = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
-    assert torch.equal(out.tokens, unskipped.tokens)
-    assert torch.equal(out.scores.view(torch.int32), unskipped.scores.view(torch.int32))
+    assert_same_without_noise_skip(hidden, weight, kwargs)
 
 
 @pytest.mark.parametrize("batch", [1, 20, 100, 300])
