@@ -58,7 +58,7 @@ from .truncation import Truncation, materialized_logits, parse_truncation, scale
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
 _ACCEPT_INDEX = 2**32 - 1  # the acceptance uniforms' vocabulary index: no token has it
-FUSED_MAX_POSITIONS = 64  # n + 1 the fused route's finishing kernel takes (csrc/kernels/speculative.cu)
+FUSED_MAX_POSITIONS = 64  # n + 1 the fused route takes (kSpeculativeMaxPositions, flashsampling/speculative_launch.h)
 
 
 class SpeculativeOutput(NamedTuple):

@@ -16,7 +16,6 @@ namespace {
 
 constexpr int kRowsThreads = 256;
 constexpr int kFinishWarps = 8;  // positions whose draft logits a block computes at once
-constexpr int kMaxPositions = 64;  // n + 1 of a step (speculative.py checks it)
 constexpr uint32_t kAcceptIndex = 0xFFFFFFFFu;  // the acceptance uniforms' vocabulary index
 
 __global__ void speculative_rows_kernel(SpeculativeRowsParams p) {
@@ -24,15 +23,15 @@ __global__ void speculative_rows_kernel(SpeculativeRowsParams p) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
     if (i < rows) {  // row i's scalars (j = i / B, b = i % B)
       int64_t const j = i / p.batch, b = i - j * p.batch;
-      p.row_temperatures[i] = p.temperatures[b];
-      p.row_seeds[i] = p.seeds[b];
-      p.row_offsets[i] = static_cast<int64_t>(static_cast<uint64_t>(p.offsets[b]) + static_cast<uint64_t>(j));
-      p.row_streams[i] = p.streams[b];
+      p.row_temperatures[i] = p.keys.temperatures[b];
+      p.row_seeds[i] = p.keys.seeds[b];
+      p.row_offsets[i] = static_cast<int64_t>(static_cast<uint64_t>(p.keys.offsets[b]) + static_cast<uint64_t>(j));
+      p.row_streams[i] = p.keys.streams[b];
     }
     int64_t const row = i / p.words, w = i - row * p.words;
     int64_t const j = row / p.batch, b = row - j * p.batch;
     uint32_t word = p.allowed_mask ? p.allowed_mask[b * p.words + w] : ~0u;
-    if (j < p.n && p.temperatures[b] != 0.0f) {
+    if (j < p.n && p.keys.temperatures[b] != 0.0f) {
       int64_t const d = p.drafts[b * p.n + j] - p.vocab_start;
       if (d >= 0 && d < p.vocab && (d >> 5) == w) word &= ~(1u << (d & 31));
     }
@@ -58,11 +57,11 @@ __device__ double log_add_exp(double a, double b) {
 // then thread 0 walks the positions.
 template <typename Element>
 __global__ void speculative_finish_kernel(SpeculativeFinishParams p) {
-  __shared__ float y_draft[kMaxPositions];
+  __shared__ float y_draft[kSpeculativeMaxPositions];
   int64_t const b = blockIdx.x;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t const n = p.n, positions = n + 1;
-  float const temperature = p.temperatures[b];
+  float const temperature = p.keys.temperatures[b];
   bool const greedy = temperature == 0.0f;
   float const inv_t = fs_inv_temperature(temperature);
   auto const* hidden = static_cast<Element const*>(p.hidden);
@@ -84,7 +83,7 @@ __global__ void speculative_finish_kernel(SpeculativeFinishParams p) {
   }
   __syncthreads();
   if (threadIdx.x != 0) return;
-  double logp_draft[kMaxPositions];
+  double logp_draft[kSpeculativeMaxPositions];
   double lse_last = 0.0;  // lse of the whole distribution at the position that stops
   int64_t accepted = n;
   for (int64_t j = 0; j < n; ++j) {
@@ -101,8 +100,8 @@ __global__ void speculative_finish_kernel(SpeculativeFinishParams p) {
     if (greedy) {
       accept = inside && p.emitted[row] == p.drafts[b * n + j];
     } else {
-      double const u = fs_uniform_noise(static_cast<uint64_t>(p.seeds[b]), static_cast<uint64_t>(p.offsets[b]),
-                                        static_cast<uint32_t>(p.streams[b]), static_cast<uint32_t>(j), kAcceptIndex);
+      double const u = fs_uniform_noise(static_cast<uint64_t>(p.keys.seeds[b]), static_cast<uint64_t>(p.keys.offsets[b]),
+                                        static_cast<uint32_t>(p.keys.streams[b]), static_cast<uint32_t>(j), kAcceptIndex);
       accept = inside && u < exp(allowed ? y - lse_full : -INFINITY);
     }
     if (!accept) {
@@ -138,7 +137,7 @@ cudaError_t launch_speculative_rows(SpeculativeRowsParams const& p, cudaStream_t
 
 cudaError_t launch_speculative_finish(SpeculativeFinishParams const& p, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
-  if (p.n + 1 > kMaxPositions) return cudaErrorInvalidValue;
+  if (p.n + 1 > kSpeculativeMaxPositions) return cudaErrorInvalidValue;
   auto const blocks = static_cast<unsigned>(p.batch);
   if (p.bf16) {
     speculative_finish_kernel<__nv_bfloat16><<<blocks, 32 * kFinishWarps, 0, stream>>>(p);

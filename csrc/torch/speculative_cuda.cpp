@@ -35,6 +35,24 @@ RowValues<T> row_values(const char* op, const char* name, const at::Tensor& t, a
   return RowValues<T>{t.const_data_ptr<T>(), batch <= 1 ? 0 : t.stride(0)};
 }
 
+// The step's per-batch-row temperatures and noise keys, read in place.
+RowKeys row_keys(const char* op, const at::Tensor& temperatures, const at::Tensor& seeds, const at::Tensor& offsets,
+                 const at::Tensor& streams, const at::Device& device, int64_t batch) {
+  return RowKeys{row_values<float>(op, "temperatures", temperatures, at::kFloat, device, batch),
+                 row_values<int64_t>(op, "seeds", seeds, at::kLong, device, batch),
+                 row_values<int64_t>(op, "offsets", offsets, at::kLong, device, batch),
+                 row_values<int64_t>(op, "streams", streams, at::kLong, device, batch)};
+}
+
+// The rows' int32 mask [B, words] as the kernels' words (nullptr without one); `held` keeps its
+// contiguous data alive until the launch.
+const uint32_t* mask_words(const char* op, const std::optional<at::Tensor>& allowed_mask, const at::Device& device,
+                           int64_t batch, int64_t words, at::Tensor& held) {
+  if (!allowed_mask.has_value()) return nullptr;
+  held = checked(op, "allowed_mask", *allowed_mask, at::kInt, device, {batch, words});
+  return reinterpret_cast<const uint32_t*>(held.const_data_ptr<int32_t>());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> speculative_rows_cuda(
     const at::Tensor& drafts, const at::Tensor& temperatures, const at::Tensor& seeds, const at::Tensor& offsets,
     const at::Tensor& streams, const std::optional<at::Tensor>& allowed_mask, int64_t vocab, int64_t vocab_start) {
@@ -50,15 +68,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> speculati
   p.vocab = vocab;
   p.vocab_start = vocab_start;
   const at::Tensor d = checked(kOp, "drafts", drafts, at::kLong, drafts.device(), {batch, n});
-  p.temperatures = row_values<float>(kOp, "temperatures", temperatures, at::kFloat, drafts.device(), batch);
-  p.seeds = row_values<int64_t>(kOp, "seeds", seeds, at::kLong, drafts.device(), batch);
-  p.offsets = row_values<int64_t>(kOp, "offsets", offsets, at::kLong, drafts.device(), batch);
-  p.streams = row_values<int64_t>(kOp, "streams", streams, at::kLong, drafts.device(), batch);
+  p.keys = row_keys(kOp, temperatures, seeds, offsets, streams, drafts.device(), batch);
   at::Tensor m;
-  if (allowed_mask.has_value()) {
-    m = checked(kOp, "allowed_mask", *allowed_mask, at::kInt, drafts.device(), {batch, words});
-    p.allowed_mask = reinterpret_cast<const uint32_t*>(m.const_data_ptr<int32_t>());
-  }
+  p.allowed_mask = mask_words(kOp, allowed_mask, drafts.device(), batch, words, m);
   const int64_t rows = (n + 1) * batch;
   at::Tensor masks = at::empty({rows, words}, drafts.options().dtype(at::kInt));
   at::Tensor row_temperatures = at::empty({rows}, drafts.options().dtype(at::kFloat));
@@ -92,7 +104,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> speculative_finish_cuda(
   const at::Device device = hidden.device();
   const int64_t batch = hidden.size(0), positions = hidden.size(1), n = positions - 1, dim = hidden.size(2);
   const int64_t vocab = weight.size(0), words = (vocab + 31) / 32, rows = positions * batch;
-  TORCH_CHECK(positions >= 1 && positions <= 64, kOp, ": n + 1 must be in [1, 64], got ", positions);
+  TORCH_CHECK(positions >= 1 && positions <= kSpeculativeMaxPositions, kOp, ": n + 1 must be in [1, ",
+              kSpeculativeMaxPositions, "], got ", positions);
   const ModelTransform transform = model_transform(logit_scale, logit_softcap);
   SpeculativeFinishParams p;
   p.batch = batch;
@@ -109,19 +122,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> speculative_finish_cuda(
   const at::Tensor d = checked(kOp, "drafts", drafts, at::kLong, device, {batch, n});
   const at::Tensor e = checked(kOp, "emitted", emitted, at::kLong, device, {rows});
   const at::Tensor l = checked(kOp, "lse", lse, at::kFloat, device, {rows});
-  p.temperatures = row_values<float>(kOp, "temperatures", temperatures, at::kFloat, device, batch);
-  p.seeds = row_values<int64_t>(kOp, "seeds", seeds, at::kLong, device, batch);
-  p.offsets = row_values<int64_t>(kOp, "offsets", offsets, at::kLong, device, batch);
-  p.streams = row_values<int64_t>(kOp, "streams", streams, at::kLong, device, batch);
+  p.keys = row_keys(kOp, temperatures, seeds, offsets, streams, device, batch);
   at::Tensor tl, m, bias;
   if (token_logprobs.has_value()) {
     tl = checked(kOp, "token_logprobs", *token_logprobs, at::kFloat, device, {rows});
     p.token_logprobs = tl.const_data_ptr<float>();
   }
-  if (allowed_mask.has_value()) {
-    m = checked(kOp, "allowed_mask", *allowed_mask, at::kInt, device, {batch, words});
-    p.allowed_mask = reinterpret_cast<const uint32_t*>(m.const_data_ptr<int32_t>());
-  }
+  p.allowed_mask = mask_words(kOp, allowed_mask, device, batch, words, m);
   if (logit_bias.has_value()) {
     bias = checked(kOp, "logit_bias", *logit_bias, at::kFloat, device, {vocab});
     p.logit_bias = bias.const_data_ptr<float>();

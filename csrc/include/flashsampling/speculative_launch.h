@@ -19,6 +19,18 @@ struct RowValues {
   __host__ __device__ T operator[](int64_t b) const { return v[b * stride]; }
 };
 
+// A batch row's temperature and noise key (the step's, speculative.py's _Step), as both kernels read them.
+struct RowKeys {
+  RowValues<float> temperatures;  // [B]
+  RowValues<int64_t> seeds;       // [B]
+  RowValues<int64_t> offsets;     // [B]
+  RowValues<int64_t> streams;     // [B]
+};
+
+// The most positions (n + 1) a step may have: the finishing kernel keeps a row's draft logits in
+// shared memory and its log-probabilities in registers (speculative.py routes longer steps elsewhere).
+constexpr int kSpeculativeMaxPositions = 64;
+
 // The fused op's per-row inputs for the rows r = j * B + b: masks[r][w] = allowed_mask[b][w]
 // (all ones without a mask), with the bit of draft drafts[b][j] - vocab_start cleared where
 // j < n, the draft is one of the V columns and row b samples (temperatures[b] != 0): the
@@ -27,10 +39,7 @@ struct RowValues {
 struct SpeculativeRowsParams {
   int64_t batch = 0, n = 0, words = 0, vocab = 0, vocab_start = 0;
   const int64_t* drafts = nullptr;         // [B, n]
-  RowValues<float> temperatures;  // [B]
-  RowValues<int64_t> seeds;  // [B]
-  RowValues<int64_t> offsets;  // [B]
-  RowValues<int64_t> streams;  // [B]
+  RowKeys keys;
   const uint32_t* allowed_mask = nullptr;  // [B, words] or nullptr
   uint32_t* masks = nullptr;               // [(n + 1) * B, words]
   float* row_temperatures = nullptr;       // [(n + 1) * B]
@@ -57,10 +66,7 @@ struct SpeculativeFinishParams {
   const int64_t* emitted = nullptr;         // [(n + 1) * B] the fused op's tokens, global ids
   const float* lse = nullptr;               // [(n + 1) * B]
   const float* token_logprobs = nullptr;    // [(n + 1) * B] or nullptr
-  RowValues<float> temperatures;  // [B]
-  RowValues<int64_t> seeds;  // [B]
-  RowValues<int64_t> offsets;  // [B]
-  RowValues<int64_t> streams;  // [B]
+  RowKeys keys;
   const uint32_t* allowed_mask = nullptr;   // [B, words] or nullptr
   const float* logit_bias = nullptr;        // [V] or nullptr
   float logit_scale = 1.0f, logit_softcap = 0.0f, inv_logit_softcap = 0.0f;
