@@ -282,6 +282,28 @@ def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tenso
     return torch.stack(tokens, dim=1), torch.stack(scores, dim=1)
 
 
+def packed_mask(allowed_mask: Tensor | None, device) -> Tensor | None:
+    """The step's mask as an int32 ``[B, ceil(V / 32)]`` bitmask on ``device`` (None without one)."""
+    if allowed_mask is None:
+        return None
+    mask = allowed_mask.to(device)
+    return mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
+
+
+def draft_words(base: Tensor, safe: Tensor, inside: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each draft's place in the bitmask ``base``: (its word's index, that word, its bit as an
+    int32 word, whether the mask allows it), all ``[B, n]``."""
+    word = safe >> 5
+    words = base.gather(1, word)
+    bits = int32_words(torch.ones_like(safe) << (safe % 32))
+    return word, words, bits, inside & ((words & bits) != 0)
+
+
+def y_scales(step: _Step) -> Tensor:
+    """float32 ``[B]``: ``y = x * scale``, ``fl32(1 / T)`` on sampled rows and 1 on greedy ones."""
+    return torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)
+
+
 def one_hot_acceptance(step: _Step, draft_token_ids: Tensor, emitted: Tensor, lse: Tensor, y_draft: Tensor,
                        draft_allowed: Tensor, cleared: Tensor, inside: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """One-hot drafts' acceptance from each position's sample ``emitted [B, n + 1]`` and
@@ -311,21 +333,16 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
     batch, positions, _ = hidden.shape
     n, vocab, device = step.n, weight.shape[0], hidden.device
     x = target_logits(hidden, weight, logit_bias, step).reshape(batch, positions, vocab)
-    if allowed_mask is None:
+    base = packed_mask(allowed_mask, device)
+    if base is None:
         base = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
-    else:
-        mask = allowed_mask.to(device)
-        base = mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
     safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    word, shift = safe >> 5, (safe & 31).to(torch.int32)
-    words = base.gather(1, word)  # [B, n]: the word of each draft's bit
-    draft_allowed = inside & (((words >> shift) & 1) == 1)
+    word, words, bits, draft_allowed = draft_words(base, safe, inside)
     cleared = draft_allowed & ~step.greedy[:, None]  # the drafts taken out of their position's sample
-    inv_temperature = torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)  # fl32(1 / T)
+    inv_temperature = y_scales(step)
     y_draft = x[:, :n].gather(2, safe[:, :, None])[:, :, 0] * inv_temperature[:, None]
     # Each position's mask: the row's, less the draft's bit on sampled rows.
     masks = base[:, None, :].repeat(1, positions, 1)  # [B, n + 1, words]
-    bits = int32_words(torch.ones_like(safe) << (safe % 32))
     masks[:, :n].scatter_(2, word[:, :, None], torch.where(cleared, words & ~bits, words)[:, :, None])
     if step.per_row_seed:
         # Per-row seeds draw stream 0 whatever the row: every position of every row in one call,
@@ -373,20 +390,16 @@ def verify_one_hot_fused(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor
     batch, positions, dim = hidden.shape
     vocab, device = weight.shape[0], hidden.device
     kernels = hidden.is_cuda if kernels is None else kernels
-    base = None
-    if allowed_mask is not None:
-        mask = allowed_mask.to(device)
-        base = mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
+    base = packed_mask(allowed_mask, device)
+    bias = None if logit_bias is None else logit_bias.to(device, torch.float32)
     rows_of = torch.ops.flashsampling._speculative_rows if kernels else _rows
     masks, temps, seeds, offsets, streams = rows_of(draft_token_ids, step.temps, step.seeds, step.offsets,
                                                     step.streams, base, vocab, vocab_start)
     token, _, token_logp, lse = torch.ops.flashsampling.sample_with_scores(
         hidden.transpose(0, 1).reshape(positions * batch, dim), weight, temperature=1.0, temperatures=temps,
         num_samples=1, seed=seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=offsets,
-        generator=None, logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32),
-        allowed_mask=masks, empty_mask_token=-1, vocab_start=vocab_start, logit_scale=step.logit_scale,
-        logit_softcap=step.logit_softcap, streams=streams, return_logprobs=True)
-    bias = None if logit_bias is None else logit_bias.to(device, torch.float32)
+        generator=None, logit_bias=bias, allowed_mask=masks, empty_mask_token=-1, vocab_start=vocab_start,
+        logit_scale=step.logit_scale, logit_softcap=step.logit_softcap, streams=streams, return_logprobs=True)
     if kernels:
         tokens, num_accepted, logprobs = torch.ops.flashsampling._speculative_finish(
             hidden, weight, draft_token_ids, token[:, 0], lse, token_logp[:, 0] if return_logprobs else None,
@@ -408,10 +421,8 @@ def _rows(draft_token_ids: Tensor, temps: Tensor, seeds: Tensor, offsets: Tensor
     if base is None:
         base = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
     safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    word = safe >> 5
-    words = base.gather(1, word)
+    word, words, bits, _ = draft_words(base, safe, inside)
     clear = inside & (temps != 0)[:, None]
-    bits = int32_words(torch.ones_like(safe) << (safe % 32))
     masks = base.repeat(n + 1, 1)
     draft_rows = torch.arange(n, device=device)[None, :] * batch + torch.arange(batch, device=device)[:, None]
     masks[draft_rows.reshape(-1), word.reshape(-1)] = torch.where(clear, words & ~bits, words).reshape(-1)
@@ -429,10 +440,7 @@ def _finish_step(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, emitte
     batch, positions, _ = hidden.shape
     n, vocab = step.n, weight.shape[0]
     safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    draft_allowed = inside
-    if base is not None:
-        words = base.gather(1, safe >> 5)
-        draft_allowed = inside & (((words >> (safe & 31).to(torch.int32)) & 1) == 1)
+    draft_allowed = inside if base is None else draft_words(base, safe, inside)[3]
     cleared = draft_allowed & ~step.greedy[:, None]
     emitted = emitted_rows.reshape(positions, batch).T  # [B, n + 1]
     lse = lse_rows.reshape(positions, batch).T.double()
@@ -441,8 +449,7 @@ def _finish_step(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, emitte
     x_draft = torch.ops.flashsampling._model_logits(raw, step.logit_scale, step.logit_softcap)
     if bias is not None:
         x_draft = x_draft + bias[safe]
-    inv_temperature = torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)  # fl32(1 / T)
-    y_draft = (x_draft * inv_temperature[:, None]).double()
+    y_draft = (x_draft * y_scales(step)[:, None]).double()
     num_accepted, logp_draft, lse_full = one_hot_acceptance(step, draft_token_ids, emitted, lse, y_draft,
                                                             draft_allowed, cleared, inside)
     if not return_logprobs:
