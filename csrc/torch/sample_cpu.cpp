@@ -151,6 +151,22 @@ FS_ALWAYS_INLINE void scan_unit_body(const UnitArgs& a) {
 
 // ---------------------------------------------------------------- transform pass
 
+// Per-row entries sorted by local vocabulary index (CSR): the sparse biases and the penalties.
+template <class Entry>
+struct RowEntries {
+  std::vector<int64_t> row_begin;  // [B + 1]
+  std::vector<Entry> entries;
+
+  // fn(entry) for row `row`'s entries with index in [begin, end), in index order.
+  template <class Fn>
+  void for_each_in(int64_t row, int64_t begin, int64_t end, Fn&& fn) const {
+    const Entry* first = entries.data() + row_begin[row];
+    const Entry* last = entries.data() + row_begin[row + 1];
+    const Entry* e = std::lower_bound(first, last, begin, [](const Entry& s, int64_t v) { return s.index < v; });
+    for (; e != last && e->index < end; ++e) fn(*e);
+  }
+};
+
 // One sparse bias of a row: local vocabulary index and the sum of its values.
 struct SparseEntry {
   int64_t index;
@@ -160,10 +176,7 @@ struct SparseEntry {
 // The sparse biases of every row, by local index (CSR). Ids outside
 // [vocab_start, vocab_start + V) are dropped; the values of a repeated id are summed
 // in fp32 in list order, and that sum is added to the logit once (checks.h).
-struct SparseBias {
-  std::vector<int64_t> row_begin;  // [B + 1]
-  std::vector<SparseEntry> entries;
-};
+using SparseBias = RowEntries<SparseEntry>;
 
 SparseBias gather_sparse_bias(const at::Tensor& ids_in, const at::Tensor& values_in, int64_t vocab_start,
                               int64_t vocab) {
@@ -204,10 +217,7 @@ struct PenaltyEntry {
   float r, add;
 };
 
-struct PenaltyTable {
-  std::vector<int64_t> row_begin;  // [B + 1]
-  std::vector<PenaltyEntry> entries;
-};
+using PenaltyTable = RowEntries<PenaltyEntry>;
 
 PenaltyTable gather_penalties(const SampleArgs& args, int64_t vocab) {
   const at::Tensor ids = args.penalty_ids->contiguous();
@@ -360,23 +370,15 @@ FS_ALWAYS_INLINE void transform_unit_body(const TransformArgs& a) {
     for (int64_t i = 0; i < n; ++i) xs[i] = fs_add(xs[i], bias[i]);
   }
   if (t.sparse != nullptr) {
-    const SparseEntry* first = t.sparse->entries.data() + t.sparse->row_begin[a.row];
-    const SparseEntry* last = t.sparse->entries.data() + t.sparse->row_begin[a.row + 1];
-    const SparseEntry* e = std::lower_bound(first, last, a.begin,
-                                            [](const SparseEntry& s, int64_t v) { return s.index < v; });
-    for (; e != last && e->index < a.end; ++e) {
-      xs[e->index - a.begin] = fs_add(xs[e->index - a.begin], e->value);
-    }
+    t.sparse->for_each_in(a.row, a.begin, a.end, [&](const SparseEntry& e) {
+      xs[e.index - a.begin] = fs_add(xs[e.index - a.begin], e.value);
+    });
   }
   if (t.penalties != nullptr) {
-    const PenaltyEntry* first = t.penalties->entries.data() + t.penalties->row_begin[a.row];
-    const PenaltyEntry* last = t.penalties->entries.data() + t.penalties->row_begin[a.row + 1];
-    const PenaltyEntry* e = std::lower_bound(first, last, a.begin,
-                                             [](const PenaltyEntry& s, int64_t v) { return s.index < v; });
-    for (; e != last && e->index < a.end; ++e) {
-      float& x = xs[e->index - a.begin];
-      x = fs_penalized_logit(x, e->r, e->add);
-    }
+    t.penalties->for_each_in(a.row, a.begin, a.end, [&](const PenaltyEntry& e) {
+      float& x = xs[e.index - a.begin];
+      x = fs_penalized_logit(x, e.r, e.add);
+    });
   }
   const uint32_t* words = t.mask == nullptr ? nullptr
                          : reinterpret_cast<const uint32_t*>(t.mask + a.row * t.mask_words) + (a.begin >> 5);
