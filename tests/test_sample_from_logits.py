@@ -160,6 +160,48 @@ def test_every_cluster_size_and_row_loop(batch):
                                               op_outputs(logits, "cpu", **kwargs)[:2])] == [True, True]
 
 
+@requires_cuda
+@pytest.mark.parametrize("kind", ["flat", "peaked", "non_finite"])
+@pytest.mark.parametrize("form", ["none", "min_p", "min_p_rows", "off_k_rows"])
+@pytest.mark.parametrize("batch,vocab", [(1, 4099), (5, 32771), (37, 20011)])
+@pytest.mark.parametrize("keys", ["batch", "rows"])
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_streaming_rows_equal_cpu_op(kind, form, batch, vocab, keys, logprobs):
+    """Rows without a top_k / top_p cut take the streaming kernels (a quad of rows and a chunk of
+    the vocabulary a CTA, csrc/kernels/streaming_rows.cu): tokens and scores bit for bit the CPU
+    op's, over partial quads, prime V, greedy rows, a row that allows nothing, several samples,
+    and noise keys that share the quad's Philox blocks (the batch's seed) or do not (per-row seeds
+    and offsets); an invalid temperature in the device tensor gives its row no sample."""
+    logits = row_logits(kind, batch, vocab, seed=batch + vocab)
+    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.4
+    temperatures[1::4] = 0.0
+    truncation = {"none": {}, "min_p": dict(min_p=0.05),
+                  "min_p_rows": dict(min_ps=per_row("m", batch, vocab)),
+                  "off_k_rows": dict(top_ks=torch.tensor([(0, -1, vocab, vocab + 9)[b % 4] for b in range(batch)]))}
+    kwargs = dict(num_samples=2, temperatures=temperatures, return_logprobs=logprobs, **truncation[form])
+    if keys == "batch":
+        kwargs.update(seed=torch.tensor(5), offset=torch.tensor(9))
+    else:
+        kwargs.update(seed=torch.arange(batch) * 7 + 2, offset=torch.arange(batch) % 3)
+    if batch > 4:  # a mask that allows nothing in row 4 and half the vocabulary elsewhere
+        allowed = torch.rand(batch, vocab, generator=torch.Generator().manual_seed(3)) < 0.5
+        allowed[4] = False
+        kwargs.update(allowed_mask=fs.pack_allowed_mask(allowed), empty_mask_token=-7)
+    cpu = op_outputs(logits, "cpu", **kwargs)
+    gpu = op_outputs(logits, "cuda", **kwargs)
+    assert torch.equal(gpu[0], cpu[0]), (gpu[0] != cpu[0]).nonzero()[:8]
+    assert torch.equal(gpu[1], cpu[1])
+    if logprobs:
+        torch.testing.assert_close(gpu[2], cpu[2], rtol=1e-4, atol=1e-4, equal_nan=True)
+        torch.testing.assert_close(gpu[3], cpu[3], rtol=1e-5, atol=1e-5, equal_nan=True)
+    if batch > 2:  # the host checks a CPU tensor's temperatures; a device tensor's are not read
+        temperatures[2] = -1.0
+        invalid = op_outputs(logits, "cuda", **kwargs)
+        assert (invalid[0][2] == -1).all() and (invalid[1][2] == -math.inf).all()
+        rest = torch.arange(batch) != 2
+        assert torch.equal(invalid[0][rest], gpu[0][rest]) and torch.equal(invalid[1][rest], gpu[1][rest])
+
+
 def sample_paths(hidden, weight, path_a, path_b, **kwargs):
     a = fs.sample_with_scores(hidden, weight, truncation_path=path_a, **kwargs)
     b = fs.sample_with_scores(hidden, weight, truncation_path=path_b, **kwargs)

@@ -58,6 +58,7 @@
 #include "flashsampling/epilogue/candidate_math.cuh"
 #include "flashsampling/philox_gumbel.h"
 #include "flashsampling/sample_from_logits.h"
+#include "logits_rows.cuh"
 
 namespace flashsampling {
 namespace {
@@ -159,23 +160,6 @@ struct SharedState {
   unsigned count_above;
   FixedMass mass_above;
   FixedMass mass_total;  // of the keys >= the top_k cut
-};
-
-// What an element of the row is: its transformed logit x, y and truncation key (0: excluded).
-struct RowInput {
-  const float* logits;
-  const float* bias;
-  const uint32_t* mask;  // the row's words
-  float inv_t;
-  bool greedy;
-  uint32_t vocab_start;
-
-  __device__ __forceinline__ PackedCandidate key(int64_t v, bool in_range, float raw, float& x, float& y) const {
-    x = bias ? fs_add(raw, __ldg(bias + (in_range ? v : 0))) : raw;  // lanes past the row read a valid bias
-    y = greedy ? x : fs_mul(x, inv_t);
-    bool const allowed = in_range && (mask == nullptr || ((__ldg(mask + (v >> 5)) >> (v & 31)) & 1u));
-    return allowed ? pack_top_candidate(y, vocab_start + static_cast<uint32_t>(v)) : PackedCandidate{0};
-  }
 };
 
 // Calls f(v, x, y, key) for the elements [begin, end) of the row, warp-uniformly (lanes past
@@ -737,59 +721,6 @@ __device__ BinRoute cut_by_bins(cg::cluster_group& cluster, SharedState& sh, Row
   return BinRoute::kDone;
 }
 
-// min_p's test of a survivor candidate: exp(y - y0) >= min_p in float64 (truncation.py), NaN
-// y as -inf. Decided from the difference alone where it is far from log(min_p).
-struct MinP {
-  bool on;
-  double value, log_value, y0;
-  bool y0_finite;
-
-  __device__ __forceinline__ bool keeps(float y) const {
-    if (!on) return true;
-    double const ys = y != y ? -INFINITY : static_cast<double>(y);
-    if (y0_finite && value > 0.0) {
-      double const d = ys - y0;
-      if (d > log_value + 1e-9) return true;
-      if (d < log_value - 1e-9) return false;
-    }
-    return exp(ys - y0) >= value;
-  }
-};
-
-__device__ void write_row_without_sample(LogitsSamplerParams const& p, int64_t row, int64_t token, float lse) {
-  for (int s = threadIdx.x; s < p.num_samples; s += kThreads) {
-    int64_t const out = row * p.num_samples + s;
-    p.tokens[out] = token;
-    if (p.scores) p.scores[out] = -INFINITY;
-    if (p.token_logprobs) p.token_logprobs[out] = __uint_as_float(0x7fc00000u);
-  }
-  if (threadIdx.x == 0 && p.logsumexp) p.logsumexp[row] = lse;
-}
-
-// Sample s of the row: its token, score, log-probability and (s = 0) the log-sum-exp over the
-// survivors of mass `kept_mass` relative to y0.
-__device__ void write_sample(LogitsSamplerParams const& p, int64_t row, int s, float best_score, int32_t best_index,
-                             double best_y, double y0, bool y0_finite, double kept_mass) {
-  // Without a finite first y the log-sum-exp is that y (+-inf, or NaN), or NaN with a NaN term.
-  double const lse = y0_finite ? y0 + log(kept_mass) : kept_mass != kept_mass ? kept_mass : y0;
-  bool const found = best_index != kNoCandidate;
-  int64_t const out = row * p.num_samples + s;
-  p.tokens[out] = found ? best_index : -1;
-  if (p.scores) p.scores[out] = found ? best_score : -INFINITY;
-  if (p.token_logprobs) {
-    p.token_logprobs[out] = found ? static_cast<float>(best_y - lse) : __uint_as_float(0x7fc00000u);
-    if (s == 0) p.logsumexp[row] = static_cast<float>(lse);
-  }
-}
-
-// The perturbed score of token `index` (global) in sample `s`: x plus the noise of plain sampling
-// over T, or x itself in a greedy row. The sample pass and the winner-first passes draw it alike.
-__device__ __forceinline__ float perturbed_score(RowInput const& in, RowNoiseKey const& noise, uint32_t s,
-                                                 uint32_t index, float x) {
-  return in.greedy ? x
-                   : fs_perturbed_score(x, in.inv_t, fs_gumbel_noise(noise.seed, noise.offset, noise.stream, s, index));
-}
-
 // A candidate of the winner-first path: the best (score, index) by fs_candidate_better among a
 // set of allowed tokens (index kNoCandidate: none with a score that is not NaN), and its y.
 struct Candidate {
@@ -911,6 +842,7 @@ __device__ bool winner_first_row(cg::cluster_group& cluster, SharedState& sh, Lo
 
 __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSamplerParams const& p, int64_t row,
                            int64_t launch_rows, uint64_t batch_seed, uint64_t batch_offset, unsigned& phase) {
+  if (p.streaming_rows && is_streaming_row(p, row)) return;  // streaming_rows.cu samples it
   unsigned const rank = cluster.block_rank(), ctas = cluster.num_blocks();
   bool const leader = rank == 0;
   float const inv_t = p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
@@ -928,7 +860,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
         }
         empty = !__syncthreads_or(any);
       }
-      write_row_without_sample(p, row, empty ? p.empty_mask_token : -1,
+      write_row_without_sample(p, row, threadIdx.x, kThreads, empty ? p.empty_mask_token : -1,
                                empty ? -INFINITY : __uint_as_float(0x7fc00000u));
     }
     return;
@@ -940,10 +872,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
   bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
   double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
-  MinP min_p;
-  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
-  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
-  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
+  MinP min_p = row_min_p(p, row);
   RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
   // The winner-first path's rows (winner_first_row): top_p and / or min_p without top_k, one
   // sample, no log-probabilities; greedy, or top_p in a launch of few rows (kWinnerFirstMaxRows).
@@ -993,7 +922,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   Candidate const t = winner_first ? cluster_best(cluster, sh, slot) : Candidate{};
   ++phase;  // this slot is written again two steps on, after a barrier every peer passes once it has read it
   if (allowed == 0) {
-    if (leader) write_row_without_sample(p, row, p.allowed_mask ? p.empty_mask_token : -1, -INFINITY);
+    if (leader) write_row_without_sample(p, row, threadIdx.x, kThreads, p.allowed_mask ? p.empty_mask_token : -1, -INFINITY);
     cluster.sync();
     return;
   }
@@ -1198,10 +1127,43 @@ cudaError_t resident_clusters(size_t smem, int resident[3]) {
 
 }  // namespace
 
-cudaError_t launch_sample_from_logits(LogitsSamplerParams const& params, int sm_count, cudaStream_t stream) {
-  if (params.batch_size == 0) return cudaSuccess;
-  if (params.num_samples < 1 || params.vocab_size < 1 || params.vocab_size > kLogitsSamplerMaxVocab) {
+// Which rows the streaming kernels take: none where a host top_k / top_p cuts every row; every
+// row where neither is given per row either (the cut path's kernel is then not launched). A row
+// list (the fused truncation's leftovers) goes to them only when every listed row streams or
+// min_p may be on: otherwise its rows are few and mostly cut, and the cut path's kernel samples
+// them without the streaming launches.
+struct StreamingPlan {
+  bool launch;  // the streaming kernels run
+  bool every_row;  // ... and take every row
+};
+
+static StreamingPlan streaming_plan(LogitsSamplerParams const& p) {
+  bool const host_cut = (p.top_ks == nullptr && p.top_k >= 1 && p.top_k < p.vocab_size) ||
+                        (p.top_ps == nullptr && p.top_p < 1.0);
+  if (host_cut) return {false, false};
+  bool const every_row = p.top_ks == nullptr && p.top_ps == nullptr;
+  bool const min_p_possible = p.min_ps != nullptr || p.min_p > 0.0;
+  bool const launch = p.rows == nullptr || every_row || min_p_possible;
+  return {launch, launch && every_row};
+}
+
+size_t sample_from_logits_workspace_bytes(LogitsSamplerParams const& params, int sm_count) {
+  return streaming_plan(params).launch ? streaming_rows_workspace_bytes(params, sm_count) : 0;
+}
+
+cudaError_t launch_sample_from_logits(LogitsSamplerParams const& in_params, void* workspace, int sm_count,
+                                      cudaStream_t stream) {
+  if (in_params.batch_size == 0) return cudaSuccess;
+  if (in_params.num_samples < 1 || in_params.vocab_size < 1 || in_params.vocab_size > kLogitsSamplerMaxVocab) {
     return cudaErrorInvalidValue;
+  }
+  LogitsSamplerParams params = in_params;
+  StreamingPlan const plan = streaming_plan(params);
+  params.streaming_rows = plan.launch;
+  if (plan.launch) {
+    if (workspace == nullptr) return cudaErrorInvalidValue;
+    cudaError_t const err = launch_streaming_rows(params, workspace, sm_count, stream);
+    if (err != cudaSuccess || plan.every_row) return err;
   }
   size_t const smem = sizeof(SharedState);
   cudaError_t err = cudaFuncSetAttribute(sample_from_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -394,7 +394,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
   const DeviceInfo device = device_info(logits.get_device());
   TORCH_CHECK_NOT_IMPLEMENTED(device.arch >= 90, "flashsampling.sample_from_logits: needs thread block clusters "
                               "(sm_90 or newer), got sm_", device.arch);
-  check_cuda_launch(launch_sample_from_logits(p, device.sm_count, c10::cuda::getCurrentCUDAStream()),
+  const size_t workspace_bytes = sample_from_logits_workspace_bytes(p, device.sm_count);
+  const at::Tensor workspace =
+      at::empty({static_cast<int64_t>(workspace_bytes)}, logits.options().dtype(at::kByte));
+  check_cuda_launch(launch_sample_from_logits(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, device.sm_count,
+                                              c10::cuda::getCurrentCUDAStream()),
                     "flashsampling.sample_from_logits");
   return {result.tokens, result.scores, result.token_logprobs, result.logsumexp};
 }

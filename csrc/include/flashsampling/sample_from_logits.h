@@ -61,6 +61,10 @@ struct LogitsSamplerParams {
   // Token of a row whose allowed_mask allows nothing (the binding has made that an error when
   // the caller gave none).
   int64_t empty_mask_token = -1;
+
+  // Set by the launcher: the streaming rows' kernels sample the rows without a top_k / top_p cut
+  // (logits_rows.cuh: is_streaming_row), and the cut path's kernel skips them.
+  bool streaming_rows = false;
 };
 
 // How the kernel spreads the batch: clusters of `cluster_size` CTAs each sample one row at a
@@ -95,6 +99,24 @@ inline int resident_clusters_of_size(int cluster_size, const int resident[3]) {
   return resident[cluster_size == 8 ? 2 : cluster_size == 4 ? 1 : 0];
 }
 
-cudaError_t launch_sample_from_logits(const LogitsSamplerParams& params, int sm_count, cudaStream_t stream);
+// Rows without a top_k / top_p cut (every allowed token survives, or min_p's) are sampled by
+// kernels of their own: each CTA takes a quad of rows (one Philox block holds four streams' noise
+// at a token) and a chunk of the vocabulary, so a row's pass runs on many CTAs at the speed of
+// its loads. The chunk: a multiple of 1024 tokens, so that the grid is about four CTAs an SM
+// (a pure function of the shapes, so the workspace size is one too).
+inline int64_t streaming_chunk_tokens(int64_t batch, int64_t vocab, int sm_count) {
+  int64_t const quads = (batch + 3) / 4;
+  int64_t const ctas = 4 * static_cast<int64_t>(sm_count < 1 ? 1 : sm_count);
+  int64_t chunks = (ctas + quads - 1) / quads;
+  int64_t const chunk = (vocab + chunks - 1) / chunks;
+  return (chunk + 1023) / 1024 * 1024;
+}
+
+// Bytes of device workspace launch_sample_from_logits needs (the streaming rows' per-chunk
+// partials; 0 where no row can stream). Depends only on the shapes and the scalar truncation.
+size_t sample_from_logits_workspace_bytes(const LogitsSamplerParams& params, int sm_count);
+
+cudaError_t launch_sample_from_logits(const LogitsSamplerParams& params, void* workspace, int sm_count,
+                                      cudaStream_t stream);
 
 }  // namespace flashsampling

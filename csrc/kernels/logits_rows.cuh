@@ -1,0 +1,117 @@
+// What the two kernels of the logits sampler share (sample_from_logits.cu: the cut path for rows
+// with top_k / top_p; streaming_rows.cu: rows without them): how an element of a row reads, the
+// min_p test, the noise, which rows stream, and how a row's outputs are written. Both kernels
+// must give a row the same bits, so these live here once.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "flashsampling/epilogue/candidate_math.cuh"
+#include "flashsampling/philox_gumbel.h"
+#include "flashsampling/sample_from_logits.h"
+
+namespace flashsampling {
+
+// What an element of the row is: its transformed logit x, y and truncation key (0: excluded).
+struct RowInput {
+  const float* logits;
+  const float* bias;
+  const uint32_t* mask;  // the row's words
+  float inv_t;
+  bool greedy;
+  uint32_t vocab_start;
+
+  __device__ __forceinline__ PackedCandidate key(int64_t v, bool in_range, float raw, float& x, float& y) const {
+    x = bias ? fs_add(raw, __ldg(bias + (in_range ? v : 0))) : raw;  // lanes past the row read a valid bias
+    y = greedy ? x : fs_mul(x, inv_t);
+    bool const allowed = in_range && (mask == nullptr || ((__ldg(mask + (v >> 5)) >> (v & 31)) & 1u));
+    return allowed ? pack_top_candidate(y, vocab_start + static_cast<uint32_t>(v)) : PackedCandidate{0};
+  }
+};
+
+// min_p's test of a survivor candidate: exp(y - y0) >= min_p in float64 (truncation.py), NaN
+// y as -inf. Decided from the difference alone where it is far from log(min_p).
+struct MinP {
+  bool on;
+  double value, log_value, y0;
+  bool y0_finite;
+
+  __device__ __forceinline__ bool keeps(float y) const {
+    if (!on) return true;
+    double const ys = y != y ? -INFINITY : static_cast<double>(y);
+    if (y0_finite && value > 0.0) {
+      double const d = ys - y0;
+      if (d > log_value + 1e-9) return true;
+      if (d < log_value - 1e-9) return false;
+    }
+    return exp(ys - y0) >= value;
+  }
+};
+
+// The row's min_p (y0 is set once the row's first token is known).
+__device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t row) {
+  MinP min_p{};
+  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
+  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
+  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
+  return min_p;
+}
+
+// A streaming row keeps every allowed token, or those that pass min_p: no top_k cut (off, or
+// at least V) and no top_p cut (off, or >= 1; NaN cuts). Its sample needs one pass over the row
+// with noise (after one without, for min_p's first token), which streaming_rows.cu runs over many
+// CTAs a row; the cut path's kernel leaves these rows to it (LogitsSamplerParams::streaming_rows).
+__device__ __forceinline__ bool is_streaming_row(LogitsSamplerParams const& p, int64_t row) {
+  int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
+  bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
+  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+  return (k < 1 || k >= p.vocab_size) && (!top_p_on || top_p >= 1.0);
+}
+
+// The perturbed score of token `index` (global) in sample `s`: x plus the noise of plain sampling
+// over T, or x itself in a greedy row. Every pass that draws a token's noise draws it alike.
+__device__ __forceinline__ float perturbed_score(RowInput const& in, RowNoiseKey const& noise, uint32_t s,
+                                                 uint32_t index, float x) {
+  return in.greedy ? x
+                   : fs_perturbed_score(x, in.inv_t, fs_gumbel_noise(noise.seed, noise.offset, noise.stream, s, index));
+}
+
+// The outputs of a row without a sample (nothing allowed, or an invalid temperature), written by
+// the threads `thread` of `threads`.
+__device__ __forceinline__ void write_row_without_sample(LogitsSamplerParams const& p, int64_t row, int thread,
+                                                         int threads, int64_t token, float lse) {
+  for (int s = thread; s < p.num_samples; s += threads) {
+    int64_t const out = row * p.num_samples + s;
+    p.tokens[out] = token;
+    if (p.scores) p.scores[out] = -INFINITY;
+    if (p.token_logprobs) p.token_logprobs[out] = __uint_as_float(0x7fc00000u);
+  }
+  if (thread == 0 && p.logsumexp) p.logsumexp[row] = lse;
+}
+
+// Sample s of the row: its token, score, log-probability and (s = 0) the log-sum-exp over the
+// survivors of mass `kept_mass` relative to y0.
+__device__ __forceinline__ void write_sample(LogitsSamplerParams const& p, int64_t row, int s, float best_score,
+                                             int32_t best_index, double best_y, double y0, bool y0_finite,
+                                             double kept_mass) {
+  // Without a finite first y the log-sum-exp is that y (+-inf, or NaN), or NaN with a NaN term.
+  double const lse = y0_finite ? y0 + log(kept_mass) : kept_mass != kept_mass ? kept_mass : y0;
+  bool const found = best_index != kNoCandidate;
+  int64_t const out = row * p.num_samples + s;
+  p.tokens[out] = found ? best_index : -1;
+  if (p.scores) p.scores[out] = found ? best_score : -INFINITY;
+  if (p.token_logprobs) {
+    p.token_logprobs[out] = found ? static_cast<float>(best_y - lse) : __uint_as_float(0x7fc00000u);
+    if (s == 0) p.logsumexp[row] = static_cast<float>(lse);
+  }
+}
+
+// The streaming rows' kernels (streaming_rows.cu), for the rows is_streaming_row takes; the
+// launcher of the logits sampler calls them before the cut path's kernel.
+cudaError_t launch_streaming_rows(LogitsSamplerParams const& params, void* workspace, int sm_count,
+                                  cudaStream_t stream);
+// Their workspace: per (row, chunk) partials and per (row, sample, chunk) candidates.
+size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& params, int sm_count);
+
+}  // namespace flashsampling

@@ -1,0 +1,673 @@
+// The logits sampler's streaming rows (logits_rows.cuh: is_streaming_row): rows without a top_k /
+// top_p cut, whose survivors are every allowed token, or those that pass min_p. Their sample is
+// Gumbel-Max over one pass of the row, so they need none of the cut path's histograms; here a
+// CTA takes a quad of rows and a chunk of the vocabulary (streaming_chunk_tokens), so that a row
+// is read by many CTAs at once:
+//
+//  1. (min_p possible) streaming_first_kernel: each (quad, chunk) the largest key of each row's
+//     chunk;
+//  2. streaming_sample_kernel: each (quad, chunk) per sample the best candidate of each row's
+//     chunk, and (sample 0) the chunk's largest key, allowed tokens and the survivors' mass as an
+//     online (max, sum) pair;
+//  3. streaming_finish_kernel: a warp a row merges the chunks and writes the row's outputs as the
+//     cut path writes them (logits_rows.cuh).
+//
+// The noise is the cut path's (perturbed_score): one Philox block gives the noise of a token in
+// four streams, so a quad of rows with one seed and offset and streams 4q .. 4q + 3 (the batch's
+// rows, the usual case) draws one block a token. Most tokens cannot win, and skip their noise
+// exactly: a token whose score with an upper bound of its noise in place of the noise stays
+// below the best score its warp has drawn for that row is not the row's sample; the bound is
+// first the largest noise any 32 bits give (no Philox), then fs_gumbel_upper_bound_from_bits of
+// the token's own bits (no logarithms). The candidates are merged by fs_candidate_better's total
+// order, so the tokens and scores are the cut path's whatever the chunks; the log-sum-exp sums
+// the same exponentials in another order (fp32 rounding).
+#include <cmath>
+#include <cstdint>
+
+#include "logits_rows.cuh"
+
+namespace flashsampling {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kQuad = 4;    // rows a CTA
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// What a CTA knows of one of its quad's rows.
+struct QuadRow {
+  int64_t row = 0;         // batch row
+  bool counted = false;    // a streaming row in the launch: its chunk partials are written
+  bool sampled = false;    // ... with a valid temperature: it draws candidates
+  bool min_p_on = false;
+  RowInput in{};
+  RowNoiseKey noise{};     // sample 0's
+  MinP min_p{};
+  PackedCandidate first = 0;  // min_p's first key (from streaming_first_kernel)
+  // min_p decided in fp32 away from its threshold: y > keep_above survives, y < drop_below does
+  // not, MinP::keeps decides the band between (and NaN) exactly.
+  float keep_above = INFINITY, drop_below = -INFINITY;
+};
+
+// A chunk's results for one row (sample 0's statistics).
+struct ChunkPartial {
+  PackedCandidate first;  // the largest key (0: nothing allowed)
+  uint32_t allowed;
+  uint32_t has_nan;       // a survivor with a NaN y
+  float mass_max;         // the survivors' largest y (-inf: none with mass), +inf wins
+  float mass_sum;         // sum of exp(y - mass_max) over the survivors
+};
+
+struct Workspace {
+  ChunkPartial* partials;       // [B, chunks]
+  PackedCandidate* candidates;  // [B, S, chunks]
+  uint32_t* floors;             // [B, S]: number_order_bits of the best score drawn so far (0: none), zeroed
+  PackedCandidate* first_keys;  // [B, chunks]: min_p's first key of each chunk (streaming_first_kernel)
+};
+
+// A token whose logarithms are due, waiting in its warp's queue: drawn where they lie, the
+// logarithms would cost the whole warp a step for every step in which any lane needs them.
+struct QueuedDraw {
+  float x;
+  uint32_t bits;
+  uint32_t index;
+  int row;  // of the quad
+};
+constexpr int kQueue = 160;  // 32 drawn at a time: up to 31 left plus 4 rows x 32 added
+
+size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct WorkspaceLayout {
+  size_t candidates, first_keys, floors, total;  // floors last: the launch zeroes [floors, total)
+  WorkspaceLayout(int64_t batch, int64_t samples, int64_t chunks) {
+    candidates = round_up(static_cast<size_t>(batch * chunks) * sizeof(ChunkPartial));
+    first_keys = candidates + round_up(static_cast<size_t>(batch * samples * chunks) * sizeof(PackedCandidate));
+    floors = first_keys + round_up(static_cast<size_t>(batch * chunks) * sizeof(PackedCandidate));
+    total = floors + round_up(static_cast<size_t>(batch * samples) * sizeof(uint32_t));
+  }
+  Workspace carve(void* workspace) const {
+    char* base = static_cast<char*>(workspace);
+    return {reinterpret_cast<ChunkPartial*>(base), reinterpret_cast<PackedCandidate*>(base + candidates),
+            reinterpret_cast<uint32_t*>(base + floors), reinterpret_cast<PackedCandidate*>(base + first_keys)};
+  }
+};
+
+__device__ __forceinline__ float row_inv_t(LogitsSamplerParams const& p, int64_t row) {
+  return p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
+}
+
+__device__ __forceinline__ PackedCandidate warp_max(PackedCandidate v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    PackedCandidate const o = __shfl_xor_sync(kFullMask, v, d);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, d));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t warp_sum(uint32_t v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(kFullMask, v, d);
+  return v;
+}
+
+// (max, sum) pairs of a log-sum-exp: sum = sum of exp(y - max). A max of +inf carries no sum (the
+// row's log-sum-exp is then +inf or NaN, write_sample), -inf means no mass yet.
+__device__ __forceinline__ void merge_mass(float& max, float& sum, float other_max, float other_sum) {
+  float const m = fmaxf(max, other_max);
+  if (m == -INFINITY || m == INFINITY) {
+    max = m;
+    sum = 0.0f;
+    return;
+  }
+  sum = sum * __expf(max - m) + other_sum * __expf(other_max - m);
+  max = m;
+}
+
+__device__ __forceinline__ void add_mass(float& max, float& sum, bool& has_nan, float y) {
+  if (y != y) {
+    has_nan = true;
+  } else if (y > max) {
+    if (y == INFINITY) {
+      sum = 0.0f;
+    } else {
+      sum = sum * __expf(max - y) + 1.0f;
+    }
+    max = y;
+  } else if (max != INFINITY && y != -INFINITY) {
+    sum += __expf(y - max);
+  }
+}
+
+// The CTA's quad is the batch rows 4 * blockIdx.y .. + 3 (a row list's rows keep their place, so
+// that the quad's streams are 4q .. 4q + 3 and share their Philox blocks). All threads: marks the
+// quad's rows in the launch (every row, or those the list holds), then thread r < 4 fills row r.
+// Returns whether any row of the quad streams here (the same in every thread).
+__device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad], bool (&listed)[kQuad]) {
+  int64_t const quad_row = int64_t{blockIdx.y} * kQuad;
+  if (threadIdx.x < kQuad) listed[threadIdx.x] = p.rows == nullptr && quad_row + threadIdx.x < p.batch_size;
+  __syncthreads();
+  if (p.rows != nullptr) {
+    int64_t const count = *p.rows;
+    for (int64_t i = threadIdx.x; i < count; i += kThreads) {
+      int64_t const row = p.rows[1 + i];
+      if (row >= quad_row && row < quad_row + kQuad) listed[row - quad_row] = true;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x < kQuad) {
+    int const r = threadIdx.x;
+    QuadRow& q = quad[r];
+    q = QuadRow{};
+    q.row = quad_row + r;
+    if (listed[r] && is_streaming_row(p, q.row)) {
+      q.counted = true;
+      float const inv_t = row_inv_t(p, q.row);
+      q.sampled = inv_t == inv_t;  // an invalid temperature draws nothing (the finish reports the row)
+      q.in = RowInput{p.logits + q.row * p.logits_row_stride, p.logit_bias,
+                      p.allowed_mask ? p.allowed_mask + q.row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
+                      static_cast<uint32_t>(p.vocab_start)};
+      q.min_p = row_min_p(p, q.row);
+      q.min_p_on = q.min_p.on;
+    }
+  }
+  __syncthreads();
+  bool any = false;
+#pragma unroll
+  for (int r = 0; r < kQuad; ++r) any |= quad[r].counted;
+  return any;
+}
+
+// 1. The largest key of each min_p row's chunk (they need their first key before their sample
+// pass), the quad's rows side by side so that each thread has their loads in flight together.
+__global__ void __launch_bounds__(kThreads) streaming_first_kernel(LogitsSamplerParams const p, Workspace ws,
+                                                                   int64_t chunk_tokens, int chunks) {
+  __shared__ QuadRow quad[kQuad];
+  __shared__ bool listed[kQuad];
+  __shared__ PackedCandidate warp_first[kWarps][kQuad];
+  if (!load_quad(p, quad, listed)) return;
+  int64_t const begin = int64_t{blockIdx.x} * chunk_tokens;
+  int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  RowInput in[kQuad];
+  bool wanted[kQuad];
+  PackedCandidate first[kQuad];
+#pragma unroll
+  for (int r = 0; r < kQuad; ++r) {
+    in[r] = quad[r].in;
+    wanted[r] = quad[r].counted && quad[r].min_p_on;
+    first[r] = 0;
+  }
+  constexpr int kTokens = 4;  // a thread's tokens a step, each in the quad's rows
+  for (int64_t base = begin + threadIdx.x; base < end; base += kTokens * kThreads) {
+    float raw[kTokens][kQuad];
+#pragma unroll
+    for (int j = 0; j < kTokens; ++j) {
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        int64_t const v = base + j * kThreads;
+        raw[j][r] = wanted[r] && v < end ? __ldg(in[r].logits + v) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kTokens; ++j) {
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        int64_t const v = base + j * kThreads;
+        float x, y;
+        PackedCandidate const key = in[r].key(v, wanted[r] && v < end, raw[j][r], x, y);
+        first[r] = key > first[r] ? key : first[r];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kQuad; ++r) {
+    PackedCandidate const f = warp_max(first[r]);
+    if (lane == 0) warp_first[warp][r] = f;
+  }
+  __syncthreads();
+  if (threadIdx.x < kQuad && wanted[threadIdx.x]) {
+    int const r = threadIdx.x;
+    PackedCandidate f = 0;
+    for (int w = 0; w < kWarps; ++w) f = warp_first[w][r] > f ? warp_first[w][r] : f;
+    ws.first_keys[(int64_t{blockIdx.y} * kQuad + r) * chunks + blockIdx.x] = f;
+  }
+}
+
+// 2. Per sample the best candidate of each row's chunk; sample 0 also the chunk's statistics.
+// A thread takes one token of the four rows a step (the next step's loads in flight), so the
+// loop is one compact body: its code is inlined for the four rows, and the logarithms, which few
+// tokens need, are drawn from the warp's queue in one place.
+template <bool kMinP>
+__global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws,
+                                                                    int64_t chunk_tokens, int chunks) {
+  __shared__ QuadRow quad[kQuad];
+  __shared__ bool quad_noise;         // the quad's rows that draw noise share their Philox blocks ...
+  __shared__ RowNoiseKey lead_noise;  // ... those of this key
+  __shared__ bool quad_lean;          // the lean loop's quad: every counted row noisy, shared blocks, no bias or mask
+  __shared__ PackedCandidate warp_best[kWarps][kQuad];
+  __shared__ PackedCandidate warp_first[kWarps][kQuad];
+  __shared__ uint32_t warp_allowed[kWarps][kQuad], warp_nan[kWarps][kQuad];
+  __shared__ float warp_mass[kWarps][kQuad][2];
+  __shared__ QueuedDraw draw_queue[kWarps][kQueue];
+  __shared__ bool listed[kQuad];
+  if (!load_quad(p, quad, listed)) return;
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(p.noise, batch_seed, batch_offset);
+  if (threadIdx.x < kQuad) {
+    QuadRow& q = quad[threadIdx.x];
+    if (q.counted) q.noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(q.row), 0);
+    if (kMinP && q.counted && q.min_p_on) {  // the row's first key, from every chunk's
+      PackedCandidate first = 0;
+      for (int c = 0; c < chunks; ++c) {
+        PackedCandidate const f = ws.first_keys[(int64_t{blockIdx.y} * kQuad + threadIdx.x) * chunks + c];
+        first = f > first ? f : first;
+      }
+      q.first = first;
+      float const y0 = from_order_bits(static_cast<uint32_t>(first >> 32));
+      q.min_p.y0 = static_cast<double>(y0);
+      q.min_p.y0_finite = isfinite(y0);
+      if (q.min_p.y0_finite && q.min_p.value > 0.0) {
+        // MinP::keeps decides d = y - y0 against log(min_p) +- 1e-9 in float64; the fp32 bounds
+        // lie a margin beyond that band, so a y past them gets keeps()'s answer.
+        double const margin = 2e-9 + 1e-12 * fabs(q.min_p.y0);
+        q.keep_above = __double2float_ru(q.min_p.y0 + q.min_p.log_value + margin);
+        q.drop_below = __double2float_rd(q.min_p.y0 + q.min_p.log_value - margin);
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // the first row that draws noise leads; the others share its blocks if they can
+    int lead = -1;
+    bool shared = true;
+    for (int r = 0; r < kQuad; ++r) {
+      QuadRow const& q = quad[r];
+      if (!q.sampled || q.in.greedy) continue;
+      if (lead < 0) {
+        lead = r;
+        continue;
+      }
+      RowNoiseKey const& l = quad[lead].noise;
+      shared = shared && q.noise.seed == l.seed && q.noise.offset == l.offset && (q.noise.stream >> 2) == (l.stream >> 2);
+    }
+    quad_noise = lead >= 0 && shared;
+    lead_noise = lead >= 0 ? quad[lead].noise : RowNoiseKey{};
+    bool every_counted_row_noisy = true;
+    for (int r = 0; r < kQuad; ++r) {
+      every_counted_row_noisy = every_counted_row_noisy && (!quad[r].counted || (quad[r].sampled && !quad[r].in.greedy));
+    }
+    quad_lean = quad_noise && every_counted_row_noisy && p.logit_bias == nullptr && p.allowed_mask == nullptr;
+  }
+  __syncthreads();
+  // Per row, from the quad: the logits, the mask, fl(1 / T), whether it streams here (counted),
+  // draws candidates (sampled) and draws noise (noisy: sampled and not greedy).
+  const float* logits[kQuad];
+  const uint32_t* mask[kQuad];
+  float inv_t[kQuad];
+  bool counted[kQuad], sampled[kQuad], noisy[kQuad];
+#pragma unroll
+  for (int r = 0; r < kQuad; ++r) {
+    logits[r] = quad[r].in.logits;
+    mask[r] = quad[r].in.mask;
+    inv_t[r] = quad[r].in.inv_t;
+    counted[r] = quad[r].counted;
+    sampled[r] = quad[r].sampled;
+    noisy[r] = quad[r].sampled && !quad[r].in.greedy;
+  }
+
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int64_t const begin = int64_t{blockIdx.x} * chunk_tokens;
+  int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
+  bool const shared_noise = quad_noise;
+  bool const lean = quad_lean;
+  RowNoiseKey const lead = lead_noise;
+  const float* const bias = p.logit_bias;
+  // The largest noise any 32 bits give: a token whose score with it stays below the row's floor
+  // needs no Philox block.
+  float const max_noise = fs_gumbel_upper_bound_from_bits(kFullMask);
+  uint32_t const vocab_start = static_cast<uint32_t>(p.vocab_start);
+  bool const with_mass = p.token_logprobs != nullptr;
+  QueuedDraw* const queue = draw_queue[warp];
+
+  for (int s = 0; s < p.num_samples; ++s) {
+    float best_score[kQuad], floor[kQuad];
+    int32_t best_index[kQuad];
+    PackedCandidate first[kQuad];
+    uint32_t allowed[kQuad];
+    bool has_nan[kQuad];
+    float mass_max[kQuad], mass_sum[kQuad];
+#pragma unroll
+    for (int r = 0; r < kQuad; ++r) {
+      best_score[r] = -INFINITY;
+      floor[r] = -INFINITY;
+      best_index[r] = kNoCandidate;
+      first[r] = 0;
+      allowed[r] = 0;
+      has_nan[r] = false;
+      mass_max[r] = -INFINITY;
+      mass_sum[r] = 0.0f;
+    }
+    bool const stats = s == 0;
+    uint32_t* const row_floors = ws.floors + int64_t{blockIdx.y} * kQuad * p.num_samples + s;  // + r * S
+    int head = 0, queued = 0;  // the warp's queue of tokens whose logarithms are due (warp-uniform)
+    // The noise of a token whose rows want it: its Philox bits, and where they leave it within
+    // reach of the floor, the token queued for its logarithms.
+    auto draw_bits = [&](uint32_t index, float const (&x)[kQuad], bool const (&wants_noise)[kQuad],
+                         bool any_noise) {
+      Philox4 block{};
+      if (shared_noise && any_noise) block = fs_noise_block(lead.seed, lead.offset + s, index, lead.stream >> 2);
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        bool due = false;
+        uint32_t bits = 0;
+        if (wants_noise[r]) {
+          RowNoiseKey const& key = quad[r].noise;
+          if (!shared_noise) block = fs_noise_block(key.seed, key.offset + s, index, key.stream >> 2);
+          bits = fs_philox_lane(block, key.stream & 3u);
+          due = !(fs_perturbed_score(x[r], inv_t[r], fs_gumbel_upper_bound_from_bits(bits)) < floor[r]);
+        }
+        unsigned const lanes = __ballot_sync(kFullMask, due);
+        if (due) queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) % kQueue] = {x[r], bits, index, r};
+        queued += __popc(lanes);
+      }
+    };
+    // The logarithms of the queued tokens, 32 at a time (the rest after the chunk), one a lane.
+    auto draw_queued = [&](bool last) {
+      while (queued >= 32 || (last && queued > 0)) {
+        __syncwarp();
+        int const count = queued < 32 ? queued : 32;
+        if (lane < count) {
+          QueuedDraw const d = queue[(head + lane) % kQueue];
+          float t = inv_t[0];
+#pragma unroll
+          for (int r = 1; r < kQuad; ++r) t = d.row == r ? inv_t[r] : t;
+          float const drawn = fs_perturbed_score(d.x, t, fs_gumbel_from_bits(d.bits));
+#pragma unroll
+          for (int r = 0; r < kQuad; ++r) {
+            if (d.row == r && fs_candidate_better(drawn, static_cast<int32_t>(d.index), best_score[r], best_index[r])) {
+              best_score[r] = drawn;
+              best_index[r] = static_cast<int32_t>(d.index);
+            }
+          }
+        }
+        head = (head + count) % kQueue;
+        queued -= count;
+        __syncwarp();
+      }
+    };
+    // The floors: the best score drawn for each row so far, by this warp or (through the
+    // workspace) any CTA of the row; every lane skips below them.
+    auto refresh_floors = [&]() {
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        if (!noisy[r]) continue;
+        float const mine = warp_max(best_score[r]);
+        uint32_t* const slot = row_floors + r * p.num_samples;
+        uint32_t published = 0;
+        if (lane == 0) {
+          published = *reinterpret_cast<volatile uint32_t*>(slot);
+          uint32_t const bits = number_order_bits(mine);
+          if (mine > -INFINITY && bits > published) {
+            atomicMax(slot, bits);
+            published = bits;
+          }
+        }
+        published = __shfl_sync(kFullMask, published, 0);
+        floor[r] = published < 2u ? -INFINITY : from_order_bits(published);
+      }
+    };
+    float next[kQuad];
+    int64_t v = begin + threadIdx.x;
+#pragma unroll
+    for (int r = 0; r < kQuad; ++r) next[r] = counted[r] && v < end ? __ldg(logits[r] + v) : 0.0f;
+    if (lean) {
+      // Every counted row draws noise with the shared blocks; no bias, no mask. Sample 0's first
+      // key is kept as the largest y (fmaxf passes NaN by) and whether any y was a number.
+      float y_max[kQuad];
+      bool any_number[kQuad];
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        y_max[r] = -INFINITY;
+        any_number[r] = false;
+      }
+      for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
+        bool const in_range = v < end;
+        float x[kQuad];
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          x[r] = next[r];
+          next[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
+        }
+        uint32_t const index = vocab_start + static_cast<uint32_t>(v);
+        bool wants_noise[kQuad];
+        bool any_noise = false;
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          bool const live = counted[r] && in_range;
+          float const y = fs_mul(x[r], inv_t[r]);
+          if (stats) {
+            y_max[r] = live ? fmaxf(y_max[r], y) : y_max[r];
+            any_number[r] |= live && y == y;
+            allowed[r] += live;
+          }
+          bool survivor = live;
+          if (kMinP && quad[r].min_p_on) {
+            survivor = survivor && (y > quad[r].keep_above || index == top_candidate_index(quad[r].first) ||
+                                    (!(y < quad[r].drop_below) && quad[r].min_p.keeps(y)));
+          }
+          if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
+          wants_noise[r] = survivor && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
+          any_noise |= wants_noise[r];
+        }
+        if (__any_sync(kFullMask, any_noise)) draw_bits(index, x, wants_noise, any_noise);
+        bool const last = v - threadIdx.x + kThreads >= end;
+        draw_queued(last);
+        if ((step & 7) == 0 || last) refresh_floors();
+      }
+      if (stats) {
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          first[r] = any_number[r] ? pack_top_candidate(y_max[r], 0)
+                                   : allowed[r] > 0 ? pack_top_candidate(NAN, 0) : PackedCandidate{0};
+        }
+      }
+    } else {
+      for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
+        bool const in_range = v < end;
+        float raw[kQuad];
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          raw[r] = next[r];
+          next[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
+        }
+        uint32_t const index = vocab_start + static_cast<uint32_t>(v);
+        float const b = bias != nullptr && in_range ? __ldg(bias + v) : 0.0f;
+        float x[kQuad];
+        bool wants_noise[kQuad];
+        bool any_noise = false;
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          x[r] = bias != nullptr ? fs_add(raw[r], b) : raw[r];  // RowInput::key's arithmetic
+          float const y = noisy[r] ? fs_mul(x[r], inv_t[r]) : x[r];
+          bool const is_allowed = counted[r] && in_range &&
+                                  (mask[r] == nullptr || ((__ldg(mask[r] + (v >> 5)) >> (v & 31)) & 1u));
+          PackedCandidate const key = is_allowed ? pack_top_candidate(y, index) : PackedCandidate{0};
+          if (stats) {
+            first[r] = key > first[r] ? key : first[r];
+            allowed[r] += is_allowed;
+          }
+          bool survivor = is_allowed && sampled[r];
+          if (kMinP && quad[r].min_p_on) survivor = survivor && (key == quad[r].first || quad[r].min_p.keeps(y));
+          if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
+          if (survivor && !noisy[r] &&  // greedy: the score is x
+              fs_candidate_better(x[r], static_cast<int32_t>(index), best_score[r], best_index[r])) {
+            best_score[r] = x[r];
+            best_index[r] = static_cast<int32_t>(index);
+          }
+          // Not below the floor with the largest noise: the token needs its bits.
+          wants_noise[r] = survivor && noisy[r] && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
+          any_noise |= wants_noise[r];
+        }
+        if (__any_sync(kFullMask, any_noise)) draw_bits(index, x, wants_noise, any_noise);
+        bool const last = v - threadIdx.x + kThreads >= end;
+        draw_queued(last);
+        if ((step & 7) == 0 || last) refresh_floors();
+      }
+    }
+    // The CTA's best per row, and (sample 0) its statistics.
+#pragma unroll
+    for (int r = 0; r < kQuad; ++r) {
+      if (!counted[r]) continue;
+      PackedCandidate const best = warp_max(pack_candidate(best_score[r], best_index[r]));
+      if (lane == 0) warp_best[warp][r] = best;
+      if (stats) {
+        PackedCandidate const f = warp_max(first[r]);
+        uint32_t const a = warp_sum(allowed[r]);
+        uint32_t const n = warp_sum(has_nan[r] ? 1u : 0u);
+        float m = mass_max[r], sum = mass_sum[r];
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) {
+          float const om = __shfl_xor_sync(kFullMask, m, d), os = __shfl_xor_sync(kFullMask, sum, d);
+          merge_mass(m, sum, om, os);
+        }
+        if (lane == 0) {
+          warp_first[warp][r] = f;
+          warp_allowed[warp][r] = a;
+          warp_nan[warp][r] = n;
+          warp_mass[warp][r][0] = m;
+          warp_mass[warp][r][1] = sum;
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kQuad && quad[threadIdx.x].counted) {
+      int const r = threadIdx.x;
+      int64_t const position = int64_t{blockIdx.y} * kQuad + r;
+      PackedCandidate best = 0;
+      for (int w = 0; w < kWarps; ++w) best = warp_best[w][r] > best ? warp_best[w][r] : best;
+      ws.candidates[(position * p.num_samples + s) * chunks + blockIdx.x] = best;
+      if (stats) {
+        ChunkPartial out{0, 0, 0, -INFINITY, 0.0f};
+        for (int w = 0; w < kWarps; ++w) {
+          out.first = warp_first[w][r] > out.first ? warp_first[w][r] : out.first;
+          out.allowed += warp_allowed[w][r];
+          out.has_nan |= warp_nan[w][r];
+          merge_mass(out.mass_max, out.mass_sum, warp_mass[w][r][0], warp_mass[w][r][1]);
+        }
+        ws.partials[position * chunks + blockIdx.x] = out;
+      }
+    }
+    __syncthreads();  // the slots are written again by the next sample
+  }
+}
+
+// 3. A warp a row: the chunks merged, the row's outputs written.
+__global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws, int chunks) {
+  int const lane = threadIdx.x % 32;
+  int64_t const position = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;  // in the launch's rows
+  int64_t const rows = p.rows ? static_cast<int64_t>(*p.rows) : p.batch_size;
+  if (position >= rows) return;
+  int64_t const row = p.rows ? static_cast<int64_t>(p.rows[1 + position]) : position;
+  if (!is_streaming_row(p, row)) return;
+  ChunkPartial const* partials = ws.partials + row * chunks;  // the workspace is by batch row
+  PackedCandidate first = 0;
+  uint32_t allowed = 0, has_nan = 0;
+  for (int c = lane; c < chunks; c += 32) {
+    first = partials[c].first > first ? partials[c].first : first;
+    allowed += partials[c].allowed;
+    has_nan |= partials[c].has_nan;
+  }
+  first = warp_max(first);
+  allowed = warp_sum(allowed);
+  has_nan = warp_sum(has_nan);
+  float const inv_t = row_inv_t(p, row);
+  if (inv_t != inv_t) {  // an invalid temperature in a device tensor: no candidate
+    bool const empty = p.allowed_mask != nullptr && allowed == 0;
+    write_row_without_sample(p, row, lane, 32, empty ? p.empty_mask_token : -1,
+                             empty ? -INFINITY : __uint_as_float(0x7fc00000u));
+    return;
+  }
+  if (allowed == 0) {
+    write_row_without_sample(p, row, lane, 32, p.allowed_mask ? p.empty_mask_token : -1, -INFINITY);
+    return;
+  }
+  float const y0f = from_order_bits(static_cast<uint32_t>(first >> 32));
+  double const y0 = static_cast<double>(y0f);
+  bool const y0_finite = isfinite(y0f);
+  // The survivors' mass relative to y0 (the first token survives, so it is the largest y).
+  double kept_mass = 0.0;
+  if (p.token_logprobs != nullptr) {
+    for (int c = lane; c < chunks; c += 32) {
+      float const m = partials[c].mass_max;
+      if (y0_finite && m != -INFINITY) kept_mass += static_cast<double>(partials[c].mass_sum) * exp(m - y0);
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) kept_mass += __shfl_xor_sync(kFullMask, kept_mass, d);
+    if (has_nan) kept_mass = NAN;
+  }
+  RowInput const in{p.logits + row * p.logits_row_stride, p.logit_bias,
+                    p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
+                    static_cast<uint32_t>(p.vocab_start)};
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(p.noise, batch_seed, batch_offset);
+  RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
+  for (int s = 0; s < p.num_samples; ++s) {
+    PackedCandidate const* candidates = ws.candidates + (row * p.num_samples + s) * chunks;
+    PackedCandidate best = 0;
+    for (int c = lane; c < chunks; c += 32) best = candidates[c] > best ? candidates[c] : best;
+    best = warp_max(best);
+    if (lane != 0) continue;
+    int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
+    float score = -INFINITY;
+    double best_y = 0.0;
+    if (index != kNoCandidate) {  // its x, y and score again, as the pass drew them
+      float x, y;
+      int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
+      in.key(v, true, __ldg(in.logits + v), x, y);
+      score = perturbed_score(in, noise, static_cast<uint32_t>(s), static_cast<uint32_t>(index), x);
+      best_y = static_cast<double>(y);
+    }
+    write_sample(p, row, s, score, index, best_y, y0, y0_finite, kept_mass);
+  }
+}
+
+int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, int64_t& chunk_tokens) {
+  chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count);
+  return (p.vocab_size + chunk_tokens - 1) / chunk_tokens;
+}
+
+}  // namespace
+
+size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& p, int sm_count) {
+  int64_t chunk_tokens = 0;
+  int64_t const chunks = streaming_chunks(p, sm_count, chunk_tokens);
+  return WorkspaceLayout(p.batch_size, p.num_samples, chunks).total;
+}
+
+cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace, int sm_count, cudaStream_t stream) {
+  int64_t chunk_tokens = 0;
+  int64_t const chunks = streaming_chunks(p, sm_count, chunk_tokens);
+  WorkspaceLayout const layout(p.batch_size, p.num_samples, chunks);
+  Workspace const ws = layout.carve(workspace);
+  cudaError_t const err = cudaMemsetAsync(ws.floors, 0, layout.total - layout.floors, stream);
+  if (err != cudaSuccess) return err;
+  dim3 const grid(static_cast<unsigned>(chunks), static_cast<unsigned>((p.batch_size + kQuad - 1) / kQuad));
+  bool const min_p_possible = p.min_ps != nullptr || p.min_p > 0.0;
+  if (min_p_possible) {
+    streaming_first_kernel<<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+    streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+  } else {
+    streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+  }
+  streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws,
+                                                                                             static_cast<int>(chunks));
+  return cudaGetLastError();
+}
+
+}  // namespace flashsampling
