@@ -162,22 +162,24 @@ def test_every_cluster_size_and_row_loop(batch):
 
 @requires_cuda
 @pytest.mark.parametrize("kind", ["flat", "peaked", "non_finite"])
-@pytest.mark.parametrize("form", ["none", "min_p", "min_p_rows", "off_k_rows"])
+@pytest.mark.parametrize("form", ["none", "off_k_rows", "p_rows_some_off", "min_p"])
 @pytest.mark.parametrize("batch,vocab", [(1, 4099), (5, 32771), (37, 20011)])
 @pytest.mark.parametrize("keys", ["batch", "rows"])
 @pytest.mark.parametrize("logprobs", [False, True])
 def test_streaming_rows_equal_cpu_op(kind, form, batch, vocab, keys, logprobs):
-    """Rows without a top_k / top_p cut take the streaming kernels (a quad of rows and a chunk of
-    the vocabulary a CTA, csrc/kernels/streaming_rows.cu): tokens and scores bit for bit the CPU
-    op's, over partial quads, prime V, greedy rows, a row that allows nothing, several samples,
-    and noise keys that share the quad's Philox blocks (the batch's seed) or do not (per-row seeds
-    and offsets); an invalid temperature in the device tensor gives its row no sample."""
+    """Rows without top_k / top_p / min_p take the streaming kernels (a quad of rows and a chunk of
+    the vocabulary a CTA, csrc/kernels/streaming_rows.cu), the others the cut path, in one call
+    where top_ps mixes them: tokens and scores bit for bit the CPU op's, over partial quads, prime
+    V, greedy rows, a row that allows nothing, several samples, and noise keys that share the
+    quad's Philox blocks (the batch's seed) or do not (per-row seeds and offsets); an invalid
+    temperature in the device tensor gives its row no sample."""
     logits = row_logits(kind, batch, vocab, seed=batch + vocab)
     temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.4
     temperatures[1::4] = 0.0
-    truncation = {"none": {}, "min_p": dict(min_p=0.05),
-                  "min_p_rows": dict(min_ps=per_row("m", batch, vocab)),
-                  "off_k_rows": dict(top_ks=torch.tensor([(0, -1, vocab, vocab + 9)[b % 4] for b in range(batch)]))}
+    truncation = {"none": {}, "min_p": dict(min_p=0.05),  # min_p: the cut path's rows, as a control
+                  "off_k_rows": dict(top_ks=torch.tensor([(0, -1, vocab, vocab + 9)[b % 4] for b in range(batch)])),
+                  "p_rows_some_off": dict(top_ps=torch.tensor([(1.0, 0.9, 1.5, 1.0, 0.5)[b % 5] for b in range(batch)],
+                                                              dtype=torch.float64))}
     kwargs = dict(num_samples=2, temperatures=temperatures, return_logprobs=logprobs, **truncation[form])
     if keys == "batch":
         kwargs.update(seed=torch.tensor(5), offset=torch.tensor(9))

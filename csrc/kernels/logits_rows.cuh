@@ -1,5 +1,5 @@
 // What the two kernels of the logits sampler share (sample_from_logits.cu: the cut path for rows
-// with top_k / top_p; streaming_rows.cu: rows without them): how an element of a row reads, the
+// with top_k / top_p / min_p; streaming_rows.cu: rows without them): how an element of a row reads, the
 // min_p test, the noise, which rows stream, and how a row's outputs are written. Both kernels
 // must give a row the same bits, so these live here once.
 #pragma once
@@ -30,39 +30,12 @@ struct RowInput {
   }
 };
 
-// min_p's test of a survivor candidate: exp(y - y0) >= min_p in float64 (truncation.py), NaN
-// y as -inf. Decided from the difference alone where it is far from log(min_p).
-struct MinP {
-  bool on;
-  double value, log_value, y0;
-  bool y0_finite;
-
-  __device__ __forceinline__ bool keeps(float y) const {
-    if (!on) return true;
-    double const ys = y != y ? -INFINITY : static_cast<double>(y);
-    if (y0_finite && value > 0.0) {
-      double const d = ys - y0;
-      if (d > log_value + 1e-9) return true;
-      if (d < log_value - 1e-9) return false;
-    }
-    return exp(ys - y0) >= value;
-  }
-};
-
-// The row's min_p (y0 is set once the row's first token is known).
-__device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t row) {
-  MinP min_p{};
-  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
-  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
-  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
-  return min_p;
-}
-
-// A streaming row keeps every allowed token, or those that pass min_p: no top_k cut (off, or
-// at least V) and no top_p cut (off, or >= 1; NaN cuts). Its sample needs one pass over the row
-// with noise (after one without, for min_p's first token), which streaming_rows.cu runs over many
-// CTAs a row; the cut path's kernel leaves these rows to it (LogitsSamplerParams::streaming_rows).
+// A streaming row keeps every allowed token: no top_k cut (off, or at least V), no top_p cut
+// (off, or >= 1; NaN cuts) and no min_p given for the call. Its sample needs one pass over the row
+// with noise, which streaming_rows.cu runs over many CTAs a row; the cut path's kernel leaves these
+// rows to it (LogitsSamplerParams::streaming_rows).
 __device__ __forceinline__ bool is_streaming_row(LogitsSamplerParams const& p, int64_t row) {
+  if (p.min_ps != nullptr || p.min_p > 0.0) return false;
   int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
   bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
   double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;

@@ -162,6 +162,34 @@ struct SharedState {
   FixedMass mass_total;  // of the keys >= the top_k cut
 };
 
+// min_p's test of a survivor candidate: exp(y - y0) >= min_p in float64 (truncation.py), NaN
+// y as -inf. Decided from the difference alone where it is far from log(min_p).
+struct MinP {
+  bool on;
+  double value, log_value, y0;
+  bool y0_finite;
+
+  __device__ __forceinline__ bool keeps(float y) const {
+    if (!on) return true;
+    double const ys = y != y ? -INFINITY : static_cast<double>(y);
+    if (y0_finite && value > 0.0) {
+      double const d = ys - y0;
+      if (d > log_value + 1e-9) return true;
+      if (d < log_value - 1e-9) return false;
+    }
+    return exp(ys - y0) >= value;
+  }
+};
+
+// The row's min_p (y0 is set once the row's first token is known).
+__device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t row) {
+  MinP min_p{};
+  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
+  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
+  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
+  return min_p;
+}
+
 // Calls f(v, x, y, key) for the elements [begin, end) of the row, warp-uniformly (lanes past
 // `end` get key 0), so f may use warp collectives.
 template <class F>
@@ -1127,24 +1155,20 @@ cudaError_t resident_clusters(size_t smem, int resident[3]) {
 
 }  // namespace
 
-// Which rows the streaming kernels take: none where a host top_k / top_p cuts every row; every
-// row where neither is given per row either (the cut path's kernel is then not launched). A row
-// list (the fused truncation's leftovers) goes to them only when every listed row streams or
-// min_p may be on: otherwise its rows are few and mostly cut, and the cut path's kernel samples
-// them without the streaming launches.
+// Which rows the streaming kernels take (is_streaming_row): none where a host top_k / top_p or
+// any min_p cuts the rows, or where the call samples a row list (the fused truncation's
+// leftovers, whose rows have a cut); every row where neither top_k nor top_p is given per row (the
+// cut path's kernel is then not launched).
 struct StreamingPlan {
-  bool launch;  // the streaming kernels run
+  bool launch;     // the streaming kernels run
   bool every_row;  // ... and take every row
 };
 
 static StreamingPlan streaming_plan(LogitsSamplerParams const& p) {
-  bool const host_cut = (p.top_ks == nullptr && p.top_k >= 1 && p.top_k < p.vocab_size) ||
-                        (p.top_ps == nullptr && p.top_p < 1.0);
-  if (host_cut) return {false, false};
-  bool const every_row = p.top_ks == nullptr && p.top_ps == nullptr;
-  bool const min_p_possible = p.min_ps != nullptr || p.min_p > 0.0;
-  bool const launch = p.rows == nullptr || every_row || min_p_possible;
-  return {launch, launch && every_row};
+  bool const cut = (p.top_ks == nullptr && p.top_k >= 1 && p.top_k < p.vocab_size) ||
+                   (p.top_ps == nullptr && p.top_p < 1.0) || p.min_ps != nullptr || p.min_p > 0.0;
+  if (cut || p.rows != nullptr) return {false, false};
+  return {true, p.top_ks == nullptr && p.top_ps == nullptr};
 }
 
 size_t sample_from_logits_workspace_bytes(LogitsSamplerParams const& params, int sm_count) {

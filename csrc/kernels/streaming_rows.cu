@@ -1,26 +1,27 @@
-// The logits sampler's streaming rows (logits_rows.cuh: is_streaming_row): rows without a top_k /
-// top_p cut, whose survivors are every allowed token, or those that pass min_p. Their sample is
-// Gumbel-Max over one pass of the row, so they need none of the cut path's histograms; here a
-// CTA takes a quad of rows and a chunk of the vocabulary (streaming_chunk_tokens), so that a row
-// is read by many CTAs at once:
+// The logits sampler's streaming rows (logits_rows.cuh: is_streaming_row): rows without top_k,
+// top_p or min_p, whose survivors are every allowed token. Their sample is Gumbel-Max over one
+// pass of the row, so they need none of the cut path's histograms; here a CTA takes a quad of rows
+// and a chunk of the vocabulary (streaming_chunk_tokens), so that a row is read by many CTAs at
+// once:
 //
-//  1. (min_p possible) streaming_first_kernel: each (quad, chunk) the largest key of each row's
-//     chunk;
-//  2. streaming_sample_kernel: each (quad, chunk) per sample the best candidate of each row's
+//  1. streaming_sample_kernel: each (quad, chunk) per sample the best candidate of each row's
 //     chunk, and (sample 0) the chunk's largest key, allowed tokens and the survivors' mass as an
 //     online (max, sum) pair;
-//  3. streaming_finish_kernel: a warp a row merges the chunks and writes the row's outputs as the
+//  2. streaming_finish_kernel: a warp a row merges the chunks and writes the row's outputs as the
 //     cut path writes them (logits_rows.cuh).
 //
 // The noise is the cut path's (perturbed_score): one Philox block gives the noise of a token in
 // four streams, so a quad of rows with one seed and offset and streams 4q .. 4q + 3 (the batch's
 // rows, the usual case) draws one block a token. Most tokens cannot win, and skip their noise
 // exactly: a token whose score with an upper bound of its noise in place of the noise stays
-// below the best score its warp has drawn for that row is not the row's sample; the bound is
-// first the largest noise any 32 bits give (no Philox), then fs_gumbel_upper_bound_from_bits of
-// the token's own bits (no logarithms). The candidates are merged by fs_candidate_better's total
-// order, so the tokens and scores are the cut path's whatever the chunks; the log-sum-exp sums
-// the same exponentials in another order (fp32 rounding).
+// below the best score drawn so far for its row (the row's floor: its warp's, shared with the
+// row's other CTAs through the workspace) is not the row's sample; the bound is first the largest
+// noise any 32 bits give (no Philox), then fs_gumbel_upper_bound_from_bits of the token's own
+// bits (no logarithms), and the few tokens left queue per warp for their logarithms. The
+// candidates are merged by fs_candidate_better's total order, so the tokens and scores are the cut
+// path's whatever the chunks; the log-sum-exp sums the same exponentials in another order (fp32
+// rounding). min_p rows stay on the cut path: a first pass for their first token made this path
+// slower than the cut path's at B >= 128 (docs/truncation.md).
 #include <cmath>
 #include <cstdint>
 
@@ -39,14 +40,8 @@ struct QuadRow {
   int64_t row = 0;         // batch row
   bool counted = false;    // a streaming row in the launch: its chunk partials are written
   bool sampled = false;    // ... with a valid temperature: it draws candidates
-  bool min_p_on = false;
   RowInput in{};
   RowNoiseKey noise{};     // sample 0's
-  MinP min_p{};
-  PackedCandidate first = 0;  // min_p's first key (from streaming_first_kernel)
-  // min_p decided in fp32 away from its threshold: y > keep_above survives, y < drop_below does
-  // not, MinP::keeps decides the band between (and NaN) exactly.
-  float keep_above = INFINITY, drop_below = -INFINITY;
 };
 
 // A chunk's results for one row (sample 0's statistics).
@@ -62,7 +57,6 @@ struct Workspace {
   ChunkPartial* partials;       // [B, chunks]
   PackedCandidate* candidates;  // [B, S, chunks]
   uint32_t* floors;             // [B, S]: number_order_bits of the best score drawn so far (0: none), zeroed
-  PackedCandidate* first_keys;  // [B, chunks]: min_p's first key of each chunk (streaming_first_kernel)
 };
 
 // A token whose logarithms are due, waiting in its warp's queue: drawn where they lie, the
@@ -78,17 +72,16 @@ constexpr int kQueue = 160;  // 32 drawn at a time: up to 31 left plus 4 rows x 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
-  size_t candidates, first_keys, floors, total;  // floors last: the launch zeroes [floors, total)
+  size_t candidates, floors, total;  // floors last: the launch zeroes [floors, total)
   WorkspaceLayout(int64_t batch, int64_t samples, int64_t chunks) {
     candidates = round_up(static_cast<size_t>(batch * chunks) * sizeof(ChunkPartial));
-    first_keys = candidates + round_up(static_cast<size_t>(batch * samples * chunks) * sizeof(PackedCandidate));
-    floors = first_keys + round_up(static_cast<size_t>(batch * chunks) * sizeof(PackedCandidate));
+    floors = candidates + round_up(static_cast<size_t>(batch * samples * chunks) * sizeof(PackedCandidate));
     total = floors + round_up(static_cast<size_t>(batch * samples) * sizeof(uint32_t));
   }
   Workspace carve(void* workspace) const {
     char* base = static_cast<char*>(workspace);
     return {reinterpret_cast<ChunkPartial*>(base), reinterpret_cast<PackedCandidate*>(base + candidates),
-            reinterpret_cast<uint32_t*>(base + floors), reinterpret_cast<PackedCandidate*>(base + first_keys)};
+            reinterpret_cast<uint32_t*>(base + floors)};
   }
 };
 
@@ -145,36 +138,22 @@ __device__ __forceinline__ void add_mass(float& max, float& sum, bool& has_nan, 
   }
 }
 
-// The CTA's quad is the batch rows 4 * blockIdx.y .. + 3 (a row list's rows keep their place, so
-// that the quad's streams are 4q .. 4q + 3 and share their Philox blocks). All threads: marks the
-// quad's rows in the launch (every row, or those the list holds), then thread r < 4 fills row r.
-// Returns whether any row of the quad streams here (the same in every thread).
-__device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad], bool (&listed)[kQuad]) {
-  int64_t const quad_row = int64_t{blockIdx.y} * kQuad;
-  if (threadIdx.x < kQuad) listed[threadIdx.x] = p.rows == nullptr && quad_row + threadIdx.x < p.batch_size;
-  __syncthreads();
-  if (p.rows != nullptr) {
-    int64_t const count = *p.rows;
-    for (int64_t i = threadIdx.x; i < count; i += kThreads) {
-      int64_t const row = p.rows[1 + i];
-      if (row >= quad_row && row < quad_row + kQuad) listed[row - quad_row] = true;
-    }
-    __syncthreads();
-  }
+// The CTA's quad is the batch rows 4 * blockIdx.y .. + 3 (streams 4q .. 4q + 3, which share
+// their Philox blocks); thread r < 4 fills row r. Returns whether any row of the quad streams (the
+// same in every thread).
+__device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) {
   if (threadIdx.x < kQuad) {
     int const r = threadIdx.x;
     QuadRow& q = quad[r];
     q = QuadRow{};
-    q.row = quad_row + r;
-    if (listed[r] && is_streaming_row(p, q.row)) {
+    q.row = int64_t{blockIdx.y} * kQuad + r;
+    if (q.row < p.batch_size && is_streaming_row(p, q.row)) {
       q.counted = true;
       float const inv_t = row_inv_t(p, q.row);
       q.sampled = inv_t == inv_t;  // an invalid temperature draws nothing (the finish reports the row)
       q.in = RowInput{p.logits + q.row * p.logits_row_stride, p.logit_bias,
                       p.allowed_mask ? p.allowed_mask + q.row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
                       static_cast<uint32_t>(p.vocab_start)};
-      q.min_p = row_min_p(p, q.row);
-      q.min_p_on = q.min_p.on;
     }
   }
   __syncthreads();
@@ -184,67 +163,10 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad], 
   return any;
 }
 
-// 1. The largest key of each min_p row's chunk (they need their first key before their sample
-// pass), the quad's rows side by side so that each thread has their loads in flight together.
-__global__ void __launch_bounds__(kThreads) streaming_first_kernel(LogitsSamplerParams const p, Workspace ws,
-                                                                   int64_t chunk_tokens, int chunks) {
-  __shared__ QuadRow quad[kQuad];
-  __shared__ bool listed[kQuad];
-  __shared__ PackedCandidate warp_first[kWarps][kQuad];
-  if (!load_quad(p, quad, listed)) return;
-  int64_t const begin = int64_t{blockIdx.x} * chunk_tokens;
-  int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
-  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  RowInput in[kQuad];
-  bool wanted[kQuad];
-  PackedCandidate first[kQuad];
-#pragma unroll
-  for (int r = 0; r < kQuad; ++r) {
-    in[r] = quad[r].in;
-    wanted[r] = quad[r].counted && quad[r].min_p_on;
-    first[r] = 0;
-  }
-  constexpr int kTokens = 4;  // a thread's tokens a step, each in the quad's rows
-  for (int64_t base = begin + threadIdx.x; base < end; base += kTokens * kThreads) {
-    float raw[kTokens][kQuad];
-#pragma unroll
-    for (int j = 0; j < kTokens; ++j) {
-#pragma unroll
-      for (int r = 0; r < kQuad; ++r) {
-        int64_t const v = base + j * kThreads;
-        raw[j][r] = wanted[r] && v < end ? __ldg(in[r].logits + v) : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kTokens; ++j) {
-#pragma unroll
-      for (int r = 0; r < kQuad; ++r) {
-        int64_t const v = base + j * kThreads;
-        float x, y;
-        PackedCandidate const key = in[r].key(v, wanted[r] && v < end, raw[j][r], x, y);
-        first[r] = key > first[r] ? key : first[r];
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kQuad; ++r) {
-    PackedCandidate const f = warp_max(first[r]);
-    if (lane == 0) warp_first[warp][r] = f;
-  }
-  __syncthreads();
-  if (threadIdx.x < kQuad && wanted[threadIdx.x]) {
-    int const r = threadIdx.x;
-    PackedCandidate f = 0;
-    for (int w = 0; w < kWarps; ++w) f = warp_first[w][r] > f ? warp_first[w][r] : f;
-    ws.first_keys[(int64_t{blockIdx.y} * kQuad + r) * chunks + blockIdx.x] = f;
-  }
-}
-
 // 2. Per sample the best candidate of each row's chunk; sample 0 also the chunk's statistics.
 // A thread takes one token of the four rows a step (the next step's loads in flight), so the
 // loop is one compact body: its code is inlined for the four rows, and the logarithms, which few
 // tokens need, are drawn from the warp's queue in one place.
-template <bool kMinP>
 __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws,
                                                                     int64_t chunk_tokens, int chunks) {
   __shared__ QuadRow quad[kQuad];
@@ -256,31 +178,12 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
   __shared__ uint32_t warp_allowed[kWarps][kQuad], warp_nan[kWarps][kQuad];
   __shared__ float warp_mass[kWarps][kQuad][2];
   __shared__ QueuedDraw draw_queue[kWarps][kQueue];
-  __shared__ bool listed[kQuad];
-  if (!load_quad(p, quad, listed)) return;
+  if (!load_quad(p, quad)) return;
   uint64_t batch_seed = 0, batch_offset = 0;
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   if (threadIdx.x < kQuad) {
     QuadRow& q = quad[threadIdx.x];
     if (q.counted) q.noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(q.row), 0);
-    if (kMinP && q.counted && q.min_p_on) {  // the row's first key, from every chunk's
-      PackedCandidate first = 0;
-      for (int c = 0; c < chunks; ++c) {
-        PackedCandidate const f = ws.first_keys[(int64_t{blockIdx.y} * kQuad + threadIdx.x) * chunks + c];
-        first = f > first ? f : first;
-      }
-      q.first = first;
-      float const y0 = from_order_bits(static_cast<uint32_t>(first >> 32));
-      q.min_p.y0 = static_cast<double>(y0);
-      q.min_p.y0_finite = isfinite(y0);
-      if (q.min_p.y0_finite && q.min_p.value > 0.0) {
-        // MinP::keeps decides d = y - y0 against log(min_p) +- 1e-9 in float64; the fp32 bounds
-        // lie a margin beyond that band, so a y past them gets keeps()'s answer.
-        double const margin = 2e-9 + 1e-12 * fabs(q.min_p.y0);
-        q.keep_above = __double2float_ru(q.min_p.y0 + q.min_p.log_value + margin);
-        q.drop_below = __double2float_rd(q.min_p.y0 + q.min_p.log_value - margin);
-      }
-    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {  // the first row that draws noise leads; the others share its blocks if they can
@@ -456,11 +359,7 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
             any_number[r] |= live && y == y;
             allowed[r] += live;
           }
-          bool survivor = live;
-          if (kMinP && quad[r].min_p_on) {
-            survivor = survivor && (y > quad[r].keep_above || index == top_candidate_index(quad[r].first) ||
-                                    (!(y < quad[r].drop_below) && quad[r].min_p.keeps(y)));
-          }
+          bool const survivor = live;
           if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
           wants_noise[r] = survivor && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
           any_noise |= wants_noise[r];
@@ -502,8 +401,7 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
             first[r] = key > first[r] ? key : first[r];
             allowed[r] += is_allowed;
           }
-          bool survivor = is_allowed && sampled[r];
-          if (kMinP && quad[r].min_p_on) survivor = survivor && (key == quad[r].first || quad[r].min_p.keeps(y));
+          bool const survivor = is_allowed && sampled[r];
           if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
           if (survivor && !noisy[r] &&  // greedy: the score is x
               fs_candidate_better(x[r], static_cast<int32_t>(index), best_score[r], best_index[r])) {
@@ -570,10 +468,8 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
 // 3. A warp a row: the chunks merged, the row's outputs written.
 __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws, int chunks) {
   int const lane = threadIdx.x % 32;
-  int64_t const position = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;  // in the launch's rows
-  int64_t const rows = p.rows ? static_cast<int64_t>(*p.rows) : p.batch_size;
-  if (position >= rows) return;
-  int64_t const row = p.rows ? static_cast<int64_t>(p.rows[1 + position]) : position;
+  int64_t const row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
+  if (row >= p.batch_size) return;
   if (!is_streaming_row(p, row)) return;
   ChunkPartial const* partials = ws.partials + row * chunks;  // the workspace is by batch row
   PackedCandidate first = 0;
@@ -658,13 +554,7 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
   cudaError_t const err = cudaMemsetAsync(ws.floors, 0, layout.total - layout.floors, stream);
   if (err != cudaSuccess) return err;
   dim3 const grid(static_cast<unsigned>(chunks), static_cast<unsigned>((p.batch_size + kQuad - 1) / kQuad));
-  bool const min_p_possible = p.min_ps != nullptr || p.min_p > 0.0;
-  if (min_p_possible) {
-    streaming_first_kernel<<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
-    streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
-  } else {
-    streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
-  }
+  streaming_sample_kernel<<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
   streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws,
                                                                                              static_cast<int>(chunks));
   return cudaGetLastError();
