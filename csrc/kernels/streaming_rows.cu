@@ -329,6 +329,14 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
     int64_t v = begin + threadIdx.x;
 #pragma unroll
     for (int r = 0; r < kQuad; ++r) next[r] = counted[r] && v < end ? __ldg(logits[r] + v) : 0.0f;
+    // This step's logits of the quad's rows into `current`, the next step's loads in flight.
+    auto advance = [&](float (&current)[kQuad]) {
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        current[r] = next[r];
+        next[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
+      }
+    };
     if (lean) {
       // Every counted row draws noise with the shared blocks; no bias, no mask. Sample 0's first
       // key is kept as the largest y (fmaxf passes NaN by) and whether any y was a number.
@@ -342,11 +350,7 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
       for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
         bool const in_range = v < end;
         float x[kQuad];
-#pragma unroll
-        for (int r = 0; r < kQuad; ++r) {
-          x[r] = next[r];
-          next[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
-        }
+        advance(x);
         uint32_t const index = vocab_start + static_cast<uint32_t>(v);
         bool wants_noise[kQuad];
         bool any_noise = false;
@@ -380,11 +384,7 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
       for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
         bool const in_range = v < end;
         float raw[kQuad];
-#pragma unroll
-        for (int r = 0; r < kQuad; ++r) {
-          raw[r] = next[r];
-          next[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
-        }
+        advance(raw);
         uint32_t const index = vocab_start + static_cast<uint32_t>(v);
         float const b = bias != nullptr && in_range ? __ldg(bias + v) : 0.0f;
         float x[kQuad];
