@@ -1,6 +1,7 @@
-"""README.md and docs/ name only result files that exist in benchmarks/results/ (an older run
-they cite is marked "(git history)"), link only to docs that exist, and name only repository
-paths that exist. No GPU, no build."""
+"""README.md and docs/ name only result files that exist in benchmarks/results/ (benchmark runs)
+or benchmarks/probes/results/ (probe and A/B outputs; an older run they cite is marked "(git
+history)"), link only to docs that exist, and name only repository paths that exist. No GPU, no
+build."""
 
 import glob
 import re
@@ -11,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RESULTS = ROOT / "benchmarks" / "results"
+PROBE_RESULTS = ROOT / "benchmarks" / "probes" / "results"
 RESULT_PREFIXES = ("kernel", "controls", "tp", "topk", "decode", "gemm_probe", "ncu", "stages", "profile",
                    "ab", "power", "stage2", "logprobs", "penalties", "speculative")
 
@@ -34,9 +36,12 @@ def test_result_files_named_exist(doc):
     missing = []
     for match in re.finditer(r"`([^`\n]+)`( \(git history\))?", text):
         pattern = result_pattern(match.group(1))
-        if pattern and not match.group(2) and not glob.glob(str(RESULTS / pattern)):
+        span = match.group(1)  # a bare name may be in either folder
+        folders = [PROBE_RESULTS] if "probes/results/" in span else [RESULTS] if "results/" in span else [
+            RESULTS, PROBE_RESULTS]
+        if pattern and not match.group(2) and not any(glob.glob(str(folder / pattern)) for folder in folders):
             missing.append(match.group(1))
-    assert not missing, f"{doc.name} names result files that are not in benchmarks/results: {missing}"
+    assert not missing, f"{doc.name} names result files that are not where they say: {missing}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
