@@ -163,7 +163,7 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
   return any;
 }
 
-// 2. Per sample the best candidate of each row's chunk; sample 0 also the chunk's statistics.
+// 1. Per sample the best candidate of each row's chunk; sample 0 also the chunk's statistics.
 // A thread takes one token of the four rows a step (the next step's loads in flight), so the
 // loop is one compact body: its code is inlined for the four rows, and the logarithms, which few
 // tokens need, are drawn from the warp's queue in one place.
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
   }
 }
 
-// 3. A warp a row: the chunks merged, the row's outputs written.
+// 2. A warp a row: the chunks merged, the row's outputs written.
 __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws, int chunks) {
   int const lane = threadIdx.x % 32;
   int64_t const row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
