@@ -7,7 +7,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "flashsampling/sample_from_logits.h"
 #include "flashsampling/sampler_params.h"
 
 namespace flashsampling {
@@ -65,42 +64,11 @@ struct SamplerBuffers {
   uint32_t* noise_floors = nullptr;       // [S * B] zeroed (skip_unreachable_noise only)
 };
 
-// The logits sampler's call for the rows the fused truncation's stage 2 left: the same controls,
-// truncation, noise and outputs over the x the GEMM stored (bias added, mask kept).
-inline LogitsSamplerParams fallback_logits_params(SamplerParams const& p) {
-  LogitsSamplerParams l;
-  l.logits = p.row_logits;
-  l.logits_row_stride = p.row_logits_stride;
-  l.rows = p.fallback_rows;
-  l.batch_size = p.batch_size;
-  l.vocab_size = p.vocab_size;
-  l.vocab_start = p.vocab_start;
-  l.allowed_mask = p.controls.allowed_mask;
-  l.mask_words = p.controls.mask_words;
-  l.inv_temperature = p.inv_temperature;
-  l.temperatures = p.controls.temperatures;
-  l.top_k = p.top_k;
-  l.top_ks = p.top_ks;
-  l.top_p = p.top_p;
-  l.top_ps = p.top_ps;
-  l.min_p = p.min_p;
-  l.min_ps = p.min_ps;
-  l.noise = p.noise;
-  l.num_samples = p.num_samples;
-  l.tokens = p.tokens;
-  l.scores = p.scores;
-  l.token_logprobs = p.logprobs ? p.token_logprobs : nullptr;
-  l.logsumexp = p.logprobs ? p.logsumexp : nullptr;
-  l.empty_mask_token = p.empty_mask_token;
-  return l;
-}
-
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
 // hidden rows (when padded), then the GEMM's own.
 struct SamplerWorkspaceLayout {
   size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, penalty_words = 0,
-         penalty_slots = 0, inv_temperatures = 0, noise_floors = 0, padded_hidden = 0, logits_sampler = 0, gemm = 0,
-         total = 0;
+         penalty_slots = 0, inv_temperatures = 0, noise_floors = 0, padded_hidden = 0, gemm = 0, total = 0;
 
   SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
     auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
@@ -127,9 +95,6 @@ struct SamplerWorkspaceLayout {
     at += p.skip_unreachable_noise ? round_up(static_cast<size_t>(sampler_gemm_columns(p)) * sizeof(uint32_t)) : 0;
     padded_hidden = at;
     at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
-    logits_sampler = at;
-    at += p.fallback_rows ? round_up(sample_from_logits_workspace_bytes(fallback_logits_params(p), p.device_sm_count))
-                          : 0;
     gemm = at;
     total = at + gemm_bytes;
   }

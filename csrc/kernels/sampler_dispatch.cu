@@ -247,6 +247,36 @@ size_t sampler_workspace_bytes(SamplerParams const& params, int device_arch) {
   return SamplerWorkspaceLayout(p, entry.vocab_tile, entry.gemm_workspace(p)).total;
 }
 
+// The logits sampler's call for the rows the fused truncation's stage 2 left: the same controls,
+// truncation, noise and outputs over the x the GEMM stored (bias added, mask kept).
+static LogitsSamplerParams fallback_logits_params(SamplerParams const& p) {
+  LogitsSamplerParams l;
+  l.logits = p.row_logits;
+  l.logits_row_stride = p.row_logits_stride;
+  l.rows = p.fallback_rows;
+  l.batch_size = p.batch_size;
+  l.vocab_size = p.vocab_size;
+  l.vocab_start = p.vocab_start;
+  l.allowed_mask = p.controls.allowed_mask;
+  l.mask_words = p.controls.mask_words;
+  l.inv_temperature = p.inv_temperature;
+  l.temperatures = p.controls.temperatures;
+  l.top_k = p.top_k;
+  l.top_ks = p.top_ks;
+  l.top_p = p.top_p;
+  l.top_ps = p.top_ps;
+  l.min_p = p.min_p;
+  l.min_ps = p.min_ps;
+  l.noise = p.noise;
+  l.num_samples = p.num_samples;
+  l.tokens = p.tokens;
+  l.scores = p.scores;
+  l.token_logprobs = p.logprobs ? p.token_logprobs : nullptr;
+  l.logsumexp = p.logprobs ? p.logsumexp : nullptr;
+  l.empty_mask_token = p.empty_mask_token;
+  return l;
+}
+
 cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t workspace_bytes, int device_arch,
                            cudaStream_t stream) {
   ConfigEntry const entry = select_config(params, device_arch);
@@ -278,8 +308,9 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
   if (p.fused_truncation) {
     err = launch_truncate_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), entry.vocab_tile, stream);
     if (err != cudaSuccess || p.fallback_rows == nullptr) return err;
-    return launch_sample_from_logits(fallback_logits_params(p), static_cast<char*>(workspace) + layout.logits_sampler,
-                                     p.device_sm_count, stream);
+    // A row list takes the cut path's kernel alone, which needs no workspace
+    // (sample_from_logits_workspace_bytes is 0 for it).
+    return launch_sample_from_logits(fallback_logits_params(p), nullptr, p.device_sm_count, stream);
   }
   return launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
 }

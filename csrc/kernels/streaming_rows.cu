@@ -363,9 +363,8 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
             any_number[r] |= live && y == y;
             allowed[r] += live;
           }
-          bool const survivor = live;
-          if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
-          wants_noise[r] = survivor && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
+          if (stats && with_mass && live) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
+          wants_noise[r] = live && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
           any_noise |= wants_noise[r];
         }
         if (__any_sync(kFullMask, any_noise)) draw_bits(index, x, wants_noise, any_noise);
@@ -446,10 +445,10 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
     __syncthreads();
     if (threadIdx.x < kQuad && quad[threadIdx.x].counted) {
       int const r = threadIdx.x;
-      int64_t const position = int64_t{blockIdx.y} * kQuad + r;
+      int64_t const row = int64_t{blockIdx.y} * kQuad + r;
       PackedCandidate best = 0;
       for (int w = 0; w < kWarps; ++w) best = warp_best[w][r] > best ? warp_best[w][r] : best;
-      ws.candidates[(position * p.num_samples + s) * chunks + blockIdx.x] = best;
+      ws.candidates[(row * p.num_samples + s) * chunks + blockIdx.x] = best;
       if (stats) {
         ChunkPartial out{0, 0, 0, -INFINITY, 0.0f};
         for (int w = 0; w < kWarps; ++w) {
@@ -458,7 +457,7 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
           out.has_nan |= warp_nan[w][r];
           merge_mass(out.mass_max, out.mass_sum, warp_mass[w][r][0], warp_mass[w][r][1]);
         }
-        ws.partials[position * chunks + blockIdx.x] = out;
+        ws.partials[row * chunks + blockIdx.x] = out;
       }
     }
     __syncthreads();  // the slots are written again by the next sample
@@ -471,7 +470,7 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
   int64_t const row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
   if (row >= p.batch_size) return;
   if (!is_streaming_row(p, row)) return;
-  ChunkPartial const* partials = ws.partials + row * chunks;  // the workspace is by batch row
+  ChunkPartial const* partials = ws.partials + row * chunks;
   PackedCandidate first = 0;
   uint32_t allowed = 0, has_nan = 0;
   for (int c = lane; c < chunks; c += 32) {

@@ -62,8 +62,8 @@ struct LogitsSamplerParams {
   // the caller gave none).
   int64_t empty_mask_token = -1;
 
-  // Set by the launcher: the streaming rows' kernels sample the rows without a top_k / top_p cut
-  // (logits_rows.cuh: is_streaming_row), and the cut path's kernel skips them.
+  // Set by the launcher: the streaming rows' kernels sample the rows without a top_k / top_p /
+  // min_p cut (logits_rows.cuh: is_streaming_row), and the cut path's kernel skips them.
   bool streaming_rows = false;
 };
 
@@ -99,8 +99,8 @@ inline int resident_clusters_of_size(int cluster_size, const int resident[3]) {
   return resident[cluster_size == 8 ? 2 : cluster_size == 4 ? 1 : 0];
 }
 
-// Rows without a top_k / top_p cut (every allowed token survives, or min_p's) are sampled by
-// kernels of their own: each CTA takes a quad of rows (one Philox block holds four streams' noise
+// Rows without a top_k / top_p / min_p cut (every allowed token survives) in a launch without a
+// row list are sampled by kernels of their own (csrc/kernels/streaming_rows.cu): each CTA takes a quad of rows (one Philox block holds four streams' noise
 // at a token) and a chunk of the vocabulary, so a row's pass runs on many CTAs at the speed of
 // its loads. The chunk: a multiple of 1024 tokens, so that the grid is about four CTAs an SM
 // (a pure function of the shapes, so the workspace size is one too).
@@ -113,7 +113,8 @@ inline int64_t streaming_chunk_tokens(int64_t batch, int64_t vocab, int sm_count
 }
 
 // Bytes of device workspace launch_sample_from_logits needs (the streaming rows' per-chunk
-// partials; 0 where no row can stream). Depends only on the shapes and the scalar truncation.
+// partials; 0 where no row can stream, and then the workspace may be null). Depends only on the
+// shapes, the scalar truncation and whether there is a row list.
 size_t sample_from_logits_workspace_bytes(const LogitsSamplerParams& params, int sm_count);
 
 cudaError_t launch_sample_from_logits(const LogitsSamplerParams& params, void* workspace, int sm_count,
