@@ -162,21 +162,14 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
             or _cuda_arch(hidden.device) in _FUSED_LOGITS_ARCHS)
 
 
-# Batches up to which "auto" gives top_p / min_p without top_k to the fused pass: beyond, the rows
-# that its candidates do not decide (flat rows: all of them) cost more than on the logits path,
-# whose cuBLAS matmul is then faster than the fused pass's GEMM (docs/truncation.md has the
-# measurement).
-FUSED_CERTIFY_MAX_BATCH = 64
-
-
-def _fused_preferred(truncation: Truncation, batch: int, vocab: int) -> bool:
-    """Where both can take a call, whether "auto" prefers the fused pass to the logits path: a
-    top_k that stage 2 may decide (a host int <= 64 or a [B] tensor), or top_p / min_p without
-    top_k up to FUSED_CERTIFY_MAX_BATCH rows. A host top_k above 64 decides no row there."""
+def _fused_preferred(truncation: Truncation, vocab: int) -> bool:
+    """Where both can take a call, whether "auto" prefers the fused pass to the logits path: every
+    form but a host top_k above 64, which decides no row in stage 2. top_p / min_p without top_k
+    take it at every batch: on LLM-like rows (few survivors) stage 2 decides nearly every row, and
+    the rows it leaves stream (min_p) or take the logits kernel from the stored logits; only flat
+    top_p rows at B >= 128 cost a little more than on the logits path (docs/truncation.md)."""
     k = _host_top_k(truncation, vocab)
-    if isinstance(k, int):
-        return _stage2_decides_every_row(k)
-    return k is not None or batch <= FUSED_CERTIFY_MAX_BATCH
+    return _stage2_decides_every_row(k) if isinstance(k, int) else True
 
 
 def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor) -> dict:
@@ -214,7 +207,7 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
     on_cuda = (hidden.device.type == "cuda" and hidden.dtype in (torch.bfloat16, torch.float16)
                and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB)
     if requested == "auto":
-        fused = fused_ok and (not on_cuda or _fused_preferred(truncation, hidden.shape[0], weight.shape[0]))
+        fused = fused_ok and (not on_cuda or _fused_preferred(truncation, weight.shape[0]))
         return "fused_top_k" if fused else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
         raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, "

@@ -151,21 +151,34 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
 @requires_sm90
 @pytest.mark.parametrize("regime", ["flat", "llm"])
 @pytest.mark.parametrize("batch", [7, 48, 130])
-def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch):
+@pytest.mark.parametrize("with_min_p", [False, True], ids=["k_p", "k_p_min_p"])
+def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_min_p):
     """bf16 logits of an LM head (not exact: the fused pass's own accumulators): rows with
-    top_k <= 0 / >= V, top_p >= 1 and min_p <= 0 in a mixed batch get plain sampling's token."""
+    top_k <= 0 / >= V, top_p >= 1 and min_p <= 0 in a mixed batch get plain sampling's token.
+    With a min_p in the call, stage 2 hands such rows (with top_k <= 0) and the min_p-alone rows
+    its candidates cannot decide to the streaming kernels: the profiler checks that those
+    kernels run in such calls only."""
+    from torch.profiler import ProfilerActivity, profile
+
     weight = lm_head_weight(V, D, seed=3)
     hidden = hidden_states(weight, batch, regime, seed=batch)
-    top_k = per_row("k", batch).cuda()
-    top_p = per_row("p", batch).cuda()
-    off = ((top_k <= 0) | (top_k >= V)) & (top_p >= 1.0)
+    truncation = dict(top_k=per_row("k", batch).cuda(), top_p=per_row("p", batch).cuda())
+    if with_min_p:
+        truncation["min_p"] = per_row("m", batch).cuda()
+    off = ((truncation["top_k"] <= 0) | (truncation["top_k"] >= V)) & (truncation["top_p"] >= 1.0)
+    if with_min_p:
+        off &= truncation["min_p"] <= 0
     assert off.any()
     kwargs = dict(temperature=0.8, seed=torch.tensor(5), offset=torch.tensor(2))
-    got = fs.sample(hidden, weight, top_k=top_k, top_p=top_p, truncation_path="fused_top_k", **kwargs)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        got = fs.sample(hidden, weight, truncation_path="fused_top_k", **truncation, **kwargs)
+        torch.cuda.synchronize()
+    streamed = any("streaming_sample_kernel" in e.name for e in prof.events() if e.device_type.name == "CUDA")
+    assert streamed == with_min_p
     plain = fs.sample(hidden, weight, **kwargs)
     assert torch.equal(got[off], plain[off])
     # and the truncated rows agree with the materialised path (other logits bits: near ties may differ)
-    materialised = fs.sample(hidden, weight, top_k=top_k, top_p=top_p, truncation_path="materialized", **kwargs)
+    materialised = fs.sample(hidden, weight, truncation_path="materialized", **truncation, **kwargs)
     assert (got == materialised).float().mean() > 0.97
 
 

@@ -30,11 +30,60 @@ struct RowInput {
   }
 };
 
+// min_p's test of a survivor: exp(y - y0) >= min_p in float64 (truncation.py), NaN y as -inf.
+// Decided from the difference alone where it is far from log(min_p), and before that from two
+// floats around the row's threshold y0 + log(min_p), so that a pass over a whole row pays one
+// float comparison for most of its elements.
+struct MinP {
+  bool on;
+  double value, log_value, y0;
+  bool y0_finite;
+  // y < surely_below fails, y >= surely_above passes; NaN where the row has no such floats (a
+  // first y that is not finite or so large that 1e-8 is below its double's resolution).
+  float surely_below, surely_above;
+
+  __device__ __forceinline__ void set_first(double first_y, bool first_y_finite) {
+    y0 = first_y;
+    y0_finite = first_y_finite;
+    surely_below = surely_above = __int_as_float(0x7fc00000);
+    if (on && y0_finite && value > 0.0 && fabs(y0) < 1e6) {
+      surely_below = __double2float_rd(y0 + log_value - 1e-8);
+      surely_above = __double2float_ru(y0 + log_value + 1e-8);
+    }
+  }
+
+  __device__ __forceinline__ bool keeps(float y) const {
+    if (!on) return true;
+    if (y < surely_below) return false;
+    if (y >= surely_above) return true;
+    double const ys = y != y ? -INFINITY : static_cast<double>(y);
+    if (y0_finite && value > 0.0) {
+      double const d = ys - y0;
+      if (d > log_value + 1e-9) return true;
+      if (d < log_value - 1e-9) return false;
+    }
+    return exp(ys - y0) >= value;
+  }
+};
+
+// The row's min_p; set_first once the row's first token is known.
+__device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t row) {
+  MinP min_p{};
+  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
+  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
+  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
+  min_p.set_first(0.0, false);
+  return min_p;
+}
+
 // A streaming row keeps every allowed token: no top_k cut (off, or at least V), no top_p cut
-// (off, or >= 1; NaN cuts) and no min_p given for the call. Its sample needs one pass over the row
-// with noise, which streaming_rows.cu runs over many CTAs a row; the cut path's kernel leaves these
-// rows to it (LogitsSamplerParams::streaming_rows).
+// (off, or >= 1; NaN cuts) and no min_p given for the call; or, with a row list, it is one of
+// streamed_first_y's (where a min_p row's first y is known, its min_p test is one comparison an
+// element). Its sample needs one pass over the row with noise, which streaming_rows.cu runs over
+// many CTAs a row; the cut path's kernel leaves these rows to it
+// (LogitsSamplerParams::streaming_rows).
 __device__ __forceinline__ bool is_streaming_row(LogitsSamplerParams const& p, int64_t row) {
+  if (p.streamed_first_y != nullptr) return !isnan(__ldg(p.streamed_first_y + row));
   if (p.min_ps != nullptr || p.min_p > 0.0) return false;
   int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
   bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
@@ -84,7 +133,5 @@ __device__ __forceinline__ void write_sample(LogitsSamplerParams const& p, int64
 // launcher of the logits sampler calls them before the cut path's kernel.
 cudaError_t launch_streaming_rows(LogitsSamplerParams const& params, void* workspace, int sm_count,
                                   cudaStream_t stream);
-// Their workspace: per (row, chunk) partials and per (row, sample, chunk) candidates.
-size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& params, int sm_count);
 
 }  // namespace flashsampling

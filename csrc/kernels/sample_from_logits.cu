@@ -162,34 +162,6 @@ struct SharedState {
   FixedMass mass_total;  // of the keys >= the top_k cut
 };
 
-// min_p's test of a survivor candidate: exp(y - y0) >= min_p in float64 (truncation.py), NaN
-// y as -inf. Decided from the difference alone where it is far from log(min_p).
-struct MinP {
-  bool on;
-  double value, log_value, y0;
-  bool y0_finite;
-
-  __device__ __forceinline__ bool keeps(float y) const {
-    if (!on) return true;
-    double const ys = y != y ? -INFINITY : static_cast<double>(y);
-    if (y0_finite && value > 0.0) {
-      double const d = ys - y0;
-      if (d > log_value + 1e-9) return true;
-      if (d < log_value - 1e-9) return false;
-    }
-    return exp(ys - y0) >= value;
-  }
-};
-
-// The row's min_p (y0 is set once the row's first token is known).
-__device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t row) {
-  MinP min_p{};
-  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
-  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
-  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
-  return min_p;
-}
-
 // Calls f(v, x, y, key) for the elements [begin, end) of the row, warp-uniformly (lanes past
 // `end` get key 0), so f may use warp collectives.
 template <class F>
@@ -957,8 +929,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   float const y0f = from_order_bits(static_cast<uint32_t>(first >> 32));
   double const y0 = static_cast<double>(y0f);
   bool const y0_finite = isfinite(y0f);
-  min_p.y0 = y0;
-  min_p.y0_finite = y0_finite;
+  min_p.set_first(y0, y0_finite);
 
   // 2.-3. The cut: top_k, then top_p over its survivors. A top_p of NaN or <= 0, or a row
   // without a finite y0 (NaN probabilities, as in truncation.py's float64 arithmetic), keeps
@@ -1155,10 +1126,10 @@ cudaError_t resident_clusters(size_t smem, int resident[3]) {
 
 }  // namespace
 
-// Which rows the streaming kernels take (is_streaming_row): none where a host top_k / top_p or
-// any min_p cuts the rows, or where the call samples a row list (the fused truncation's
-// leftovers, whose rows have a cut); every row where neither top_k nor top_p is given per row (the
-// cut path's kernel is then not launched).
+// Which rows the streaming kernels take (is_streaming_row): with a row list (the fused
+// truncation's leftovers) those of streamed_first_y, if given; else none where a host top_k /
+// top_p or any min_p cuts the rows, and every row where neither top_k nor top_p is given per row
+// (the cut path's kernel is then not launched).
 struct StreamingPlan {
   bool launch;     // the streaming kernels run
   bool every_row;  // ... and take every row
@@ -1167,7 +1138,8 @@ struct StreamingPlan {
 static StreamingPlan streaming_plan(LogitsSamplerParams const& p) {
   bool const cut = (p.top_ks == nullptr && p.top_k >= 1 && p.top_k < p.vocab_size) ||
                    (p.top_ps == nullptr && p.top_p < 1.0) || p.min_ps != nullptr || p.min_p > 0.0;
-  if (cut || p.rows != nullptr) return {false, false};
+  if (p.rows != nullptr) return {p.streamed_first_y != nullptr, false};
+  if (cut) return {false, false};
   return {true, p.top_ks == nullptr && p.top_ps == nullptr};
 }
 

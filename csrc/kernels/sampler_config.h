@@ -62,15 +62,22 @@ struct SamplerBuffers {
   float* penalty_slots = nullptr;         // [B][penalty_capacity][2] (penalties only)
   float* inv_temperatures = nullptr;      // [B] (prepare_inv_temperatures only)
   uint32_t* noise_floors = nullptr;       // [S * B] zeroed (skip_unreachable_noise only)
+  // fused_truncation_streams_rows only: stage 2's rows for the streaming kernels
+  // (LogitsSamplerParams::streamed_first_y), and those kernels' workspace.
+  float* streamed_first_y = nullptr;  // [B]
+  void* logits_sampler = nullptr;
 };
 
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
 // hidden rows (when padded), then the GEMM's own.
 struct SamplerWorkspaceLayout {
   size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, penalty_words = 0,
-         penalty_slots = 0, inv_temperatures = 0, noise_floors = 0, padded_hidden = 0, gemm = 0, total = 0;
+         penalty_slots = 0, inv_temperatures = 0, noise_floors = 0, streamed_first_y = 0, logits_sampler = 0,
+         padded_hidden = 0, gemm = 0, total = 0;
 
-  SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes) {
+  // logits_sampler_bytes: the fallback's logits sampler's workspace (0 unless
+  // fused_truncation_streams_rows).
+  SamplerWorkspaceLayout(SamplerParams const& p, int vocab_tile, size_t gemm_bytes, size_t logits_sampler_bytes) {
     auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
     size_t const slots =
         static_cast<size_t>(num_vocab_tiles(p, vocab_tile)) * static_cast<size_t>(sampler_gemm_columns(p));
@@ -93,6 +100,11 @@ struct SamplerWorkspaceLayout {
     at += p.prepare_inv_temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
     noise_floors = at;
     at += p.skip_unreachable_noise ? round_up(static_cast<size_t>(sampler_gemm_columns(p)) * sizeof(uint32_t)) : 0;
+    bool const streams = fused_truncation_streams_rows(p);
+    streamed_first_y = at;
+    at += streams ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
+    logits_sampler = at;
+    at += streams ? round_up(logits_sampler_bytes) : 0;
     padded_hidden = at;
     at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
     gemm = at;
@@ -111,6 +123,9 @@ struct SamplerWorkspaceLayout {
     b.penalty_slots = penalties ? reinterpret_cast<float*>(base + penalty_slots) : nullptr;
     b.inv_temperatures = p.prepare_inv_temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
     b.noise_floors = p.skip_unreachable_noise ? reinterpret_cast<uint32_t*>(base + noise_floors) : nullptr;
+    bool const streams = fused_truncation_streams_rows(p);
+    b.streamed_first_y = streams ? reinterpret_cast<float*>(base + streamed_first_y) : nullptr;
+    b.logits_sampler = streams ? static_cast<void*>(base + logits_sampler) : nullptr;
     return b;
   }
 };

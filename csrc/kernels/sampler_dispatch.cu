@@ -240,16 +240,10 @@ bool fused_top_k_fits(SamplerParams const& p, int device_arch) {
          truncate_candidates_smem_bytes(num_vocab_tiles(p, entry.vocab_tile), entry.vocab_tile) > 0;
 }
 
-size_t sampler_workspace_bytes(SamplerParams const& params, int device_arch) {
-  ConfigEntry const entry = select_config(params, device_arch);
-  if (entry.run == nullptr) return 0;
-  SamplerParams const p = launch_params(params, entry);
-  return SamplerWorkspaceLayout(p, entry.vocab_tile, entry.gemm_workspace(p)).total;
-}
-
 // The logits sampler's call for the rows the fused truncation's stage 2 left: the same controls,
 // truncation, noise and outputs over the x the GEMM stored (bias added, mask kept).
-static LogitsSamplerParams fallback_logits_params(SamplerParams const& p) {
+// streamed_first_y: stage 2's rows for the streaming kernels (fused_truncation_streams_rows).
+static LogitsSamplerParams fallback_logits_params(SamplerParams const& p, const float* streamed_first_y) {
   LogitsSamplerParams l;
   l.logits = p.row_logits;
   l.logits_row_stride = p.row_logits_stride;
@@ -274,7 +268,21 @@ static LogitsSamplerParams fallback_logits_params(SamplerParams const& p) {
   l.token_logprobs = p.logprobs ? p.token_logprobs : nullptr;
   l.logsumexp = p.logprobs ? p.logsumexp : nullptr;
   l.empty_mask_token = p.empty_mask_token;
+  l.streamed_first_y = streamed_first_y;
   return l;
+}
+
+// Bytes of the fallback's streaming kernels' workspace (a function of the shapes).
+static size_t fallback_workspace_bytes(SamplerParams const& p) {
+  if (!fused_truncation_streams_rows(p)) return 0;
+  return streaming_rows_workspace_bytes(fallback_logits_params(p, nullptr), p.device_sm_count);
+}
+
+size_t sampler_workspace_bytes(SamplerParams const& params, int device_arch) {
+  ConfigEntry const entry = select_config(params, device_arch);
+  if (entry.run == nullptr) return 0;
+  SamplerParams const p = launch_params(params, entry);
+  return SamplerWorkspaceLayout(p, entry.vocab_tile, entry.gemm_workspace(p), fallback_workspace_bytes(p)).total;
 }
 
 cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t workspace_bytes, int device_arch,
@@ -283,7 +291,7 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
   if (entry.run == nullptr) return cudaErrorNotSupported;
   if (params.batch_size == 0) return cudaSuccess;
   SamplerParams p = launch_params(params, entry);
-  SamplerWorkspaceLayout const layout(p, entry.vocab_tile, entry.gemm_workspace(p));
+  SamplerWorkspaceLayout const layout(p, entry.vocab_tile, entry.gemm_workspace(p), fallback_workspace_bytes(p));
   if (workspace_bytes < layout.total) return cudaErrorInvalidValue;
   SamplerBuffers const buffers = layout.buffers(p, workspace);
   if (p.padded_columns > 0) {
@@ -308,9 +316,10 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
   if (p.fused_truncation) {
     err = launch_truncate_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), entry.vocab_tile, stream);
     if (err != cudaSuccess || p.fallback_rows == nullptr) return err;
-    // A row list takes the cut path's kernel alone, which needs no workspace
-    // (sample_from_logits_workspace_bytes is 0 for it).
-    return launch_sample_from_logits(fallback_logits_params(p), nullptr, p.device_sm_count, stream);
+    // The row list goes to the cut path's kernel (no workspace); the rows stage 2 marked in
+    // streamed_first_y, if any, to the streaming kernels.
+    return launch_sample_from_logits(fallback_logits_params(p, buffers.streamed_first_y), buffers.logits_sampler,
+                                     p.device_sm_count, stream);
   }
   return launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
 }

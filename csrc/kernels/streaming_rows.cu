@@ -20,8 +20,13 @@
 // bits (no logarithms), and the few tokens left queue per warp for their logarithms. The
 // candidates are merged by fs_candidate_better's total order, so the tokens and scores are the cut
 // path's whatever the chunks; the log-sum-exp sums the same exponentials in another order (fp32
-// rounding). min_p rows stay on the cut path: a first pass for their first token made this path
-// slower than the cut path's at B >= 128 (docs/truncation.md).
+// rounding).
+//
+// min_p rows stream only where their first y is known before the pass: the fused truncation's
+// stage 2 knows it from its candidates and hands such rows over in streamed_first_y (the kernel's
+// kMinPRows instance); a survivor is then an allowed token that passes MinP::keeps, mostly one
+// float comparison. Elsewhere min_p rows stay on the cut path: a first pass for their first token
+// made this path slower than the cut path's at B >= 128 (docs/truncation.md).
 #include <cmath>
 #include <cstdint>
 
@@ -40,6 +45,8 @@ struct QuadRow {
   int64_t row = 0;         // batch row
   bool counted = false;    // a streaming row in the launch: its chunk partials are written
   bool sampled = false;    // ... with a valid temperature: it draws candidates
+  bool min_p_cut = false;  // a min_p row of streamed_first_y: survivors pass min_p
+  MinP min_p{};
   RowInput in{};
   RowNoiseKey noise{};     // sample 0's
 };
@@ -154,6 +161,14 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
       q.in = RowInput{p.logits + q.row * p.logits_row_stride, p.logit_bias,
                       p.allowed_mask ? p.allowed_mask + q.row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
                       static_cast<uint32_t>(p.vocab_start)};
+      if (p.streamed_first_y != nullptr) {
+        float const first_y = __ldg(p.streamed_first_y + q.row);
+        q.min_p_cut = first_y > -INFINITY;
+        if (q.min_p_cut) {
+          q.min_p = row_min_p(p, q.row);
+          q.min_p.set_first(first_y, true);
+        }
+      }
     }
   }
   __syncthreads();
@@ -166,13 +181,16 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
 // 1. Per sample the best candidate of each row's chunk; sample 0 also the chunk's statistics.
 // A thread takes one token of the four rows a step (the next step's loads in flight), so the
 // loop is one compact body: its code is inlined for the four rows, and the logarithms, which few
-// tokens need, are drawn from the warp's queue in one place.
+// tokens need, are drawn from the warp's queue in one place. kMinPRows: the launch has
+// streamed_first_y, whose min_p rows' survivors also pass min_p.
+template <bool kMinPRows>
 __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws,
                                                                     int64_t chunk_tokens, int chunks) {
   __shared__ QuadRow quad[kQuad];
   __shared__ bool quad_noise;         // the quad's rows that draw noise share their Philox blocks ...
   __shared__ RowNoiseKey lead_noise;  // ... those of this key
   __shared__ bool quad_lean;          // the lean loop's quad: every counted row noisy, shared blocks, no bias or mask
+  __shared__ bool quad_sparse;        // kMinPRows: as lean, but every counted row a min_p row (few survivors)
   __shared__ PackedCandidate warp_best[kWarps][kQuad];
   __shared__ PackedCandidate warp_first[kWarps][kQuad];
   __shared__ uint32_t warp_allowed[kWarps][kQuad], warp_nan[kWarps][kQuad];
@@ -206,6 +224,10 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
       every_counted_row_noisy = every_counted_row_noisy && (!quad[r].counted || (quad[r].sampled && !quad[r].in.greedy));
     }
     quad_lean = quad_noise && every_counted_row_noisy && p.logit_bias == nullptr && p.allowed_mask == nullptr;
+    bool every_counted_row_cut = true;
+    for (int r = 0; r < kQuad; ++r) every_counted_row_cut = every_counted_row_cut && (!quad[r].counted || quad[r].min_p_cut);
+    quad_sparse = kMinPRows && every_counted_row_cut && every_counted_row_noisy && p.logit_bias == nullptr &&
+                  p.allowed_mask == nullptr;
   }
   __syncthreads();
   // Per row, from the quad: the logits, the mask, fl(1 / T), whether it streams here (counted),
@@ -214,6 +236,8 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
   const uint32_t* mask[kQuad];
   float inv_t[kQuad];
   bool counted[kQuad], sampled[kQuad], noisy[kQuad];
+  bool min_p_cut[kQuad];
+  float surely_below[kQuad];  // min_p rows: MinP::keeps's first comparison, in registers
 #pragma unroll
   for (int r = 0; r < kQuad; ++r) {
     logits[r] = quad[r].in.logits;
@@ -222,13 +246,24 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
     counted[r] = quad[r].counted;
     sampled[r] = quad[r].sampled;
     noisy[r] = quad[r].sampled && !quad[r].in.greedy;
+    min_p_cut[r] = kMinPRows && quad[r].min_p_cut;
+    surely_below[r] = quad[r].min_p.surely_below;
   }
+  // Whether an allowed token of row r with this y survives: every one, or in a min_p row those
+  // that pass min_p.
+  auto survives_min_p = [&](int r, float y) {
+    return !kMinPRows || !min_p_cut[r] || (!(y < surely_below[r]) && quad[r].min_p.keeps(y));
+  };
 
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int64_t const begin = int64_t{blockIdx.x} * chunk_tokens;
   int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
   bool const shared_noise = quad_noise;
   bool const lean = quad_lean;
+  // A quad of min_p rows draws no Philox block for a step: few of its tokens survive (a few
+  // percent of a flat row), so each survivor goes to the warp's queue as it is and draws its own
+  // block there, 32 at a time, where a step's block would serve one lane in most steps.
+  bool const sparse = kMinPRows && quad_sparse;
   RowNoiseKey const lead = lead_noise;
   const float* const bias = p.logit_bias;
   // The largest noise any 32 bits give: a token whose score with it stays below the row's floor
@@ -280,7 +315,17 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
         queued += __popc(lanes);
       }
     };
-    // The logarithms of the queued tokens, 32 at a time (the rest after the chunk), one a lane.
+    // sparse: the tokens whose rows want their noise, queued without their bits.
+    auto queue_survivors = [&](uint32_t index, float const (&x)[kQuad], bool const (&wants_noise)[kQuad]) {
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        unsigned const lanes = __ballot_sync(kFullMask, wants_noise[r]);
+        if (wants_noise[r]) queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) % kQueue] = {x[r], 0u, index, r};
+        queued += __popc(lanes);
+      }
+    };
+    // The logarithms of the queued tokens (sparse: and their bits), 32 at a time (the rest after
+    // the chunk), one a lane.
     auto draw_queued = [&](bool last) {
       while (queued >= 32 || (last && queued > 0)) {
         __syncwarp();
@@ -290,7 +335,12 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
           float t = inv_t[0];
 #pragma unroll
           for (int r = 1; r < kQuad; ++r) t = d.row == r ? inv_t[r] : t;
-          float const drawn = fs_perturbed_score(d.x, t, fs_gumbel_from_bits(d.bits));
+          uint32_t bits = d.bits;
+          if (sparse) {
+            RowNoiseKey const& key = quad[d.row].noise;
+            bits = fs_philox_lane(fs_noise_block(key.seed, key.offset + s, d.index, key.stream >> 2), key.stream & 3u);
+          }
+          float const drawn = fs_perturbed_score(d.x, t, fs_gumbel_from_bits(bits));
 #pragma unroll
           for (int r = 0; r < kQuad; ++r) {
             if (d.row == r && fs_candidate_better(drawn, static_cast<int32_t>(d.index), best_score[r], best_index[r])) {
@@ -337,7 +387,56 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
         next[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
       }
     };
-    if (lean) {
+    if (sparse) {
+      // Every counted row a min_p row, whose first y stage 2 knows: a token survives if it passes
+      // min_p (mostly one comparison; a NaN y never does), and only survivors are counted (the
+      // finish needs a nonzero count, and the first token survives) and draw noise. The queue
+      // draws every survivor (no floor: the few survivors of a flat row lie within a few units
+      // of y of each other, far inside the noise's reach), and with so little work a token the
+      // pass is bound by its loads: two steps' are in flight.
+      bool const draws = stats && with_mass;
+      float ahead[kQuad];
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) ahead[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
+      for (; v - threadIdx.x < end; v += kThreads) {
+        bool const in_range = v < end;
+        float x[kQuad];
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          x[r] = next[r];
+          next[r] = ahead[r];
+          ahead[r] = counted[r] && v + 2 * kThreads < end ? __ldg(logits[r] + v + 2 * kThreads) : 0.0f;
+        }
+        uint32_t const index = vocab_start + static_cast<uint32_t>(v);
+        float y[kQuad];
+        bool near[kQuad];  // not below the row's threshold by a margin: the full test decides
+        bool any_near = false;
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          y[r] = fs_mul(x[r], inv_t[r]);
+          near[r] = counted[r] && in_range && !(y[r] < surely_below[r]);
+          any_near |= near[r];
+        }
+        bool survivor[kQuad] = {false, false, false, false};
+        if (any_near) {
+#pragma unroll
+          for (int r = 0; r < kQuad; ++r) {
+            if (!near[r] || !quad[r].min_p.keeps(y[r])) continue;
+            survivor[r] = true;
+            if (stats) allowed[r] += 1;
+            if (draws) add_mass(mass_max[r], mass_sum[r], has_nan[r], y[r]);
+          }
+        }
+        queue_survivors(index, x, survivor);
+        draw_queued(v - threadIdx.x + kThreads >= end);
+      }
+      if (stats) {
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) {
+          first[r] = counted[r] ? pack_top_candidate(static_cast<float>(quad[r].min_p.y0), 0) : PackedCandidate{0};
+        }
+      }
+    } else if (lean) {
       // Every counted row draws noise with the shared blocks; no bias, no mask. Sample 0's first
       // key is kept as the largest y (fmaxf passes NaN by) and whether any y was a number.
       float y_max[kQuad];
@@ -363,8 +462,9 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
             any_number[r] |= live && y == y;
             allowed[r] += live;
           }
-          if (stats && with_mass && live) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
-          wants_noise[r] = live && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
+          bool const survivor = live && survives_min_p(r, y);
+          if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
+          wants_noise[r] = survivor && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
           any_noise |= wants_noise[r];
         }
         if (__any_sync(kFullMask, any_noise)) draw_bits(index, x, wants_noise, any_noise);
@@ -400,7 +500,7 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
             first[r] = key > first[r] ? key : first[r];
             allowed[r] += is_allowed;
           }
-          bool const survivor = is_allowed && sampled[r];
+          bool const survivor = is_allowed && sampled[r] && survives_min_p(r, y);
           if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
           if (survivor && !noisy[r] &&  // greedy: the score is x
               fs_candidate_better(x[r], static_cast<int32_t>(index), best_score[r], best_index[r])) {
@@ -553,7 +653,11 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
   cudaError_t const err = cudaMemsetAsync(ws.floors, 0, layout.total - layout.floors, stream);
   if (err != cudaSuccess) return err;
   dim3 const grid(static_cast<unsigned>(chunks), static_cast<unsigned>((p.batch_size + kQuad - 1) / kQuad));
-  streaming_sample_kernel<<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+  if (p.streamed_first_y != nullptr) {
+    streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+  } else {
+    streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+  }
   streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws,
                                                                                              static_cast<int>(chunks));
   return cudaGetLastError();

@@ -201,7 +201,8 @@ __device__ double block_row_mass(float2 const* __restrict__ tile_log_masses, int
 
 __global__ void __launch_bounds__(kThreads)
 truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates,
-                           float2 const* __restrict__ tile_log_masses, int64_t num_tiles, int vocab_tile) {
+                           float2 const* __restrict__ tile_log_masses, float* __restrict__ streamed_first_y,
+                           int64_t num_tiles, int vocab_tile) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ Stage2Shared sh;
   int64_t const row = blockIdx.x;
@@ -217,8 +218,17 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // Without top_k the first kMaxFusedTopK tokens are selected as if it were that, and the row
   // is decided here when its top_p / min_p cut falls among them (checked after step 4).
   bool const certify = given_k < 1 && (top_p_on || min_p_on);
+  // Rows left to the logits sampler's streaming kernels are marked here (the others stay NaN):
+  // a row without a cut, and a min_p-alone row the candidates cannot decide, with its first y.
+  if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
   if (!certify && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
-    if (threadIdx.x == 0) leave_to_logits_sampler(p, row);  // a larger top_k, or nothing on
+    if (threadIdx.x == 0) {  // a larger top_k, or nothing on
+      if (streamed_first_y != nullptr && given_k < 1) {
+        streamed_first_y[row] = -INFINITY;
+      } else {
+        leave_to_logits_sampler(p, row);
+      }
+    }
     return;
   }
   int const k = certify ? kMaxFusedTopK : static_cast<int>(given_k);
@@ -443,8 +453,16 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   int const lead1 = __ffs(~kept1) == 0 ? 32 : __ffs(~kept1) - 1;
   int const n_keep = lead0 < 32 ? lead0 : 32 + lead1;
   if (certify && !whole_row && n_keep == m) {
-    // Every token of the list survives, so more may follow past it.
-    if (lane == 0) leave_to_logits_sampler(p, row);
+    // Every token of the list survives, so more may follow past it. With min_p alone (in (0, 1]
+    // here: a larger or NaN one keeps the first token only) the rest is one comparison an
+    // element against the first y, which the streaming kernels can take.
+    if (lane == 0) {
+      if (streamed_first_y != nullptr && !top_p_on) {
+        streamed_first_y[row] = from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32));
+      } else {
+        leave_to_logits_sampler(p, row);
+      }
+    }
     return;
   }
 
@@ -526,7 +544,7 @@ cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers co
   if (err != cudaSuccess) return err;
   float2 const* tile_log_masses = p.row_logits != nullptr ? buffers.lse_parts : nullptr;
   truncate_candidates_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(
-      p, buffers.candidates, tile_log_masses, num_tiles, vocab_tile);
+      p, buffers.candidates, tile_log_masses, buffers.streamed_first_y, num_tiles, vocab_tile);
   return cudaGetLastError();
 }
 

@@ -62,8 +62,15 @@ struct LogitsSamplerParams {
   // the caller gave none).
   int64_t empty_mask_token = -1;
 
+  // With a row list: the rows the fused truncation's stage 2 hands to the streaming kernels
+  // instead ([B], or null for none): NaN for a row not streamed; -inf for a row without a cut
+  // (no top_k, top_p or min_p for it); else the row's first y, for a row cut by min_p alone
+  // (in (0, 1]), whose elements the streaming kernels test against it.
+  const float* streamed_first_y = nullptr;
+
   // Set by the launcher: the streaming rows' kernels sample the rows without a top_k / top_p /
-  // min_p cut (logits_rows.cuh: is_streaming_row), and the cut path's kernel skips them.
+  // min_p cut and those of streamed_first_y (logits_rows.cuh: is_streaming_row), and the cut
+  // path's kernel skips them.
   bool streaming_rows = false;
 };
 
@@ -112,9 +119,13 @@ inline int64_t streaming_chunk_tokens(int64_t batch, int64_t vocab, int sm_count
   return (chunk + 1023) / 1024 * 1024;
 }
 
+// Bytes of device workspace the streaming rows' kernels need: per (row, chunk) partials and per
+// (row, sample, chunk) candidates (a function of the shapes).
+size_t streaming_rows_workspace_bytes(const LogitsSamplerParams& params, int sm_count);
+
 // Bytes of device workspace launch_sample_from_logits needs (the streaming rows' per-chunk
 // partials; 0 where no row can stream, and then the workspace may be null). Depends only on the
-// shapes, the scalar truncation and whether there is a row list.
+// shapes, the scalar truncation and whether there is a row list and streamed_first_y.
 size_t sample_from_logits_workspace_bytes(const LogitsSamplerParams& params, int sm_count);
 
 cudaError_t launch_sample_from_logits(const LogitsSamplerParams& params, void* workspace, int sm_count,
