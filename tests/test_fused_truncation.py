@@ -155,9 +155,8 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
 def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_min_p):
     """bf16 logits of an LM head (not exact: the fused pass's own accumulators): rows with
     top_k <= 0 / >= V, top_p >= 1 and min_p <= 0 in a mixed batch get plain sampling's token.
-    With a min_p in the call, stage 2 hands such rows (with top_k <= 0) and the min_p-alone rows
-    its candidates cannot decide to the streaming kernels: the profiler checks that those
-    kernels run in such calls only."""
+    With a min_p in the call, stage 2 hands the min_p-alone rows its candidates cannot decide to
+    the streaming kernels: the profiler checks that those kernels run in such calls only."""
     from torch.profiler import ProfilerActivity, profile
 
     weight = lm_head_weight(V, D, seed=3)
@@ -180,6 +179,26 @@ def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_mi
     # and the truncated rows agree with the materialised path (other logits bits: near ties may differ)
     materialised = fs.sample(hidden, weight, truncation_path="materialized", **truncation, **kwargs)
     assert (got == materialised).float().mean() > 0.97
+
+
+@requires_sm90
+def test_min_p_call_rows_without_a_finite_first_y_equal_cpu_op():
+    """A min_p call whose rows' first y is -inf (a bias of -inf everywhere, one NaN): min_p's test
+    keeps the first token alone in every row, also in rows whose own min_p is off (the cut kernel
+    applies the test to every row of the call); tokens, scores and logsumexp as the CPU op's."""
+    batch = 6
+    hidden, weight, logits = exact_problem(batch, "flat", seed=5)
+    bias = torch.full((V,), float("-inf"))
+    bias[100] = float("nan")
+    min_ps = torch.tensor([0.05, 0.0, 0.3, 0.0, 1.0, 0.0], dtype=torch.float64)
+    kwargs = dict(temperature=0.8, seed=torch.tensor(3), offset=torch.tensor(1), return_logprobs=True)
+    got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), logit_bias=bias.cuda(), min_p=min_ps.cuda(),
+                                truncation_path="fused_top_k", **kwargs)
+    expected = torch.ops.flashsampling.sample_from_logits(logits, logit_bias=bias, min_ps=min_ps,
+                                                          **kwargs)
+    assert torch.equal(got.tokens.cpu(), expected[0])
+    assert torch.equal(got.scores.cpu(), expected[1])
+    torch.testing.assert_close(got.logsumexp.cpu(), expected[3], equal_nan=True)
 
 
 @requires_sm90

@@ -1,5 +1,6 @@
 // What the two kernels of the logits sampler share (sample_from_logits.cu: the cut path for rows
-// with top_k / top_p / min_p; streaming_rows.cu: rows without them): how an element of a row reads, the
+// with top_k / top_p / min_p; streaming_rows.cu: rows without them, and min_p rows whose first y
+// the fused truncation's stage 2 knows): how an element of a row reads, the
 // min_p test, the noise, which rows stream, and how a row's outputs are written. Both kernels
 // must give a row the same bits, so these live here once.
 #pragma once
@@ -38,8 +39,9 @@ struct MinP {
   bool on;
   double value, log_value, y0;
   bool y0_finite;
-  // y < surely_below fails, y >= surely_above passes; NaN where the row has no such floats (a
-  // first y that is not finite or so large that 1e-8 is below its double's resolution).
+  // y < surely_below fails, y >= surely_above passes; NaN where the row has no such floats (min_p
+  // off or not a positive number, or a first y that is not finite or above 1e6 in magnitude,
+  // where 1e-8 would come near the rounding of y0 + log(min_p) in double).
   float surely_below, surely_above;
 
   __device__ __forceinline__ void set_first(double first_y, bool first_y_finite) {

@@ -1,8 +1,8 @@
 // The logits sampler's streaming rows (logits_rows.cuh: is_streaming_row): rows without top_k,
-// top_p or min_p, whose survivors are every allowed token. Their sample is Gumbel-Max over one
-// pass of the row, so they need none of the cut path's histograms; here a CTA takes a quad of rows
-// and a chunk of the vocabulary (streaming_chunk_tokens), so that a row is read by many CTAs at
-// once:
+// top_p or min_p, whose survivors are every allowed token (and min_p rows, below). Their sample is
+// Gumbel-Max over one pass of the row, so they need none of the cut path's histograms; here a CTA
+// takes a quad of rows and a chunk of the vocabulary (streaming_chunk_tokens), so that a row is
+// read by many CTAs at once:
 //
 //  1. streaming_sample_kernel: each (quad, chunk) per sample the best candidate of each row's
 //     chunk, and (sample 0) the chunk's largest key, allowed tokens and the survivors' mass as an
@@ -45,7 +45,7 @@ struct QuadRow {
   int64_t row = 0;         // batch row
   bool counted = false;    // a streaming row in the launch: its chunk partials are written
   bool sampled = false;    // ... with a valid temperature: it draws candidates
-  bool min_p_cut = false;  // a min_p row of streamed_first_y: survivors pass min_p
+  bool min_p_cut = false;  // a row of streamed_first_y (a min_p row): survivors pass min_p
   MinP min_p{};
   RowInput in{};
   RowNoiseKey noise{};     // sample 0's

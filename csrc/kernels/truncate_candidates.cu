@@ -218,17 +218,11 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // Without top_k the first kMaxFusedTopK tokens are selected as if it were that, and the row
   // is decided here when its top_p / min_p cut falls among them (checked after step 4).
   bool const certify = given_k < 1 && (top_p_on || min_p_on);
-  // Rows left to the logits sampler's streaming kernels are marked here (the others stay NaN):
-  // a row without a cut, and a min_p-alone row the candidates cannot decide, with its first y.
+  // A min_p-alone row the candidates cannot decide is left to the logits sampler's streaming
+  // kernels with its first y (below); every other row's entry stays NaN.
   if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
   if (!certify && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
-    if (threadIdx.x == 0) {  // a larger top_k, or nothing on
-      if (streamed_first_y != nullptr && given_k < 1) {
-        streamed_first_y[row] = -INFINITY;
-      } else {
-        leave_to_logits_sampler(p, row);
-      }
-    }
+    if (threadIdx.x == 0) leave_to_logits_sampler(p, row);  // a larger top_k, or nothing on
     return;
   }
   int const k = certify ? kMaxFusedTopK : static_cast<int>(given_k);

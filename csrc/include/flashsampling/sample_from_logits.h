@@ -63,9 +63,9 @@ struct LogitsSamplerParams {
   int64_t empty_mask_token = -1;
 
   // With a row list: the rows the fused truncation's stage 2 hands to the streaming kernels
-  // instead ([B], or null for none): NaN for a row not streamed; -inf for a row without a cut
-  // (no top_k, top_p or min_p for it); else the row's first y, for a row cut by min_p alone
-  // (in (0, 1]), whose elements the streaming kernels test against it.
+  // instead ([B], or null for none): NaN for a row not streamed, else the row's first y (finite),
+  // for a row cut by min_p alone (in (0, 1]), whose elements the streaming kernels test against
+  // it.
   const float* streamed_first_y = nullptr;
 
   // Set by the launcher: the streaming rows' kernels sample the rows without a top_k / top_p /
@@ -107,7 +107,7 @@ inline int resident_clusters_of_size(int cluster_size, const int resident[3]) {
 }
 
 // Rows without a top_k / top_p / min_p cut (every allowed token survives) in a launch without a
-// row list are sampled by kernels of their own (csrc/kernels/streaming_rows.cu): each CTA takes a quad of rows (one Philox block holds four streams' noise
+// row list, and the min_p rows of streamed_first_y in one with, are sampled by kernels of their own (csrc/kernels/streaming_rows.cu): each CTA takes a quad of rows (one Philox block holds four streams' noise
 // at a token) and a chunk of the vocabulary, so a row's pass runs on many CTAs at the speed of
 // its loads. The chunk: a multiple of 1024 tokens, so that the grid is about four CTAs an SM
 // (a pure function of the shapes, so the workspace size is one too).

@@ -200,13 +200,15 @@ inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
   return p.top_ks == nullptr && p.top_k >= 1 && p.top_k <= kMaxFusedTopK;
 }
 
-// Whether stage 2 hands some of the rows it leaves to the logits sampler's streaming kernels
-// rather than its row list: in calls with a min_p, the rows cut by min_p alone (stage 2 knows
-// their first y, so their cut is a comparison an element) and the rows without any cut. Other
-// calls have neither kind of row, or (per-row top_k / top_p tensors with some rows off) too few
-// to pay for the streaming kernels' launches where no row takes them.
+// Whether stage 2 may hand some of the rows it leaves to the logits sampler's streaming kernels
+// rather than its row list: the rows cut by min_p alone (stage 2 knows their first y, so their
+// cut is a comparison an element), which need a min_p and no host top_k / top_p that cuts every
+// row.
 inline bool fused_truncation_streams_rows(SamplerParams const& p) {
-  return p.fallback_rows != nullptr && (p.min_ps != nullptr || p.min_p > 0.0);
+  bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
+  bool const rows_without_top_k = p.top_ks != nullptr || p.top_k < 1;
+  bool const rows_without_top_p = p.top_ps != nullptr || !(p.top_p < 1.0);
+  return p.fallback_rows != nullptr && min_p && rows_without_top_k && rows_without_top_p;
 }
 
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max
