@@ -107,9 +107,10 @@ inline int resident_clusters_of_size(int cluster_size, const int resident[3]) {
 }
 
 // Rows without a top_k / top_p / min_p cut (every allowed token survives) in a launch without a
-// row list, and the min_p rows of streamed_first_y in one with, are sampled by kernels of their own (csrc/kernels/streaming_rows.cu): each CTA takes a quad of rows (one Philox block holds four streams' noise
-// at a token) and a chunk of the vocabulary, so a row's pass runs on many CTAs at the speed of
-// its loads. The chunk: a multiple of 1024 tokens, so that the grid is about four CTAs an SM
+// row list, and the min_p rows of streamed_first_y in one with, are sampled by kernels of their
+// own (csrc/kernels/streaming_rows.cu): each CTA takes a quad of rows (one Philox block holds four
+// streams' noise at a token) and a chunk of the vocabulary, so a row's pass runs on many CTAs at
+// the speed of its loads. The chunk: a multiple of 1024 tokens, so that the grid is about four CTAs an SM
 // (a pure function of the shapes, so the workspace size is one too).
 inline int64_t streaming_chunk_tokens(int64_t batch, int64_t vocab, int sm_count) {
   int64_t const quads = (batch + 3) / 4;
