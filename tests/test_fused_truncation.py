@@ -155,8 +155,10 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
 def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_min_p):
     """bf16 logits of an LM head (not exact: the fused pass's own accumulators): rows with
     top_k <= 0 / >= V, top_p >= 1 and min_p <= 0 in a mixed batch get plain sampling's token.
-    With a min_p in the call, stage 2 hands the min_p-alone rows its candidates cannot decide to
-    the streaming kernels: the profiler checks that those kernels run in such calls only."""
+    Stage 2 hands the rows without top_k its candidates cannot decide (top_p rows: one sample
+    without log-probabilities; min_p-alone rows) to the streaming kernels: the profiler checks
+    that they run, and that the top_p rounds run only on flat rows (whose top_p the candidates
+    never settle)."""
     from torch.profiler import ProfilerActivity, profile
 
     weight = lm_head_weight(V, D, seed=3)
@@ -172,13 +174,58 @@ def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_mi
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         got = fs.sample(hidden, weight, truncation_path="fused_top_k", **truncation, **kwargs)
         torch.cuda.synchronize()
-    streamed = any("streaming_sample_kernel" in e.name for e in prof.events() if e.device_type.name == "CUDA")
-    assert streamed == with_min_p
+    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert any("streaming_sample_kernel" in name for name in kernels)
+    if regime == "flat":
+        assert any("top_p_round_kernel" in name for name in kernels)
     plain = fs.sample(hidden, weight, **kwargs)
     assert torch.equal(got[off], plain[off])
     # and the truncated rows agree with the materialised path (other logits bits: near ties may differ)
     materialised = fs.sample(hidden, weight, truncation_path="materialized", **truncation, **kwargs)
     assert (got == materialised).float().mean() > 0.97
+
+
+@requires_sm90
+@pytest.mark.parametrize("batch", [5, 40, 130])
+@pytest.mark.parametrize("regime", ["flat", "peaked"])
+@pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "k_p_min_p_rows", "p0.1", "p0.5_min_p_rows"])
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
+def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, controls):
+    """One sample without log-probabilities: stage 2 hands the top_p rows its candidates cannot
+    decide to the streaming kernels, whose rounds verify each row's winner against top_p, draw
+    the next winner where it fails (a small top_p fails most first winners) and leave a row still
+    undecided after the last round to the cut kernel. Tokens and scores as the CPU op's, bit for
+    bit; the profiler checks that the rounds ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hidden, weight, logits = exact_problem(batch, regime, seed=batch + 7 * len(truncation))
+    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 3.5 + 0.5
+    temperatures[::7] = 0.0
+    kwargs = dict(temperature=temperatures, seed=torch.tensor(13), offset=torch.tensor(6))
+    if controls:
+        c = random_controls(batch, V, "cpu", vocab_start=64, seed=batch, density=0.5)
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64,
+                      seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch), empty_mask_token=-7)
+    if truncation == "p0.1":
+        trunc_cpu = dict(top_p=0.1)
+    elif truncation == "p0.5_min_p_rows":
+        trunc_cpu = dict(top_p=torch.full((batch,), 0.5, dtype=torch.float64), min_p=per_row("m", batch))
+    else:
+        trunc_cpu = truncation_kwargs(truncation, batch, "cpu")
+    trunc_cuda = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in trunc_cpu.items()}
+    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k", **on, **trunc_cuda)
+        torch.cuda.synchronize()
+    if regime == "flat":
+        assert any("top_p_round_kernel" in e.name for e in prof.events() if e.device_type.name == "CUDA")
+    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    for name, value in trunc_cpu.items():
+        op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
+    tokens = got.tokens.cpu()
+    assert torch.equal(tokens, expected[0]), (tokens != expected[0]).nonzero()[:8]
+    assert torch.equal(got.scores.cpu(), expected[1])
 
 
 @requires_sm90

@@ -40,7 +40,8 @@ def kernel_times(call, calls: int) -> dict[str, float]:
     profile_* probes' tables)."""
     totals: dict[str, float] = defaultdict(float)
     for name, us in kernel_times_us(call, calls).items():
-        totals["cutlass" if "device_kernel" in name else name.split("(")[0].split("<")[0][-40:]] += us
+        short = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+        totals["cutlass" if "device_kernel" in name else short.split("(")[0].split("<")[0][-40:]] += us
     return dict(totals)
 
 

@@ -31,6 +31,30 @@ struct RowInput {
   }
 };
 
+// Probability mass relative to the row's first token (<= 1) in fixed point with 41 fraction
+// bits: at most 2^41 an element, and at most 2^22 * 2^41 = 2^63 for a row (kLogitsSamplerMaxVocab).
+// Integer sums are exact in any order, so every kernel that decides a top_p cut (the cut path's
+// histograms, sorted list and winner-first passes; the streaming rows' top_p rounds) sums the
+// same integers and keeps the same tokens.
+using FixedMass = unsigned long long;
+constexpr float kFixedOne = 2199023255552.0f;  // 2^41
+
+// exp(y - y0) of a finite y0 in fp32 (NaN y: no mass), for top_p's and the log-sum-exp's sums.
+__device__ __forceinline__ float mass_of(float y, double y0) {
+  return y != y ? 0.0f : expf(static_cast<float>(static_cast<double>(y) - y0));
+}
+
+__device__ __forceinline__ FixedMass fixed_mass(float y, double y0) {
+  return __float2ull_rn(mass_of(y, y0) * kFixedOne);
+}
+
+// top_p's test of a prefix of the truncation order: its fixed-point mass `mass` reaches top_p of
+// the row's `total` (> 0). A key survives iff its predecessor's inclusive mass does not reach
+// top_p; every top_p decision of the logits sampler is this comparison on the same integers.
+__device__ __forceinline__ bool top_p_reached(FixedMass mass, FixedMass total, double top_p) {
+  return static_cast<double>(mass) / static_cast<double>(total) >= top_p;
+}
+
 // min_p's test of a survivor: exp(y - y0) >= min_p in float64 (truncation.py), NaN y as -inf.
 // Decided from the difference alone where it is far from log(min_p), and before that from two
 // floats around the row's threshold y0 + log(min_p), so that a pass over a whole row pays one
@@ -81,8 +105,9 @@ __device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t 
 // A streaming row keeps every allowed token: no top_k cut (off, or at least V), no top_p cut
 // (off, or >= 1; NaN cuts) and no min_p given for the call; or, with a row list, it is one of
 // streamed_first_y's (where a min_p row's first y is known, its min_p test is one comparison an
-// element). Its sample needs one pass over the row with noise, which streaming_rows.cu runs over
-// many CTAs a row; the cut path's kernel leaves these rows to it
+// element; a top_p row's pass is verified in rounds, which hand the rows they leave undecided
+// back by clearing their entry). Its sample needs one pass over the row with noise, which
+// streaming_rows.cu runs over many CTAs a row; the cut path's kernel leaves these rows to it
 // (LogitsSamplerParams::streaming_rows).
 __device__ __forceinline__ bool is_streaming_row(LogitsSamplerParams const& p, int64_t row) {
   if (p.streamed_first_y != nullptr) return !isnan(__ldg(p.streamed_first_y + row));

@@ -91,11 +91,6 @@ __device__ __forceinline__ int level_bits(int level) {
   return (level == 0 ? 64 : level_shift(level - 1)) - level_shift(level);
 }
 
-// Probability mass relative to the row's first token (<= 1) in fixed point with 41 fraction
-// bits: at most 2^41 an element, and at most 2^22 * 2^41 = 2^63 for a row (kLogitsSamplerMaxVocab).
-using FixedMass = unsigned long long;
-constexpr float kFixedOne = 2199023255552.0f;  // 2^41
-
 // A mass (<= 2^41, 42 bits) enters the histogram as four 11-bit parts, each summed in a 32-bit
 // word of its own: shared memory adds 32-bit integers natively (its float and 64-bit adds are
 // compare-and-swap loops), with no carry to propagate. A word holds the parts of 2^21 elements:
@@ -375,13 +370,6 @@ __device__ void choose_digit_by_count(SharedState& sh, int bins, unsigned target
   }
 }
 
-// top_p's test of a prefix of the truncation order: its fixed-point mass `mass` reaches top_p of
-// the row's `total` (> 0). Every top_p decision of this file (the histograms', the sorted list's
-// and the winner-first path's) is this comparison, so they keep the same tokens.
-__device__ __forceinline__ bool top_p_reached(FixedMass mass, FixedMass total, double top_p) {
-  return static_cast<double>(mass) / static_cast<double>(total) >= top_p;
-}
-
 // Warp 0: the first digit, from the top, at which (mass_above + running mass) / total reaches
 // top_p: sh.digit (-1 where rounding keeps it from being reached), its count, and the mass
 // above it.
@@ -456,11 +444,6 @@ __device__ PackedCandidate select_top_k(cg::cluster_group& cluster, SharedState&
   return prefix;
 }
 
-// exp(y - y0) of a finite y0 in fp32 (NaN y: no mass), for top_p's and the log-sum-exp's sums.
-__device__ __forceinline__ float mass_of(float y, double y0) {
-  return y != y ? 0.0f : expf(static_cast<float>(static_cast<double>(y) - y0));
-}
-
 // The smallest key of the shortest prefix, among the keys >= floor, whose mass reaches top_p
 // (0 < top_p < 1, y0 finite): keys >= it are top_p's survivors.
 __device__ PackedCandidate select_top_p(cg::cluster_group& cluster, SharedState& sh, RowInput const& in, Slice slice,
@@ -472,7 +455,7 @@ __device__ PackedCandidate select_top_p(cg::cluster_group& cluster, SharedState&
     reset_histogram(sh, bins, true);
     for_each_element(in, slice.begin, slice.end, [&](int64_t, float, float y, PackedCandidate key) {
       bool const active = key != 0 && key >= floor && (key & prefix_mask) == prefix;
-      FixedMass const m = active ? __float2ull_rn(mass_of(y, y0) * kFixedOne) : 0ull;
+      FixedMass const m = active ? fixed_mass(y, y0) : 0ull;
       add_counts_and_masses(sh, static_cast<unsigned>(key >> shift) & (bins - 1), m, active);
     });
     __syncthreads();
@@ -518,10 +501,6 @@ __device__ __forceinline__ Binning row_binning(float y0, float min_y) {
   float scale = 2040.0f / range;
   if (!(range > 0.0f) || !(scale > 0.0f) || !(scale <= 1e30f)) scale = 1.0f;
   return {y0, scale};
-}
-
-__device__ __forceinline__ FixedMass fixed_mass(float y, double y0) {
-  return __float2ull_rn(mass_of(y, y0) * kFixedOne);
 }
 
 // Counts (and fixed-point masses) of the allowed keys by bin: total_count (total_mass).

@@ -243,7 +243,7 @@ bool fused_top_k_fits(SamplerParams const& p, int device_arch) {
 // The logits sampler's call for the rows the fused truncation's stage 2 left: the same controls,
 // truncation, noise and outputs over the x the GEMM stored (bias added, mask kept).
 // streamed_first_y: stage 2's rows for the streaming kernels (fused_truncation_streams_rows).
-static LogitsSamplerParams fallback_logits_params(SamplerParams const& p, const float* streamed_first_y) {
+static LogitsSamplerParams fallback_logits_params(SamplerParams const& p, float* streamed_first_y) {
   LogitsSamplerParams l;
   l.logits = p.row_logits;
   l.logits_row_stride = p.row_logits_stride;

@@ -8,7 +8,9 @@
 //     chunk, and (sample 0) the chunk's largest key, allowed tokens and the survivors' mass as an
 //     online (max, sum) pair;
 //  2. streaming_finish_kernel: a warp a row merges the chunks and writes the row's outputs as the
-//     cut path writes them (logits_rows.cuh).
+//     cut path writes them (logits_rows.cuh);
+//  3. (top_p rows of streamed_first_y) top_p_round_kernel, four launches: the winner of step 1
+//     verified against the row's top_p, and where it fails the next winner ahead of it (below).
 //
 // The noise is the cut path's (perturbed_score): one Philox block gives the noise of a token in
 // four streams, so a quad of rows with one seed and offset and streams 4q .. 4q + 3 (the batch's
@@ -26,7 +28,10 @@
 // stage 2 knows it from its candidates and hands such rows over in streamed_first_y (the kernel's
 // kMinPRows instance); a survivor is then an allowed token that passes MinP::keeps, mostly one
 // float comparison. Elsewhere min_p rows stay on the cut path: a first pass for their first token
-// made this path slower than the cut path's at B >= 128 (docs/truncation.md).
+// made this path slower than the cut path's at B >= 128 (docs/truncation.md). top_p rows (without
+// top_k, one sample, no log-probabilities) stream the same way: step 1 samples them over every
+// allowed token that passes min_p, and step 3 keeps that sample only where top_p keeps it.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -45,7 +50,7 @@ struct QuadRow {
   int64_t row = 0;         // batch row
   bool counted = false;    // a streaming row in the launch: its chunk partials are written
   bool sampled = false;    // ... with a valid temperature: it draws candidates
-  bool min_p_cut = false;  // a row of streamed_first_y (a min_p row): survivors pass min_p
+  bool min_p_cut = false;  // a row of streamed_first_y in a min_p call: survivors pass min_p
   MinP min_p{};
   RowInput in{};
   RowNoiseKey noise{};     // sample 0's
@@ -60,10 +65,35 @@ struct ChunkPartial {
   float mass_sum;         // sum of exp(y - mass_max) over the survivors
 };
 
+// The top_p rounds (below): a row's t between them ...
+struct RoundRow {
+  PackedCandidate t_key;  // the truncation key of t (pack_top_candidate of its y and index)
+  FixedMass total;        // the row's mass relative to its first y (after round 0)
+};
+// ... and a chunk's results in a round.
+struct RoundPartial {
+  FixedMass ahead;        // mass of the allowed keys strictly ahead of t
+  FixedMass total;        // mass of every allowed key (round 0)
+  PackedCandidate best;   // the best candidate strictly ahead of t (pack_candidate)
+};
+// The rounds: 0 verifies every row's t; 1 draws the next t of the rows that failed; 2 and 3
+// verify it and draw the next in the same pass. A row undecided after them takes the cut path.
+constexpr int kRounds = 4;
+constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a round's pass
+constexpr int64_t kRoundChunkTokens = 4096;  // a round's item: 16 tokens a thread
+
+int64_t round_chunks(int64_t vocab) { return (vocab + kRoundChunkTokens - 1) / kRoundChunkTokens; }
+
 struct Workspace {
-  ChunkPartial* partials;       // [B, chunks]
-  PackedCandidate* candidates;  // [B, S, chunks]
-  uint32_t* floors;             // [B, S]: number_order_bits of the best score drawn so far (0: none), zeroed
+  ChunkPartial* partials;        // [B, chunks]
+  PackedCandidate* candidates;   // [B, S, chunks]
+  RoundRow* round_rows;          // [B] (streams_top_p_rows)
+  RoundPartial* round_partials;  // [B, round_chunks] (streams_top_p_rows)
+  uint32_t* floors;              // [B, S]: number_order_bits of the best score drawn so far (0: none), zeroed
+  // streams_top_p_rows, zeroed: per round the CTAs done with each row's chunks, and the rows the
+  // round takes (a count, then the rows)
+  uint32_t* round_tickets;       // [kRounds, B]
+  int32_t* round_lists;          // [kRounds, 1 + B]
 };
 
 // A token whose logarithms are due, waiting in its warp's queue: drawn where they lie, the
@@ -79,16 +109,28 @@ constexpr int kQueue = 160;  // 32 drawn at a time: up to 31 left plus 4 rows x 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
-  size_t candidates, floors, total;  // floors last: the launch zeroes [floors, total)
-  WorkspaceLayout(int64_t batch, int64_t samples, int64_t chunks) {
-    candidates = round_up(static_cast<size_t>(batch * chunks) * sizeof(ChunkPartial));
-    floors = candidates + round_up(static_cast<size_t>(batch * samples * chunks) * sizeof(PackedCandidate));
-    total = floors + round_up(static_cast<size_t>(batch * samples) * sizeof(uint32_t));
+  // floors and the rounds' tickets and lists last: the launch zeroes [floors, total)
+  size_t candidates, round_rows, round_partials, floors, round_tickets, round_lists, total;
+  WorkspaceLayout(int64_t batch, int64_t samples, int64_t chunks, int64_t vocab, bool rounds) {
+    size_t const b = static_cast<size_t>(batch);
+    candidates = round_up(b * chunks * sizeof(ChunkPartial));
+    round_rows = candidates + round_up(b * samples * chunks * sizeof(PackedCandidate));
+    round_partials = round_rows + (rounds ? round_up(b * sizeof(RoundRow)) : 0);
+    floors = round_partials + (rounds ? round_up(b * round_chunks(vocab) * sizeof(RoundPartial)) : 0);
+    round_tickets = floors + round_up(b * samples * sizeof(uint32_t));
+    round_lists = round_tickets + (rounds ? round_up(kRounds * b * sizeof(uint32_t)) : 0);
+    total = round_lists + (rounds ? round_up(kRounds * (b + 1) * sizeof(int32_t)) : 0);
   }
   Workspace carve(void* workspace) const {
     char* base = static_cast<char*>(workspace);
-    return {reinterpret_cast<ChunkPartial*>(base), reinterpret_cast<PackedCandidate*>(base + candidates),
-            reinterpret_cast<uint32_t*>(base + floors)};
+    bool const rounds = total > round_lists;
+    return {reinterpret_cast<ChunkPartial*>(base),
+            reinterpret_cast<PackedCandidate*>(base + candidates),
+            rounds ? reinterpret_cast<RoundRow*>(base + round_rows) : nullptr,
+            rounds ? reinterpret_cast<RoundPartial*>(base + round_partials) : nullptr,
+            reinterpret_cast<uint32_t*>(base + floors),
+            rounds ? reinterpret_cast<uint32_t*>(base + round_tickets) : nullptr,
+            rounds ? reinterpret_cast<int32_t*>(base + round_lists) : nullptr};
   }
 };
 
@@ -161,13 +203,10 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
       q.in = RowInput{p.logits + q.row * p.logits_row_stride, p.logit_bias,
                       p.allowed_mask ? p.allowed_mask + q.row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
                       static_cast<uint32_t>(p.vocab_start)};
-      if (p.streamed_first_y != nullptr) {
-        float const first_y = __ldg(p.streamed_first_y + q.row);
-        q.min_p_cut = first_y > -INFINITY;
-        if (q.min_p_cut) {
-          q.min_p = row_min_p(p, q.row);
-          q.min_p.set_first(first_y, true);
-        }
+      if (p.streamed_first_y != nullptr) {  // a streaming row's entry is finite
+        q.min_p = row_min_p(p, q.row);
+        q.min_p_cut = q.min_p.on;
+        if (q.min_p_cut) q.min_p.set_first(__ldg(p.streamed_first_y + q.row), true);
       }
     }
   }
@@ -629,6 +668,212 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
       best_y = static_cast<double>(y);
     }
     write_sample(p, row, s, score, index, best_y, y0, y0_finite, kept_mass);
+    // A top_p row's winner t is its sample if top_p keeps it: round 0 verifies it (one sample,
+    // no log-probabilities here; y0 is finite for every row of streamed_first_y).
+    double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+    if (ws.round_rows != nullptr && index != kNoCandidate && top_p > 0.0 && top_p < 1.0) {
+      ws.round_rows[row] = {pack_top_candidate(static_cast<float>(best_y), static_cast<uint32_t>(index)), 0ull};
+      int const at = atomicAdd(ws.round_lists, 1);
+      ws.round_lists[1 + at] = static_cast<int32_t>(row);
+    }
+  }
+}
+
+// A round's decision for a row, from the merged chunks (one thread): t stays the sample, or the
+// best candidate ahead of it becomes the next t (written as the row's sample; none, from NaN
+// scores only: token -1, as on the cut path's winner-first passes), or (verified and failed, not
+// drawn) the next round draws it. Puts the row on the next round's list or, after the last,
+// hands it to the cut path.
+__device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, int round, int64_t row,
+                             RowInput const& in, RowNoiseKey const& noise, double y0, FixedMass ahead, FixedMass total,
+                             PackedCandidate best, bool verified, bool drawn) {
+  RoundRow& state = ws.round_rows[row];
+  if (round == 0) state.total = total;
+  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+  if (verified && !top_p_reached(ahead, state.total, top_p)) return;  // t is the sample, already written
+  bool pending = true;  // on the next round's list
+  if (drawn) {
+    int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
+    float score = -INFINITY;
+    double best_y = 0.0;
+    pending = index != kNoCandidate;
+    if (pending) {
+      float x, y;
+      int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
+      state.t_key = in.key(v, true, __ldg(in.logits + v), x, y);
+      score = perturbed_score(in, noise, 0, static_cast<uint32_t>(index), x);
+      best_y = static_cast<double>(y);
+    }
+    write_sample(p, row, 0, score, index, best_y, y0, true, 1.0);
+  }
+  if (!pending) return;
+  int32_t* const next = round + 1 < kRounds ? ws.round_lists + int64_t{round + 1} * (p.batch_size + 1) : p.rows;
+  if (next == p.rows) p.streamed_first_y[row] = __uint_as_float(0x7fc00000u);  // the cut kernel runs after the rounds
+  int const at = atomicAdd(next, 1);
+  next[1 + at] = static_cast<int32_t>(row);
+}
+
+// 3. The top_p rounds (streams_top_p_rows, with streamed_first_y and a row list). A row's
+// survivors are a prefix of the truncation order, and the sample is their best candidate; t, the
+// best candidate of every allowed token (which the pass above wrote as the row's sample), is the
+// sample iff top_p keeps it: the mass strictly ahead of it does not reach top_p of the row's
+// (top_p_reached, the cut path's rule on the same fixed-point integers). Else every survivor lies
+// strictly ahead of t, and the best candidate strictly ahead of it is the next t (the cut path's
+// winner-first passes, here over many CTAs a row). t passed min_p (the pass's survivors did), and
+// so does every key ahead of it. Round 0 verifies every row's t (no noise: most rows are decided
+// there), round 1 draws the next t of the rows that failed, rounds 2 and 3 verify it and draw the
+// next in the same pass. Each round takes the rows of its list (the finish kernel's, then the
+// previous round's), as (row, chunk of kRoundChunkTokens) items spread over the grid, so that a
+// few rows left for the later rounds still spread over every multiprocessor; the last CTA to finish
+// a row's chunks (a ticket) merges them, decides, and puts the row on the next round's list, or
+// after the last round hands it to the cut path (NaN in streamed_first_y, appended to `rows`).
+// One (row, chunk) item of a round: the mass of the allowed keys strictly ahead of t (and, round
+// 0, of every allowed key) and the best candidate strictly ahead of t. The draw skips what cannot
+// win as the streaming pass does: a token whose score with the largest noise any bits give stays
+// below the warp's best so far draws no Philox block, and one whose bits bound its noise below it
+// no logarithms (the skips are exact: strictly below a score already drawn).
+template <bool kVerify, bool kDraw>
+struct RoundChunk {
+  PackedCandidate t_key;
+  double y0;
+  bool with_total;
+  RowInput in;
+  RowNoiseKey noise;
+  FixedMass ahead = 0, total = 0;
+  float best_score = -INFINITY;
+  int32_t best_index = kNoCandidate;
+
+  // kLean: no bias, no mask (every token in range is allowed).
+  template <bool kLean>
+  __device__ __forceinline__ void run(int64_t begin, int64_t end) {
+    float const inv_t = in.greedy ? 1.0f : in.inv_t;  // fs_mul(x, 1) == x: a greedy row's y
+    float const max_noise = fs_gumbel_upper_bound_from_bits(kFullMask);
+    float floor = -INFINITY;
+    // The same steps in every thread (the draw's floor is a warp collective).
+    for (int64_t base = begin; base < end; base += kRoundUnroll * kThreads) {
+      float raw[kRoundUnroll];
+#pragma unroll
+      for (int j = 0; j < kRoundUnroll; ++j) {
+        int64_t const v = base + j * kThreads + threadIdx.x;
+        raw[j] = v < end ? __ldg(in.logits + v) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kRoundUnroll; ++j) {
+        int64_t const v = base + j * kThreads + threadIdx.x;
+        float x, y;
+        PackedCandidate key;
+        if constexpr (kLean) {
+          x = raw[j];
+          y = fs_mul(x, inv_t);
+          key = v < end ? pack_top_candidate(y, in.vocab_start + static_cast<uint32_t>(v)) : PackedCandidate{0};
+        } else {
+          key = in.key(v, v < end, raw[j], x, y);
+        }
+        bool const is_ahead = key > t_key;  // t_key > 0: excluded keys (0) are never ahead
+        if constexpr (kVerify) {
+          FixedMass const m = key != 0 ? fixed_mass(y, y0) : 0ull;
+          total += with_total ? m : 0ull;
+          ahead += is_ahead ? m : 0ull;
+        }
+        if (kDraw && is_ahead) {
+          uint32_t const index = top_candidate_index(key);
+          if (in.greedy) {
+            offer(x, index);
+          } else if (!(fs_perturbed_score(x, inv_t, max_noise) < floor)) {
+            uint32_t const bits =
+                fs_philox_lane(fs_noise_block(noise.seed, noise.offset, index, noise.stream >> 2), noise.stream & 3u);
+            if (!(fs_perturbed_score(x, inv_t, fs_gumbel_upper_bound_from_bits(bits)) < floor)) {
+              offer(fs_perturbed_score(x, inv_t, fs_gumbel_from_bits(bits)), index);
+            }
+          }
+        }
+      }
+      if constexpr (kDraw) floor = warp_max(best_score);
+    }
+  }
+
+  __device__ __forceinline__ void offer(float score, uint32_t index) {
+    if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
+      best_score = score;
+      best_index = static_cast<int32_t>(index);
+    }
+  }
+};
+
+template <bool kVerify, bool kDraw>
+__global__ void __launch_bounds__(kThreads) top_p_round_kernel(LogitsSamplerParams const p, Workspace ws,
+                                                               int round, int round_chunks) {
+  __shared__ RoundPartial warp_partial[kWarps];
+  __shared__ bool last_cta;
+  int32_t const* const list = ws.round_lists + int64_t{round} * (p.batch_size + 1);
+  int64_t const items = int64_t{__ldcg(list)} * round_chunks;
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(p.noise, batch_seed, batch_offset);
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    int64_t const row = __ldcg(list + 1 + item / round_chunks);
+    int const chunk = static_cast<int>(item % round_chunks);
+    float const inv_t = row_inv_t(p, row);
+    RowInput const in{p.logits + row * p.logits_row_stride, p.logit_bias,
+                      p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
+                      static_cast<uint32_t>(p.vocab_start)};
+    RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
+    double const y0 = static_cast<double>(__ldg(p.streamed_first_y + row));
+    PackedCandidate const t_key = __ldcg(&ws.round_rows[row].t_key);
+    int64_t const begin = int64_t{chunk} * kRoundChunkTokens;
+    int64_t const end = begin + kRoundChunkTokens < p.vocab_size ? begin + kRoundChunkTokens : p.vocab_size;
+    RoundChunk<kVerify, kDraw> part{t_key, y0, round == 0, in, noise};
+    // Without bias and mask (the fused truncation's stored x, when the call has no mask) the
+    // element's arithmetic has no branch on them.
+    if (in.bias == nullptr && in.mask == nullptr) {
+      part.template run<true>(begin, end);
+    } else {
+      part.template run<false>(begin, end);
+    }
+    FixedMass ahead = part.ahead, total = part.total;
+    PackedCandidate best = pack_candidate(part.best_score, part.best_index);
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      ahead += __shfl_xor_sync(kFullMask, ahead, d);
+      total += __shfl_xor_sync(kFullMask, total, d);
+    }
+    best = warp_max(best);
+    if (lane == 0) warp_partial[warp] = {ahead, total, best};
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      RoundPartial out = warp_partial[0];
+      for (int w = 1; w < kWarps; ++w) {
+        out.ahead += warp_partial[w].ahead;
+        out.total += warp_partial[w].total;
+        out.best = warp_partial[w].best > out.best ? warp_partial[w].best : out.best;
+      }
+      ws.round_partials[row * round_chunks + chunk] = out;
+      // The last CTA of the row's chunks sees every partial: fence, then the ticket.
+      __threadfence();
+      uint32_t const ticket = atomicAdd(ws.round_tickets + int64_t{round} * p.batch_size + row, 1u);
+      last_cta = ticket == static_cast<uint32_t>(round_chunks - 1);
+    }
+    __syncthreads();
+    if (last_cta && warp == 0) {
+      __threadfence();
+      RoundPartial const* partials = ws.round_partials + row * round_chunks;
+      FixedMass row_ahead = 0, row_total = 0;
+      PackedCandidate row_best = 0;
+      for (int c = lane; c < round_chunks; c += 32) {
+        row_ahead += __ldcg(&partials[c].ahead);
+        row_total += __ldcg(&partials[c].total);
+        PackedCandidate const b = __ldcg(&partials[c].best);
+        row_best = b > row_best ? b : row_best;
+      }
+#pragma unroll
+      for (int d = 16; d > 0; d >>= 1) {
+        row_ahead += __shfl_xor_sync(kFullMask, row_ahead, d);
+        row_total += __shfl_xor_sync(kFullMask, row_total, d);
+      }
+      row_best = warp_max(row_best);
+      if (lane == 0) decide_round(p, ws, round, row, in, noise, y0, row_ahead, row_total, row_best, kVerify, kDraw);
+    }
+    __syncthreads();  // warp_partial and last_cta are written again for the next item
   }
 }
 
@@ -642,24 +887,38 @@ int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, int64_t& ch
 size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& p, int sm_count) {
   int64_t chunk_tokens = 0;
   int64_t const chunks = streaming_chunks(p, sm_count, chunk_tokens);
-  return WorkspaceLayout(p.batch_size, p.num_samples, chunks).total;
+  return WorkspaceLayout(p.batch_size, p.num_samples, chunks, p.vocab_size, streams_top_p_rows(p)).total;
 }
 
 cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace, int sm_count, cudaStream_t stream) {
   int64_t chunk_tokens = 0;
   int64_t const chunks = streaming_chunks(p, sm_count, chunk_tokens);
-  WorkspaceLayout const layout(p.batch_size, p.num_samples, chunks);
+  bool const rounds = streams_top_p_rows(p) && p.streamed_first_y != nullptr && p.rows != nullptr;
+  WorkspaceLayout const layout(p.batch_size, p.num_samples, chunks, p.vocab_size, rounds);
   Workspace const ws = layout.carve(workspace);
   cudaError_t const err = cudaMemsetAsync(ws.floors, 0, layout.total - layout.floors, stream);
   if (err != cudaSuccess) return err;
   dim3 const grid(static_cast<unsigned>(chunks), static_cast<unsigned>((p.batch_size + kQuad - 1) / kQuad));
-  if (p.streamed_first_y != nullptr) {
+  // The min_p instance only where a row can be cut by min_p (a top_p call's rows are not).
+  if (p.streamed_first_y != nullptr && (p.min_ps != nullptr || p.min_p > 0.0)) {
     streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
   } else {
     streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
   }
   streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws,
                                                                                              static_cast<int>(chunks));
+  if (rounds) {
+    // Four CTAs an SM, or one an item where the batch has fewer (an empty round's launch is then
+    // small too).
+    int const chunks_a_row = static_cast<int>(round_chunks(p.vocab_size));
+    int64_t const most_items = p.batch_size * chunks_a_row;
+    int const items_grid = static_cast<int>(std::min<int64_t>(4 * (sm_count < 1 ? 1 : sm_count), most_items));
+    top_p_round_kernel<true, false><<<items_grid, kThreads, 0, stream>>>(p, ws, 0, chunks_a_row);
+    top_p_round_kernel<false, true><<<items_grid, kThreads, 0, stream>>>(p, ws, 1, chunks_a_row);
+    for (int round = 2; round < kRounds; ++round) {
+      top_p_round_kernel<true, true><<<items_grid, kThreads, 0, stream>>>(p, ws, round, chunks_a_row);
+    }
+  }
   return cudaGetLastError();
 }
 

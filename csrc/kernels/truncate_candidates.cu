@@ -218,8 +218,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // Without top_k the first kMaxFusedTopK tokens are selected as if it were that, and the row
   // is decided here when its top_p / min_p cut falls among them (checked after step 4).
   bool const certify = given_k < 1 && (top_p_on || min_p_on);
-  // A min_p-alone row the candidates cannot decide is left to the logits sampler's streaming
-  // kernels with its first y (below); every other row's entry stays NaN.
+  // A row without top_k the candidates cannot decide may be left to the logits sampler's
+  // streaming kernels with its first y (below); every other row's entry stays NaN.
   if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
   if (!certify && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
     if (threadIdx.x == 0) leave_to_logits_sampler(p, row);  // a larger top_k, or nothing on
@@ -449,9 +449,12 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   if (certify && !whole_row && n_keep == m) {
     // Every token of the list survives, so more may follow past it. With min_p alone (in (0, 1]
     // here: a larger or NaN one keeps the first token only) the rest is one comparison an
-    // element against the first y, which the streaming kernels can take.
+    // element against the first y, which the streaming kernels can take; with top_p (in (0, 1)
+    // here) they sample the row from its first y and verify the winner against top_p in rounds,
+    // in a call of one sample without log-probabilities.
+    bool const streams_top_p = p.num_samples == 1 && !p.logprobs && top_p > 0.0;
     if (lane == 0) {
-      if (streamed_first_y != nullptr && !top_p_on) {
+      if (streamed_first_y != nullptr && (!top_p_on || streams_top_p)) {
         streamed_first_y[row] = from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32));
       } else {
         leave_to_logits_sampler(p, row);

@@ -26,8 +26,9 @@ struct LogitsSamplerParams {
   // The rows to sample, when set ([1 + B] int32 device array: a count, then that many rows);
   // else every row. The fused truncation hands over the rows its stage 2 left. The launcher
   // then launches twice, each launch working only for its range of counts (read on the device):
-  // few rows get clusters of 8 CTAs, many the grid of the batch.
-  const int32_t* rows = nullptr;
+  // few rows get clusters of 8 CTAs, many the grid of the batch. The streaming kernels' top_p
+  // rounds append the rows they leave undecided (as stage 2 appends its rows).
+  int32_t* rows = nullptr;
   int32_t min_rows = 0, max_rows = INT32_MAX;  // set by the launcher
   int64_t vocab_size = 0;   // V
   int64_t vocab_start = 0;  // global id of column 0: noise and tokens use vocab_start + v
@@ -64,9 +65,11 @@ struct LogitsSamplerParams {
 
   // With a row list: the rows the fused truncation's stage 2 hands to the streaming kernels
   // instead ([B], or null for none): NaN for a row not streamed, else the row's first y (finite),
-  // for a row cut by min_p alone (in (0, 1]), whose elements the streaming kernels test against
-  // it.
-  const float* streamed_first_y = nullptr;
+  // for a row without top_k cut by min_p (in (0, 1]), whose elements the streaming kernels test
+  // against it, and / or (streams_top_p_rows) by top_p (in (0, 1)). A top_p row's sample is the
+  // streaming pass's winner once the top_p rounds (streaming_rows.cu) have verified it; a row they
+  // leave undecided gets NaN here again and joins `rows`.
+  float* streamed_first_y = nullptr;
 
   // Set by the launcher: the streaming rows' kernels sample the rows without a top_k / top_p /
   // min_p cut and those of streamed_first_y (logits_rows.cuh: is_streaming_row), and the cut
@@ -118,6 +121,14 @@ inline int64_t streaming_chunk_tokens(int64_t batch, int64_t vocab, int sm_count
   int64_t chunks = (ctas + quads - 1) / quads;
   int64_t const chunk = (vocab + chunks - 1) / chunks;
   return (chunk + 1023) / 1024 * 1024;
+}
+
+// Whether the streaming kernels may get top_p rows where a call gives streamed_first_y (and a
+// row list): they verify each such row's winner against its top_p in rounds, which sample once
+// without log-probabilities. The workspace holds the rounds' state wherever this holds.
+inline bool streams_top_p_rows(const LogitsSamplerParams& params) {
+  return (params.top_ps != nullptr || params.top_p < 1.0) && params.num_samples == 1 &&
+         params.token_logprobs == nullptr;
 }
 
 // Bytes of device workspace the streaming rows' kernels need: per (row, chunk) partials and per

@@ -201,14 +201,16 @@ inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
 }
 
 // Whether stage 2 may hand some of the rows it leaves to the logits sampler's streaming kernels
-// rather than its row list: the rows cut by min_p alone (stage 2 knows their first y, so their
-// cut is a comparison an element), which need a min_p and no host top_k / top_p that cuts every
-// row.
+// rather than its row list: rows without top_k whose first y stage 2 knows, cut by min_p alone
+// (a comparison an element) or by top_p in a call of one sample without log-probabilities (the
+// streaming pass's winner, verified in rounds: LogitsSamplerParams::streamed_first_y).
 inline bool fused_truncation_streams_rows(SamplerParams const& p) {
   bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
+  bool const top_p = p.top_ps != nullptr || p.top_p < 1.0;
   bool const rows_without_top_k = p.top_ks != nullptr || p.top_k < 1;
   bool const rows_without_top_p = p.top_ps != nullptr || !(p.top_p < 1.0);
-  return p.fallback_rows != nullptr && min_p && rows_without_top_k && rows_without_top_p;
+  bool const top_p_rows = top_p && p.num_samples == 1 && !p.logprobs;
+  return p.fallback_rows != nullptr && rows_without_top_k && ((min_p && rows_without_top_p) || top_p_rows);
 }
 
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max
