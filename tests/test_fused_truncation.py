@@ -155,10 +155,9 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
 def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_min_p):
     """bf16 logits of an LM head (not exact: the fused pass's own accumulators): rows with
     top_k <= 0 / >= V, top_p >= 1 and min_p <= 0 in a mixed batch get plain sampling's token.
-    Stage 2 hands the rows without top_k its candidates cannot decide (top_p rows: one sample
-    without log-probabilities; min_p-alone rows) to the streaming kernels: the profiler checks
-    that they run, and that the top_p rounds run only on flat rows (whose top_p the candidates
-    never settle)."""
+    With a min_p in the call, stage 2 hands the min_p-alone rows its candidates cannot decide to
+    the streaming kernels; with a top_k tensor, top_p rows take the row list: the profiler checks
+    that the streaming kernels run in the min_p calls only."""
     from torch.profiler import ProfilerActivity, profile
 
     weight = lm_head_weight(V, D, seed=3)
@@ -175,9 +174,8 @@ def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_mi
         got = fs.sample(hidden, weight, truncation_path="fused_top_k", **truncation, **kwargs)
         torch.cuda.synchronize()
     kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert any("streaming_sample_kernel" in name for name in kernels)
-    if regime == "flat":
-        assert any("top_p_round_kernel" in name for name in kernels)
+    assert any("streaming_sample_kernel" in name for name in kernels) == with_min_p
+    assert not any("top_p_round_kernel" in name for name in kernels)
     plain = fs.sample(hidden, weight, **kwargs)
     assert torch.equal(got[off], plain[off])
     # and the truncated rows agree with the materialised path (other logits bits: near ties may differ)
@@ -191,11 +189,12 @@ def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_mi
 @pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "k_p_min_p_rows", "p0.1", "p0.5_min_p_rows"])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
 def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, controls):
-    """One sample without log-probabilities: stage 2 hands the top_p rows its candidates cannot
-    decide to the streaming kernels, whose rounds verify each row's winner against top_p, draw
-    the next winner where it fails (a small top_p fails most first winners) and leave a row still
-    undecided after the last round to the cut kernel. Tokens and scores as the CPU op's, bit for
-    bit; the profiler checks that the rounds ran."""
+    """One sample without log-probabilities, no top_k tensor: stage 2 hands the top_p rows its
+    candidates cannot decide to the streaming kernels, whose rounds verify each row's winner
+    against top_p, draw the next winner where it fails (a small top_p fails most first winners)
+    and leave a row still undecided after the last round to the cut kernel (with a top_k tensor
+    such rows take the row list). Tokens and scores as the CPU op's, bit for bit; the profiler
+    checks that the rounds ran where they should."""
     from torch.profiler import ProfilerActivity, profile
 
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 7 * len(truncation))
@@ -217,8 +216,8 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, c
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k", **on, **trunc_cuda)
         torch.cuda.synchronize()
-    if regime == "flat":
-        assert any("top_p_round_kernel" in e.name for e in prof.events() if e.device_type.name == "CUDA")
+    rounds = any("top_p_round_kernel" in e.name for e in prof.events() if e.device_type.name == "CUDA")
+    assert rounds == ("top_k" not in trunc_cpu)
     op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
     for name, value in trunc_cpu.items():
         op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value

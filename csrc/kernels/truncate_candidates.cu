@@ -202,7 +202,7 @@ __device__ double block_row_mass(float2 const* __restrict__ tile_log_masses, int
 __global__ void __launch_bounds__(kThreads)
 truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates,
                            float2 const* __restrict__ tile_log_masses, float* __restrict__ streamed_first_y,
-                           int64_t num_tiles, int vocab_tile) {
+                           bool streams_top_p_rows, int64_t num_tiles, int vocab_tile) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ Stage2Shared sh;
   int64_t const row = blockIdx.x;
@@ -451,8 +451,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     // here: a larger or NaN one keeps the first token only) the rest is one comparison an
     // element against the first y, which the streaming kernels can take; with top_p (in (0, 1)
     // here) they sample the row from its first y and verify the winner against top_p in rounds,
-    // in a call of one sample without log-probabilities.
-    bool const streams_top_p = p.num_samples == 1 && !p.logprobs && top_p > 0.0;
+    // in the calls of fused_truncation_streams_top_p_rows.
+    bool const streams_top_p = streams_top_p_rows && top_p > 0.0;
     if (lane == 0) {
       if (streamed_first_y != nullptr && (!top_p_on || streams_top_p)) {
         streamed_first_y[row] = from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32));
@@ -541,7 +541,8 @@ cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers co
   if (err != cudaSuccess) return err;
   float2 const* tile_log_masses = p.row_logits != nullptr ? buffers.lse_parts : nullptr;
   truncate_candidates_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(
-      p, buffers.candidates, tile_log_masses, buffers.streamed_first_y, num_tiles, vocab_tile);
+      p, buffers.candidates, tile_log_masses, buffers.streamed_first_y, fused_truncation_streams_top_p_rows(p),
+      num_tiles, vocab_tile);
   return cudaGetLastError();
 }
 

@@ -125,10 +125,12 @@ inline int64_t streaming_chunk_tokens(int64_t batch, int64_t vocab, int sm_count
 
 // Whether the streaming kernels may get top_p rows where a call gives streamed_first_y (and a
 // row list): they verify each such row's winner against its top_p in rounds, which sample once
-// without log-probabilities. The workspace holds the rounds' state wherever this holds.
+// without log-probabilities; the fused truncation streams them in calls without top_k (the same
+// test as fused_truncation_streams_top_p_rows). The workspace holds the rounds' state wherever
+// this holds.
 inline bool streams_top_p_rows(const LogitsSamplerParams& params) {
-  return (params.top_ps != nullptr || params.top_p < 1.0) && params.num_samples == 1 &&
-         params.token_logprobs == nullptr;
+  return (params.top_ps != nullptr || params.top_p < 1.0) && params.top_ks == nullptr && params.top_k < 1 &&
+         params.num_samples == 1 && params.token_logprobs == nullptr;
 }
 
 // Bytes of device workspace the streaming rows' kernels need: per (row, chunk) partials and per

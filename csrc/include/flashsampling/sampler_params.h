@@ -200,17 +200,26 @@ inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
   return p.top_ks == nullptr && p.top_k >= 1 && p.top_k <= kMaxFusedTopK;
 }
 
+// Whether the fused truncation's stage 2 hands the top_p rows it cannot decide to the logits
+// sampler's streaming kernels (LogitsSamplerParams::streamed_first_y): in a call of top_p without
+// top_k, one sample and no log-probabilities. With a top_k tensor they take the row list: such
+// calls (serving defaults) rarely leave a row, and the streaming kernels' launches would cost
+// them ~10-15 µs whether or not one streams.
+inline bool fused_truncation_streams_top_p_rows(SamplerParams const& p) {
+  bool const top_p = p.top_ps != nullptr || p.top_p < 1.0;
+  return top_p && p.top_ks == nullptr && p.top_k < 1 && p.num_samples == 1 && !p.logprobs;
+}
+
 // Whether stage 2 may hand some of the rows it leaves to the logits sampler's streaming kernels
 // rather than its row list: rows without top_k whose first y stage 2 knows, cut by min_p alone
-// (a comparison an element) or by top_p in a call of one sample without log-probabilities (the
-// streaming pass's winner, verified in rounds: LogitsSamplerParams::streamed_first_y).
+// (a comparison an element) or by top_p (fused_truncation_streams_top_p_rows; the streaming
+// pass's winner, verified in rounds).
 inline bool fused_truncation_streams_rows(SamplerParams const& p) {
   bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
-  bool const top_p = p.top_ps != nullptr || p.top_p < 1.0;
   bool const rows_without_top_k = p.top_ks != nullptr || p.top_k < 1;
   bool const rows_without_top_p = p.top_ps != nullptr || !(p.top_p < 1.0);
-  bool const top_p_rows = top_p && p.num_samples == 1 && !p.logprobs;
-  return p.fallback_rows != nullptr && rows_without_top_k && ((min_p && rows_without_top_p) || top_p_rows);
+  return p.fallback_rows != nullptr && rows_without_top_k &&
+         ((min_p && rows_without_top_p) || fused_truncation_streams_top_p_rows(p));
 }
 
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max
