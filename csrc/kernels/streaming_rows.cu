@@ -205,7 +205,8 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
                       static_cast<uint32_t>(p.vocab_start)};
       if (p.streamed_first_y != nullptr) {  // a streaming row's entry is finite
         q.min_p = row_min_p(p, q.row);
-        q.min_p_cut = q.min_p.on;
+        // A min_p that cuts (in (0, 1] here): a top_p row of a min_p call may have its own off.
+        q.min_p_cut = q.min_p.on && q.min_p.value > 0.0;
         if (q.min_p_cut) q.min_p.set_first(__ldg(p.streamed_first_y + q.row), true);
       }
     }
@@ -818,7 +819,7 @@ __global__ void __launch_bounds__(kThreads) top_p_round_kernel(LogitsSamplerPara
                       p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
                       static_cast<uint32_t>(p.vocab_start)};
     RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
-    double const y0 = static_cast<double>(__ldg(p.streamed_first_y + row));
+    double const y0 = static_cast<double>(__ldcg(p.streamed_first_y + row));  // the last round writes it
     PackedCandidate const t_key = __ldcg(&ws.round_rows[row].t_key);
     int64_t const begin = int64_t{chunk} * kRoundChunkTokens;
     int64_t const end = begin + kRoundChunkTokens < p.vocab_size ? begin + kRoundChunkTokens : p.vocab_size;
