@@ -31,6 +31,23 @@ struct RowInput {
   }
 };
 
+// fl(1 / T) of a row: its own temperature where the call gives them (0: greedy, NaN: invalid).
+__device__ __forceinline__ float row_inv_t(LogitsSamplerParams const& p, int64_t row) {
+  return p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
+}
+
+// How row `row` of the call reads, at the scale inv_t (row_inv_t).
+__device__ __forceinline__ RowInput row_input(LogitsSamplerParams const& p, int64_t row, float inv_t) {
+  return {p.logits + row * p.logits_row_stride, p.logit_bias,
+          p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
+          static_cast<uint32_t>(p.vocab_start)};
+}
+
+// The row's top_p (the per-row value where given).
+__device__ __forceinline__ double row_top_p(LogitsSamplerParams const& p, int64_t row) {
+  return p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+}
+
 // Probability mass relative to the row's first token (<= 1) in fixed point with 41 fraction
 // bits: at most 2^41 an element, and at most 2^22 * 2^41 = 2^63 for a row (kLogitsSamplerMaxVocab).
 // Integer sums are exact in any order, so every kernel that decides a top_p cut (the cut path's
@@ -114,7 +131,7 @@ __device__ __forceinline__ bool is_streaming_row(LogitsSamplerParams const& p, i
   if (p.min_ps != nullptr || p.min_p > 0.0) return false;
   int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
   bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
-  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+  double const top_p = row_top_p(p, row);
   return (k < 1 || k >= p.vocab_size) && (!top_p_on || top_p >= 1.0);
 }
 

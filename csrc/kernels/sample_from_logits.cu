@@ -824,7 +824,7 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
   if (p.streaming_rows && is_streaming_row(p, row)) return;  // streaming_rows.cu samples it
   unsigned const rank = cluster.block_rank(), ctas = cluster.num_blocks();
   bool const leader = rank == 0;
-  float const inv_t = p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
+  float const inv_t = row_inv_t(p, row);
   if (inv_t != inv_t) {  // an invalid temperature in a device tensor: no candidate
     if (leader) {
       // A row whose mask allows nothing still reports empty_mask_token (as the fused op does).
@@ -844,13 +844,11 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
     }
     return;
   }
-  RowInput const in{p.logits + row * p.logits_row_stride, p.logit_bias,
-                    p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
-                    static_cast<uint32_t>(p.vocab_start)};
+  RowInput const in = row_input(p, row, inv_t);
   Slice const slice{p.vocab_size * rank / ctas, p.vocab_size * (rank + 1) / ctas};
   int64_t const k = p.top_ks ? __ldg(p.top_ks + row) : p.top_k;
   bool const top_p_on = p.top_ps != nullptr || p.top_p < 1.0;
-  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+  double const top_p = row_top_p(p, row);
   MinP min_p = row_min_p(p, row);
   RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
   // The winner-first path's rows (winner_first_row): top_p and / or min_p without top_k, one

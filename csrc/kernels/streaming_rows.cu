@@ -134,10 +134,6 @@ struct WorkspaceLayout {
   }
 };
 
-__device__ __forceinline__ float row_inv_t(LogitsSamplerParams const& p, int64_t row) {
-  return p.temperatures ? fs_inv_temperature(__ldg(p.temperatures + row)) : p.inv_temperature;
-}
-
 __device__ __forceinline__ PackedCandidate warp_max(PackedCandidate v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) {
@@ -200,9 +196,7 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
       q.counted = true;
       float const inv_t = row_inv_t(p, q.row);
       q.sampled = inv_t == inv_t;  // an invalid temperature draws nothing (the finish reports the row)
-      q.in = RowInput{p.logits + q.row * p.logits_row_stride, p.logit_bias,
-                      p.allowed_mask ? p.allowed_mask + q.row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
-                      static_cast<uint32_t>(p.vocab_start)};
+      q.in = row_input(p, q.row, inv_t);
       if (p.streamed_first_y != nullptr) {  // a streaming row's entry is finite
         q.min_p = row_min_p(p, q.row);
         // A min_p that cuts (in (0, 1] here): a top_p row of a min_p call may have its own off.
@@ -646,9 +640,7 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
     for (int d = 16; d > 0; d >>= 1) kept_mass += __shfl_xor_sync(kFullMask, kept_mass, d);
     if (has_nan) kept_mass = NAN;
   }
-  RowInput const in{p.logits + row * p.logits_row_stride, p.logit_bias,
-                    p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
-                    static_cast<uint32_t>(p.vocab_start)};
+  RowInput const in = row_input(p, row, inv_t);
   uint64_t batch_seed = 0, batch_offset = 0;
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
@@ -671,7 +663,7 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
     write_sample(p, row, s, score, index, best_y, y0, y0_finite, kept_mass);
     // A top_p row's winner t is its sample if top_p keeps it: round 0 verifies it (one sample,
     // no log-probabilities here; y0 is finite for every row of streamed_first_y).
-    double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+    double const top_p = row_top_p(p, row);
     if (ws.round_rows != nullptr && index != kNoCandidate && top_p > 0.0 && top_p < 1.0) {
       ws.round_rows[row] = {pack_top_candidate(static_cast<float>(best_y), static_cast<uint32_t>(index)), 0ull};
       int const at = atomicAdd(ws.round_lists, 1);
@@ -679,6 +671,21 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
     }
   }
 }
+
+// 3. The top_p rounds (streams_top_p_rows, with streamed_first_y and a row list). A row's
+// survivors are a prefix of the truncation order, and the sample is their best candidate; t, the
+// best candidate of every allowed token (which the pass above wrote as the row's sample), is the
+// sample iff top_p keeps it: the mass strictly ahead of it does not reach top_p of the row's
+// (top_p_reached, the cut path's rule on the same fixed-point integers). Else every survivor lies
+// strictly ahead of t, and the best candidate strictly ahead of it is the next t (the cut path's
+// winner-first passes, here over many CTAs a row). t passed min_p (the pass's survivors did), and
+// so does every key ahead of it. Round 0 verifies every row's t (no noise: most rows are decided
+// there), round 1 draws the next t of the rows that failed, rounds 2 and 3 verify it and draw the
+// next in the same pass. Each round takes the rows of its list (the finish kernel's, then the
+// previous round's), as (row, chunk of kRoundChunkTokens) items spread over the grid, so that a
+// few rows left for the later rounds still spread over every multiprocessor; the last CTA to finish
+// a row's chunks (a ticket) merges them, decides, and puts the row on the next round's list, or
+// after the last round hands it to the cut path (NaN in streamed_first_y, appended to `rows`).
 
 // A round's decision for a row, from the merged chunks (one thread): t stays the sample, or the
 // best candidate ahead of it becomes the next t (written as the row's sample; none, from NaN
@@ -690,7 +697,7 @@ __device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, 
                              PackedCandidate best, bool verified, bool drawn) {
   RoundRow& state = ws.round_rows[row];
   if (round == 0) state.total = total;
-  double const top_p = p.top_ps ? __ldg(p.top_ps + row) : p.top_p;
+  double const top_p = row_top_p(p, row);
   if (verified && !top_p_reached(ahead, state.total, top_p)) return;  // t is the sample, already written
   bool pending = true;  // on the next round's list
   if (drawn) {
@@ -714,20 +721,6 @@ __device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, 
   next[1 + at] = static_cast<int32_t>(row);
 }
 
-// 3. The top_p rounds (streams_top_p_rows, with streamed_first_y and a row list). A row's
-// survivors are a prefix of the truncation order, and the sample is their best candidate; t, the
-// best candidate of every allowed token (which the pass above wrote as the row's sample), is the
-// sample iff top_p keeps it: the mass strictly ahead of it does not reach top_p of the row's
-// (top_p_reached, the cut path's rule on the same fixed-point integers). Else every survivor lies
-// strictly ahead of t, and the best candidate strictly ahead of it is the next t (the cut path's
-// winner-first passes, here over many CTAs a row). t passed min_p (the pass's survivors did), and
-// so does every key ahead of it. Round 0 verifies every row's t (no noise: most rows are decided
-// there), round 1 draws the next t of the rows that failed, rounds 2 and 3 verify it and draw the
-// next in the same pass. Each round takes the rows of its list (the finish kernel's, then the
-// previous round's), as (row, chunk of kRoundChunkTokens) items spread over the grid, so that a
-// few rows left for the later rounds still spread over every multiprocessor; the last CTA to finish
-// a row's chunks (a ticket) merges them, decides, and puts the row on the next round's list, or
-// after the last round hands it to the cut path (NaN in streamed_first_y, appended to `rows`).
 // One (row, chunk) item of a round: the mass of the allowed keys strictly ahead of t (and, round
 // 0, of every allowed key) and the best candidate strictly ahead of t. The draw skips what cannot
 // win as the streaming pass does: a token whose score with the largest noise any bits give stays
@@ -815,9 +808,7 @@ __global__ void __launch_bounds__(kThreads) top_p_round_kernel(LogitsSamplerPara
     int64_t const row = __ldcg(list + 1 + item / round_chunks);
     int const chunk = static_cast<int>(item % round_chunks);
     float const inv_t = row_inv_t(p, row);
-    RowInput const in{p.logits + row * p.logits_row_stride, p.logit_bias,
-                      p.allowed_mask ? p.allowed_mask + row * p.mask_words : nullptr, inv_t, inv_t == 0.0f,
-                      static_cast<uint32_t>(p.vocab_start)};
+    RowInput const in = row_input(p, row, inv_t);
     RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
     double const y0 = static_cast<double>(__ldcg(p.streamed_first_y + row));  // the last round writes it
     PackedCandidate const t_key = __ldcg(&ws.round_rows[row].t_key);
