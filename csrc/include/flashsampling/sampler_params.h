@@ -203,8 +203,8 @@ inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
 // Whether the fused truncation's stage 2 hands the top_p rows it cannot decide to the logits
 // sampler's streaming kernels (LogitsSamplerParams::streamed_first_y): in a call of top_p without
 // top_k, one sample and no log-probabilities. With a top_k tensor they take the row list: such
-// calls (serving defaults) rarely leave a row, and the streaming kernels' launches would cost
-// them ~10-15 µs whether or not one streams.
+// calls (serving defaults) rarely leave a row, and would pay for the streaming kernels' launches
+// whether or not one streams (docs/truncation.md).
 inline bool fused_truncation_streams_top_p_rows(SamplerParams const& p) {
   bool const top_p = p.top_ps != nullptr || p.top_p < 1.0;
   return top_p && p.top_ks == nullptr && p.top_k < 1 && p.num_samples == 1 && !p.logprobs;
