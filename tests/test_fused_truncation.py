@@ -72,6 +72,29 @@ def truncation_kwargs(form, batch, device):
             for name, value in FORMS[form].items()}
 
 
+def sample_with_dispatch_options(hidden, weight, kwargs, **options):
+    """fs.sample_with_scores with DispatchOptions `options` (the defaults again after), and the
+    names of the CUDA kernels it ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.ops.flashsampling._set_dispatch_options(**options)
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            result = fs.sample_with_scores(hidden, weight, **kwargs)
+            torch.cuda.synchronize()
+    finally:
+        torch.ops.flashsampling._set_dispatch_options()
+    return result, [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def assert_same_bits(got, want, fields):
+    """The named outputs of two results equal bit for bit (floats compared as their bits)."""
+    for name in fields:
+        a, b = getattr(got, name), getattr(want, name)
+        as_bits = (lambda t: t.view(torch.int32)) if a.is_floating_point() else (lambda t: t)
+        assert torch.equal(as_bits(a), as_bits(b)), (name, (as_bits(a) != as_bits(b)).nonzero()[:8])
+
+
 @requires_sm90
 # the N = 16 and 64 tiles, then the epilogue-warpgroup kernel: one column tile (100) and two in a
 # column cluster (130, 200); three tiles (300) in test_top_candidates_kernels_agree_bit_for_bit
@@ -117,8 +140,6 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
     the pass takes (per-row T with greedy rows, bias, mask, per-row seeds, two samples), also with
     a last vocabulary tile of 88 rows (runs of 16 rows partly and wholly past the vocabulary). The
     profiler checks that each setting ran the kernel it names."""
-    from torch.profiler import ProfilerActivity, profile
-
     weight = lm_head_weight(vocab, D, seed=3).cuda()
     hidden = hidden_states(weight, batch, "llm", seed=batch)
     g = torch.Generator().manual_seed(batch)
@@ -131,21 +152,12 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
                   truncation_path="fused_top_k", **truncation_kwargs(form, batch, "cuda"))
     results = {}
     for epilogue_warpgroups in (True, False):
-        torch.ops.flashsampling._set_dispatch_options(top_candidates_epilogue_warpgroups=epilogue_warpgroups)
-        try:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                results[epilogue_warpgroups] = fs.sample_with_scores(hidden, weight, **kwargs)
-                torch.cuda.synchronize()
-        finally:
-            torch.ops.flashsampling._set_dispatch_options()
+        results[epilogue_warpgroups], names = sample_with_dispatch_options(
+            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups)
         # the top-k pass's loop is (flashsampling::SamplerLoop)3 in the kernel's name
-        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
         ran_ours = any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in names)
         assert ran_ours == epilogue_warpgroups, names
-    for name in ("tokens", "scores", "token_logprobs", "logsumexp"):
-        got, want = getattr(results[True], name), getattr(results[False], name)
-        as_bits = (lambda t: t.view(torch.int32)) if got.is_floating_point() else (lambda t: t)
-        assert torch.equal(as_bits(got), as_bits(want)), (name, (as_bits(got) != as_bits(want)).nonzero()[:8])
+    assert_same_bits(results[True], results[False], ("tokens", "scores", "token_logprobs", "logsumexp"))
 
 
 @requires_sm90
@@ -225,6 +237,40 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, c
     tokens = got.tokens.cpu()
     assert torch.equal(tokens, expected[0]), (tokens != expected[0]).nonzero()[:8]
     assert torch.equal(got.scores.cpu(), expected[1])
+
+
+@requires_sm90
+@pytest.mark.parametrize("batch", [6, 40, 64, 100])
+@pytest.mark.parametrize("regime", ["flat", "llm"])
+@pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.3"])
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
+def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, controls):
+    """top_p without top_k or min_p, one sample, the batch-wide seed: the top-k scan draws each
+    tile's plain-sampling winner (DispatchOptions::top_p_tile_winners), stage 2 gives the rows
+    without a cut their winner and starts the top_p rows' rounds from it, and no streaming pass runs.
+    The same tokens and scores bit for bit as with the streaming pass, on bf16 LM-head logits
+    (per-row temperatures with greedy rows; with the dense bias and the mask). Beyond 64 rows the
+    CUTLASS cooperative tile's scan draws them (the epilogue-warpgroup kernel does not); the
+    profiler checks which route ran."""
+    weight = lm_head_weight(V, D, seed=6).cuda()
+    hidden = hidden_states(weight, batch, regime, seed=batch)
+    temperatures = (torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4).cuda()
+    temperatures[::5] = 0.0
+    kwargs = dict(temperature=temperatures, seed=torch.tensor(21, device="cuda"), offset=torch.tensor(3, device="cuda"),
+                  truncation_path="fused_top_k")
+    if controls:
+        c = random_controls(batch, V, "cuda", vocab_start=64, seed=batch, density=0.5)
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7)
+    if truncation == "p0.3":
+        kwargs["top_p"] = torch.full((batch,), 0.3, dtype=torch.float64, device="cuda")
+    else:
+        kwargs.update(truncation_kwargs(truncation, batch, "cuda"))
+    results = {}
+    for winners in (True, False):
+        results[winners], names = sample_with_dispatch_options(
+            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=False, top_p_tile_winners=winners)
+        assert any("streaming_sample_kernel" in n for n in names) != winners, names
+    assert_same_bits(results[True], results[False], ("tokens", "scores"))
 
 
 @requires_sm90

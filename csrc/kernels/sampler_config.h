@@ -66,6 +66,11 @@ struct SamplerBuffers {
   // (LogitsSamplerParams::streamed_first_y), and those kernels' workspace.
   float* streamed_first_y = nullptr;  // [B]
   void* logits_sampler = nullptr;
+  // draw_tile_winners only: the top-k scan's winner of each (vocabulary tile, row) (pack_candidate of
+  // the perturbed score and index; 0: none), and stage 2's row winners for the streaming kernels
+  // (LogitsSamplerParams::streamed_winners).
+  PackedCandidate* tile_winners = nullptr;      // [num_vocab_tiles][columns]
+  PackedCandidate* streamed_winners = nullptr;  // [B]
 };
 
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
@@ -73,7 +78,7 @@ struct SamplerBuffers {
 struct SamplerWorkspaceLayout {
   size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, penalty_words = 0,
          penalty_slots = 0, inv_temperatures = 0, noise_floors = 0, streamed_first_y = 0, logits_sampler = 0,
-         padded_hidden = 0, gemm = 0, total = 0;
+         tile_winners = 0, streamed_winners = 0, padded_hidden = 0, gemm = 0, total = 0;
 
   // logits_sampler_bytes: the fallback's logits sampler's workspace (0 unless
   // fused_truncation_streams_rows).
@@ -105,6 +110,10 @@ struct SamplerWorkspaceLayout {
     at += streams ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
     logits_sampler = at;
     at += streams ? round_up(logits_sampler_bytes) : 0;
+    tile_winners = at;
+    at += p.draw_tile_winners ? round_up(slots * sizeof(PackedCandidate)) : 0;
+    streamed_winners = at;
+    at += p.draw_tile_winners ? round_up(static_cast<size_t>(p.batch_size) * sizeof(PackedCandidate)) : 0;
     padded_hidden = at;
     at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
     gemm = at;
@@ -126,6 +135,8 @@ struct SamplerWorkspaceLayout {
     bool const streams = fused_truncation_streams_rows(p);
     b.streamed_first_y = streams ? reinterpret_cast<float*>(base + streamed_first_y) : nullptr;
     b.logits_sampler = streams ? static_cast<void*>(base + logits_sampler) : nullptr;
+    b.tile_winners = p.draw_tile_winners ? reinterpret_cast<PackedCandidate*>(base + tile_winners) : nullptr;
+    b.streamed_winners = p.draw_tile_winners ? reinterpret_cast<PackedCandidate*>(base + streamed_winners) : nullptr;
     return b;
   }
 };

@@ -22,6 +22,9 @@ struct ConfigEntry {
   // (SamplerParams::prepare_inv_temperatures): the epilogue-warpgroup kernels and the loop for
   // all controls. The others divide a loaded temperature themselves.
   bool loads_inv_temperatures = false;
+  // Whether the kernel's top-k scan can draw the tile winners (SamplerParams::draw_tile_winners):
+  // the visitor's scan on CUTLASS's sm90 schedules.
+  bool scans_tile_winners = false;
 };
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -30,7 +33,8 @@ ConfigEntry sm90_entry() {
   return {run_sampler_gemm_sm90<Element, TileN, kPingpong, kLoop, kClusterM>,
           sampler_gemm_workspace_sm90<Element, TileN, kPingpong, kLoop, kClusterM>,
           SamplerTileConfig<TileN, kPingpong>::kTileM, TileN, /*skips_unreachable_noise=*/false,
-          /*loads_inv_temperatures=*/kLoop == SamplerLoop::kAllControls};
+          /*loads_inv_temperatures=*/kLoop == SamplerLoop::kAllControls,
+          /*scans_tile_winners=*/kLoop == SamplerLoop::kTopCandidates};
 }
 #endif
 
@@ -178,6 +182,8 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise;
   p.lse_references = options.lse_references && entry.skips_unreachable_noise;
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
+  p.draw_tile_winners = p.fused_truncation && options.top_p_tile_winners && entry.scans_tile_winners &&
+                        fused_truncation_draws_tile_winners(p);
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;
@@ -207,7 +213,8 @@ cudaError_t pad_hidden_rows(SamplerParams& p, void* padded_hidden, cudaStream_t 
 void set_sampler_dispatch_options(DispatchOptions const& options) {
   g_disabled_options.store((options.column_clusters ? 0u : 1u) | (options.pad_columns ? 0u : 2u) |
                                (options.noise_skip ? 0u : 4u) | (options.lse_references ? 0u : 8u) |
-                               (options.top_candidates_epilogue_warpgroups ? 0u : 16u),
+                               (options.top_candidates_epilogue_warpgroups ? 0u : 16u) |
+                               (options.top_p_tile_winners ? 0u : 32u),
                            std::memory_order_relaxed);
 }
 
@@ -219,6 +226,7 @@ DispatchOptions sampler_dispatch_options() {
   o.noise_skip = !(off & 4u);
   o.lse_references = !(off & 8u);
   o.top_candidates_epilogue_warpgroups = !(off & 16u);
+  o.top_p_tile_winners = !(off & 32u);
   return o;
 }
 
@@ -242,8 +250,10 @@ bool fused_top_k_fits(SamplerParams const& p, int device_arch) {
 
 // The logits sampler's call for the rows the fused truncation's stage 2 left: the same controls,
 // truncation, noise and outputs over the x the GEMM stored (bias added, mask kept).
-// streamed_first_y: stage 2's rows for the streaming kernels (fused_truncation_streams_rows).
-static LogitsSamplerParams fallback_logits_params(SamplerParams const& p, float* streamed_first_y) {
+// streamed_first_y: stage 2's rows for the streaming kernels (fused_truncation_streams_rows), and
+// streamed_winners their winners where the GEMM drew them (draw_tile_winners).
+static LogitsSamplerParams fallback_logits_params(SamplerParams const& p, float* streamed_first_y,
+                                                  PackedCandidate const* streamed_winners = nullptr) {
   LogitsSamplerParams l;
   l.logits = p.row_logits;
   l.logits_row_stride = p.row_logits_stride;
@@ -269,6 +279,7 @@ static LogitsSamplerParams fallback_logits_params(SamplerParams const& p, float*
   l.logsumexp = p.logprobs ? p.logsumexp : nullptr;
   l.empty_mask_token = p.empty_mask_token;
   l.streamed_first_y = streamed_first_y;
+  l.streamed_winners = streamed_winners;
   return l;
 }
 
@@ -318,8 +329,8 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
     if (err != cudaSuccess || p.fallback_rows == nullptr) return err;
     // The row list goes to the cut path's kernel (no workspace); the rows stage 2 marked in
     // streamed_first_y, if any, to the streaming kernels.
-    return launch_sample_from_logits(fallback_logits_params(p, buffers.streamed_first_y), buffers.logits_sampler,
-                                     p.device_sm_count, stream);
+    return launch_sample_from_logits(fallback_logits_params(p, buffers.streamed_first_y, buffers.streamed_winners),
+                                     buffers.logits_sampler, p.device_sm_count, stream);
   }
   return launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
 }

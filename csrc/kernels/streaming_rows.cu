@@ -12,6 +12,10 @@
 //  3. (top_p rows of streamed_first_y) top_p_round_kernel, four launches: the winner of step 1
 //     verified against the row's top_p, and where it fails the next winner ahead of it (below).
 //
+// Where the fused truncation's GEMM drew every streamed row's winner (streamed_winners: a top_p
+// call without min_p) step 1 does not run, and step 2 only writes each row's winner and lists it
+// for step 3.
+//
 // The noise is the cut path's (perturbed_score): one Philox block gives the noise of a token in
 // four streams, so a quad of rows with one seed and offset and streams 4q .. 4q + 3 (the batch's
 // rows, the usual case) draws one block a token. Most tokens cannot win, and skip their noise
@@ -598,12 +602,36 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
   }
 }
 
+// A top_p row whose winner over every allowed token the fused truncation's GEMM drew
+// (streamed_winners): written as the row's sample, as the pass below would, and listed for round 0.
+__device__ void start_rounds_from_winner(LogitsSamplerParams const& p, Workspace const& ws, int64_t row) {
+  int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(__ldg(p.streamed_winners + row)));
+  float const inv_t = row_inv_t(p, row);
+  RowInput const in = row_input(p, row, inv_t);
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(p.noise, batch_seed, batch_offset);
+  RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
+  float x, y;
+  int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
+  PackedCandidate const t_key = in.key(v, true, __ldg(in.logits + v), x, y);
+  float const score = perturbed_score(in, noise, 0, static_cast<uint32_t>(index), x);
+  write_sample(p, row, 0, score, index, static_cast<double>(y), static_cast<double>(__ldg(p.streamed_first_y + row)),
+               true, 1.0);
+  ws.round_rows[row] = {t_key, 0ull};
+  int const at = atomicAdd(ws.round_lists, 1);
+  ws.round_lists[1 + at] = static_cast<int32_t>(row);
+}
+
 // 2. A warp a row: the chunks merged, the row's outputs written.
 __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws, int chunks) {
   int const lane = threadIdx.x % 32;
   int64_t const row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
   if (row >= p.batch_size) return;
   if (!is_streaming_row(p, row)) return;
+  if (p.streamed_winners != nullptr) {  // no pass ran: its winner came with the row
+    if (lane == 0) start_rounds_from_winner(p, ws, row);
+    return;
+  }
   ChunkPartial const* partials = ws.partials + row * chunks;
   PackedCandidate first = 0;
   uint32_t allowed = 0, has_nan = 0;
@@ -891,8 +919,11 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
   cudaError_t const err = cudaMemsetAsync(ws.floors, 0, layout.total - layout.floors, stream);
   if (err != cudaSuccess) return err;
   dim3 const grid(static_cast<unsigned>(chunks), static_cast<unsigned>((p.batch_size + kQuad - 1) / kQuad));
-  // The min_p instance only where a row can be cut by min_p (a top_p call's rows are not).
-  if (p.streamed_first_y != nullptr && (p.min_ps != nullptr || p.min_p > 0.0)) {
+  // No pass where the GEMM drew every streamed row's winner; the min_p instance only where a row
+  // can be cut by min_p (a top_p call's rows are not).
+  if (p.streamed_winners != nullptr) {
+    if (!rounds) return cudaErrorInvalidValue;  // the winners are for the rounds
+  } else if (p.streamed_first_y != nullptr && (p.min_ps != nullptr || p.min_p > 0.0)) {
     streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
   } else {
     streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));

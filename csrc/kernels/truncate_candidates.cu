@@ -53,6 +53,7 @@ struct Stage2Shared {
   float sorted_x[kMaxFusedTopK];
   int repair_tiles[kThreads];
   double warp_mass[kWarps];
+  PackedCandidate warp_winner[kWarps];
   int count, survivors, repair_count, digit;
   unsigned remaining;
 };
@@ -199,10 +200,46 @@ __device__ double block_row_mass(float2 const* __restrict__ tile_log_masses, int
   return total;
 }
 
+// The perturbed score of token `index` (global) in sample 0, from the x the GEMM stored, as plain
+// sampling computes it (bit for bit: a packed candidate's score folds -0 into +0).
+__device__ float stored_score(SamplerParams const& p, int64_t row, uint32_t index) {
+  float const x = p.row_logits[row * p.row_logits_stride + (index - p.vocab_start)];
+  float const inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
+  if (inv_t == 0.0f) return x;
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(p.noise, batch_seed, batch_offset);
+  RowNoiseKey const key = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
+  return fs_perturbed_score(x, inv_t, fs_gumbel_noise(key.seed, key.offset, key.stream, 0u, index));
+}
+
+// The row's plain-sampling winner over every allowed token, the best of the GEMM's tile winners
+// (draw_tile_winners; pack_candidate, 0: none), block-wide.
+__device__ PackedCandidate block_row_winner(PackedCandidate const* __restrict__ tile_winners, int64_t num_tiles,
+                                            int64_t columns, int64_t row, Stage2Shared& sh) {
+  PackedCandidate best = 0;
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+    PackedCandidate const w = tile_winners[t * columns + row];
+    best = w > best ? w : best;
+  }
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) {
+    PackedCandidate const other = __shfl_xor_sync(0xFFFFFFFFu, best, delta);
+    best = other > best ? other : best;
+  }
+  if (threadIdx.x % 32 == 0) sh.warp_winner[threadIdx.x / 32] = best;
+  __syncthreads();
+  best = 0;
+  for (int w = 0; w < kWarps; ++w) best = sh.warp_winner[w] > best ? sh.warp_winner[w] : best;
+  return best;
+}
+
+// tile_winners / streamed_winners (draw_tile_winners, else null): the GEMM's tile winners, and
+// where stage 2 puts the winner of each row it streams.
 __global__ void __launch_bounds__(kThreads)
 truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates,
                            float2 const* __restrict__ tile_log_masses, float* __restrict__ streamed_first_y,
-                           bool streams_top_p_rows, int64_t num_tiles, int vocab_tile) {
+                           bool streams_top_p_rows, PackedCandidate const* __restrict__ tile_winners,
+                           PackedCandidate* __restrict__ streamed_winners, int64_t num_tiles, int vocab_tile) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ Stage2Shared sh;
   int64_t const row = blockIdx.x;
@@ -222,7 +259,19 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // streaming kernels with its first y (below); every other row's entry stays NaN.
   if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
   if (!certify && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
-    if (threadIdx.x == 0) leave_to_logits_sampler(p, row);  // a larger top_k, or nothing on
+    // A larger top_k, or nothing on. Where the GEMM drew the tile winners (a call of one sample
+    // without log-probabilities) a row without a cut has its sample: the best of them.
+    PackedCandidate const winner =
+        tile_winners != nullptr && given_k < 1 ? block_row_winner(tile_winners, num_tiles, columns, row, sh) : 0;
+    if (threadIdx.x == 0) {
+      if (winner != 0) {
+        uint32_t const index = top_candidate_index(winner);
+        p.tokens[row] = static_cast<int64_t>(index);
+        if (p.scores) p.scores[row] = stored_score(p, row, index);
+      } else {
+        leave_to_logits_sampler(p, row);
+      }
+    }
     return;
   }
   int const k = certify ? kMaxFusedTopK : static_cast<int>(given_k);
@@ -394,6 +443,10 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
     if (top_p_on) row_mass = block_row_mass(tile_log_masses, num_tiles, columns, row, y0, sh);
   }
+  // A top_p row handed on below starts its rounds from this winner (draw_tile_winners).
+  PackedCandidate const winner = tile_winners != nullptr && certify && !whole_row && top_p_on
+                                     ? block_row_winner(tile_winners, num_tiles, columns, row, sh)
+                                     : 0;
   if (warp != 0) return;
   __syncwarp();
 
@@ -452,10 +505,13 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     // element against the first y, which the streaming kernels can take; with top_p (in (0, 1)
     // here) they sample the row from its first y and verify the winner against top_p in rounds,
     // in the calls of fused_truncation_streams_top_p_rows.
-    bool const streams_top_p = streams_top_p_rows && top_p > 0.0;
+    // Where the GEMM drew the winners, the row takes the streaming kernels only with its winner
+    // (none: a row without a finite score, which the cut kernel reports).
+    bool const streams_top_p = streams_top_p_rows && top_p > 0.0 && (tile_winners == nullptr || winner != 0);
     if (lane == 0) {
       if (streamed_first_y != nullptr && (!top_p_on || streams_top_p)) {
         streamed_first_y[row] = from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32));
+        if (streamed_winners != nullptr) streamed_winners[row] = winner;
       } else {
         leave_to_logits_sampler(p, row);
       }
@@ -542,7 +598,7 @@ cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers co
   float2 const* tile_log_masses = p.row_logits != nullptr ? buffers.lse_parts : nullptr;
   truncate_candidates_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(
       p, buffers.candidates, tile_log_masses, buffers.streamed_first_y, fused_truncation_streams_top_p_rows(p),
-      num_tiles, vocab_tile);
+      buffers.tile_winners, buffers.streamed_winners, num_tiles, vocab_tile);
   return cudaGetLastError();
 }
 

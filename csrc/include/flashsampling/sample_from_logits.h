@@ -70,6 +70,11 @@ struct LogitsSamplerParams {
   // streaming pass's winner once the top_p rounds (streaming_rows.cu) have verified it; a row they
   // leave undecided gets NaN here again and joins `rows`.
   float* streamed_first_y = nullptr;
+  // With streamed_first_y, where the fused truncation's GEMM drew them (draw_tile_winners, a call
+  // without min_p): each streamed row's best candidate over every allowed token (pack_candidate of
+  // its perturbed score and index), the first winner its top_p rounds verify; the streaming pass
+  // over the rows' logits is then not needed and not launched.
+  const PackedCandidate* streamed_winners = nullptr;
 
   // Set by the launcher: the streaming rows' kernels sample the rows without a top_k / top_p /
   // min_p cut and those of streamed_first_y (logits_rows.cuh: is_streaming_row), and the cut

@@ -192,6 +192,11 @@ struct SamplerParams {
   // loads instead, and the fused top-k's stage 2 once per row: a kernel and a graph node fewer
   // before the GEMM.
   bool prepare_inv_temperatures = false;
+  // Set by launch_sampler, not by callers (fused_truncation_draws_tile_winners): whether the top-k
+  // scan also draws plain sampling's noise and keeps each (vocabulary tile, row)'s winner, so that
+  // stage 2 knows every row's plain-sampling token: the rows without a cut get it at once, and the
+  // top_p rows it hands on start their rounds from it (no streaming pass over their logits).
+  bool draw_tile_winners = false;
 };
 
 // Whether stage 2 of the fused truncation decides every row (a host top_k in [1, kMaxFusedTopK]):
@@ -222,6 +227,18 @@ inline bool fused_truncation_streams_rows(SamplerParams const& p) {
          ((min_p && rows_without_top_p) || fused_truncation_streams_top_p_rows(p));
 }
 
+// Whether the fused truncation's GEMM may draw the tile winners (SamplerParams::draw_tile_winners)
+// for a call: rows handed on by top_p alone (no top_k, no min_p: the winner over every allowed
+// token is then the first winner the rounds verify) and the batch-wide noise key of plain sampling,
+// whose Philox block serves four neighbouring rows. The kernel must scan for them too
+// (sampler_dispatch.cu: the CUTLASS schedules' top-k scan on sm90).
+inline bool fused_truncation_draws_tile_winners(SamplerParams const& p) {
+  bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
+  bool const per_row_keys =
+      p.noise.row_seeds != nullptr || p.noise.row_offsets != nullptr || p.noise.row_streams != nullptr;
+  return fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !min_p && !per_row_keys;
+}
+
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max
 // realises the total order of philox_gumbel.h (score desc, index asc, NaN last).
 //   hi 32 bits: order-preserving bits of the fp32 score (NaN -> 0)
@@ -238,6 +255,9 @@ struct DispatchOptions {
   // the fused top-k pass beyond 64 columns on sm90 runs the epilogue-warpgroup kernel (else
   // CUTLASS's cooperative tile, whose visitor's outputs it reproduces bit for bit)
   bool top_candidates_epilogue_warpgroups = true;
+  // the fused truncation's top_p calls draw each tile's winner in the top-k scan where they may
+  // (fused_truncation_draws_tile_winners; else the streaming pass samples those rows)
+  bool top_p_tile_winners = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

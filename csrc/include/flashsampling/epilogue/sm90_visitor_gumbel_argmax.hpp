@@ -137,6 +137,19 @@ CUTLASS_DEVICE float4 batch_noise_x4(bool greedy, uint64_t seed, uint64_t offset
                                      batch_row[0], batch_row[1], batch_row[2], batch_row[3]);
 }
 
+// The noise of one vocab index in the four streams of a quad (batch rows 4q .. 4q + 3 at the
+// batch-wide seed): one Philox block, its four Gumbel transforms side by side. Out of line, as
+// the wide tiles' loops call theirs: inlined into every subtile's unrolled loop, the code of the
+// top-k scan's tile winners slowed the whole GEMM by a fifth at 64 rows (the instruction cache).
+static __device__ __noinline__ float4 quad_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
+                                                                uint32_t v, uint32_t quad) {
+  Philox4 const block = fs_noise_block(seed, offset_plus_sample, v, quad);
+  uint32_t const bits[4] = {block.x, block.y, block.z, block.w};
+  float g[4];
+  fs_gumbel_from_bits_lanes<4>(bits, g);
+  return make_float4(g[0], g[1], g[2], g[3]);
+}
+
 // The same with a key per element (per-row seeds / offsets, several samples per pass).
 static __device__ __noinline__ float4 gumbel_noise_keyed_x4_out_of_line(
     uint64_t s0, uint64_t s1, uint64_t s2, uint64_t s3, uint64_t o0, uint64_t o1, uint64_t o2, uint64_t o3,
@@ -297,6 +310,10 @@ struct Sm90GumbelArgmaxRowReduction {
     // (tile, row)'s log-mass of y = x / T to ptr_lse_parts (top_p without top_k needs the row's).
     float* ptr_row_logits = nullptr;
     int64_t row_logits_stride = 0;
+    // SamplerParams::draw_tile_winners (kTopScan, one sample, the batch-wide noise key): each
+    // (tile, row)'s plain-sampling winner over the tile, pack_candidate of its perturbed score and
+    // index (0: none), at [m_tile * N + column].
+    PackedCandidate* ptr_tile_winners = nullptr;
     NoiseSource noise = {};
     SamplingControls controls = {};
     float inv_temperature = 1.0f;
@@ -325,6 +342,9 @@ struct Sm90GumbelArgmaxRowReduction {
             (args.controls.sparse_ids == nullptr && args.controls.logit_scale == 1.0f &&
              args.controls.logit_softcap == 0.0f && args.controls.penalty_ids == nullptr)) &&
            (args.ptr_row_logits == nullptr || (kTopScan && args.ptr_lse_parts != nullptr)) &&
+           (args.ptr_tile_winners == nullptr ||
+            (kTopScan && args.num_samples == 1 && !args.logprobs && args.noise.row_seeds == nullptr &&
+             args.noise.row_offsets == nullptr && args.noise.row_streams == nullptr)) &&
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
 
@@ -389,6 +409,8 @@ struct Sm90GumbelArgmaxRowReduction {
     uint64_t offset = 0;
     PackedCandidate scan_top[kTopCandidatesPerTile] = {};  // the top-k scan's list (kTopScan)
     float scan_lse_max2 = -INFINITY, scan_lse_sum = 0.0f;    // and its log-mass (ptr_row_logits)
+    float winner_score[4];                                    // and its quad's tile winners (ptr_tile_winners)
+    int32_t winner_index[4];
 
     // The one place that reads args_tuple's fields: each step takes the ones it uses. A
     // reference to a field, or (cute::get of an empty type, e.g. a static shape) its value.
@@ -1020,6 +1042,9 @@ struct Sm90GumbelArgmaxRowReduction {
       if (store_row) {
         store_run_and_add_mass<kRun>(values, stored, log2_scale_of_row(static_cast<uint32_t>(col)));
       }
+      if (params.ptr_tile_winners != nullptr) {
+        scan_tile_winners(smem, epi_m, epi_n, tile_in_problem);
+      }
       if (epi_m != EpiM - 1) {
         return;
       }
@@ -1041,6 +1066,98 @@ struct Sm90GumbelArgmaxRowReduction {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < C; ++j) out[j] = scan_top[j];
         if (store_row) params.ptr_lse_parts[slot] = make_float2(scan_lse_max2, scan_lse_sum);
+      }
+    }
+
+    // The tile winners (ptr_tile_winners), every subtile, from the values the scan reads: plain
+    // sampling's noise and argmax, a thread per (quad of columns, rows lane, lane + kQuadLanes, ...)
+    // so that one Philox block serves the quad's four batch rows as in plain sampling. Each thread
+    // keeps its quad's four bests over the strip; after the strip's last subtile the kQuadLanes
+    // threads of a quad (neighbouring lanes) merge them and the first writes the tile's winners.
+    // Greedy rows take x, excluded elements (masked, past the problem) nothing, NaN scores never
+    // win: the best candidate by fs_candidate_better, as every other pass picks it.
+    CUTLASS_DEVICE void scan_tile_winners(float const* smem, int epi_m, int epi_n, bool tile_in_problem) {
+      constexpr int kQuads = EpiTileN / 4;
+      constexpr int kQuadLanes = NumThreads / kQuads;
+      static_assert(EpiTileN % 4 == 0 && NumThreads % kQuads == 0 && kQuadLanes <= 32 &&
+                        (kQuadLanes & (kQuadLanes - 1)) == 0 && EpiTileM % kQuadLanes == 0,
+                    "the tile winners give each quad of columns a power-of-two number of neighbouring lanes");
+      auto [m_tile, n_tile, k_tile, l_tile] = arg<kTileCoordMNKL>();
+      int const thread_idx = arg<kThreadIdx>();
+      int const quad = thread_idx / kQuadLanes, lane = thread_idx % kQuadLanes;
+      if (epi_m == 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          winner_score[j] = -INFINITY;
+          winner_index[j] = kNoCandidate;
+        }
+      }
+      // The quad's first column (a multiple of 4: its batch row is stream 4q of the Philox block).
+      uint32_t const col0 =
+          static_cast<uint32_t>(n_tile) * size<1>(CtaTileShapeMNK{}) + static_cast<uint32_t>(epi_n * EpiTileN + 4 * quad);
+      uint32_t const last_row = params.batch_size - 1;
+      float inv_t[4];
+      bool any_noise = false;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        // Columns past the batch (padding) read the last row's; their winners are never read.
+        inv_t[j] = row_inv_temperature(params.controls, min(col0 + j, last_row),
+                                       params.greedy ? 0.0f : params.inv_temperature);
+        any_noise = any_noise || inv_t[j] != 0.0f;
+      }
+      uint32_t const first_index = params.vocab_start + static_cast<uint32_t>(m_tile) * size<0>(CtaTileShapeMNK{}) +
+                                   static_cast<uint32_t>(epi_m * EpiTileM);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < EpiTileM / kQuadLanes; ++i) {
+        int const r = lane + i * kQuadLanes;
+        float x[4];
+        bool kept[4], any_kept = false;
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          x[j] = smem[(4 * quad + j) * EpiTileM + r];
+          kept[j] = __float_as_uint(x[j]) != kExcludedBits;
+          any_kept = any_kept || kept[j];
+        }
+        if (!any_kept) {
+          continue;
+        }
+        uint32_t const index = first_index + static_cast<uint32_t>(r);
+        float4 const g = any_noise ? quad_noise_x4_out_of_line(seed, offset, index, col0 >> 2)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float const gumbel[4] = {g.x, g.y, g.z, g.w};
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          float const score = inv_t[j] == 0.0f ? x[j] : fs_perturbed_score(x[j], inv_t[j], gumbel[j]);
+          if (kept[j] && fs_candidate_better(score, static_cast<int32_t>(index), winner_score[j], winner_index[j])) {
+            winner_score[j] = score;
+            winner_index[j] = static_cast<int32_t>(index);
+          }
+        }
+      }
+      if (epi_m != EpiM - 1) {
+        return;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int delta = kQuadLanes / 2; delta > 0; delta /= 2) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          float const other_score = __shfl_xor_sync(0xFFFFFFFF, winner_score[j], delta);
+          int32_t const other_index = __shfl_xor_sync(0xFFFFFFFF, winner_index[j], delta);
+          if (fs_candidate_better(other_score, other_index, winner_score[j], winner_index[j])) {
+            winner_score[j] = other_score;
+            winner_index[j] = other_index;
+          }
+        }
+      }
+      int const num_cols = get<1>(arg<kProblemMN>());
+      if (lane == 0 && tile_in_problem) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          if (static_cast<int>(col0) + j < num_cols) {
+            params.ptr_tile_winners[static_cast<int64_t>(m_tile) * num_cols + col0 + j] =
+                winner_index[j] == kNoCandidate ? PackedCandidate{0} : pack_candidate(winner_score[j], winner_index[j]);
+          }
+        }
       }
     }
 

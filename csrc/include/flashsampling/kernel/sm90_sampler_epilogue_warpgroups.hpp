@@ -199,6 +199,7 @@ class Sm90SamplerEpilogueWarpGroups {
     return args.mode == cutlass::gemm::GemmUniversalMode::kGemm &&
            CollectiveMainloop::can_implement(args.problem_shape, args.mainloop) &&
            args.node.ptr_candidates != nullptr && args.node.batch_size >= 1 &&
+           args.node.ptr_tile_winners == nullptr &&  // the visitor's scan draws them, this one does not
            // the controls' loop here takes every control, the plain loop none, the top-k pass's
            // what the visitor's takes (its noise is drawn in stage 2)
            static_cast<int>(sampler_loop_for(controls, args.node.noise, args.node.num_samples,
