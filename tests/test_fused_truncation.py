@@ -240,18 +240,19 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, c
 
 
 @requires_sm90
-@pytest.mark.parametrize("batch", [6, 40, 64, 100])
+@pytest.mark.parametrize("batch, epilogue_warpgroups", [(6, True), (40, True), (64, True), (100, False), (200, True)])
 @pytest.mark.parametrize("regime", ["flat", "llm"])
 @pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.3"])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
-def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, controls):
+def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, epilogue_warpgroups, controls):
     """top_p without top_k or min_p, one sample, the batch-wide seed: the top-k scan draws each
     tile's plain-sampling winner (DispatchOptions::top_p_tile_winners), stage 2 gives the rows
     without a cut their winner and starts the top_p rows' rounds from it, and no streaming pass runs.
     The same tokens and scores bit for bit as with the streaming pass, on bf16 LM-head logits
-    (per-row temperatures with greedy rows; with the dense bias and the mask). Beyond 64 rows the
-    CUTLASS cooperative tile's scan draws them (the epilogue-warpgroup kernel does not); the
-    profiler checks which route ran."""
+    (per-row temperatures with greedy rows; with the dense bias and the mask), on the scans that
+    draw them: the N = 16 and 64 pingpong tiles and, beyond 64 rows, CUTLASS's cooperative tile
+    where asked. The epilogue-warpgroup kernel (200 rows, the default beyond 64) draws none: its
+    rows take the streaming pass either way. The profiler checks which route ran."""
     weight = lm_head_weight(V, D, seed=6).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch)
     temperatures = (torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4).cuda()
@@ -268,8 +269,12 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
     results = {}
     for winners in (True, False):
         results[winners], names = sample_with_dispatch_options(
-            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=False, top_p_tile_winners=winners)
-        assert any("streaming_sample_kernel" in n for n in names) != winners, names
+            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups, top_p_tile_winners=winners)
+        draws = winners and not (epilogue_warpgroups and batch > 64)
+        assert any("streaming_sample_kernel" in n for n in names) != draws, names
+        # the top-k pass's loop is (flashsampling::SamplerLoop)3 in the kernel's name
+        ran_ours = any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in names)
+        assert ran_ours == (epilogue_warpgroups and batch > 64), names
     assert_same_bits(results[True], results[False], ("tokens", "scores"))
 
 
