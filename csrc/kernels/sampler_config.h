@@ -28,7 +28,8 @@ struct SamplerTileConfig {
 #endif
 
 // GEMM columns: num_samples copies of the batch, column s * B + b = (sample s, row b). The
-// fused top-k pass draws no noise in the GEMM: its samples are drawn in stage 2, one column per row.
+// fused top-k pass draws its samples in stage 2 (the GEMM draws at most each tile's winner of sample 0:
+// SamplerParams::draw_tile_winners), one column per row.
 FLASHSAMPLING_HOST_DEVICE int64_t sampler_unpadded_columns(SamplerParams const& p) {
   return p.fused_truncation ? p.batch_size : p.batch_size * p.num_samples;
 }

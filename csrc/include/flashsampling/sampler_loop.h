@@ -14,11 +14,12 @@ namespace flashsampling {
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
 //                    sm90 beyond 16 GEMM columns the epilogue-warpgroup kernels' kCommonControls
 //                    loop takes these too: kernel_choice.h).
-//   kTopCandidates:  fused truncation (SamplerParams::fused_truncation): no noise in the
-//                    epilogue; each (vocabulary tile, row) keeps its kTopCandidatesPerTile largest
-//                    transformed logits (dense bias and mask applied) and stage 2
-//                    (truncate_candidates.cu) selects the row's top-k, truncates (top-p, min-p)
-//                    and samples the survivors.
+//   kTopCandidates:  fused truncation (SamplerParams::fused_truncation): each (vocabulary
+//                    tile, row) keeps its kTopCandidatesPerTile largest transformed logits (dense
+//                    bias and mask applied) and stage 2 (truncate_candidates.cu) selects the
+//                    row's top-k, truncates (top-p, min-p) and samples the survivors. No noise in
+//                    the epilogue, but in top_p calls that draw the tile winners
+//                    (SamplerParams::draw_tile_winners).
 enum class SamplerLoop : int { kPlain = 0, kCommonControls = 1, kAllControls = 2, kTopCandidates = 3 };
 constexpr int kSamplerLoops = 4;
 
