@@ -244,24 +244,29 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, c
 @pytest.mark.parametrize("regime", ["flat", "llm"])
 @pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.3"])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
-def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, epilogue_warpgroups, controls):
+@pytest.mark.parametrize("temperature", ["rows", 0.7, 0.0])
+def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, epilogue_warpgroups, controls,
+                                                      temperature):
     """top_p without top_k or min_p, one sample, the batch-wide seed: the top-k scan draws each
     tile's plain-sampling winner (DispatchOptions::top_p_tile_winners), stage 2 gives the rows
     without a cut their winner and starts the top_p rows' rounds from it, and no streaming pass runs.
     The same tokens and scores bit for bit as with the streaming pass, on bf16 LM-head logits
-    (per-row temperatures with greedy rows; with the dense bias and the mask), on the scans that
-    draw them: the N = 16 and 64 pingpong tiles and, beyond 64 rows, CUTLASS's cooperative tile
-    where asked. The epilogue-warpgroup kernel (200 rows, the default beyond 64) draws none: its
-    rows take the streaming pass either way. The profiler checks which route ran."""
+    (per-row temperatures with greedy rows, a scalar one, a greedy call; with the dense bias and the
+    mask), on the scans that draw them: the N = 16 and 64 pingpong tiles and, beyond 64 rows,
+    CUTLASS's cooperative tile where asked. The epilogue-warpgroup kernel (200 rows, the default
+    beyond 64) draws none: its rows take the streaming pass either way. The profiler checks which
+    route ran; rows whose top_p is off get plain sampling's token."""
     weight = lm_head_weight(V, D, seed=6).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch)
-    temperatures = (torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4).cuda()
-    temperatures[::5] = 0.0
-    kwargs = dict(temperature=temperatures, seed=torch.tensor(21, device="cuda"), offset=torch.tensor(3, device="cuda"),
-                  truncation_path="fused_top_k")
+    if temperature == "rows":
+        temperature = (torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4).cuda()
+        temperature[::5] = 0.0
+    kwargs = dict(temperature=temperature, seed=torch.tensor(21, device="cuda"), offset=torch.tensor(3, device="cuda"))
     if controls:
         c = random_controls(batch, V, "cuda", vocab_start=64, seed=batch, density=0.5)
         kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7)
+    plain = fs.sample(hidden, weight, **kwargs)
+    kwargs["truncation_path"] = "fused_top_k"
     if truncation == "p0.3":
         kwargs["top_p"] = torch.full((batch,), 0.3, dtype=torch.float64, device="cuda")
     else:
@@ -276,6 +281,10 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
         ran_ours = any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in names)
         assert ran_ours == (epilogue_warpgroups and batch > 64), names
     assert_same_bits(results[True], results[False], ("tokens", "scores"))
+    if truncation == "p_rows":
+        off = kwargs["top_p"] >= 1.0
+        assert off.any()
+        assert torch.equal(results[True].tokens.reshape(batch)[off], plain.reshape(batch)[off])
 
 
 @requires_sm90

@@ -505,11 +505,13 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     // element against the first y, which the streaming kernels can take; with top_p (in (0, 1)
     // here) they sample the row from its first y and verify the winner against top_p in rounds,
     // in the calls of fused_truncation_streams_top_p_rows.
-    // Where the GEMM drew the winners, the row takes the streaming kernels only with its winner
-    // (none: a row without a finite score, which the cut kernel reports).
-    bool const streams_top_p = streams_top_p_rows && top_p > 0.0 && (tile_winners == nullptr || winner != 0);
+    // Where the GEMM drew the winners (a call without min_p: no pass runs) a row takes the
+    // streaming kernels only with its winner (none: a row without a finite score, which the cut
+    // kernel reports).
+    bool const streams_top_p = streams_top_p_rows && top_p > 0.0;
+    bool const with_winner = tile_winners == nullptr || winner != 0;
     if (lane == 0) {
-      if (streamed_first_y != nullptr && (!top_p_on || streams_top_p)) {
+      if (streamed_first_y != nullptr && (!top_p_on || streams_top_p) && with_winner) {
         streamed_first_y[row] = from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32));
         if (streamed_winners != nullptr) streamed_winners[row] = winner;
       } else {
