@@ -8,7 +8,8 @@ bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the ep
 kernels many tiles per SM, so their exact skip (global floors, atomics) runs too. Each shape also
 takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
-with per-row top_k / top_p / min_p, a mask and logprobs; and top-N logprobs with ranks (the
+with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
+top_p alone: the tile winners); and top-N logprobs with ranks (the
 top-N kernel's split passes and workspace)."""
 
 import torch
@@ -101,4 +102,12 @@ for batch, vocab, dim, dtype in SHAPES:
                                             truncation_path="fused_top_k", **truncation)
             torch.cuda.synchronize()
             assert out.tokens.shape == (batch, 2) and bool(allowed.gather(1, out.tokens).all())
+        # One sample without log-probabilities: top_p rows handed on to the rounds (with min_p after
+        # the streaming pass; top_p alone at the batch-wide seed, up to 64 rows, from the GEMM's tile
+        # winners, the rows without a cut decided in stage 2).
+        for truncation in (dict(top_p=top_p), dict(top_p=top_p, min_p=min_p)):
+            tokens = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, allowed_mask=allowed,
+                                               truncation_path="fused_top_k", **truncation)
+            torch.cuda.synchronize()
+            assert bool(allowed.gather(1, tokens.view(batch, 1)).all())
         print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, fused path)")
