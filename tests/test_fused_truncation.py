@@ -87,6 +87,12 @@ def sample_with_dispatch_options(hidden, weight, kwargs, **options):
     return result, [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
+def ran_top_candidates_epilogue_warpgroups(kernel_names):
+    """Whether the fused top-k pass ran on the epilogue-warpgroup kernel (its loop is
+    (flashsampling::SamplerLoop)3 in the kernel's name)."""
+    return any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in kernel_names)
+
+
 def assert_same_bits(got, want, fields):
     """The named outputs of two results equal bit for bit (floats compared as their bits)."""
     for name in fields:
@@ -154,9 +160,7 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
     for epilogue_warpgroups in (True, False):
         results[epilogue_warpgroups], names = sample_with_dispatch_options(
             hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups)
-        # the top-k pass's loop is (flashsampling::SamplerLoop)3 in the kernel's name
-        ran_ours = any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in names)
-        assert ran_ours == epilogue_warpgroups, names
+        assert ran_top_candidates_epilogue_warpgroups(names) == epilogue_warpgroups, names
     assert_same_bits(results[True], results[False], ("tokens", "scores", "token_logprobs", "logsumexp"))
 
 
@@ -277,9 +281,7 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
             hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups, top_p_tile_winners=winners)
         draws = winners and not (epilogue_warpgroups and batch > 64)
         assert any("streaming_sample_kernel" in n for n in names) != draws, names
-        # the top-k pass's loop is (flashsampling::SamplerLoop)3 in the kernel's name
-        ran_ours = any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in names)
-        assert ran_ours == (epilogue_warpgroups and batch > 64), names
+        assert ran_top_candidates_epilogue_warpgroups(names) == (epilogue_warpgroups and batch > 64), names
     assert_same_bits(results[True], results[False], ("tokens", "scores"))
     if truncation == "p_rows":
         off = kwargs["top_p"] >= 1.0

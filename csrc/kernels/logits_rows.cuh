@@ -29,6 +29,12 @@ struct RowInput {
     bool const allowed = in_range && (mask == nullptr || ((__ldg(mask + (v >> 5)) >> (v & 31)) & 1u));
     return allowed ? pack_top_candidate(y, vocab_start + static_cast<uint32_t>(v)) : PackedCandidate{0};
   }
+
+  // key() of token `index` (a global id the row allows: a sample's, a candidate's), read again.
+  __device__ __forceinline__ PackedCandidate token(uint32_t index, float& x, float& y) const {
+    int64_t const v = static_cast<int64_t>(index) - vocab_start;
+    return key(v, true, __ldg(logits + v), x, y);
+  }
 };
 
 // fl(1 / T) of a row: its own temperature where the call gives them (0: greedy, NaN: invalid).

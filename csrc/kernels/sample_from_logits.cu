@@ -967,9 +967,8 @@ __device__ void sample_row(cg::cluster_group& cluster, SharedState& sh, LogitsSa
         PackedCandidate const key = sh.list[i];
         if (key < threshold) continue;
         uint32_t const index = top_candidate_index(key);
-        int64_t const v = static_cast<int64_t>(index) - p.vocab_start;
         float x, y;
-        in.key(v, true, __ldg(in.logits + v), x, y);
+        in.token(index, x, y);
         if (key != first && !min_p.keeps(y)) continue;
         draw(index, x, y);
         add_mass(y);

@@ -602,6 +602,13 @@ __global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSam
   }
 }
 
+// Appends `row` to a device row list (a count, then the rows): the rounds' lists and the cut
+// kernel's.
+__device__ __forceinline__ void append_row(int32_t* list, int64_t row) {
+  int const at = atomicAdd(list, 1);
+  list[1 + at] = static_cast<int32_t>(row);
+}
+
 // A top_p row whose winner over every allowed token the fused truncation's GEMM drew
 // (streamed_winners): written as the row's sample, as the pass below would, and listed for round 0.
 __device__ void start_rounds_from_winner(LogitsSamplerParams const& p, Workspace const& ws, int64_t row) {
@@ -612,14 +619,12 @@ __device__ void start_rounds_from_winner(LogitsSamplerParams const& p, Workspace
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
   float x, y;
-  int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
-  PackedCandidate const t_key = in.key(v, true, __ldg(in.logits + v), x, y);
+  PackedCandidate const t_key = in.token(static_cast<uint32_t>(index), x, y);
   float const score = perturbed_score(in, noise, 0, static_cast<uint32_t>(index), x);
   write_sample(p, row, 0, score, index, static_cast<double>(y), static_cast<double>(__ldg(p.streamed_first_y + row)),
                true, 1.0);
   ws.round_rows[row] = {t_key, 0ull};
-  int const at = atomicAdd(ws.round_lists, 1);
-  ws.round_lists[1 + at] = static_cast<int32_t>(row);
+  append_row(ws.round_lists, row);
 }
 
 // 2. A warp a row: the chunks merged, the row's outputs written.
@@ -683,8 +688,7 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
     double best_y = 0.0;
     if (index != kNoCandidate) {  // its x, y and score again, as the pass drew them
       float x, y;
-      int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
-      in.key(v, true, __ldg(in.logits + v), x, y);
+      in.token(static_cast<uint32_t>(index), x, y);
       score = perturbed_score(in, noise, static_cast<uint32_t>(s), static_cast<uint32_t>(index), x);
       best_y = static_cast<double>(y);
     }
@@ -694,8 +698,7 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
     double const top_p = row_top_p(p, row);
     if (ws.round_rows != nullptr && index != kNoCandidate && top_p > 0.0 && top_p < 1.0) {
       ws.round_rows[row] = {pack_top_candidate(static_cast<float>(best_y), static_cast<uint32_t>(index)), 0ull};
-      int const at = atomicAdd(ws.round_lists, 1);
-      ws.round_lists[1 + at] = static_cast<int32_t>(row);
+      append_row(ws.round_lists, row);
     }
   }
 }
@@ -735,8 +738,7 @@ __device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, 
     pending = index != kNoCandidate;
     if (pending) {
       float x, y;
-      int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
-      state.t_key = in.key(v, true, __ldg(in.logits + v), x, y);
+      state.t_key = in.token(static_cast<uint32_t>(index), x, y);
       score = perturbed_score(in, noise, 0, static_cast<uint32_t>(index), x);
       best_y = static_cast<double>(y);
     }
@@ -745,8 +747,7 @@ __device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, 
   if (!pending) return;
   int32_t* const next = round + 1 < kRounds ? ws.round_lists + int64_t{round + 1} * (p.batch_size + 1) : p.rows;
   if (next == p.rows) p.streamed_first_y[row] = __uint_as_float(0x7fc00000u);  // the cut kernel runs after the rounds
-  int const at = atomicAdd(next, 1);
-  next[1 + at] = static_cast<int32_t>(row);
+  append_row(next, row);
 }
 
 // One (row, chunk) item of a round: the mass of the allowed keys strictly ahead of t (and, round
