@@ -139,8 +139,8 @@ CUTLASS_DEVICE float4 batch_noise_x4(bool greedy, uint64_t seed, uint64_t offset
 
 // The noise of one vocab index in the four streams of a quad (batch rows 4q .. 4q + 3 at the
 // batch-wide seed): one Philox block, its four Gumbel transforms side by side. Out of line, as
-// the wide tiles' loops call theirs: inlined into every subtile's unrolled loop, the code of the
-// top-k scan's tile winners slowed the whole GEMM by a fifth at 64 rows (the instruction cache).
+// the wide tiles' loops call theirs: inlined into every subtile's unrolled loop, this code
+// crowds the instruction cache and slows the whole GEMM (docs/truncation.md has the A/B).
 static __device__ __noinline__ float4 quad_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
                                                                 uint32_t v, uint32_t quad) {
   Philox4 const block = fs_noise_block(seed, offset_plus_sample, v, quad);
