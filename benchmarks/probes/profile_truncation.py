@@ -2,11 +2,15 @@
 the logits GEMM, the selection kernel and anything else each form launches.
 
   python3 benchmarks/probes/profile_truncation.py --batches 1,16,64,256 --regimes flat,llm
+  (--launches: also each launch of one call in order, e.g. the four top_p rounds apart)
 """
 
 import argparse
 import sys
 from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
 
 import flashsampling_cuda
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
@@ -24,6 +28,7 @@ def main() -> None:
     parser.add_argument("--forms", default=None)
     parser.add_argument("--path", default="auto")
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--launches", action="store_true", help="also each kernel launch of one call, in order")
     args = parser.parse_args()
     dim, vocab = (int(x) for x in args.shape.split("x"))
     weight = lm_head_weight(vocab, dim)
@@ -41,6 +46,24 @@ def main() -> None:
                     hidden, weight, temperature=temperature, truncation_path=path, **kwargs), args.calls)
                 parts = ", ".join(f"{n} {us:.1f}" for n, us in sorted(totals.items(), key=lambda kv: -kv[1]))
                 print(f"[{regime} B={batch} {form}] total {sum(totals.values()):.1f} us: {parts}", flush=True)
+                if args.launches:
+                    print("    launches: " + launch_times(lambda: flashsampling_cuda.sample(  # noqa: B023
+                        hidden, weight, temperature=temperature, truncation_path=path, **kwargs)), flush=True)
+
+
+def launch_times(call) -> str:
+    """Each CUDA kernel of one call, in launch order, with its device time (µs)."""
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    def short(name: str) -> str:
+        name = name.replace("(anonymous namespace)::", "").removeprefix("void ").replace("flashsampling::", "")
+        return "cutlass" if "device_kernel" in name else name.split("(")[0][:48]
+    return ", ".join(f"{short(e.name)} {e.device_time:.1f}" for e in events)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,10 @@
 //     for each sample the Gumbel-Max winner among the kept survivors with the noise of plain
 //     sampling (fs_gumbel_noise of the token's global id), and the log-probabilities of the
 //     truncated, renormalised distribution.
+// A row without top_k is selected as if k were kMaxFusedTopK, and decided here when its top_p /
+// min_p cut falls among those tokens. Where the tiles' first keys and log-masses already show
+// that every one of them survives the cut (a flat row: thousands of survivors), the row is handed
+// on before steps 1-4, which would only find that out.
 #include <algorithm>
 #include <cstdint>
 
@@ -54,6 +58,9 @@ struct Stage2Shared {
   int repair_tiles[kThreads];
   double warp_mass[kWarps];
   PackedCandidate warp_winner[kWarps];
+  uint32_t first_y_bits;  // order bits of the row's first y (the largest of the tiles' first)
+  int tiles_with_token;   // tiles whose list is not empty
+  int min_p_tiles;        // tiles whose first token passes min_p
   int count, survivors, repair_count, digit;
   unsigned remaining;
 };
@@ -182,13 +189,13 @@ __device__ void leave_to_logits_sampler(SamplerParams const& p, int64_t row) {
 }
 
 // The row's probability mass relative to the first token's, sum of exp(y - y0) over every
-// allowed token, from the GEMM's per-tile log-masses of y in log2 units (block-wide).
-__device__ double block_row_mass(float2 const* __restrict__ tile_log_masses, int64_t num_tiles, int64_t columns,
-                                 int64_t row, double y0, Stage2Shared& sh) {
+// allowed token, from the GEMM's per-tile log-masses of y in log2 units (block-wide; here a copy
+// in shared memory).
+__device__ double block_row_mass(float2 const* tile_log_masses, int64_t num_tiles, double y0, Stage2Shared& sh) {
   double const y0_2 = y0 * 1.4426950408889634;
   double mass = 0.0;
   for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
-    float2 const part = tile_log_masses[t * columns + row];
+    float2 const part = tile_log_masses[t];
     if (part.y > 0.0f) mass += static_cast<double>(part.y) * exp2(static_cast<double>(part.x) - y0_2);
   }
 #pragma unroll
@@ -212,30 +219,53 @@ __device__ float stored_score(SamplerParams const& p, int64_t row, uint32_t inde
   return fs_perturbed_score(x, inv_t, fs_gumbel_noise(key.seed, key.offset, key.stream, 0u, index));
 }
 
+__device__ __forceinline__ PackedCandidate max_key(PackedCandidate a, PackedCandidate b) { return a > b ? a : b; }
+
+// The block's largest of each thread's `key` (every thread gets it).
+__device__ PackedCandidate block_max_key(PackedCandidate key, Stage2Shared& sh) {
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) key = max_key(key, __shfl_xor_sync(0xFFFFFFFFu, key, delta));
+  if (threadIdx.x % 32 == 0) sh.warp_winner[threadIdx.x / 32] = key;
+  __syncthreads();
+  key = 0;
+  for (int w = 0; w < kWarps; ++w) key = max_key(key, sh.warp_winner[w]);
+  return key;
+}
+
 // The row's plain-sampling winner over every allowed token, the best of the GEMM's tile winners
 // (draw_tile_winners; pack_candidate, 0: none), block-wide.
 __device__ PackedCandidate block_row_winner(PackedCandidate const* __restrict__ tile_winners, int64_t num_tiles,
                                             int64_t columns, int64_t row, Stage2Shared& sh) {
   PackedCandidate best = 0;
-  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
-    PackedCandidate const w = tile_winners[t * columns + row];
-    best = w > best ? w : best;
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) best = max_key(best, tile_winners[t * columns + row]);
+  return block_max_key(best, sh);
+}
+
+// A row without top_k whose first kMaxFusedTopK tokens all survive its cut, so that more may
+// follow past them (one thread). With min_p alone (in (0, 1] here: a larger or NaN one keeps the
+// first token only) the rest is one comparison an element against the first y, which the
+// streaming kernels can take; with top_p (in (0, 1) here) they sample the row from its first y
+// and verify the winner against top_p in rounds, in the calls of
+// fused_truncation_streams_top_p_rows. Where the GEMM drew the winners (a call without min_p: no
+// pass runs) a row takes the streaming kernels only with its winner (none: a row without a finite
+// score, which the cut kernel reports). Every other such row goes to the cut kernel.
+__device__ void hand_on_undecided_row(SamplerParams const& p, int64_t row, float first_y, double top_p, bool top_p_on,
+                                      bool streams_top_p_rows, float* streamed_first_y,
+                                      PackedCandidate const* tile_winners, PackedCandidate* streamed_winners,
+                                      PackedCandidate winner) {
+  bool const streams_top_p = streams_top_p_rows && top_p > 0.0;
+  bool const with_winner = tile_winners == nullptr || winner != 0;
+  if (streamed_first_y != nullptr && (!top_p_on || streams_top_p) && with_winner) {
+    streamed_first_y[row] = first_y;
+    if (streamed_winners != nullptr) streamed_winners[row] = winner;
+  } else {
+    leave_to_logits_sampler(p, row);
   }
-#pragma unroll
-  for (int delta = 16; delta > 0; delta >>= 1) {
-    PackedCandidate const other = __shfl_xor_sync(0xFFFFFFFFu, best, delta);
-    best = other > best ? other : best;
-  }
-  if (threadIdx.x % 32 == 0) sh.warp_winner[threadIdx.x / 32] = best;
-  __syncthreads();
-  best = 0;
-  for (int w = 0; w < kWarps; ++w) best = sh.warp_winner[w] > best ? sh.warp_winner[w] : best;
-  return best;
 }
 
 // tile_winners / streamed_winners (draw_tile_winners, else null): the GEMM's tile winners, and
 // where stage 2 puts the winner of each row it streams.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
 truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates,
                            float2 const* __restrict__ tile_log_masses, float* __restrict__ streamed_first_y,
                            bool streams_top_p_rows, PackedCandidate const* __restrict__ tile_winners,
@@ -290,18 +320,85 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   float* xs = reinterpret_cast<float*>(tile_last + num_tiles);
   uint32_t* tile_first_y = reinterpret_cast<uint32_t*>(xs + capacity);
 
-  // 1. tau: the smallest of k group maxima of the tiles' first keys (0: no bound).
+  // Every tile once (its loads go out together): its first and last keys; for a row without
+  // top_k its first y (the largest of the tiles' first: x -> y is monotone) and how many tiles
+  // hold a token, and for its top_p the tiles' log-masses (copied into xs, free until the keys
+  // >= tau fill it) and their winners.
   bool const bounded = num_tiles >= 2 * int64_t{k};
+  bool const wants_mass = certify && top_p_on && tile_log_masses != nullptr;
+  bool const wants_winner = certify && top_p_on && tile_winners != nullptr;
+  float2* const log_mass_copy = reinterpret_cast<float2*>(xs);  // capacity >= 4 num_tiles floats
   for (int g = threadIdx.x; g < k; g += kThreads) sh.group_max[g] = 0;
-  if (threadIdx.x == 0) sh.count = 0;
+  if (threadIdx.x == 0) {
+    sh.count = sh.tiles_with_token = sh.min_p_tiles = 0;
+    sh.first_y_bits = 0;
+  }
   __syncthreads();
+  uint32_t first_y_bits = 0;
+  int with_token = 0;
+  PackedCandidate winner_part = 0;
   for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
     PackedCandidate const first = row_y_key(key_at(t, 0));
     tile_last[t] = row_y_key(key_at(t, C - 1));
     tile_first_y[t] = static_cast<uint32_t>(first >> 32);
+    if (wants_mass) log_mass_copy[t] = tile_log_masses[t * columns + row];
+    if (wants_winner) winner_part = max_key(winner_part, tile_winners[t * columns + row]);
     if (bounded) atomicMax(&sh.group_max[t * k / num_tiles], first);
+    first_y_bits = max(first_y_bits, static_cast<uint32_t>(first >> 32));
+    with_token += first != 0;
+  }
+  if (certify) {
+#pragma unroll
+    for (int delta = 16; delta > 0; delta >>= 1) {
+      first_y_bits = max(first_y_bits, __shfl_xor_sync(0xFFFFFFFFu, first_y_bits, delta));
+      with_token += __shfl_xor_sync(0xFFFFFFFFu, with_token, delta);
+    }
+    if (lane == 0) {
+      atomicMax(&sh.first_y_bits, first_y_bits);
+      atomicAdd(&sh.tiles_with_token, with_token);
+    }
   }
   __syncthreads();
+
+  // A row without top_k: its first y, its mass (top_p) and its winner. When its first k tokens
+  // surely all survive its cut (k tokens are there, every one passes min_p since k tiles' first
+  // ones do, and k first-token masses stay below top_p of the row's), the candidates cannot
+  // decide it: it is handed on now, as step 4 would, without selecting them.
+  double row_y0 = -INFINITY, row_mass = 0.0;
+  bool row_usable = false;  // a finite first y and the GEMM's log-masses
+  PackedCandidate const row_winner = wants_winner ? block_max_key(winner_part, sh) : PackedCandidate{0};
+  if (certify) {
+    uint32_t const hi0 = sh.first_y_bits;
+    row_y0 = hi0 <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi0));
+    row_usable = isfinite(row_y0) && tile_log_masses != nullptr;
+    if (row_usable && top_p_on) row_mass = block_row_mass(log_mass_copy, num_tiles, row_y0, sh);
+    if (row_usable && min_p_on) {
+      int passing = 0;
+      for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+        uint32_t const hi = tile_first_y[t];
+        double const y = hi <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi));
+        passing += exp(y - row_y0) >= min_p;  // step 4's test
+      }
+#pragma unroll
+      for (int delta = 16; delta > 0; delta >>= 1) passing += __shfl_xor_sync(0xFFFFFFFFu, passing, delta);
+      if (lane == 0) atomicAdd(&sh.min_p_tiles, passing);
+      __syncthreads();
+    }
+    // Step 4's masses are exp(y - y0) <= 1 each: k of them stay below top_p of row_mass with
+    // room for its float64 rounding.
+    bool const all_survive = row_usable && sh.tiles_with_token >= k &&
+                             (!top_p_on || double{kMaxFusedTopK} * (1.0 + 1e-9) < top_p * row_mass) &&
+                             (!min_p_on || sh.min_p_tiles >= k);
+    if (all_survive) {
+      if (threadIdx.x == 0) {
+        hand_on_undecided_row(p, row, from_order_bits(hi0), top_p, top_p_on, streams_top_p_rows, streamed_first_y,
+                              tile_winners, streamed_winners, row_winner);
+      }
+      return;
+    }
+  }
+
+  // 1. tau: the smallest of k group maxima of the tiles' first keys (0: no bound).
   PackedCandidate tau = 0;
   if (bounded) {
     tau = ~PackedCandidate{0};
@@ -433,20 +530,12 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // it may not hold every survivor, top_p needs the row's whole mass (the GEMM's per-tile
   // log-masses), and rows whose first token is not finite go to the logits sampler.
   bool const whole_row = m < k;
-  double row_mass = 0.0;
-  if (certify && !whole_row) {
-    uint32_t const hi0 = static_cast<uint32_t>(sh.sorted_key[0] >> 32);
-    double const y0 = hi0 <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi0));
-    if (!isfinite(y0) || tile_log_masses == nullptr) {
-      if (threadIdx.x == 0) leave_to_logits_sampler(p, row);
-      return;
-    }
-    if (top_p_on) row_mass = block_row_mass(tile_log_masses, num_tiles, columns, row, y0, sh);
+  if (certify && !whole_row && !row_usable) {
+    if (threadIdx.x == 0) leave_to_logits_sampler(p, row);
+    return;
   }
-  // A top_p row handed on below starts its rounds from this winner (draw_tile_winners).
-  PackedCandidate const winner = tile_winners != nullptr && certify && !whole_row && top_p_on
-                                     ? block_row_winner(tile_winners, num_tiles, columns, row, sh)
-                                     : 0;
+  // A top_p row handed on below starts its rounds from its winner (draw_tile_winners).
+  PackedCandidate const winner = whole_row ? PackedCandidate{0} : row_winner;
   if (warp != 0) return;
   __syncwarp();
 
@@ -500,23 +589,9 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   int const lead1 = __ffs(~kept1) == 0 ? 32 : __ffs(~kept1) - 1;
   int const n_keep = lead0 < 32 ? lead0 : 32 + lead1;
   if (certify && !whole_row && n_keep == m) {
-    // Every token of the list survives, so more may follow past it. With min_p alone (in (0, 1]
-    // here: a larger or NaN one keeps the first token only) the rest is one comparison an
-    // element against the first y, which the streaming kernels can take; with top_p (in (0, 1)
-    // here) they sample the row from its first y and verify the winner against top_p in rounds,
-    // in the calls of fused_truncation_streams_top_p_rows.
-    // Where the GEMM drew the winners (a call without min_p: no pass runs) a row takes the
-    // streaming kernels only with its winner (none: a row without a finite score, which the cut
-    // kernel reports).
-    bool const streams_top_p = streams_top_p_rows && top_p > 0.0;
-    bool const with_winner = tile_winners == nullptr || winner != 0;
     if (lane == 0) {
-      if (streamed_first_y != nullptr && (!top_p_on || streams_top_p) && with_winner) {
-        streamed_first_y[row] = from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32));
-        if (streamed_winners != nullptr) streamed_winners[row] = winner;
-      } else {
-        leave_to_logits_sampler(p, row);
-      }
+      hand_on_undecided_row(p, row, from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32)), top_p, top_p_on,
+                            streams_top_p_rows, streamed_first_y, tile_winners, streamed_winners, winner);
     }
     return;
   }
