@@ -84,9 +84,21 @@ struct RoundPartial {
 // verify it and draw the next in the same pass. A row undecided after them takes the cut path.
 constexpr int kRounds = 4;
 constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a round's pass
-constexpr int64_t kRoundChunkTokens = 4096;  // a round's item: 16 tokens a thread
+// A round's item is a chunk of a row of a multiple of kRoundChunkTokens (16 tokens a thread),
+// sized on the device from the round's row count so that the items about fill one wave of the
+// grid: an item's setup (its row's parameters, then the merge of its partial through a fence and
+// a ticket) is a chain of memory round trips, paid once a CTA rather than once per 4096 tokens.
+constexpr int64_t kRoundChunkTokens = 4096;
 
+// The most chunks a row can have (the workspace's partials and the tickets' count).
 int64_t round_chunks(int64_t vocab) { return (vocab + kRoundChunkTokens - 1) / kRoundChunkTokens; }
+
+// A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike).
+__device__ __forceinline__ int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
+  int64_t const tokens_a_cta = (rows * vocab + ctas - 1) / ctas;
+  int64_t const chunks = (tokens_a_cta + kRoundChunkTokens - 1) / kRoundChunkTokens;
+  return (chunks < 1 ? 1 : chunks) * kRoundChunkTokens;
+}
 
 struct Workspace {
   ChunkPartial* partials;        // [B, chunks]
@@ -772,6 +784,15 @@ struct RoundChunk {
     float const inv_t = in.greedy ? 1.0f : in.inv_t;  // fs_mul(x, 1) == x: a greedy row's y
     float const max_noise = fs_gumbel_upper_bound_from_bits(kFullMask);
     float floor = -INFINITY;
+    if constexpr (kLean && kVerify && !kDraw) {
+      // Round 0 (no draw): four tokens a load where the row's chunk is 16-byte aligned (the fused
+      // truncation's stored rows are), so that four times the bytes are in flight; the integer
+      // sums do not depend on which thread adds which token.
+      if (reinterpret_cast<uintptr_t>(in.logits + begin) % 16 == 0) {
+        run_verify_vectorized(begin, end, inv_t);
+        return;
+      }
+    }
     // The same steps in every thread (the draw's floor is a warp collective).
     for (int64_t base = begin; base < end; base += kRoundUnroll * kThreads) {
       float raw[kRoundUnroll];
@@ -815,6 +836,41 @@ struct RoundChunk {
     }
   }
 
+  // run<true> without a draw, four tokens a thread and load: the masses of every key and of the
+  // keys strictly ahead of t.
+  __device__ __forceinline__ void run_verify_vectorized(int64_t begin, int64_t end, float inv_t) {
+    constexpr int64_t kStep = int64_t{kRoundUnroll} * kThreads * 4;
+    for (int64_t base = begin; base < end; base += kStep) {
+      float4 raw[kRoundUnroll];
+#pragma unroll
+      for (int j = 0; j < kRoundUnroll; ++j) {
+        int64_t const v = base + (int64_t{j} * kThreads + threadIdx.x) * 4;
+        if (v + 3 < end) {
+          raw[j] = __ldg(reinterpret_cast<float4 const*>(in.logits + v));
+        } else {
+          raw[j].x = v < end ? __ldg(in.logits + v) : 0.0f;
+          raw[j].y = v + 1 < end ? __ldg(in.logits + v + 1) : 0.0f;
+          raw[j].z = v + 2 < end ? __ldg(in.logits + v + 2) : 0.0f;
+          raw[j].w = 0.0f;  // v + 3 >= end
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kRoundUnroll; ++j) {
+        int64_t const v = base + (int64_t{j} * kThreads + threadIdx.x) * 4;
+        float const xs[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float const y = fs_mul(xs[e], inv_t);
+          PackedCandidate const key =
+              v + e < end ? pack_top_candidate(y, in.vocab_start + static_cast<uint32_t>(v + e)) : PackedCandidate{0};
+          FixedMass const m = key != 0 ? fixed_mass(y, y0) : 0ull;
+          total += with_total ? m : 0ull;
+          ahead += key > t_key ? m : 0ull;
+        }
+      }
+    }
+  }
+
   __device__ __forceinline__ void offer(float score, uint32_t index) {
     if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
       best_score = score;
@@ -825,11 +881,14 @@ struct RoundChunk {
 
 template <bool kVerify, bool kDraw>
 __global__ void __launch_bounds__(kThreads) top_p_round_kernel(LogitsSamplerParams const p, Workspace ws,
-                                                               int round, int round_chunks) {
+                                                               int round) {
   __shared__ RoundPartial warp_partial[kWarps];
   __shared__ bool last_cta;
   int32_t const* const list = ws.round_lists + int64_t{round} * (p.batch_size + 1);
-  int64_t const items = int64_t{__ldcg(list)} * round_chunks;
+  int64_t const rows = __ldcg(list);
+  int64_t const chunk_tokens = round_chunk_tokens(rows, p.vocab_size, gridDim.x);
+  int const round_chunks = static_cast<int>((p.vocab_size + chunk_tokens - 1) / chunk_tokens);
+  int64_t const items = rows * round_chunks;
   uint64_t batch_seed = 0, batch_offset = 0;
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -841,8 +900,8 @@ __global__ void __launch_bounds__(kThreads) top_p_round_kernel(LogitsSamplerPara
     RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
     double const y0 = static_cast<double>(__ldcg(p.streamed_first_y + row));  // the last round writes it
     PackedCandidate const t_key = __ldcg(&ws.round_rows[row].t_key);
-    int64_t const begin = int64_t{chunk} * kRoundChunkTokens;
-    int64_t const end = begin + kRoundChunkTokens < p.vocab_size ? begin + kRoundChunkTokens : p.vocab_size;
+    int64_t const begin = int64_t{chunk} * chunk_tokens;
+    int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
     RoundChunk<kVerify, kDraw> part{t_key, y0, round == 0, in, noise};
     // Without bias and mask (the fused truncation's stored x, when the call has no mask) the
     // element's arithmetic has no branch on them.
@@ -937,10 +996,10 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
     int const chunks_a_row = static_cast<int>(round_chunks(p.vocab_size));
     int64_t const most_items = p.batch_size * chunks_a_row;
     int const items_grid = static_cast<int>(std::min<int64_t>(4 * (sm_count < 1 ? 1 : sm_count), most_items));
-    top_p_round_kernel<true, false><<<items_grid, kThreads, 0, stream>>>(p, ws, 0, chunks_a_row);
-    top_p_round_kernel<false, true><<<items_grid, kThreads, 0, stream>>>(p, ws, 1, chunks_a_row);
+    top_p_round_kernel<true, false><<<items_grid, kThreads, 0, stream>>>(p, ws, 0);
+    top_p_round_kernel<false, true><<<items_grid, kThreads, 0, stream>>>(p, ws, 1);
     for (int round = 2; round < kRounds; ++round) {
-      top_p_round_kernel<true, true><<<items_grid, kThreads, 0, stream>>>(p, ws, round, chunks_a_row);
+      top_p_round_kernel<true, true><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
     }
   }
   return cudaGetLastError();
