@@ -84,7 +84,7 @@ struct RoundPartial {
 // verify it and draw the next in the same pass. A row undecided after them takes the cut path.
 constexpr int kRounds = 4;
 constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a round's pass
-// A round's item is a chunk of a row of a multiple of kRoundChunkTokens (16 tokens a thread),
+// A round's item is a chunk of a row, a multiple of kRoundChunkTokens (16 tokens a thread) long,
 // sized on the device from the round's row count so that the items about fill one wave of the
 // grid: an item's setup (its row's parameters, then the merge of its partial through a fence and
 // a ticket) is a chain of memory round trips, paid once a CTA rather than once per 4096 tokens.
@@ -725,7 +725,7 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
 // so does every key ahead of it. Round 0 verifies every row's t (no noise: most rows are decided
 // there), round 1 draws the next t of the rows that failed, rounds 2 and 3 verify it and draw the
 // next in the same pass. Each round takes the rows of its list (the finish kernel's, then the
-// previous round's), as (row, chunk of kRoundChunkTokens) items spread over the grid, so that a
+// previous round's), as (row, chunk) items spread over the grid (round_chunk_tokens), so that a
 // few rows left for the later rounds still spread over every multiprocessor; the last CTA to finish
 // a row's chunks (a ticket) merges them, decides, and puts the row on the next round's list, or
 // after the last round hands it to the cut path (NaN in streamed_first_y, appended to `rows`).
