@@ -104,7 +104,7 @@ struct Workspace {
   ChunkPartial* partials;        // [B, chunks]
   PackedCandidate* candidates;   // [B, S, chunks]
   RoundRow* round_rows;          // [B] (streams_top_p_rows)
-  RoundPartial* round_partials;  // [B, round_chunks] (streams_top_p_rows)
+  RoundPartial* round_partials;  // [B, round_chunks(V)] (streams_top_p_rows); a round uses [B, its chunks]
   uint32_t* floors;              // [B, S]: number_order_bits of the best score drawn so far (0: none), zeroed
   // streams_top_p_rows, zeroed: per round the CTAs done with each row's chunks, and the rows the
   // round takes (a count, then the rows)
