@@ -814,11 +814,7 @@ struct RoundChunk {
           key = in.key(v, v < end, raw[j], x, y);
         }
         bool const is_ahead = key > t_key;  // t_key > 0: excluded keys (0) are never ahead
-        if constexpr (kVerify) {
-          FixedMass const m = key != 0 ? fixed_mass(y, y0) : 0ull;
-          total += with_total ? m : 0ull;
-          ahead += is_ahead ? m : 0ull;
-        }
+        if constexpr (kVerify) add_masses(key, y);
         if (kDraw && is_ahead) {
           uint32_t const index = top_candidate_index(key);
           if (in.greedy) {
@@ -861,14 +857,20 @@ struct RoundChunk {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float const y = fs_mul(xs[e], inv_t);
-          PackedCandidate const key =
-              v + e < end ? pack_top_candidate(y, in.vocab_start + static_cast<uint32_t>(v + e)) : PackedCandidate{0};
-          FixedMass const m = key != 0 ? fixed_mass(y, y0) : 0ull;
-          total += with_total ? m : 0ull;
-          ahead += key > t_key ? m : 0ull;
+          add_masses(v + e < end ? pack_top_candidate(y, in.vocab_start + static_cast<uint32_t>(v + e))
+                                 : PackedCandidate{0},
+                     y);
         }
       }
     }
+  }
+
+  // A token's fixed-point mass into the row's (with_total) and, if its key is strictly ahead of
+  // t, the mass ahead (excluded keys, 0, add nothing).
+  __device__ __forceinline__ void add_masses(PackedCandidate key, float y) {
+    FixedMass const m = key != 0 ? fixed_mass(y, y0) : 0ull;
+    total += with_total ? m : 0ull;
+    ahead += key > t_key ? m : 0ull;
   }
 
   __device__ __forceinline__ void offer(float score, uint32_t index) {
