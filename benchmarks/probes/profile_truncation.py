@@ -17,7 +17,7 @@ from flashsampling_cuda.problems import hidden_states, lm_head_weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from bench_truncation import FORMS, form_arguments
-from stage2_share import kernel_times  # benchmarks/probes/, this script's folder
+from stage2_share import kernel_label, kernel_times  # benchmarks/probes/, this script's folder
 
 
 def main() -> None:
@@ -60,10 +60,7 @@ def launch_times(call) -> str:
         torch.cuda.synchronize()
     events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                     key=lambda e: e.time_range.start)
-    def short(name: str) -> str:
-        name = name.replace("(anonymous namespace)::", "").removeprefix("void ").replace("flashsampling::", "")
-        return "cutlass" if "device_kernel" in name else name.split("(")[0][:48]
-    return ", ".join(f"{short(e.name)} {e.device_time:.1f}" for e in events)
+    return ", ".join(f"{kernel_label(e.name)[:48]} {e.device_time:.1f}" for e in events)
 
 
 if __name__ == "__main__":

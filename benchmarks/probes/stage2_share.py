@@ -35,13 +35,21 @@ def kernel_times_us(fn, calls: int = 20) -> dict[str, float]:
     return dict(totals)
 
 
+def kernel_label(name: str) -> str:
+    """A CUDA kernel's profiler name without namespaces, return type and arguments ("cutlass" for
+    CUTLASS's GEMM); template arguments kept."""
+    if "device_kernel" in name:
+        return "cutlass"
+    short = name.replace("(anonymous namespace)::", "").removeprefix("void ").replace("flashsampling::", "")
+    return short.split("(")[0]
+
+
 def kernel_times(call, calls: int) -> dict[str, float]:
     """:func:`kernel_times_us` with CUTLASS's GEMM as "cutlass" and other names shortened (the
     profile_* probes' tables)."""
     totals: dict[str, float] = defaultdict(float)
     for name, us in kernel_times_us(call, calls).items():
-        short = name.replace("(anonymous namespace)::", "").removeprefix("void ")
-        totals["cutlass" if "device_kernel" in name else short.split("(")[0].split("<")[0][-40:]] += us
+        totals[kernel_label(name).split("<")[0][-40:]] += us
     return dict(totals)
 
 
