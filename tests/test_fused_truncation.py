@@ -253,8 +253,7 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
 def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, epilogue_warpgroups, controls,
                                                       temperature):
     """top_p without top_k or min_p, one sample, the batch-wide seed: the top-k scan draws each
-    tile's plain-sampling winner (DispatchOptions::top_p_tile_winners; with and without the exact
-    skip of noise that cannot reach a column's floor, noise_skip), stage 2 gives the rows
+    tile's plain-sampling winner (DispatchOptions::top_p_tile_winners), stage 2 gives the rows
     without a cut their winner and starts the top_p rows' rounds from it, and no streaming pass runs.
     The same tokens and scores bit for bit as with the streaming pass, on bf16 LM-head logits
     (per-row temperatures with greedy rows, a scalar one, a greedy call; with the dense bias and the
@@ -278,44 +277,17 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
     else:
         kwargs.update(truncation_kwargs(truncation, batch, "cuda"))
     results = {}
-    # (tile winners, their exact skip): the winners with and without the skip against the streaming pass.
-    for winners, skip in ((True, True), (True, False), (False, True)):
-        results[winners, skip], names = sample_with_dispatch_options(
-            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups, top_p_tile_winners=winners,
-            noise_skip=skip)
+    for winners in (True, False):
+        results[winners], names = sample_with_dispatch_options(
+            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups, top_p_tile_winners=winners)
         draws = winners and not (epilogue_warpgroups and batch > 64)
         assert any("streaming_sample_kernel" in n for n in names) != draws, names
         assert ran_top_candidates_epilogue_warpgroups(names) == (epilogue_warpgroups and batch > 64), names
-    for winners_run in ((True, True), (True, False)):
-        assert_same_bits(results[winners_run], results[False, True], ("tokens", "scores"))
+    assert_same_bits(results[True], results[False], ("tokens", "scores"))
     if truncation == "p_rows":
         off = kwargs["top_p"] >= 1.0
         assert off.any()
-        assert torch.equal(results[True, True].tokens.reshape(batch)[off], plain.reshape(batch)[off])
-
-
-@requires_sm90
-@pytest.mark.parametrize("batch", [16, 64])
-@pytest.mark.parametrize("regime", ["flat", "llm"])
-def test_tile_winners_skip_over_a_whole_vocabulary(batch, regime):
-    """The tile winners' exact skip where most tiles start after others raised their columns'
-    floors (a serving vocabulary, ragged last tile: about 1187 tiles against the first wave's few
-    hundred): tokens and scores bit for bit as without the skip and as the streaming pass, with
-    per-row temperatures and greedy rows."""
-    vocab = 151933
-    weight = lm_head_weight(vocab, 256, seed=8).cuda()
-    hidden = hidden_states(weight, batch, regime, seed=batch + 1)
-    temperature = (torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4).cuda()
-    temperature[::7] = 0.0
-    kwargs = dict(temperature=temperature, seed=torch.tensor(5, device="cuda"), offset=torch.tensor(2, device="cuda"),
-                  truncation_path="fused_top_k", **truncation_kwargs("p_rows", batch, "cuda"))
-    results = {}
-    for winners, skip in ((True, True), (True, False), (False, True)):
-        results[winners, skip], names = sample_with_dispatch_options(hidden, weight, kwargs, top_p_tile_winners=winners,
-                                                                     noise_skip=skip)
-        assert any("streaming_sample_kernel" in n for n in names) != winners, names
-    for winners_run in ((True, True), (True, False)):
-        assert_same_bits(results[winners_run], results[False, True], ("tokens", "scores"))
+        assert torch.equal(results[True].tokens.reshape(batch)[off], plain.reshape(batch)[off])
 
 
 @requires_sm90

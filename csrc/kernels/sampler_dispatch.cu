@@ -171,20 +171,19 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 // tile, always; several, when the last one is at most half full. The padding costs a copy and a
 // memset node.
 //
-// And the exact skip of the epilogue-warpgroup kernels and of the top-k scan's tile winners
-// (docs/noise.md): elements that cannot reach their column's best score so far draw no exact
-// noise (in a greedy batch, whose bound is the logit itself, such steps merge no keys); the same
-// tokens with it or without. Their
+// And the exact skip of the epilogue-warpgroup kernels (docs/noise.md): elements that cannot
+// reach their column's best score so far draw no exact noise (in a greedy batch, whose bound is
+// the logit itself, such steps merge no keys); the same tokens with it or without. Their
 // log-sum-exp terms are summed against each column's log-sum-exp of the half's earlier tiles
 // (DispatchOptions::lse_references = false: each step's max over the lanes).
 SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entry) {
   DispatchOptions const options = sampler_dispatch_options();
   SamplerParams p = params;
-  p.draw_tile_winners = p.fused_truncation && options.top_p_tile_winners && entry.scans_tile_winners &&
-                        fused_truncation_draws_tile_winners(p);
-  p.skip_unreachable_noise = options.noise_skip && (entry.skips_unreachable_noise || p.draw_tile_winners);
+  p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise;
   p.lse_references = options.lse_references && entry.skips_unreachable_noise;
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
+  p.draw_tile_winners = p.fused_truncation && options.top_p_tile_winners && entry.scans_tile_winners &&
+                        fused_truncation_draws_tile_winners(p);
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;

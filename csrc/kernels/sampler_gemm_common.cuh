@@ -54,7 +54,6 @@ void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, Sa
   node.ptr_row_logits = p.row_logits;
   node.row_logits_stride = p.row_logits_stride;
   node.ptr_tile_winners = p.draw_tile_winners ? buffers.tile_winners : nullptr;
-  node.ptr_winner_floors = p.draw_tile_winners && p.skip_unreachable_noise ? buffers.noise_floors : nullptr;
 }
 
 // Persistent grid over the device's SMs; neighbouring CTAs take the N tiles of one vocabulary

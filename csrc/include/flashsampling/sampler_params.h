@@ -178,9 +178,8 @@ struct SamplerParams {
   // multiple of the CTA's N tile (0: not padded; see sampler_dispatch.cu).
   int64_t padded_columns = 0;
   // Set by launch_sampler, not by callers: whether the kernel skips the exact noise of elements
-  // that cannot reach their column's best score (the epilogue-warpgroup kernels, and the top-k
-  // scan where it draws the tile winners; the tokens are the same either way). It then gets a
-  // zeroed [columns] buffer of the best scores so far.
+  // that cannot reach their column's best score (the epilogue-warpgroup kernels; the tokens are
+  // the same either way). It then gets a zeroed [columns] buffer of the best scores so far.
   bool skip_unreachable_noise = false;
   // Set by launch_sampler, not by callers: whether the epilogue-warpgroup kernels' controls loop
   // sums log-probability terms against each column's log-sum-exp of earlier tiles instead of
@@ -251,7 +250,7 @@ using PackedCandidate = unsigned long long;
 struct DispatchOptions {
   bool column_clusters = true;  // pairs of 128-wide column tiles sharing each W tile (kernel_choice.h)
   bool pad_columns = true;      // hidden rows padded to whole N tiles where the last is at most half full
-  bool noise_skip = true;       // the epilogue-warpgroup kernels and the tile winners skip noise that cannot win
+  bool noise_skip = true;       // the epilogue-warpgroup kernels skip noise that cannot win
   bool lse_references = true;   // and sum log-sum-exp terms against earlier tiles' (else each step's max)
   // the fused top-k pass beyond 64 columns on sm90 runs the epilogue-warpgroup kernel (else
   // CUTLASS's cooperative tile, whose visitor's outputs it reproduces bit for bit)

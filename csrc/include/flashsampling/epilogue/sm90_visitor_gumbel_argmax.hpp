@@ -137,19 +137,14 @@ CUTLASS_DEVICE float4 batch_noise_x4(bool greedy, uint64_t seed, uint64_t offset
                                      batch_row[0], batch_row[1], batch_row[2], batch_row[3]);
 }
 
-// The Philox block of one vocab index in the four streams of a quad (batch rows 4q .. 4q + 3 at
-// the batch-wide seed), and its four Gumbel transforms side by side: two calls, so that the tile
-// winners' exact skip can stop after the bits. Out of line, as the wide tiles' loops call theirs:
-// inlined into every subtile's unrolled loop, this code crowds the instruction cache and slows
-// the whole GEMM (docs/truncation.md has the A/B).
-static __device__ __noinline__ Philox4 quad_noise_bits_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
-                                                                   uint32_t v, uint32_t quad) {
-  return fs_noise_block(seed, offset_plus_sample, v, quad);
-}
-
-static __device__ __noinline__ float4 gumbel_x4_from_bits_out_of_line(uint32_t b0, uint32_t b1, uint32_t b2,
-                                                                      uint32_t b3) {
-  uint32_t const bits[4] = {b0, b1, b2, b3};
+// The noise of one vocab index in the four streams of a quad (batch rows 4q .. 4q + 3 at the
+// batch-wide seed): one Philox block, its four Gumbel transforms side by side. Out of line, as
+// the wide tiles' loops call theirs: inlined into every subtile's unrolled loop, this code
+// crowds the instruction cache and slows the whole GEMM (docs/truncation.md has the A/B).
+static __device__ __noinline__ float4 quad_noise_x4_out_of_line(uint64_t seed, uint64_t offset_plus_sample,
+                                                                uint32_t v, uint32_t quad) {
+  Philox4 const block = fs_noise_block(seed, offset_plus_sample, v, quad);
+  uint32_t const bits[4] = {block.x, block.y, block.z, block.w};
   float g[4];
   fs_gumbel_from_bits_lanes<4>(bits, g);
   return make_float4(g[0], g[1], g[2], g[3]);
@@ -319,10 +314,6 @@ struct Sm90GumbelArgmaxRowReduction {
     // (tile, row)'s plain-sampling winner over the tile, pack_candidate of its perturbed score and
     // index (0: none), at [m_tile * N + column].
     PackedCandidate* ptr_tile_winners = nullptr;
-    // With the tile winners, the exact skip's floors (SamplerParams::skip_unreachable_noise): per
-    // GEMM column the order bits (number_order_bits) of the best winner any tile has written so
-    // far, zeroed before the GEMM; nullptr: every element draws its noise.
-    uint32_t* ptr_winner_floors = nullptr;
     NoiseSource noise = {};
     SamplingControls controls = {};
     float inv_temperature = 1.0f;
@@ -354,7 +345,6 @@ struct Sm90GumbelArgmaxRowReduction {
            (args.ptr_tile_winners == nullptr ||
             (kTopScan && args.num_samples == 1 && !args.logprobs && args.noise.row_seeds == nullptr &&
              args.noise.row_offsets == nullptr && args.noise.row_streams == nullptr)) &&
-           (args.ptr_winner_floors == nullptr || args.ptr_tile_winners != nullptr) &&
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
 
@@ -421,7 +411,6 @@ struct Sm90GumbelArgmaxRowReduction {
     float scan_lse_max2 = -INFINITY, scan_lse_sum = 0.0f;    // and its log-mass (ptr_row_logits)
     float winner_score[4];                                    // and its quad's tile winners (ptr_tile_winners)
     int32_t winner_index[4];
-    float winner_floor[4];  // the columns' floors at the strip's start (ptr_winner_floors)
 
     // The one place that reads args_tuple's fields: each step takes the ones it uses. A
     // reference to a field, or (cute::get of an empty type, e.g. a static shape) its value.
@@ -1087,16 +1076,6 @@ struct Sm90GumbelArgmaxRowReduction {
     // threads of a quad (neighbouring lanes) merge them and the first writes the tile's winners.
     // Greedy rows take x, excluded elements (masked, past the problem) nothing, NaN scores never
     // win: the best candidate by fs_candidate_better, as every other pass picks it.
-    //
-    // The exact skip (ptr_winner_floors; the rule of the epilogue-warpgroup kernels, docs/noise.md):
-    // an element whose score bound lies below its column's floor (the best score the column has
-    // reached: this thread's winner so far, or a winner any tile wrote before the strip began)
-    // cannot be the row's sample. A quad none of whose elements could reach its floor with the
-    // largest noise draws no Philox block (peaked rows: most of the vocabulary), and one whose
-    // bits bound every element below takes no logarithms (flat rows). A tile's written winner may
-    // then be below the tile's own best, never the row's: stage 2 only takes each row's best
-    // over the tiles, and the row's best element is never skipped (its bound is at least its
-    // score, every floor at most it).
     CUTLASS_DEVICE void scan_tile_winners(float const* smem, int epi_m, int epi_n, bool tile_in_problem) {
       constexpr int kQuads = EpiTileN / 4;
       constexpr int kQuadLanes = NumThreads / kQuads;
@@ -1106,19 +1085,16 @@ struct Sm90GumbelArgmaxRowReduction {
       auto [m_tile, n_tile, k_tile, l_tile] = arg<kTileCoordMNKL>();
       int const thread_idx = arg<kThreadIdx>();
       int const quad = thread_idx / kQuadLanes, lane = thread_idx % kQuadLanes;
-      int const num_cols = get<1>(arg<kProblemMN>());
-      // The quad's first column (a multiple of 4: its batch row is stream 4q of the Philox block).
-      uint32_t const col0 =
-          static_cast<uint32_t>(n_tile) * size<1>(CtaTileShapeMNK{}) + static_cast<uint32_t>(epi_n * EpiTileN + 4 * quad);
       if (epi_m == 0) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < 4; ++j) {
           winner_score[j] = -INFINITY;
           winner_index[j] = kNoCandidate;
-          bool const has_floor = params.ptr_winner_floors != nullptr && static_cast<int>(col0) + j < num_cols;
-          winner_floor[j] = has_floor ? floor_of_code(__ldcg(params.ptr_winner_floors + col0 + j)) : -INFINITY;
         }
       }
+      // The quad's first column (a multiple of 4: its batch row is stream 4q of the Philox block).
+      uint32_t const col0 =
+          static_cast<uint32_t>(n_tile) * size<1>(CtaTileShapeMNK{}) + static_cast<uint32_t>(epi_n * EpiTileN + 4 * quad);
       uint32_t const last_row = params.batch_size - 1;
       float inv_t[4];
       bool any_noise = false;
@@ -1129,50 +1105,30 @@ struct Sm90GumbelArgmaxRowReduction {
                                        params.greedy ? 0.0f : params.inv_temperature);
         any_noise = any_noise || inv_t[j] != 0.0f;
       }
-      bool const skip = params.ptr_winner_floors != nullptr;
-      float const max_noise = fs_gumbel_upper_bound_from_bits(0xFFFFFFFFu);
       uint32_t const first_index = params.vocab_start + static_cast<uint32_t>(m_tile) * size<0>(CtaTileShapeMNK{}) +
                                    static_cast<uint32_t>(epi_m * EpiTileM);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < EpiTileM / kQuadLanes; ++i) {
         int const r = lane + i * kQuadLanes;
-        float x[4], floor[4];
-        bool reach[4], any_reach = false;
+        float x[4];
+        bool kept[4], any_kept = false;
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < 4; ++j) {
           x[j] = smem[(4 * quad + j) * EpiTileM + r];
-          floor[j] = skip ? fmaxf(winner_floor[j], winner_score[j]) : -INFINITY;
-          reach[j] = __float_as_uint(x[j]) != kExcludedBits && may_reach_floor(x[j], inv_t[j], max_noise, floor[j]);
-          any_reach = any_reach || reach[j];
+          kept[j] = __float_as_uint(x[j]) != kExcludedBits;
+          any_kept = any_kept || kept[j];
         }
-        if (!any_reach) {
+        if (!any_kept) {
           continue;
         }
         uint32_t const index = first_index + static_cast<uint32_t>(r);
-        float4 g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (any_noise) {
-          Philox4 const block = quad_noise_bits_out_of_line(seed, offset, index, col0 >> 2);
-          uint32_t const bits[4] = {block.x, block.y, block.z, block.w};
-          bool logs_needed = false;
-          any_reach = false;
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            reach[j] = reach[j] && may_reach_floor(x[j], inv_t[j], fs_gumbel_upper_bound_from_bits(bits[j]), floor[j]);
-            logs_needed = logs_needed || (reach[j] && inv_t[j] != 0.0f);
-            any_reach = any_reach || reach[j];
-          }
-          if (!any_reach) {
-            continue;
-          }
-          if (logs_needed) {
-            g = gumbel_x4_from_bits_out_of_line(bits[0], bits[1], bits[2], bits[3]);
-          }
-        }
+        float4 const g = any_noise ? quad_noise_x4_out_of_line(seed, offset, index, col0 >> 2)
+                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float const gumbel[4] = {g.x, g.y, g.z, g.w};
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < 4; ++j) {
           float const score = inv_t[j] == 0.0f ? x[j] : fs_perturbed_score(x[j], inv_t[j], gumbel[j]);
-          if (reach[j] && fs_candidate_better(score, static_cast<int32_t>(index), winner_score[j], winner_index[j])) {
+          if (kept[j] && fs_candidate_better(score, static_cast<int32_t>(index), winner_score[j], winner_index[j])) {
             winner_score[j] = score;
             winner_index[j] = static_cast<int32_t>(index);
           }
@@ -1193,33 +1149,16 @@ struct Sm90GumbelArgmaxRowReduction {
           }
         }
       }
+      int const num_cols = get<1>(arg<kProblemMN>());
       if (lane == 0 && tile_in_problem) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < 4; ++j) {
           if (static_cast<int>(col0) + j < num_cols) {
-            bool const found = winner_index[j] != kNoCandidate;
             params.ptr_tile_winners[static_cast<int64_t>(m_tile) * num_cols + col0 + j] =
-                found ? pack_candidate(winner_score[j], winner_index[j]) : PackedCandidate{0};
-            // Raise the column's floor for the tiles that start after this one (a winner is never NaN).
-            if (found && params.ptr_winner_floors != nullptr && winner_score[j] > winner_floor[j]) {
-              atomicMax(params.ptr_winner_floors + col0 + j, number_order_bits(winner_score[j]));
-            }
+                winner_index[j] == kNoCandidate ? PackedCandidate{0} : pack_candidate(winner_score[j], winner_index[j]);
           }
         }
       }
-    }
-
-    // Whether an element may still be its column's winner: its score with the noise bound `noise`
-    // (its exact score on a greedy column, inv_temperature 0) is not below the floor. Strict, so
-    // ties take the exact path; a NaN bound counts as reaching.
-    CUTLASS_DEVICE static bool may_reach_floor(float x, float inv_temperature, float noise, float floor) {
-      float const bound = inv_temperature == 0.0f ? x : fs_perturbed_score(x, inv_temperature, noise);
-      return !(bound < floor);
-    }
-
-    // A floor from its order code (number_order_bits); 0 (nothing yet) and -inf's code give -inf.
-    CUTLASS_DEVICE static float floor_of_code(uint32_t code) {
-      return code <= number_order_bits(-INFINITY) ? -INFINITY : from_order_bits(code);
     }
 
     // The fused truncation's part of the scan, out of the scan's loop (the host-int top-k pass
