@@ -2,7 +2,8 @@
 the logits GEMM, the selection kernel and anything else each form launches.
 
   python3 benchmarks/probes/profile_truncation.py --batches 1,16,64,256 --regimes flat,llm
-  (--launches: also each launch of one call in order, e.g. the four top_p rounds apart)
+  (--launches: also each launch of one call in order, e.g. the four top_p rounds apart;
+   --dispatch noise_skip=0,...: DispatchOptions for an A/B in one process, e.g. the exact skip off)
 """
 
 import argparse
@@ -29,7 +30,10 @@ def main() -> None:
     parser.add_argument("--path", default="auto")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--launches", action="store_true", help="also each kernel launch of one call, in order")
+    parser.add_argument("--dispatch", default="", help="DispatchOptions to set, e.g. noise_skip=0,top_p_tile_winners=0")
     args = parser.parse_args()
+    options = {name: bool(int(value)) for name, value in (item.split("=") for item in args.dispatch.split(",") if item)}
+    torch.ops.flashsampling._set_dispatch_options(**options)
     dim, vocab = (int(x) for x in args.shape.split("x"))
     weight = lm_head_weight(vocab, dim)
     for regime in args.regimes.split(","):
@@ -45,7 +49,7 @@ def main() -> None:
                 totals = kernel_times(lambda: flashsampling_cuda.sample(  # noqa: B023
                     hidden, weight, temperature=temperature, truncation_path=path, **kwargs), args.calls)
                 parts = ", ".join(f"{n} {us:.1f}" for n, us in sorted(totals.items(), key=lambda kv: -kv[1]))
-                print(f"[{regime} B={batch} {form}] total {sum(totals.values()):.1f} us: {parts}", flush=True)
+                print(f"[{regime} B={batch} {form}{' ' + args.dispatch if args.dispatch else ''}] total {sum(totals.values()):.1f} us: {parts}", flush=True)
                 if args.launches:
                     print("    launches: " + launch_times(lambda: flashsampling_cuda.sample(  # noqa: B023
                         hidden, weight, temperature=temperature, truncation_path=path, **kwargs)), flush=True)
