@@ -19,9 +19,10 @@ COLUMNS = (*range(1, 300), 383, 384, 385, 511, 512, 513, 1000, 1024, 4096)
 UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels()}
 
 
-def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True):
+def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True,
+           model_transform_only=False):
     return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
-                                                  top_candidates_epilogue_warpgroups)
+                                                  top_candidates_epilogue_warpgroups, model_transform_only)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -127,13 +128,17 @@ def test_penalised_calls_run_the_controls_kernels(columns):
     assert loop(penalties=True, sparse_bias=True) == "all_controls"
 
 
-@pytest.mark.parametrize("columns", [1, 16, 17, 50, 100, 200, 300])
-def test_soft_capped_calls_run_the_controls_kernels(columns):
-    """A soft-capped (or scaled) call with nothing else runs the common controls' kernels on
-    every tile config: the CUTLASS pingpong tile up to 16 columns on sm90, the epilogue-warpgroup
-    kernels beyond; on sm100 the visitor's."""
+@pytest.mark.parametrize("columns", [1, 16, 17, 50, 64, 65, 100, 200, 300])
+def test_soft_capped_calls_run_the_controls_kernels_up_to_64_columns(columns):
+    """A soft-capped (or scaled) call with nothing else (model_transform_only) runs the common
+    controls' kernels up to 64 columns (the CUTLASS pingpong tile up to 16 on sm90, the
+    epilogue-warpgroup kernels beyond) and on sm100 (the visitor's); beyond 64 columns on sm90 the
+    plain epilogue-warpgroup kernel, whose loop applies them. With another control beside them,
+    the controls' kernels."""
     needs = loop(model_transform=True)
     for arch in (90, 100):
-        unit = choice(arch, needs, columns)
-        assert "_common_controls_" in unit and unit in UNITS, unit
-    assert ("epilogue_warpgroups" in choice(90, needs, columns)) == (columns > 16)
+        unit = choice(arch, needs, columns, model_transform_only=True)
+        plain = arch == 90 and columns > 64
+        assert ("_plain_" if plain else "_common_controls_") in unit and unit in UNITS, unit
+        assert "_common_controls_" in choice(arch, needs, columns), columns
+    assert ("epilogue_warpgroups" in choice(90, needs, columns, model_transform_only=True)) == (columns > 16)

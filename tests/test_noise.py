@@ -264,6 +264,23 @@ def test_model_logits_composes_scale_and_softcap(scale, softcap):
     assert torch.isnan(nan).all()
 
 
+@pytest.mark.parametrize("softcap", [30.0, 50.0, 2.5, 1e-30, 1e30, 3e38])
+def test_softcap_upper_bound_lies_above_the_capped_logit(softcap):
+    """The plain epilogue-warpgroup kernel skips the noise of a soft-capped element by
+    fs_softcap_upper_bound, without its tanh: exact only if the bound is never below the capped
+    logit _model_logits computes (the margins cover its roundings and fs_tanhf's error). Every
+    4099th positive float (subnormals to FLT_MAX), their negatives, the neighbourhood of the cap,
+    and special values."""
+    positive = float_range(2.0**-149, 3.4028234663852886e38, stride=4099)
+    near_cap = float_range(softcap * 0.999, min(softcap * 1.001, 3.4028234663852886e38), stride=7)
+    x = torch.cat([positive, -positive, near_cap, torch.tensor([0.0, -0.0, math.inf, -math.inf])])
+    bound = ops._softcap_upper_bound(x, softcap)
+    capped = ops._model_logits(x, 1.0, softcap)
+    assert (bound >= capped).all(), x[bound < capped][:5]
+    assert (bound[x <= 0] == 0).all() and (bound[x > 0] <= torch.clamp(x[x > 0], max=softcap) * 1.0001 + softcap * 1e-17).all()
+    assert torch.isnan(ops._softcap_upper_bound(torch.tensor([math.nan]), softcap)).all()
+
+
 @pytest.mark.parametrize("scale,softcap,match", [
     (0.0, None, "logit_scale must be finite and > 0"), (math.inf, None, "logit_scale"), (-1.0, None, "logit_scale"),
     (1.0, 0.0, "logit_softcap must be finite and > 0"), (1.0, 1e-39, "logit_softcap"), (1.0, 1e39, "logit_softcap"),

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import flashsampling_cuda
+from flashsampling_cuda.problems import hidden_states, lm_head_weight
 from flashsampling_cuda.reference import reference_sample
 from sampling_stats import chi_square_pvalue, pathwise_mismatches
 
@@ -473,11 +474,11 @@ def controls_kernel_names(batch):
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
-def runs_controls_on_epilogue_warpgroups(names, tile_n):
+def runs_controls_on_epilogue_warpgroups(names, tile_n, loop=1):
     """Whether one of the kernels is the epilogue-warpgroup kernel with the common controls' loop
-    and this N tile (its name carries the loop as (flashsampling::SamplerLoop)1 and the wgmma atom
-    64xNx16)."""
-    return any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)1" in n and f"64x{tile_n}x16" in n
+    (`loop` 0: the plain loop) and this N tile (its name carries the loop as
+    (flashsampling::SamplerLoop)1 and the wgmma atom 64xNx16)."""
+    return any("Sm90SamplerEpilogueWarpGroups" in n and f"SamplerLoop){loop}" in n and f"64x{tile_n}x16" in n
                for n in names)
 
 
@@ -706,7 +707,8 @@ def test_mask_check_under_capture_points_at_empty_mask_token():
 
 
 # The model-side transforms (logit_scale, logit_softcap) in the fused epilogue: they run in the
-# controls' loops (the common controls' when nothing else is on), never in the plain loop.
+# controls' loops (the common controls' when nothing else is on), and alone beyond 64 columns on
+# sm90 in the plain epilogue-warpgroup loop.
 # GPU == CPU bit for bit needs the same raw logits on both, so these problems have exact ones:
 # hidden in k / 8 (|k| <= 8) and weight in small integers, whose products and every partial sum
 # are exact in fp32 in any order; the soft-cap (fs_tanhf), biases and noise are the same bits on
@@ -821,20 +823,51 @@ def test_model_transforms_pathwise_against_float64_reference(batch):
     assert torch.allclose(out.token_logprobs.cpu()[same], ref.logprobs.cpu().float()[same], atol=2e-4, rtol=1e-4)
 
 
-def test_soft_capped_call_runs_the_common_controls_kernel():
-    """A soft-capped call with nothing else runs the common controls' kernel (the epilogue-warpgroup
-    one at 100 columns), not the plain one, and no cuBLAS GEMM (the logits route's)."""
+@pytest.mark.parametrize("batch,loop", [(50, 1), (100, 0), (256, 0)])
+def test_soft_capped_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
+    """A soft-capped call with nothing else runs the common controls' kernel up to 64 columns (the
+    epilogue-warpgroup one at 50), beyond it the plain epilogue-warpgroup kernel, whose loop
+    applies the soft-cap; no cuBLAS GEMM (the logits route's)."""
     from torch.profiler import ProfilerActivity, profile
 
-    hidden, weight = exact_lm_head(100, seed=2)
+    hidden, weight = exact_lm_head(batch, seed=2)
     flashsampling_cuda.sample(hidden, weight, logit_softcap=30.0)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         flashsampling_cuda.sample(hidden, weight, logit_softcap=30.0)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert runs_controls_on_epilogue_warpgroups(names, 128), names
+    assert runs_controls_on_epilogue_warpgroups(names, 64 if batch <= 64 else 128, loop), names
     ours = ("flashsampling", "cutlass")  # our kernels (prepare_gemm_inputs among them) and CUTLASS's
     assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names
+
+
+@pytest.mark.parametrize("batch", [65, 128, 200, 256])
+@pytest.mark.parametrize("transforms", MODEL_TRANSFORMS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
+@pytest.mark.parametrize("temperature", [0.8, 0.0, 2.5])
+@pytest.mark.parametrize("regime", ["exact", "lm_head"])
+def test_model_transforms_on_the_plain_epilogue_warpgroup_loop(batch, transforms, temperature, regime):
+    """logit_scale / logit_softcap alone beyond 64 columns: the plain epilogue-warpgroup loop
+    scales at once and soft-caps only in steps whose exact scores the skip needs, bounding the
+    capped logits without the tanh. Exact logits: tokens and scores == the CPU op bit for bit;
+    also an LM-head problem's peaked rows (bf16, logits up to the cap): the same tokens and scores
+    with the skip off as on; and the same as the common controls' loop (with a bias of zeros)."""
+    if regime == "exact":
+        hidden, weight = exact_lm_head(batch, seed=batch + 7)
+    else:
+        weight = lm_head_weight(CONTROLS_VOCAB, CONTROLS_DIM, seed=3).cuda()
+        hidden = hidden_states(weight, batch, "llm", seed=batch) * 4
+    kwargs = dict(temperature=temperature, seed=torch.tensor(31, device="cuda"), offset=torch.tensor(2, device="cuda"),
+                  **transforms)
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    if regime == "exact":
+        cpu = flashsampling_cuda.sample_with_scores(hidden.cpu(), weight.cpu(), **kwargs)
+        assert torch.equal(out.tokens.cpu(), cpu.tokens)
+        assert torch.equal(out.scores.cpu().view(torch.int32), cpu.scores.view(torch.int32))
+    assert_same_without_noise_skip(hidden, weight, kwargs)
+    controls = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs,
+                                                     logit_bias=torch.zeros(CONTROLS_VOCAB, device="cuda"))
+    assert torch.equal(out.tokens, controls.tokens)
+    assert torch.equal(out.scores.view(torch.int32), controls.scores.view(torch.int32))
 
 
 # The penalties (repetition, frequency, presence) in the fused epilogue: the rank bitmap built

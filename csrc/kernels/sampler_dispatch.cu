@@ -155,11 +155,12 @@ ConfigEntry config_for(KernelChoice const& c) {
 std::atomic<unsigned> g_disabled_options{0};
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
-  SamplerLoop const loop = p.fused_truncation ? SamplerLoop::kTopCandidates
-                                       : sampler_loop_for(p.controls, p.noise, p.num_samples, p.logprobs);
+  LoopNeeds const needs = loop_needs(p.controls, p.noise, p.num_samples, p.logprobs);
+  SamplerLoop const loop = p.fused_truncation ? SamplerLoop::kTopCandidates : sampler_loop_for(needs);
   DispatchOptions const options = sampler_dispatch_options();
-  KernelChoice const choice = choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
-                                            options.top_candidates_epilogue_warpgroups);
+  KernelChoice const choice =
+      choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
+                    options.top_candidates_epilogue_warpgroups, !p.fused_truncation && needs_only_model_transform(needs));
   return p.element_type == ElementType::kBFloat16 ? config_for<cutlass::bfloat16_t>(choice)
                                                   : config_for<cutlass::half_t>(choice);
 }

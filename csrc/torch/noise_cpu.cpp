@@ -119,6 +119,18 @@ at::Tensor model_logits_cpu(const at::Tensor& logits, double logit_scale, std::o
   return out;
 }
 
+// flashsampling._softcap_upper_bound: fs_softcap_upper_bound elementwise (tests/test_noise.py
+// checks it against _model_logits).
+at::Tensor softcap_upper_bound_cpu(const at::Tensor& logits, double logit_softcap) {
+  const ModelTransform t = model_logits_args(logits, 1.0, logit_softcap);
+  const at::Tensor xc = logits.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const float* xp = xc.const_data_ptr<float>();
+  float* op = out.mutable_data_ptr<float>();
+  parallel_elements(out.numel(), [&](int64_t i) { op[i] = fs_softcap_upper_bound(xp[i], t.softcap); });
+  return out;
+}
+
 at::Tensor gumbel_from_bits_cpu(const at::Tensor& bits) {
   check_uint32_values("flashsampling._gumbel_from_bits", "bits", bits);
   const at::Tensor bc = bits.contiguous();
@@ -162,6 +174,7 @@ TORCH_LIBRARY_IMPL(flashsampling, CPU, m) {
   m.impl("_uniform_noise", &uniform_noise_cpu);
   m.impl("_logf", &logf_cpu);
   m.impl("_model_logits", &model_logits_cpu);
+  m.impl("_softcap_upper_bound", &softcap_upper_bound_cpu);
   m.impl("_gumbel_from_bits", &gumbel_from_bits_cpu);
   m.impl("_gumbel_upper_bound", &gumbel_upper_bound_cpu);
 }

@@ -15,7 +15,7 @@ namespace {
 // file stem in csrc/kernels/instantiations/, "" for an architecture without kernels. A pure
 // function, so CPU builds answer it too (tests/test_kernel_choice.py).
 std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters,
-                          bool top_candidates_epilogue_warpgroups) {
+                          bool top_candidates_epilogue_warpgroups, bool model_transform_only) {
   using flashsampling::SamplerLoop;
   SamplerLoop kind = static_cast<SamplerLoop>(-1);
   for (int i = 0; i < flashsampling::kSamplerLoops; ++i) {
@@ -26,7 +26,7 @@ std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns
   TORCH_CHECK(columns >= 1, "flashsampling._kernel_choice: columns must be >= 1, got ", columns);
   return flashsampling::kernel_unit_name(
       flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters,
-                                   top_candidates_epilogue_warpgroups),
+                                   top_candidates_epilogue_warpgroups, model_transform_only),
       bf16);
 }
 
@@ -145,6 +145,8 @@ TORCH_LIBRARY(flashsampling, m) {
   // then fl(cap * tanh(fl(l * fl(1 / cap)))) with philox_gumbel.h's tanh (fs_model_logit), the
   // bits the fused op computes in its epilogue; the logits route applies them with this op.
   m.def("_model_logits(Tensor logits, float logit_scale=1.0, float? logit_softcap=None) -> Tensor");
+  // The skip's bound of a soft-capped logit in the plain epilogue-warpgroup kernel (fs_softcap_upper_bound).
+  m.def("_softcap_upper_bound(Tensor logits, float logit_softcap) -> Tensor");
   // The fp32 logits [B, V] = hidden @ weight.T exactly as the CPU op computes them
   // (csrc/torch/logits_cpu.h), for the materialised truncation path.
   m.def("_logits(Tensor hidden, Tensor weight) -> Tensor");
@@ -169,7 +171,7 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_gumbel_upper_bound(Tensor bits) -> Tensor");
   // The dispatch's kernel choice (above).
   m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True, "
-        "bool top_candidates_epilogue_warpgroups=True) -> str",
+        "bool top_candidates_epilogue_warpgroups=True, bool model_transform_only=False) -> str",
         &kernel_choice);
   m.def("_sampler_loop(*, bool model_transform=False, bool penalties=False, bool per_row_temperatures=False, "
         "bool logit_bias=False, bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "

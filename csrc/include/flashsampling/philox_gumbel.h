@@ -233,6 +233,17 @@ FS_HOST_DEVICE float fs_model_logit(float logit, float scale, float softcap, flo
   return logit;
 }
 
+// An upper bound of fs_model_logit's soft-cap of `logit` (already scaled), without its tanh, for
+// the exact skip of the noise (the plain epilogue-warpgroup kernel): cap * tanh(l / cap) <= l and
+// <= cap for l > 0, <= 0 for l <= 0 (fs_tanhf keeps the sign). The margins, 2^-16 relative and
+// cap * 2^-60 absolute, cover the roundings of l * (1 / cap) and of the product and fs_tanhf's
+// error (a few ulp; where l / cap is subnormal, an absolute error far below cap * 2^-60). NaN
+// stays NaN (a NaN bound counts as reaching).
+FS_HOST_DEVICE float fs_softcap_upper_bound(float logit, float softcap) {
+  if (!(logit > 0.0f)) return logit != logit ? logit : 0.0f;
+  return fs_fma(logit < softcap ? logit : softcap, 1.0f + 0x1p-16f, fs_mul(softcap, 0x1p-60f));
+}
+
 // The penalties of a token the row has seen (docs/penalties.md step 3, vLLM's order): the
 // repetition penalty r (x / r where x > 0, x * r elsewhere; r = 1 leaves x as it is), then
 // x + add (add = -0.0f leaves x as it is, signed zeros and NaN included). A division, not a

@@ -52,4 +52,12 @@ inline SamplerLoop sampler_loop_for(LoopNeeds const& n) {
   return plain ? SamplerLoop::kPlain : common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
 }
 
+// Whether a call needs logit_scale / logit_softcap and nothing else: on sm90 beyond 64 columns
+// the plain epilogue-warpgroup kernel takes it (kernel_choice.h), whose loop applies them.
+inline bool needs_only_model_transform(LoopNeeds const& n) {
+  LoopNeeds without = n;
+  without.model_transform = false;
+  return n.model_transform && sampler_loop_for(without) == SamplerLoop::kPlain;
+}
+
 }  // namespace flashsampling

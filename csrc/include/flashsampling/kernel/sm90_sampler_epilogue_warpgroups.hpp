@@ -202,11 +202,14 @@ class Sm90SamplerEpilogueWarpGroups {
            args.node.ptr_tile_winners == nullptr &&  // the visitor's scan draws them, this one does not
            // the controls' loop here takes every control, the plain loop none, the top-k pass's
            // what the visitor's takes (its noise is drawn in stage 2)
-           static_cast<int>(sampler_loop_for(controls, args.node.noise, args.node.num_samples,
-                                             args.node.logprobs)) <=
-               static_cast<int>(kTopCandidates ? SamplerLoop::kTopCandidates
-                                : kControls    ? SamplerLoop::kAllControls
-                                               : SamplerLoop::kPlain) &&
+           (static_cast<int>(sampler_loop_for(controls, args.node.noise, args.node.num_samples,
+                                              args.node.logprobs)) <=
+                static_cast<int>(kTopCandidates ? SamplerLoop::kTopCandidates
+                                 : kControls    ? SamplerLoop::kAllControls
+                                                : SamplerLoop::kPlain) ||
+            // the plain loop also applies logit_scale / logit_softcap alone (kernel_choice.h)
+            (kLoop == SamplerLoop::kPlain && needs_only_model_transform(loop_needs(
+                                                 controls, args.node.noise, args.node.num_samples, args.node.logprobs)))) &&
            (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
                                 controls.logit_softcap == 0.0f &&
                                 (args.node.ptr_row_logits == nullptr || args.node.ptr_lse_parts != nullptr))) &&
@@ -917,6 +920,10 @@ class Sm90SamplerEpilogueWarpGroups {
     // half's own floor of column t belongs to. A greedy batch skips too: its score bound is
     // the logit itself (inv_temperature 0), and a step below every floor needs no key merge.
     bool const skip = params.noise_floors != nullptr;
+    // The plain loop's model-side transforms (a call with logit_scale / logit_softcap alone).
+    float const logit_scale = node.controls.logit_scale;
+    float const softcap = node.controls.logit_softcap, inv_softcap = node.controls.inv_logit_softcap;
+    bool const model_transform = !kControls && (logit_scale != 1.0f || softcap != 0.0f);
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
     if (skip) {
@@ -975,6 +982,20 @@ class Sm90SamplerEpilogueWarpGroups {
           uint32_t vocab_index[N], column_index[N], bits[N];
           load_step<false>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
                            column_index, bits);
+          // A call with logit_scale / logit_softcap alone (fs_model_logit, split): the scale here,
+          // the soft-cap below in steps whose exact scores are needed; the skip bounds a capped
+          // logit without the tanh (fs_softcap_upper_bound). Warp-uniform branches, so the loop of
+          // a plain call is the code it was.
+          float bounded_x[N];
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < N; ++e) bounded_x[e] = x[e];
+          if (model_transform) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < N; ++e) {
+              x[e] = logit_scale != 1.0f ? fs_mul(x[e], logit_scale) : x[e];
+              bounded_x[e] = softcap != 0.0f ? fs_softcap_upper_bound(x[e], softcap) : x[e];
+            }
+          }
           bool in_range[N];
           bool any_reachable = !skip;
           CUTLASS_PRAGMA_UNROLL
@@ -985,11 +1006,15 @@ class Sm90SamplerEpilogueWarpGroups {
             for (int j = 0; j < 4; ++j) {
               int const e = 4 * s + j;
               in_range[e] = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
-              any_reachable |= may_reach_floor(in_range[e], x[e], node.inv_temperature, bits[e],
+              any_reachable |= may_reach_floor(in_range[e], bounded_x[e], node.inv_temperature, bits[e],
                                                j % 2 ? floors.y : floors.x);
             }
           }
           bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
+          if (exact && softcap != 0.0f) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < N; ++e) x[e] = fs_mul(softcap, fs_tanhf(fs_mul(x[e], inv_softcap)));
+          }
           // Per block: the thread's two rows of each of its two columns, then the eight lanes of
           // the column (lane bits 2-4); lanes 0-3 keep their warp's result for the step below.
           CUTLASS_PRAGMA_UNROLL
