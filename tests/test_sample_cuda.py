@@ -860,7 +860,8 @@ def test_model_transforms_on_the_plain_epilogue_warpgroup_loop(batch, transforms
                   **transforms)
     out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
     if regime == "exact":
-        cpu = flashsampling_cuda.sample_with_scores(hidden.cpu(), weight.cpu(), **kwargs)
+        cpu_kwargs = {k: v.cpu() if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        cpu = flashsampling_cuda.sample_with_scores(hidden.cpu(), weight.cpu(), **cpu_kwargs)
         assert torch.equal(out.tokens.cpu(), cpu.tokens)
         assert torch.equal(out.scores.cpu().view(torch.int32), cpu.scores.view(torch.int32))
     assert_same_without_noise_skip(hidden, weight, kwargs)
