@@ -6,7 +6,9 @@ namespace flashsampling {
 
 // The epilogue's element loops, each compiled into kernels of its own (code of a loop that
 // is not taken still costs instruction cache: docs/epilogue.md).
-//   kPlain:          is_plain_sampling.
+//   kPlain:          is_plain_sampling; on sm90 beyond 64 columns also logit_scale /
+//                    logit_softcap alone (the epilogue-warpgroup kernel's plain loop applies
+//                    them: kernel_choice.h, needs_only_model_transform).
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step;
 //                    and the model-side logit_scale / logit_softcap, and the penalties of
