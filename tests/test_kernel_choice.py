@@ -20,9 +20,9 @@ UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels(
 
 
 def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True,
-           model_transform_only=False):
+           logit_transforms_only=False):
     return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
-                                                  top_candidates_epilogue_warpgroups, model_transform_only)
+                                                  top_candidates_epilogue_warpgroups, logit_transforms_only)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -129,16 +129,18 @@ def test_penalised_calls_run_the_controls_kernels(columns):
 
 
 @pytest.mark.parametrize("columns", [1, 16, 17, 50, 64, 65, 100, 200, 300])
-def test_soft_capped_calls_run_the_controls_kernels_up_to_64_columns(columns):
-    """A soft-capped (or scaled) call with nothing else (model_transform_only) runs the common
+@pytest.mark.parametrize("needs", [dict(model_transform=True), dict(penalties=True),
+                                   dict(model_transform=True, penalties=True)], ids=lambda n: "+".join(n))
+def test_logit_transform_calls_run_the_controls_kernels_up_to_64_columns(columns, needs):
+    """A soft-capped (or scaled) and / or penalised call with nothing else (logit_transforms_only) runs the common
     controls' kernels up to 64 columns (the CUTLASS pingpong tile up to 16 on sm90, the
     epilogue-warpgroup kernels beyond) and on sm100 (the visitor's); beyond 64 columns on sm90 the
     plain epilogue-warpgroup kernel, whose loop applies them. With another control beside them,
     the controls' kernels."""
-    needs = loop(model_transform=True)
+    needs = loop(**needs)
     for arch in (90, 100):
-        unit = choice(arch, needs, columns, model_transform_only=True)
+        unit = choice(arch, needs, columns, logit_transforms_only=True)
         plain = arch == 90 and columns > 64
         assert ("_plain_" if plain else "_common_controls_") in unit and unit in UNITS, unit
         assert "_common_controls_" in choice(arch, needs, columns), columns
-    assert ("epilogue_warpgroups" in choice(90, needs, columns, model_transform_only=True)) == (columns > 16)
+    assert ("epilogue_warpgroups" in choice(90, needs, columns, logit_transforms_only=True)) == (columns > 16)

@@ -952,14 +952,32 @@ def test_penalties_on_the_loops_for_all_controls(batch, num_samples, seeding):
 
 
 @pytest.mark.parametrize("batch", [50, 200])
-def test_penalties_same_tokens_without_the_noise_skip(batch):
-    """The noise skip bounds the penalised logit's score: the same tokens and scores with the skip
-    off and without the log-sum-exp references."""
+@pytest.mark.parametrize("temperature", ["rows", 0.8, 0.0])
+@pytest.mark.parametrize("case", ["lowering", "raising", "lowering_with_softcap"])
+def test_penalties_same_tokens_without_the_noise_skip(batch, temperature, case):
+    """The noise skip bounds the penalised logit's score (the controls' loop; beyond 64 columns a
+    call with a batch-wide temperature takes the plain loop, which bounds it by the logit in rows
+    whose penalties only lower logits and draws the exact scores of the others'): the same tokens
+    and scores with the skip off and without the log-sum-exp references, and as the controls'
+    loop (a bias of zeros) on an LM-head problem's peaked rows."""
     hidden, weight = exact_lm_head(batch, seed=batch + 25)
-    _, _, _, temps = controls_problem(batch, hidden_seed=batch)
-    kwargs = dict(temperature=temps.cuda(), seed=torch.tensor(9, device="cuda"), vocab_start=CONTROLS_VOCAB_START,
-                  repetition_penalty=1.5, presence_penalty=1.0, penalty_state=penalty_history(batch, seed=3))
+    if temperature == "rows":
+        _, _, _, temperature = controls_problem(batch, hidden_seed=batch)
+        temperature = temperature.cuda()
+    args = {"lowering": dict(repetition_penalty=1.5, presence_penalty=1.0),
+            "raising": dict(repetition_penalty=torch.linspace(0.5, 1.5, batch, device="cuda"), frequency_penalty=-0.4),
+            "lowering_with_softcap": dict(repetition_penalty=1.2, frequency_penalty=0.5, logit_softcap=20.0)}[case]
+    kwargs = dict(temperature=temperature, seed=torch.tensor(9, device="cuda"), vocab_start=CONTROLS_VOCAB_START,
+                  penalty_state=penalty_history(batch, seed=3), **args)
     assert_same_without_noise_skip(hidden, weight, kwargs)
+    weight = lm_head_weight(CONTROLS_VOCAB, CONTROLS_DIM, seed=3).cuda()
+    hidden = hidden_states(weight, batch, "llm", seed=batch) * 4
+    assert_same_without_noise_skip(hidden, weight, kwargs)
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+    controls = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs,
+                                                     logit_bias=torch.zeros(CONTROLS_VOCAB, device="cuda"))
+    assert torch.equal(out.tokens, controls.tokens)
+    assert torch.equal(out.scores.view(torch.int32), controls.scores.view(torch.int32))
 
 
 @pytest.mark.parametrize("batch", [1, 20, 100, 300])
@@ -987,19 +1005,21 @@ def test_penalties_multi_step_decode_cuda_equals_cpu(batch):
     assert torch.equal(gpu_state.output_counts.cpu(), cpu_state.output_counts)
 
 
-def test_penalised_call_runs_the_common_controls_kernel():
-    """A penalised call with nothing else runs the common controls' kernel (the epilogue-warpgroup
-    one at 100 columns) after the rank-bitmap kernel, and no cuBLAS GEMM (the old logits route's)."""
+@pytest.mark.parametrize("batch,loop", [(50, 1), (100, 0)])
+def test_penalised_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
+    """A penalised call with nothing else runs the common controls' kernel up to 64 columns (the
+    epilogue-warpgroup one at 50), beyond it the plain epilogue-warpgroup kernel, whose loop applies
+    the penalties, after the rank-bitmap kernel, and no cuBLAS GEMM (the old logits route's)."""
     from torch.profiler import ProfilerActivity, profile
 
-    hidden, weight = exact_lm_head(100, seed=2)
-    kwargs = dict(repetition_penalty=1.2, frequency_penalty=0.5, penalty_state=penalty_history(100, seed=4))
+    hidden, weight = exact_lm_head(batch, seed=2)
+    kwargs = dict(repetition_penalty=1.2, frequency_penalty=0.5, penalty_state=penalty_history(batch, seed=4))
     flashsampling_cuda.sample(hidden, weight, **kwargs)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         flashsampling_cuda.sample(hidden, weight, **kwargs)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
     assert any("build_penalty_table" in n for n in names), names
-    assert runs_controls_on_epilogue_warpgroups(names, 128), names
+    assert runs_controls_on_epilogue_warpgroups(names, 64 if batch <= 64 else 128, loop), names
     ours = ("flashsampling", "cutlass")
     assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names

@@ -38,7 +38,8 @@ __global__ void build_sparse_bitmap_kernel(int32_t const* __restrict__ ids, int6
 // The rank bitmap of the penalties (SamplingControls::penalty_words / penalty_slots), one block
 // per row: the row's seen-token bits, then per word the seen tokens of the earlier words (an
 // exclusive scan of the words' popcounts), then each seen token's {r, add} at its rank among the
-// row's seen tokens (ordered by id). O(mask_words + capacity) per row, no [B, V] table; the
+// row's seen tokens (ordered by id), and whether any of them may raise its logit
+// (SamplingControls::penalty_lowers). O(mask_words + capacity) per row, no [B, V] table; the
 // epilogue then finds a token's slot with one load and a popcount. The ids must be distinct in
 // a row (a PenaltyState's are); a repeated id's slot gets one of its entries.
 constexpr int kPenaltyTableThreads = 512;
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(kPenaltyTableThreads)
     build_penalty_table_kernel(int64_t const* __restrict__ ids, float const* __restrict__ values,
                                float const* __restrict__ repetition, int capacity, int64_t vocab_start,
                                int64_t vocab_size, int64_t mask_words, uint2* __restrict__ words,
-                               float2* __restrict__ slots) {
+                               float2* __restrict__ slots, uint32_t* __restrict__ lowers) {
   __shared__ int warp_sums[kPenaltyTableThreads / 32];
   int64_t const row = blockIdx.x;
   int const t = threadIdx.x;
@@ -82,14 +83,19 @@ __global__ void __launch_bounds__(kPenaltyTableThreads)
   }
   __syncthreads();
   float const r = repetition != nullptr ? repetition[row] : 1.0f;
+  bool raises = false;  // some seen token's penalty may raise its logit (r < 1, an add > 0, NaN)
   for (int k = t; k < capacity; k += kPenaltyTableThreads) {
     int64_t const local = row_ids[k] - vocab_start;
     if (local >= 0 && local < vocab_size) {
       uint2 const word = row_words[local >> 5];
       uint32_t const rank = word.y + __popc(word.x & ((1u << (local & 31)) - 1u));
-      slots[row * capacity + rank] = make_float2(r, values != nullptr ? values[row * capacity + k] : -0.0f);
+      float const add = values != nullptr ? values[row * capacity + k] : -0.0f;
+      slots[row * capacity + rank] = make_float2(r, add);
+      raises = raises || !(r >= 1.0f) || !(add <= 0.0f);
     }
   }
+  raises = __syncthreads_or(raises);
+  if (t == 0) lowers[row] = raises ? 0u : 1u;
 }
 
 // The rows' fl(1 / T) (per-row temperatures) and the zeroed floors of the exact skip: one
@@ -231,7 +237,8 @@ cudaError_t launch_build_penalty_table(SamplerParams const& p, SamplerBuffers co
   SamplingControls const& c = p.controls;
   build_penalty_table_kernel<<<static_cast<unsigned>(p.batch_size), kPenaltyTableThreads, 0, stream>>>(
       c.penalty_ids, c.penalty_values, c.repetition_penalties, c.penalty_capacity, p.vocab_start, p.vocab_size,
-      c.mask_words, reinterpret_cast<uint2*>(buffers.penalty_words), reinterpret_cast<float2*>(buffers.penalty_slots));
+      c.mask_words, reinterpret_cast<uint2*>(buffers.penalty_words), reinterpret_cast<float2*>(buffers.penalty_slots),
+      buffers.penalty_lowers);
   return cudaGetLastError();
 }
 

@@ -61,6 +61,7 @@ struct SamplerBuffers {
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
   uint32_t* penalty_words = nullptr;      // [B][mask_words][2] (penalties only: SamplingControls)
   float* penalty_slots = nullptr;         // [B][penalty_capacity][2] (penalties only)
+  uint32_t* penalty_lowers = nullptr;     // [B] (penalties only)
   float* inv_temperatures = nullptr;      // [B] (prepare_inv_temperatures only)
   uint32_t* noise_floors = nullptr;       // [S * B] zeroed (skip_unreachable_noise only)
   // fused_truncation_streams_rows only: stage 2's rows for the streaming kernels
@@ -78,7 +79,7 @@ struct SamplerBuffers {
 // hidden rows (when padded), then the GEMM's own.
 struct SamplerWorkspaceLayout {
   size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, penalty_words = 0,
-         penalty_slots = 0, inv_temperatures = 0, noise_floors = 0, streamed_first_y = 0, logits_sampler = 0,
+         penalty_slots = 0, penalty_lowers = 0, inv_temperatures = 0, noise_floors = 0, streamed_first_y = 0, logits_sampler = 0,
          tile_winners = 0, streamed_winners = 0, padded_hidden = 0, gemm = 0, total = 0;
 
   // logits_sampler_bytes: the fallback's logits sampler's workspace (0 unless
@@ -102,6 +103,8 @@ struct SamplerWorkspaceLayout {
     penalty_slots = at;
     at += penalties ? round_up(static_cast<size_t>(p.batch_size) * p.controls.penalty_capacity * 2 * sizeof(float))
                     : 0;
+    penalty_lowers = at;
+    at += penalties ? round_up(static_cast<size_t>(p.batch_size) * sizeof(uint32_t)) : 0;
     inv_temperatures = at;
     at += p.prepare_inv_temperatures ? round_up(static_cast<size_t>(p.batch_size) * sizeof(float)) : 0;
     noise_floors = at;
@@ -131,6 +134,7 @@ struct SamplerWorkspaceLayout {
     bool const penalties = p.controls.penalty_ids != nullptr;
     b.penalty_words = penalties ? reinterpret_cast<uint32_t*>(base + penalty_words) : nullptr;
     b.penalty_slots = penalties ? reinterpret_cast<float*>(base + penalty_slots) : nullptr;
+    b.penalty_lowers = penalties ? reinterpret_cast<uint32_t*>(base + penalty_lowers) : nullptr;
     b.inv_temperatures = p.prepare_inv_temperatures ? reinterpret_cast<float*>(base + inv_temperatures) : nullptr;
     b.noise_floors = p.skip_unreachable_noise ? reinterpret_cast<uint32_t*>(base + noise_floors) : nullptr;
     bool const streams = fused_truncation_streams_rows(p);

@@ -160,7 +160,7 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   DispatchOptions const options = sampler_dispatch_options();
   KernelChoice const choice =
       choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
-                    options.top_candidates_epilogue_warpgroups, !p.fused_truncation && needs_only_model_transform(needs));
+                    options.top_candidates_epilogue_warpgroups, !p.fused_truncation && needs_only_logit_transforms(needs));
   return p.element_type == ElementType::kBFloat16 ? config_for<cutlass::bfloat16_t>(choice)
                                                   : config_for<cutlass::half_t>(choice);
 }
@@ -320,6 +320,7 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
     if (err != cudaSuccess) return err;
     p.controls.penalty_words = buffers.penalty_words;
     p.controls.penalty_slots = buffers.penalty_slots;
+    p.controls.penalty_lowers = buffers.penalty_lowers;
   }
   if (cudaError_t err = launch_prepare_gemm_inputs(p, buffers, stream); err != cudaSuccess) return err;
   p.controls.inv_temperatures = buffers.inv_temperatures;

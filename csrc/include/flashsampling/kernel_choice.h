@@ -39,10 +39,11 @@ inline int sampler_tile_n_for_batch(int64_t columns) {
 // variant of a column-clustered choice (the same tiles; tests compare the two).
 // `top_candidates_epilogue_warpgroups` = false gives the top-k pass beyond 64 columns on sm90
 // CUTLASS's cooperative tile instead of the epilogue-warpgroup kernel (the same outputs bit for
-// bit; tests and benchmarks compare the two). `model_transform_only`: the call needs
-// logit_scale / logit_softcap and nothing else (sampler_loop.h's needs_only_model_transform).
+// bit; tests and benchmarks compare the two). `logit_transforms_only`: the call needs
+// logit_scale / logit_softcap and / or the penalties and nothing else (sampler_loop.h's
+// needs_only_logit_transforms).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
-                                  bool top_candidates_epilogue_warpgroups = true, bool model_transform_only = false) {
+                                  bool top_candidates_epilogue_warpgroups = true, bool logit_transforms_only = false) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -81,11 +82,13 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // (per-row keys, several samples, sparse bias) on wider tiles, and its skip draws the logs
   // only where they can matter.
   if (loop == SamplerLoop::kAllControls && tile_n >= 32) c.loop = SamplerLoop::kCommonControls;
-  // A call with logit_scale / logit_softcap alone beyond 64 columns: the plain loop of the
-  // epilogue-warpgroup kernel applies them, the soft-cap's tanh only in steps whose exact scores
-  // the skip needs (its bound: fs_softcap_upper_bound). There the controls' loop, compute-bound,
-  // costs 7-16% over plain sampling; up to 64 columns it costs about nothing and stays.
-  if (loop == SamplerLoop::kCommonControls && model_transform_only && tile_n == 128) c.loop = SamplerLoop::kPlain;
+  // A call with logit_scale / logit_softcap and / or the penalties alone beyond 64 columns: the
+  // plain loop of the epilogue-warpgroup kernel applies them, the soft-cap's tanh and the
+  // penalties' look-ups only in steps whose exact scores the skip needs (its bounds:
+  // fs_softcap_upper_bound, and the logit itself in rows whose penalties only lower logits).
+  // There the controls' loop, compute-bound, costs 7-30% over plain sampling; up to 64 columns
+  // it costs less and stays.
+  if (loop == SamplerLoop::kCommonControls && logit_transforms_only && tile_n == 128) c.loop = SamplerLoop::kPlain;
   // Plain passes of more than 64 columns and controls passes of more than 16 run the kernel with
   // epilogue warpgroups: there the epilogue's work is as long as the mainloop, and warpgroups of
   // its own overlap it with the next tile's GEMM, which CUTLASS's schedules do not

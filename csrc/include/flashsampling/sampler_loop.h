@@ -7,8 +7,8 @@ namespace flashsampling {
 // The epilogue's element loops, each compiled into kernels of its own (code of a loop that
 // is not taken still costs instruction cache: docs/epilogue.md).
 //   kPlain:          is_plain_sampling; on sm90 beyond 64 columns also logit_scale /
-//                    logit_softcap alone (the epilogue-warpgroup kernel's plain loop applies
-//                    them: kernel_choice.h, needs_only_model_transform).
+//                    logit_softcap and the penalties alone (the epilogue-warpgroup kernel's
+//                    plain loop applies them: kernel_choice.h, needs_only_logit_transforms).
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step;
 //                    and the model-side logit_scale / logit_softcap, and the penalties of
@@ -54,12 +54,14 @@ inline SamplerLoop sampler_loop_for(LoopNeeds const& n) {
   return plain ? SamplerLoop::kPlain : common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
 }
 
-// Whether a call needs logit_scale / logit_softcap and nothing else: on sm90 beyond 64 columns
-// the plain epilogue-warpgroup kernel takes it (kernel_choice.h), whose loop applies them.
-inline bool needs_only_model_transform(LoopNeeds const& n) {
+// Whether a call needs logit_scale / logit_softcap and / or the penalties and nothing else: on
+// sm90 beyond 64 columns the plain epilogue-warpgroup kernel takes it (kernel_choice.h), whose
+// loop applies them.
+inline bool needs_only_logit_transforms(LoopNeeds const& n) {
   LoopNeeds without = n;
   without.model_transform = false;
-  return n.model_transform && sampler_loop_for(without) == SamplerLoop::kPlain;
+  without.penalties = false;
+  return (n.model_transform || n.penalties) && sampler_loop_for(without) == SamplerLoop::kPlain;
 }
 
 }  // namespace flashsampling

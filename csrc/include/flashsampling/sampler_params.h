@@ -75,6 +75,10 @@ struct SamplingControls {
   // penalty_capacity] pairs {r, add} by rank (r = 1, add = -0.0f where not given: no change).
   const uint32_t* penalty_words = nullptr;
   const float* penalty_slots = nullptr;
+  // Set by launch_sampler with the two above: per row 1 where no seen token's penalty can raise
+  // its logit (r >= 1 and every add <= 0: fs_penalized_logit(x) <= x), else 0. The plain
+  // epilogue-warpgroup loop's skip bounds such a row's penalised logits by the logits themselves.
+  const uint32_t* penalty_lowers = nullptr;
 };
 
 // The loop a call needs (sampler_loop.h). Plain sampling (one sample per row, batch-wide

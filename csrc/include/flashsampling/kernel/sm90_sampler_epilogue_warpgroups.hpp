@@ -207,8 +207,9 @@ class Sm90SamplerEpilogueWarpGroups {
                 static_cast<int>(kTopCandidates ? SamplerLoop::kTopCandidates
                                  : kControls    ? SamplerLoop::kAllControls
                                                 : SamplerLoop::kPlain) ||
-            // the plain loop also applies logit_scale / logit_softcap alone (kernel_choice.h)
-            (kLoop == SamplerLoop::kPlain && needs_only_model_transform(loop_needs(
+            // the plain loop also applies logit_scale / logit_softcap and the penalties alone
+            // (kernel_choice.h)
+            (kLoop == SamplerLoop::kPlain && needs_only_logit_transforms(loop_needs(
                                                  controls, args.node.noise, args.node.num_samples, args.node.logprobs)))) &&
            (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
                                 controls.logit_softcap == 0.0f &&
@@ -920,10 +921,11 @@ class Sm90SamplerEpilogueWarpGroups {
     // half's own floor of column t belongs to. A greedy batch skips too: its score bound is
     // the logit itself (inv_temperature 0), and a step below every floor needs no key merge.
     bool const skip = params.noise_floors != nullptr;
-    // The plain loop's model-side transforms (a call with logit_scale / logit_softcap alone).
+    // The plain loop's logit transforms (a call with logit_scale / logit_softcap / penalties alone).
     float const logit_scale = node.controls.logit_scale;
     float const softcap = node.controls.logit_softcap, inv_softcap = node.controls.inv_logit_softcap;
     bool const model_transform = !kControls && (logit_scale != 1.0f || softcap != 0.0f);
+    bool const penalties = !kControls && node.controls.penalty_words != nullptr;
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
     if (skip) {
@@ -982,10 +984,13 @@ class Sm90SamplerEpilogueWarpGroups {
           uint32_t vocab_index[N], column_index[N], bits[N];
           load_step<false>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
                            column_index, bits);
-          // A call with logit_scale / logit_softcap alone (fs_model_logit, split): the scale here,
-          // the soft-cap below in steps whose exact scores are needed; the skip bounds a capped
-          // logit without the tanh (fs_softcap_upper_bound). Warp-uniform branches, so the loop of
-          // a plain call is the code it was.
+          // A call with logit_scale / logit_softcap and / or the penalties alone (fs_model_logit,
+          // split, then the penalties, as the controls' loop applies them): the scale here, the
+          // soft-cap and the penalties below, in steps whose exact scores are needed. The skip
+          // bounds a capped logit without the tanh (fs_softcap_upper_bound) and a penalised one
+          // by the logit where the row's penalties only lower logits (penalty_lowers; other rows'
+          // elements always reach). Warp-uniform branches, so the loop of a plain call is the
+          // code it was.
           float bounded_x[N];
           CUTLASS_PRAGMA_UNROLL
           for (int e = 0; e < N; ++e) bounded_x[e] = x[e];
@@ -994,6 +999,15 @@ class Sm90SamplerEpilogueWarpGroups {
             for (int e = 0; e < N; ++e) {
               x[e] = logit_scale != 1.0f ? fs_mul(x[e], logit_scale) : x[e];
               bounded_x[e] = softcap != 0.0f ? fs_softcap_upper_bound(x[e], softcap) : x[e];
+            }
+          }
+          uint32_t column_row[N];  // (penalties only) padding columns read the last row's
+          if (penalties) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < N; ++e) {
+              column_row[e] = min(column_index[e], node.batch_size - 1);
+              bool const lowers = __ldg(node.controls.penalty_lowers + column_row[e]) != 0u;
+              bounded_x[e] = lowers ? bounded_x[e] : INFINITY;
             }
           }
           bool in_range[N];
@@ -1014,6 +1028,13 @@ class Sm90SamplerEpilogueWarpGroups {
           if (exact && softcap != 0.0f) {
             CUTLASS_PRAGMA_UNROLL
             for (int e = 0; e < N; ++e) x[e] = fs_mul(softcap, fs_tanhf(fs_mul(x[e], inv_softcap)));
+          }
+          if (exact && penalties) {  // rows past the vocabulary look up the last one and are not kept
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < N; ++e) {
+              uint32_t const vocab_local = min(vocab_index[e] - node.vocab_start, static_cast<uint32_t>(num_rows) - 1);
+              x[e] = epilogue::penalized_logit(node.controls, column_row[e], vocab_local, x[e]);
+            }
           }
           // Per block: the thread's two rows of each of its two columns, then the eight lanes of
           // the column (lane bits 2-4); lanes 0-3 keep their warp's result for the step below.
