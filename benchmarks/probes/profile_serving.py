@@ -1,5 +1,6 @@
 """Per-kernel device times of the serving features' calls (torch.profiler): plain sampling,
-top_logprobs / token_ids, and speculative verification with one-hot drafts, so that the time
+top_logprobs / token_ids, the three penalties over 2048-token histories and the soft-cap, and
+speculative verification with one-hot drafts, so that the time
 each spends beyond plain sampling can be placed (the logits GEMM, sample_from_logits, the
 top-N kernel, torch's small kernels).
 
@@ -33,6 +34,15 @@ def main() -> None:
             "K=8 ids": lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1,
                                                          return_logprobs=True, token_ids=ids),
         }
+        gen = torch.Generator(device=hidden.device).manual_seed(batch)
+        prompt = torch.randint(0, vocab, (batch, 1024), device=hidden.device, generator=gen)
+        output = torch.randint(0, 512, (batch, 1024), device=hidden.device, generator=gen)  # repeats
+        state = flashsampling_cuda.PenaltyState(prompt, output)
+        penalties = dict(repetition_penalty=1.1, frequency_penalty=0.3, presence_penalty=0.2, penalty_state=state)
+        calls["penalties L=2048"] = lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1,
+                                                                      **penalties)
+        calls["softcap"] = lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1,
+                                                             logit_softcap=30.0)
         for n in (1, 4):
             spec_hidden = hidden_states(weight, batch * (n + 1), "llm", seed=2).view(batch, n + 1, dim)
             drafts = torch.zeros(batch, n, dtype=torch.int64, device=hidden.device)
