@@ -1,5 +1,6 @@
 """Per-kernel device times of the serving features' calls (torch.profiler): plain sampling,
-top_logprobs / token_ids, the three penalties over 2048-token histories and the soft-cap, and
+top_logprobs / token_ids, the three penalties over 2048-token histories, the soft-cap, per-row
+temperatures (the common controls' loop) and
 speculative verification with one-hot drafts, so that the time
 each spends beyond plain sampling can be placed (the logits GEMM, sample_from_logits, the
 top-N kernel, torch's small kernels).
@@ -43,6 +44,8 @@ def main() -> None:
                                                                       **penalties)
         calls["softcap"] = lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1,
                                                              logit_softcap=30.0)
+        temperatures = torch.full((batch,), 0.8, device=hidden.device)
+        calls["[B] T"] = lambda: flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=1)
         for n in (1, 4):
             spec_hidden = hidden_states(weight, batch * (n + 1), "llm", seed=2).view(batch, n + 1, dim)
             drafts = torch.zeros(batch, n, dtype=torch.int64, device=hidden.device)
