@@ -10,7 +10,8 @@ takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
 top_p alone: the tile winners); and top-N logprobs with ranks (the
-top-N kernel's split passes and workspace)."""
+top-N kernel's split passes and workspace); the soft-cap, scale and penalties alone and with
+per-row temperatures."""
 
 import torch
 
@@ -58,6 +59,19 @@ for batch, vocab, dim, dtype in SHAPES:
     assert out.tokens.shape == (batch, 3) and int(out.tokens.min()) >= 100 and int(out.tokens.max()) < 100 + vocab
     assert torch.isfinite(out.logsumexp).all()
     print(f"ok B={batch} V={vocab} D={dim} {dtype}")
+    # The logit transforms alone (beyond 64 rows the plain epilogue-warpgroup loop) and with per-row
+    # temperatures (the controls' loops), penalties on rows that only lower logits and on rows
+    # that may raise them (r < 1): the rank-bitmap kernel's shared-memory scan too.
+    prompt = torch.randint(0, vocab, (batch, 40), device="cuda")
+    state = flashsampling_cuda.PenaltyState(prompt, torch.randint(0, min(vocab, 30), (batch, 20), device="cuda"))
+    repetition = torch.where(torch.arange(batch, device="cuda") % 3 == 0, 0.8, 1.2)
+    for temperature in (0.9, temperatures):
+        tokens = flashsampling_cuda.sample(hidden, weight, temperature=temperature, seed=7, logit_softcap=5.0,
+                                           logit_scale=0.5, repetition_penalty=repetition, frequency_penalty=0.3,
+                                           presence_penalty=0.2, penalty_state=state)
+        torch.cuda.synchronize()
+        assert tokens.shape == (batch, 1) and int(tokens.min()) >= 0 and int(tokens.max()) < vocab, (batch, vocab)
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (soft-cap, scale, penalties)")
     top_k = torch.randint(-1, 300, (batch,), device="cuda")
     top_p = torch.rand(batch, device="cuda")
     min_p = torch.rand(batch, device="cuda") * 0.2
