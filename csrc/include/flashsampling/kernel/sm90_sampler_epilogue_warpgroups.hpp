@@ -686,24 +686,16 @@ class Sm90SamplerEpilogueWarpGroups {
       }
       // The penalties of the rows' seen tokens, after the biases (docs/penalties.md) and before
       // the skip's bounds: one warp-uniform branch per step, so without them the loops are the
-      // code they were. Rows past the vocabulary look up the last one and are not kept. Without
-      // logprobs (whose log-sum-exp needs every exact value), a row whose penalties only lower
-      // logits (penalty_lowers) defers its look-ups to the steps whose exact scores are needed:
-      // until then x bounds its penalised logit, as in the plain loop.
-      uint32_t deferred = 0;  // bit e: element e's penalties wait for an exact step (one register)
+      // code they were. Rows past the vocabulary look up the last one and are not kept.
       if (penalties) {
         CUTLASS_PRAGMA_UNROLL
         for (int s = 0; s < kBlocksPerStep; ++s) {
           CUTLASS_PRAGMA_UNROLL
           for (int c = 0; c < 2; ++c) {
-            bool const defer = !node.logprobs && __ldg(controls.penalty_lowers + column_row[s][c]) != 0u;
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < 2; ++r) {
               int const e = 4 * s + 2 * r + c;
-              deferred |= defer ? 1u << e : 0u;
-              if (!defer) {
-                x[e] = epilogue::penalized_logit(controls, column_row[s][c], min(vocab_local[r], last_vocab), x[e]);
-              }
+              x[e] = epilogue::penalized_logit(controls, column_row[s][c], min(vocab_local[r], last_vocab), x[e]);
             }
           }
         }
@@ -730,23 +722,6 @@ class Sm90SamplerEpilogueWarpGroups {
         }
       }
       bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
-      if (exact && deferred != 0u) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < kBlocksPerStep; ++s) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int c = 0; c < 2; ++c) {
-            uint32_t row, sample;
-            column_row_and_sample<kGeneralColumns>(node, column_index[4 * s + c], row, sample);
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < 2; ++r) {
-              int const e = 4 * s + 2 * r + c;
-              if ((deferred >> e) & 1u) {
-                x[e] = epilogue::penalized_logit(controls, row, min(vocab_local[r], last_vocab), x[e]);
-              }
-            }
-          }
-        }
-      }
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
         // The transformed logits y of the block's elements, (column c, row r).
