@@ -311,6 +311,21 @@ def penalty_values(penalties: Penalties) -> Tensor:
     return torch.where(ids >= 0, values + 0.0, -0.0)
 
 
+# The fused CUDA op gathers a row's seen-token bits in shared memory before the GEMM
+# (csrc/kernels/reduce_candidates.cu, build_penalty_table_kernel): 4 bytes per 32 tokens of the
+# shard, within the 227 KB a block may take on sm90 / sm100.
+MAX_FUSED_PENALTY_VOCAB = 57344 * 32
+
+
+def check_fused_penalty_vocab(vocab: int, device: torch.device) -> None:
+    """ValueError naming the weight where the fused CUDA op cannot take the penalties of a
+    vocabulary shard this large (the CPU op has no such bound)."""
+    if device.type == "cuda" and vocab > MAX_FUSED_PENALTY_VOCAB:
+        raise ValueError(f"flashsampling.sample: the penalties on CUDA take at most {MAX_FUSED_PENALTY_VOCAB} "
+                         f"vocabulary rows per shard, weight has {vocab}; shard the vocabulary "
+                         "(flashsampling_cuda.distributed) or pass the history as a sparse logit bias")
+
+
 def fused_penalty_args(penalties: Penalties, batch: int) -> dict:
     """Step 3 as the fused op's arguments (``torch.ops.flashsampling.sample``'s ``penalty_ids``,
     ``penalty_values``, ``repetition_penalties``; csrc/torch/checks.h): the state's ids, what the

@@ -14,7 +14,7 @@ from torch import Tensor
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .logprobs import MAX_TOP_LOGPROBS, LogprobsOutput, logprob_outputs, parse_logprob_args, top_logprobs_cpu
 from .noise import as_int64_tensor, draw_seed
-from .penalties import PenaltyState, fused_penalty_args, parse_penalties, rule_logits
+from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
@@ -212,6 +212,7 @@ def _op_kwargs(
         if model_side:
             kwargs.update(logit_scale=scale, logit_softcap=softcap)
         if penalties is not None:
+            check_fused_penalty_vocab(weight.shape[0], hidden.device)
             kwargs.update(fused_penalty_args(penalties, hidden.shape[0]))
         return kwargs
     if truncation is not None:

@@ -533,3 +533,15 @@ def test_penalty_values_kernel_equals_its_torch_ops(frequency, presence):
         frequencies=f if isinstance(f, torch.Tensor) else None, presence=None if isinstance(p, torch.Tensor) else p,
         presences=p if isinstance(p, torch.Tensor) else None)
     assert torch.equal(kernel.view(torch.int32), reference.view(torch.int32))  # bit for bit, signed zeros too
+
+
+def test_fused_penalties_vocabulary_bound():
+    """The fused CUDA op keeps a row's seen-token bits in shared memory: a vocabulary shard beyond
+    MAX_FUSED_PENALTY_VOCAB gets a ValueError naming the weight on CUDA; the CPU op has no bound."""
+    from flashsampling_cuda.penalties import MAX_FUSED_PENALTY_VOCAB, check_fused_penalty_vocab
+
+    assert (MAX_FUSED_PENALTY_VOCAB // 32) * 4 + 64 <= 227 * 1024  # the words and the scan's warp sums
+    check_fused_penalty_vocab(MAX_FUSED_PENALTY_VOCAB, torch.device("cuda"))
+    check_fused_penalty_vocab(10**7, torch.device("cpu"))
+    with pytest.raises(ValueError, match="penalties on CUDA take at most .* weight has"):
+        check_fused_penalty_vocab(MAX_FUSED_PENALTY_VOCAB + 1, torch.device("cuda"))

@@ -953,7 +953,7 @@ def test_penalties_on_the_loops_for_all_controls(batch, num_samples, seeding):
 
 @pytest.mark.parametrize("batch", [50, 200])
 @pytest.mark.parametrize("temperature", ["rows", 0.8, 0.0])
-@pytest.mark.parametrize("case", ["lowering", "raising", "lowering_with_softcap"])
+@pytest.mark.parametrize("case", ["lowering", "raising", "raising_adds", "lowering_with_softcap"])
 def test_penalties_same_tokens_without_the_noise_skip(batch, temperature, case):
     """The noise skip bounds the penalised logit's score (the controls' loop; beyond 64 columns a
     call with a batch-wide temperature takes the plain loop, which bounds it by the logit in rows
@@ -966,10 +966,17 @@ def test_penalties_same_tokens_without_the_noise_skip(batch, temperature, case):
         temperature = temperature.cuda()
     args = {"lowering": dict(repetition_penalty=1.5, presence_penalty=1.0),
             "raising": dict(repetition_penalty=torch.linspace(0.5, 1.5, batch, device="cuda"), frequency_penalty=-0.4),
+            # r = 1 and an add of +40 on every output token: the rows raise only through their adds,
+            # and a seen token whose raw logit lies below the floor wins
+            "raising_adds": dict(presence_penalty=-40.0),
             "lowering_with_softcap": dict(repetition_penalty=1.2, frequency_penalty=0.5, logit_softcap=20.0)}[case]
     kwargs = dict(temperature=temperature, seed=torch.tensor(9, device="cuda"), vocab_start=CONTROLS_VOCAB_START,
                   penalty_state=penalty_history(batch, seed=3), **args)
     assert_same_without_noise_skip(hidden, weight, kwargs)
+    if case == "raising_adds":  # output ids are vocab_start + [0, 300) (penalty_history; the last row has none)
+        tokens = flashsampling_cuda.sample(hidden, weight, **kwargs)[:-1, 0]
+        seen = (tokens >= CONTROLS_VOCAB_START) & (tokens < CONTROLS_VOCAB_START + 300)
+        assert seen.float().mean() > 0.5, seen.float().mean()
     weight = lm_head_weight(CONTROLS_VOCAB, CONTROLS_DIM, seed=3).cuda()
     hidden = hidden_states(weight, batch, "llm", seed=batch) * 4
     assert_same_without_noise_skip(hidden, weight, kwargs)
