@@ -794,6 +794,16 @@ def assert_same_without_noise_skip(hidden, weight, kwargs):
     assert torch.equal(out.scores.view(torch.int32), unskipped.scores.view(torch.int32))
 
 
+def assert_same_as_the_controls_loop(hidden, weight, kwargs, out=None):
+    """The call's tokens and scores (`out`, else drawn here) bit for bit as the common controls'
+    loop's, which a dense bias of zeros selects."""
+    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs) if out is None else out
+    controls = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs,
+                                                     logit_bias=torch.zeros(weight.shape[0], device="cuda"))
+    assert torch.equal(out.tokens, controls.tokens)
+    assert torch.equal(out.scores.view(torch.int32), controls.scores.view(torch.int32))
+
+
 @pytest.mark.parametrize("batch", [50, 200])
 def test_model_transforms_same_tokens_without_the_noise_skip(batch):
     """The epilogue-warpgroup kernels' noise skip bounds the transformed logit's score: the same
@@ -865,10 +875,7 @@ def test_model_transforms_on_the_plain_epilogue_warpgroup_loop(batch, transforms
         assert torch.equal(out.tokens.cpu(), cpu.tokens)
         assert torch.equal(out.scores.cpu().view(torch.int32), cpu.scores.view(torch.int32))
     assert_same_without_noise_skip(hidden, weight, kwargs)
-    controls = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs,
-                                                     logit_bias=torch.zeros(CONTROLS_VOCAB, device="cuda"))
-    assert torch.equal(out.tokens, controls.tokens)
-    assert torch.equal(out.scores.view(torch.int32), controls.scores.view(torch.int32))
+    assert_same_as_the_controls_loop(hidden, weight, kwargs, out)
 
 
 # The penalties (repetition, frequency, presence) in the fused epilogue: the rank bitmap built
@@ -980,11 +987,7 @@ def test_penalties_same_tokens_without_the_noise_skip(batch, temperature, case):
     weight = lm_head_weight(CONTROLS_VOCAB, CONTROLS_DIM, seed=3).cuda()
     hidden = hidden_states(weight, batch, "llm", seed=batch) * 4
     assert_same_without_noise_skip(hidden, weight, kwargs)
-    out = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
-    controls = flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs,
-                                                     logit_bias=torch.zeros(CONTROLS_VOCAB, device="cuda"))
-    assert torch.equal(out.tokens, controls.tokens)
-    assert torch.equal(out.scores.view(torch.int32), controls.scores.view(torch.int32))
+    assert_same_as_the_controls_loop(hidden, weight, kwargs)
 
 
 @pytest.mark.parametrize("batch", [1, 20, 100, 300])

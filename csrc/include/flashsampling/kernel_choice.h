@@ -86,8 +86,8 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // plain loop of the epilogue-warpgroup kernel applies them, the soft-cap's tanh and the
   // penalties' look-ups only in steps whose exact scores the skip needs (its bounds:
   // fs_softcap_upper_bound, and the logit itself in rows whose penalties only lower logits).
-  // There the controls' loop, compute-bound, costs 7-30% over plain sampling; up to 64 columns
-  // it costs less and stays.
+  // There the epilogue bounds the kernel and the controls' loop would pay them on every element;
+  // up to 64 columns the weight's stream hides most of that, and the controls' loop stays.
   if (loop == SamplerLoop::kCommonControls && logit_transforms_only && tile_n == 128) c.loop = SamplerLoop::kPlain;
   // Plain passes of more than 64 columns and controls passes of more than 16 run the kernel with
   // epilogue warpgroups: there the epilogue's work is as long as the mainloop, and warpgroups of
