@@ -46,8 +46,8 @@ from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
 from .sampling import (LogitTransforms, SampleOutput, _allowed_mask_arg, _float32, _model_transform_args,
                        _scored_sample, _sparse_bias_args, _temperature_args, _truncation_order)
 from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, check_draft_values,
-                          draft_columns, empty_output, masked_target, parse_step, position_samples, step_output,
-                          target, values_at)
+                          draft_columns, empty_output, masked_target, one_hot_output, parse_step, position_samples,
+                          step_output, target, values_at)
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
                          parse_truncation, scaled_logits, survivor_mask, truncation_rank)
 
@@ -560,20 +560,18 @@ def speculative_sample(
     biases, mask, temperature; the truncation's survivors as in :func:`sample`) and exchanges
     ``O(B n)`` numbers (one all-gather of 8-byte words per rank, ``P = n + 1``):
 
-    - one-hot drafts: one all-gather of ``B (4 n + 2)`` words (``B (5 n + 3)`` with
-      ``return_logprobs``): per position the shard's Gumbel-Max key of the position's sample (the
-      target without the draft where the shard holds it, or the bonus; a greedy row's argmax) and
-      its log-sum-exp of ``y``, per draft whether the shard holds it and its ``y`` there (with
-      log-probabilities, also the ``y`` of the shard's winner at each position). Acceptance needs
-      ``p(d) = exp(y_d - logsumexp over the shards)``; the merged keys (:func:`sample`'s merge)
-      give the samples, and a greedy row's argmax;
+    - one-hot drafts: one all-gather of ``B (n + 1)`` words (``3 B (n + 1)`` with
+      ``return_logprobs``): per position the shard's Gumbel-Max key of the position's token
+      ``t_j`` (a greedy row's argmax; with log-probabilities also the shard's log-sum-exp of ``y``
+      and the ``y`` of its winner). The merged keys (:func:`sample`'s merge) give the ``t_j``, and
+      a draft is accepted while it is its position's ``t_j``;
     - sampled drafts: the residual ``max(0, p - q)`` needs the global log-sum-exp first, so two:
       ``B (4 n + 1)`` words (the log-sum-exps, holder flags, ``y_d`` and ``q(d)``), then each
       shard's key of the residual (or bonus) sample, ``B (n + 1)`` words (``2 B (n + 1)`` with
       ``return_logprobs``).
 
-    The acceptance uniforms depend only on ``(seed, offset, stream, j)``, so every rank draws
-    them itself. A truncation adds :func:`sample`'s exchange over the ``B (n + 1)`` rows (a host
+    The sampled drafts' acceptance uniforms depend only on ``(seed, offset, stream, j)``, so
+    every rank draws them itself. A truncation adds :func:`sample`'s exchange over the ``B (n + 1)`` rows (a host
     ``top_k``: ``B (n + 1) k`` int64; other forms gather the whole rows). Without ``seed``, rank 0
     draws it and broadcasts it (one more collective).
 
@@ -610,32 +608,36 @@ def speculative_sample(
                                   group=group, backend=backend)
     x, y, allowed = target(hidden, weight_shard, logit_bias, allowed_mask, step, survivors)
     yd = masked_target(y, allowed)
-    safe, mine = draft_columns(draft_token_ids, vocab_start, weight_shard.shape[0])
-    floats = [torch.logsumexp(yd, dim=2), mine.double(), torch.where(mine, values_at(yd[:, :n], safe), torch.nan)]
-    q = None
-    if draft_probs is not None:
-        q = draft_probs.to(hidden.device)  # float64 one position at a time, not [B, n, V_r] at once
-        floats.append(torch.where(mine, q.gather(2, safe[:, :, None])[:, :, 0].double(), torch.nan))
 
-    def shard_keys(logp: Tensor | None) -> tuple[list[Tensor], list[Tensor]]:
+    def shard_keys(logp: Tensor | None, q: Tensor | None) -> tuple[list[Tensor], list[Tensor]]:
         """This shard's keys of the position samples and, with log-probabilities, its winners' y."""
-        tokens, scores = position_samples(x, allowed, step, safe, mine, logp, q, vocab_start, _SHARD_EMPTY)
+        tokens, scores = position_samples(x, allowed, step, logp, q, vocab_start, _SHARD_EMPTY)
         return [_encode_keys(tokens, scores)], [values_at(yd, tokens - vocab_start)] if return_logprobs else []
 
-    if q is None:  # one all-gather: the samples do not depend on the global normaliser
-        ints, more = shard_keys(None)
-        (keys,), gathered = _all_gather_columns(ints, floats + more, world, group, backend)
-    else:
-        _, gathered = _all_gather_columns([], floats, world, group, backend)
-    lse = torch.logsumexp(gathered[0], dim=0)  # float64 [B, n + 1]: the target's normalisers
+    if draft_probs is None:  # one-hot drafts: each position's token, accepted while it is the draft
+        ints, more = shard_keys(None, None)
+        floats = [torch.logsumexp(yd, dim=2)] + more if return_logprobs else []
+        (keys,), gathered = _all_gather_columns(ints, floats, world, group, backend)
+        _, winner, emitted = torch.ops.flashsampling._merge_shard_keys(keys, n + 1, -1)
+        emitted_logp = None
+        if return_logprobs:
+            lse = torch.logsumexp(gathered[0], dim=0)  # float64 [B, n + 1]: the target's normalisers
+            emitted_logp = torch.where(emitted >= 0, gathered[1].gather(0, winner[None])[0] - lse, torch.nan)
+        return one_hot_output(draft_token_ids, emitted, emitted_logp)
+    # Sampled drafts: the residuals need p = exp(y - lse), so the normalisers first.
+    safe, mine = draft_columns(draft_token_ids, vocab_start, weight_shard.shape[0])
+    q = draft_probs.to(hidden.device)  # float64 one position at a time, not [B, n, V_r] at once
+    floats = [torch.logsumexp(yd, dim=2), mine.double(), torch.where(mine, values_at(yd[:, :n], safe), torch.nan),
+              torch.where(mine, q.gather(2, safe[:, :, None])[:, :, 0].double(), torch.nan)]
+    _, gathered = _all_gather_columns([], floats, world, group, backend)
+    lse = torch.logsumexp(gathered[0], dim=0)  # float64 [B, n + 1]
     held = gathered[1]
     owner = held.argmax(dim=0, keepdim=True)  # the rank that holds each draft
     inside = held.amax(dim=0) > 0
     y_draft = gathered[2].gather(0, owner)[0]
-    q_draft = None if q is None else gathered[3].gather(0, owner)[0]
-    if q is not None:  # the residuals need p = exp(y - lse): a second all-gather
-        ints, more = shard_keys(yd - lse[:, :, None])
-        (keys,), gathered = _all_gather_columns(ints, more, world, group, backend)
+    q_draft = gathered[3].gather(0, owner)[0]
+    ints, more = shard_keys(yd - lse[:, :, None], q)
+    (keys,), gathered = _all_gather_columns(ints, more, world, group, backend)
     _, winner, emitted = torch.ops.flashsampling._merge_shard_keys(keys, n + 1, -1)
     # A greedy row's sample at j < n is the argmax (-1 where nothing is allowed: no draft matches).
     p_draft = torch.where(inside, (y_draft - lse[:, :n]).exp(), 0.0)

@@ -470,9 +470,9 @@ def reference_speculative_sample(hidden: Tensor, weight: Tensor, draft_token_ids
         for j in range(positions):
             candidates = keep[b, j].clone()
             scores = None
-            if j < n:
-                d = int(draft_token_ids[b, j]) - vocab_start
-                inside = 0 <= d < vocab
+            d = int(draft_token_ids[b, j]) - vocab_start if j < n else -1
+            inside = 0 <= d < vocab
+            if j < n and draft_probs is not None:  # sampled drafts: the uniform, then the residual
                 if greedy[b]:
                     target = int(torch.where(candidates, y[b, j], -torch.inf).argmax())
                     if inside and d == target:
@@ -481,25 +481,18 @@ def reference_speculative_sample(hidden: Tensor, weight: Tensor, draft_token_ids
                         continue
                 else:
                     p = float(logp[b, j, d].exp()) if inside else 0.0
-                    if draft_probs is not None:
-                        qd = float(draft_probs[b, j, d]) if inside else 0.0
-                        a = 1.0 if qd == 0 else min(1.0, p / qd)
-                        a = a if inside else 0.0
-                    else:
-                        a = p
+                    qd = float(draft_probs[b, j, d]) if inside else 0.0
+                    a = (1.0 if qd == 0 else min(1.0, p / qd)) if inside else 0.0
                     u = float(uniform_noise(int(seeds[b]), int(offsets[b]), int(streams[b]), j, 2**32 - 1))
                     margin[b] = min(margin[b], abs(u - a))
                     if u < a:
                         tokens[b, j] = d + vocab_start
                         accepted_count[b] += 1
                         continue
-                    if draft_probs is None:
-                        if inside:
-                            candidates[d] = False
-                    else:
-                        residual = (logp[b, j].exp() - draft_probs[b, j].to(device, torch.float64)).clamp(min=0)
-                        candidates = residual > 0
-                        scores = torch.log(residual)
+                    residual = (logp[b, j].exp() - draft_probs[b, j].to(device, torch.float64)).clamp(min=0)
+                    candidates = residual > 0
+                    scores = torch.log(residual)
+            # The position's token t_j (the residual's sample after a rejected sampled draft).
             g = gumbel_noise(int(seeds[b]), int(offsets[b]) + j, int(streams[b]), 0, ids + vocab_start).double()
             if greedy[b]:
                 s = x[b, j]
@@ -508,8 +501,13 @@ def reference_speculative_sample(hidden: Tensor, weight: Tensor, draft_token_ids
             else:
                 s = x[b, j] * inv_t[b] + g
             s = torch.where(candidates, s, -torch.inf)
+            if not bool(candidates.any()):  # a row that allows nothing emits -1 and accepts nothing
+                break
             top2 = torch.topk(s, 2).values
             margin[b] = min(margin[b], float(top2[0] - top2[1]))
             tokens[b, j] = int(s.argmax()) + vocab_start
+            if j < n and draft_probs is None and inside and int(s.argmax()) == d:
+                accepted_count[b] += 1  # one-hot drafts: accepted while t_j is the draft
+                continue
             break
     return ReferenceSpeculative(tokens.to(device), accepted_count.to(device), margin.to(device))

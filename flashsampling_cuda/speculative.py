@@ -4,39 +4,36 @@ target model's distribution (Leviathan et al. 2023; Chen et al. 2023), with the 
 
 Per row ``b``, positions ``j = 0 .. n - 1`` in order, ``p_j`` the target's distribution at
 position ``j`` (the logits ``hidden[b, j] . weight``, then the biases, mask, temperature and
-truncation of ``sample``), ``d_j`` the draft token:
+truncation of ``sample``), ``d_j`` the draft token, ``t_j`` the token ``sample`` draws from ``p_j``
+with the noise of offset ``offset + j`` (stream ``b``, or 0 with per-row seeds), so that the bonus
+token ``t_n`` is the token ``sample(hidden[:, n], weight, offset=offset + n)`` returns:
 
 - one-hot drafts (``draft_probs=None``: greedy EAGLE / MTP drafts, n-grams): accept ``d_j`` when
-  ``u_j < p_j(d_j)``; on rejection emit a sample of ``p_j`` without ``d_j`` (renormalised) and stop;
+  ``t_j = d_j``; otherwise emit ``t_j`` and stop. This is rejection sampling with the draw
+  coupled to the acceptance: ``P(t_j = d_j) = p_j(d_j)`` is the acceptance probability, and given
+  ``t_j != d_j`` the token ``t_j`` is a sample of ``p_j`` without ``d_j`` (renormalised), the
+  corrective sample. A greedy row (``T = 0``) is the same rule with ``t_j`` the argmax;
 - sampled drafts (``draft_probs [B, n, V]``, the draft model's ``q``): accept when
-  ``u_j < min(1, p_j(d_j) / q_j(d_j))``; on rejection emit a sample of ``max(0, p_j - q_j)``
-  (renormalised) and stop;
-- a greedy row (``T = 0``): accept while ``d_j`` is the argmax of ``p_j``; on rejection emit the
-  argmax;
-- all ``n`` accepted: emit the bonus token, a sample of ``p_n``.
+  ``u_j < min(1, p_j(d_j) / q_j(d_j))``, with the acceptance uniform ``u_j`` of ``(b, j)``,
+  :func:`flashsampling_cuda.noise.uniform_noise` at ``(seed, offset, stream_b, j, 2^32 - 1)``; on
+  rejection emit Gumbel-Max over ``log max(0, p_j - q_j)`` (renormalised) with the noise of
+  ``t_j`` and stop; a greedy row accepts while ``d_j`` is the argmax and emits the argmax;
+- all ``n`` accepted: emit the bonus token ``t_n``.
 
-The output follows the target's distribution exactly (up to the uniforms' 2^-23 grid). Noise
-(documented counters, so ``(seed, offset)`` reproduces a step): the acceptance uniform of
-``(b, j)`` is :func:`flashsampling_cuda.noise.uniform_noise` at ``(seed, offset, stream_b, j,
-2^32 - 1)``; the sample emitted at position ``j`` is Gumbel-Max with the noise of ``sample`` at
-offset ``offset + j`` (stream ``b``, or 0 with per-row seeds): the bonus token is the token
-``sample(hidden[:, n], weight, offset=offset + n)`` returns. The residual samples use
-``log max(0, p - q)`` as their logits.
+The output follows the target's distribution exactly (up to the uniforms' 2^-23 grid for
+sampled drafts), and ``(seed, offset)`` reproduces a step.
 
 Routes, all without a host sync (CUDA-graph capture, ``torch.compile(fullgraph=True)``):
 
-- one-hot drafts without truncation on CUDA (:func:`verify_one_hot_fused`): one call of the fused
-  op over the ``B * (n + 1)`` rows, the target logits never in memory. Row ``(b, j)`` is a row of
-  its own with row ``b``'s seed and stream (the op's ``streams``) at offset ``offset + j``, so it
-  draws exactly the noise above; its mask drops the draft on sampled rows, so its token is the
-  corrective sample and its log-sum-exp, with the draft's term added back, gives ``p_j(d_j)``;
-  the draft's logit is a dot product of its own (fp32, the same value as the GEMM's up to the
-  order of the summation);
-- one-hot drafts without truncation on the CPU (:func:`verify_one_hot`): the same with the target
-  logits computed once (``[B * (n + 1), V]`` fp32, the op's own bits) and the ``sample_from_logits``
-  op per position;
-- sampled drafts and truncation (:func:`verify`): the float64 log-probabilities of every position
-  from the logits computed once (cuBLAS on CUDA), then each position's sample.
+- one-hot drafts, bf16 / fp16 on CUDA or any dtype on the CPU, without truncation
+  (:func:`position_tokens_fused`): one call of the fused op over the ``B * (n + 1)`` rows
+  (position-major), row ``(b, j)`` with row ``b``'s seed, stream (the op's ``streams``),
+  temperature, bias and mask at offset ``offset + j``: the target logits never reach memory;
+- one-hot drafts otherwise (:func:`position_tokens_from_logits`: truncation, fp32 on CUDA): the
+  target logits computed once, then ``sample_from_logits`` per position, which truncates;
+- sampled drafts (:func:`verify`): the fp32 logits once (cuBLAS on CUDA), each draft position's
+  log-sum-exp and the acceptance walk, then one sample a row at the position where it stops (the
+  residual's, or the bonus token).
 
 The helpers below are shared with the tensor-parallel verification,
 :func:`flashsampling_cuda.distributed.speculative_sample`.
@@ -49,16 +46,16 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
+from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed, uniform_noise
 from .penalties import rule_logits
 from .sampling import _model_transform_args
-from .truncation import Truncation, materialized_logits, parse_truncation, scaled_logits, survivor_mask
+from .truncation import (Truncation, logits_truncation_args, materialized_logits, parse_truncation, scaled_logits,
+                         survivor_mask)
 
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
 _ACCEPT_INDEX = 2**32 - 1  # the acceptance uniforms' vocabulary index: no token has it
-FUSED_MAX_POSITIONS = 64  # n + 1 the fused route takes (kSpeculativeMaxPositions, flashsampling/speculative_launch.h)
 
 
 class SpeculativeOutput(NamedTuple):
@@ -94,6 +91,8 @@ class _Step(NamedTuple):
     truncation: Truncation | None
     logit_scale: float = 1.0
     logit_softcap: float | None = None
+    temperature: float | None = None  # the call's temperature where it was a number (not a tensor)
+    per_row_offset: bool = False  # offset given as a [B] tensor
 
 
 def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None,
@@ -127,7 +126,7 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
     if seed is None:
         seed = draw_seed_fn()
     seeds, per_row_seed = _per_row_int64(name, "seed", seed, batch, device)
-    offsets, _ = _per_row_int64(name, "offset", 0 if offset is None else offset, batch, device)
+    offsets, per_row_offset = _per_row_int64(name, "offset", 0 if offset is None else offset, batch, device)
     scale, softcap = _model_transform_args(logit_scale, logit_softcap)
     streams = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(
         batch, device=device)
@@ -153,7 +152,9 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
             raise ValueError(f"{name}: temperature must be a float >= 0 or a tensor, got {temperature!r}")
         temps = torch.full((batch,), float(temperature), dtype=torch.float32, device=device)
     truncation = parse_truncation(top_k, top_p, min_p, hidden[:, 0])
-    return _Step(batch, n, seeds, per_row_seed, offsets, streams, temps, temps == 0, truncation, scale, softcap)
+    scalar = None if isinstance(temperature, Tensor) else float(temperature)
+    return _Step(batch, n, seeds, per_row_seed, offsets, streams, temps, temps == 0, truncation, scale, softcap,
+                 scalar, per_row_offset)
 
 
 DRAFT_PROBS_TOLERANCE = 1e-3  # |sum of a draft distribution - 1| allowed
@@ -230,16 +231,14 @@ def draft_columns(draft_token_ids: Tensor, vocab_start: int, vocab: int) -> tupl
     return torch.where(inside, local, 0), inside
 
 
-def acceptance_probability(p_draft: Tensor, q_draft: Tensor | None, inside: Tensor) -> Tensor:
-    """float64 ``[B, n]``: ``p(d)`` for one-hot drafts, ``min(1, p(d) / q(d))`` for sampled ones."""
-    if q_draft is None:
-        return p_draft
+def acceptance_probability(p_draft: Tensor, q_draft: Tensor, inside: Tensor) -> Tensor:
+    """float64 ``[B, n]``: sampled drafts' ``min(1, p(d) / q(d))``."""
     ratio = torch.where(q_draft > 0, p_draft / q_draft, torch.inf)
     return torch.where(inside, ratio.clamp(max=1.0), 0.0)
 
 
 def accepted_count(step: _Step, accept_prob: Tensor, greedy_hit: Tensor) -> Tensor:
-    """int64 ``[B]``: the accepted prefix's length; ``u < accept_prob`` for sampled rows (the
+    """int64 ``[B]``: sampled drafts' accepted prefix; ``u < accept_prob`` for sampled rows (the
     acceptance uniforms of the module docstring), ``greedy_hit`` (the draft is the argmax) for
     greedy rows."""
     j = torch.arange(step.n, device=accept_prob.device)
@@ -249,28 +248,23 @@ def accepted_count(step: _Step, accept_prob: Tensor, greedy_hit: Tensor) -> Tens
     return torch.cumprod(accepted.long(), dim=1).sum(dim=1)
 
 
-def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, safe: Tensor, inside: Tensor,
-                     logp: Tensor | None, q: Tensor | None, vocab_start: int,
-                     empty_token: int) -> tuple[Tensor, Tensor]:
+def position_samples(x: Tensor, allowed: Tensor | None, step: _Step, logp: Tensor | None, q: Tensor | None,
+                     vocab_start: int, empty_token: int) -> tuple[Tensor, Tensor]:
     """(tokens, scores) ``[B, n + 1]`` of the sample each position would emit over these ``V``
-    columns: corrective (``j < n``: the target without the draft where ``inside``, or with
-    ``q [B, n, V]`` the residual ``max(0, exp(logp) - q)``; a greedy row's argmax) or bonus
-    (``j = n``), with ``sample``'s noise at ``offset + j``; ``empty_token`` where nothing is kept."""
+    columns, with ``sample``'s noise at ``offset + j``: ``t_j`` of the target (one-hot drafts,
+    ``q`` None; the bonus position ``j = n``; a greedy row's argmax), or with ``q [B, n, V]`` the
+    residual ``max(0, exp(logp) - q)`` at ``j < n``; ``empty_token`` where nothing is kept."""
     batch, positions, vocab = x.shape
     tokens, scores = [], []
     for pos in range(positions):
         x_pos, temps_pos = x[:, pos], step.temps
         keep = (allowed[:, pos] if allowed is not None
                 else torch.ones((batch, vocab), dtype=torch.bool, device=x.device))
-        if pos < step.n:
-            if q is None:
-                drop = torch.zeros_like(keep).scatter_(1, safe[:, pos : pos + 1], inside[:, pos : pos + 1])
-                keep = torch.where(step.greedy[:, None], keep, keep & ~drop)
-            else:
-                residual = (logp[:, pos].exp() - q[:, pos].double()).clamp(min=0.0)
-                x_pos = torch.where(step.greedy[:, None], x_pos, torch.log(residual).float())
-                temps_pos = torch.where(step.greedy, 0.0, 1.0)
-                keep = torch.where(step.greedy[:, None], keep, residual > 0)
+        if pos < step.n and q is not None:
+            residual = (logp[:, pos].exp() - q[:, pos].double()).clamp(min=0.0)
+            x_pos = torch.where(step.greedy[:, None], x_pos, torch.log(residual).float())
+            temps_pos = torch.where(step.greedy, 0.0, 1.0)
+            keep = torch.where(step.greedy[:, None], keep, residual > 0)
         tokens_pos, scores_pos, _, _ = torch.ops.flashsampling.sample_from_logits(
             x_pos.contiguous(), temperature=1.0, temperatures=temps_pos, num_samples=1,
             seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=step.offsets + pos,
@@ -290,189 +284,145 @@ def packed_mask(allowed_mask: Tensor | None, device) -> Tensor | None:
     return mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
 
 
-def draft_words(base: Tensor, safe: Tensor, inside: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Each draft's place in the bitmask ``base``: (its word's index, that word, its bit as an
-    int32 word, whether the mask allows it), all ``[B, n]``."""
-    word = safe >> 5
-    words = base.gather(1, word)
-    bits = int32_words(torch.ones_like(safe) << (safe % 32))
-    return word, words, bits, inside & ((words & bits) != 0)
+def accepted_while_equal(draft_token_ids: Tensor, emitted: Tensor) -> Tensor:
+    """int64 ``[B]``: one-hot drafts' accepted prefix, the positions ``j < n`` in order while
+    their token ``emitted [B, n + 1]`` (-1 where the row allows nothing) is the draft."""
+    return torch.cumprod((emitted[:, :-1] == draft_token_ids).long(), dim=1).sum(dim=1)
 
 
-def y_scales(step: _Step) -> Tensor:
-    """float32 ``[B]``: ``y = x * scale``, ``fl32(1 / T)`` on sampled rows and 1 on greedy ones."""
-    return torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)
+def one_hot_output(draft_token_ids: Tensor, emitted: Tensor, emitted_logp: Tensor | None) -> SpeculativeOutput:
+    """One-hot drafts' step from each position's token ``t_j`` (``emitted [B, n + 1]``) and, with
+    log-probabilities, ``log p_j(t_j)`` (``emitted_logp``): the accepted drafts are the ``t_j``
+    before the first one that is not its draft, which is the emitted token; -1 (NaN) after."""
+    num_accepted = accepted_while_equal(draft_token_ids, emitted)
+    kept = torch.arange(emitted.shape[1], device=emitted.device)[None, :] <= num_accepted[:, None]
+    logprobs = None if emitted_logp is None else torch.where(kept, emitted_logp, torch.nan).float()
+    return SpeculativeOutput(torch.where(kept, emitted, -1), num_accepted, logprobs)
 
 
-def one_hot_acceptance(step: _Step, draft_token_ids: Tensor, emitted: Tensor, lse: Tensor, y_draft: Tensor,
-                       draft_allowed: Tensor, cleared: Tensor, inside: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """One-hot drafts' acceptance from each position's sample ``emitted [B, n + 1]`` and
-    log-sum-exp ``lse`` (float64 ``[B, n + 1]``, over the tokens the sample saw: without the draft
-    where ``cleared``) and the draft's ``y_draft`` (float64 ``[B, n]``): ``(num_accepted [B],
-    log p_j(d_j) [B, n] (-inf where the draft is not allowed), the whole distribution's
-    log-sum-exp [B, n + 1])``. A greedy row accepts while the draft is its sample (the argmax)."""
-    n = step.n
-    lse_draft = lse[:, :n]
-    lse_full_draft = torch.where(cleared, torch.logaddexp(lse_draft, y_draft), lse_draft)  # the draft's term back
-    logp_draft = torch.where(draft_allowed, y_draft - lse_full_draft, -torch.inf)
-    greedy_hit = (emitted[:, :n] == draft_token_ids) & inside
-    num_accepted = accepted_count(step, acceptance_probability(logp_draft.exp(), None, inside), greedy_hit)
-    return num_accepted, logp_draft, torch.cat([lse_full_draft, lse[:, n:]], dim=1)
+def _temperature_args(step: _Step, repeat: int = 1, interleave: bool = False) -> dict:
+    """The op's temperature arguments for ``repeat`` copies of the batch's rows (position-major,
+    or each row's copies together with ``interleave``): the call's scalar where it had one (the
+    op's loop without per-row temperatures), else the rows' ``[B]`` tensor repeated."""
+    if step.temperature is not None:
+        return dict(temperature=step.temperature, temperatures=None)
+    temps = step.temps.repeat_interleave(repeat) if interleave else step.temps.repeat(repeat)
+    return dict(temperature=1.0, temperatures=temps)
+
+
+def position_tokens_fused(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None, allowed_mask: Tensor | None,
+                          step: _Step, vocab_start: int, return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+    """``(t [B, n + 1], log p_j(t_j) [B, n + 1] float32 or None)`` from one call of the fused op
+    over the ``B * (n + 1)`` rows (``_sample_positions``: position ``j`` of row ``b`` is GEMM column
+    ``j * B + b`` and draws sample ``j``'s noise of row ``b``, as ``sample``'s several samples do, so
+    with a batch-wide seed neighbouring columns share their Philox blocks as in plain sampling),
+    each with row ``b``'s temperature, bias and mask: the tokens ``sample`` would draw, the target
+    logits never in memory."""
+    batch, positions, dim = hidden.shape
+    device = hidden.device
+    base = packed_mask(allowed_mask, device)
+    token, _, token_logp = torch.ops.flashsampling._sample_positions(
+        hidden.transpose(0, 1).reshape(positions * batch, dim), weight, positions, **_temperature_args(step),
+        seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()),
+        offset=step.offsets if step.per_row_offset else step.offsets[:1].reshape(()),
+        logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32), allowed_mask=base,
+        empty_mask_token=-1, vocab_start=vocab_start, logit_scale=step.logit_scale, logit_softcap=step.logit_softcap,
+        return_logprobs=return_logprobs)
+    return token, token_logp if return_logprobs else None
+
+
+@torch.library.register_kernel("flashsampling::_sample_positions", "cpu")
+def _sample_positions_cpu(hidden, weight, positions, *, temperature=1.0, temperatures=None, seed, offset,
+                          logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=0, logit_scale=1.0,
+                          logit_softcap=None, return_logprobs=False):
+    """``_sample_positions`` on the CPU: the ``P * B`` rows as rows of their own through
+    ``sample_with_scores``, row ``j * B + b`` with row ``b``'s controls and seed, its stream
+    (``b``, or 0 with a per-row seed, the op's ``streams``) and offset ``offset_b + j``."""
+    _check_position_rows(hidden, positions)
+    batch = hidden.shape[0] // positions
+    per_row_seed = seed.dim() == 1
+    j = torch.arange(positions, device=offset.device)
+    streams = (torch.zeros(batch, dtype=torch.int64) if per_row_seed else torch.arange(batch)).repeat(positions)
+    tokens, scores, logp, _ = torch.ops.flashsampling.sample_with_scores(
+        hidden, weight, temperature=temperature, temperatures=None if temperatures is None else temperatures.repeat(
+            positions), num_samples=1, seed=seed.repeat(positions) if per_row_seed else seed,
+        offset=(offset.expand(batch)[None, :] + j[:, None]).reshape(-1), generator=None, logit_bias=logit_bias,
+        allowed_mask=None if allowed_mask is None else allowed_mask.repeat(positions, 1),
+        empty_mask_token=empty_mask_token, vocab_start=vocab_start, logit_scale=logit_scale,
+        logit_softcap=logit_softcap, streams=streams, return_logprobs=return_logprobs)
+
+    def per_row(t: Tensor) -> Tensor:  # [P * B, 1] position-major -> [B, P]
+        return t[:, 0].reshape(positions, batch).T.contiguous()
+
+    return per_row(tokens), per_row(scores), per_row(logp) if return_logprobs else logp
+
+
+@torch.library.register_fake("flashsampling::_sample_positions")
+def _sample_positions_fake(hidden, weight, positions, *, temperature=1.0, temperatures=None, seed, offset,
+                           logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=0, logit_scale=1.0,
+                           logit_softcap=None, return_logprobs=False):
+    _check_position_rows(hidden, positions)
+    shape = (hidden.shape[0] // positions, positions)
+    return (hidden.new_empty(shape, dtype=torch.int64), hidden.new_empty(shape, dtype=torch.float32),
+            hidden.new_empty(shape if return_logprobs else (0,), dtype=torch.float32))
+
+
+def _check_position_rows(hidden: Tensor, positions: int) -> None:
+    """checks.cpp's check_position_rows (RuntimeError)."""
+    torch._check(positions >= 1 and hidden.dim() == 2 and hidden.shape[0] % positions == 0,
+                 lambda: f"flashsampling._sample_positions: hidden must be [positions * B, D] with positions >= 1, "
+                         f"got positions={positions} and hidden of shape {list(hidden.shape)}")
+
+
+def position_tokens_from_logits(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None,
+                                allowed_mask: Tensor | None, step: _Step, vocab_start: int,
+                                return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+    """:func:`position_tokens_fused`'s tokens (and log-probabilities, of the truncated target)
+    with the step's truncation: the target logits once (:func:`target_logits`), then
+    ``sample_from_logits`` per position (one call for every position with per-row seeds, row
+    ``(b, j)`` at ``b * (n + 1) + j``), which truncates top_k first."""
+    batch, positions, _ = hidden.shape
+    vocab, device = weight.shape[0], hidden.device
+    x = target_logits(hidden, weight, logit_bias, step).reshape(batch, positions, vocab)
+    base = packed_mask(allowed_mask, device)
+    truncation = logits_truncation_args(step.truncation, batch, device)
+    if step.per_row_seed:
+        # Per-row seeds draw stream 0 whatever the row: every position of every row in one call.
+        j = torch.arange(positions, device=device)
+        per_row = {name: value.repeat_interleave(positions) if isinstance(value, Tensor) else value
+                   for name, value in truncation.items()}
+        token, _, token_logp, _ = torch.ops.flashsampling.sample_from_logits(
+            x.reshape(batch * positions, vocab), **_temperature_args(step, positions, interleave=True), num_samples=1,
+            seed=step.seeds.repeat_interleave(positions), offset=(step.offsets[:, None] + j).reshape(-1),
+            generator=None, logit_bias=None,
+            allowed_mask=None if base is None else base.repeat_interleave(positions, dim=0), empty_mask_token=-1,
+            vocab_start=vocab_start, return_logprobs=return_logprobs, **per_row)
+        emitted = token.reshape(batch, positions)
+        return emitted, token_logp.reshape(batch, positions) if return_logprobs else None
+    # A batch-wide seed draws stream b for row b: a call a position, rows b in order.
+    tokens, logps = [], []
+    for j in range(positions):
+        token, _, token_logp, _ = torch.ops.flashsampling.sample_from_logits(
+            x[:, j], **_temperature_args(step), num_samples=1, seed=step.seeds[:1].reshape(()),
+            offset=step.offsets + j, generator=None, logit_bias=None, allowed_mask=base, empty_mask_token=-1,
+            vocab_start=vocab_start, return_logprobs=return_logprobs, **truncation)
+        tokens.append(token[:, 0])
+        logps.append(token_logp[:, 0] if return_logprobs else None)
+    emitted = torch.stack(tokens, dim=1)
+    return emitted, torch.stack(logps, dim=1) if return_logprobs else None
 
 
 def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logit_bias: Tensor | None,
                    allowed_mask: Tensor | None, step: _Step, vocab_start: int,
                    return_logprobs: bool) -> SpeculativeOutput:
-    """:func:`speculative_sample` for one-hot drafts without truncation, the same tokens with
-    less work: ``sample_from_logits`` on each position's logits (views of the one
-    ``[B * (n + 1), V]`` matmul) with the draft's bit cleared from the mask on sampled rows, one
-    call a position (one call for all of them with per-row seeds). Its token is the corrective
-    sample (the bonus token at ``j = n``, the argmax on greedy rows), and its log-sum-exp over the
-    tokens other than the draft, with the draft's term added back, gives ``p_j(d_j)``: no float64
-    ``[B, n + 1, V]`` log-softmax and no bool masks."""
-    batch, positions, _ = hidden.shape
-    n, vocab, device = step.n, weight.shape[0], hidden.device
-    x = target_logits(hidden, weight, logit_bias, step).reshape(batch, positions, vocab)
-    base = packed_mask(allowed_mask, device)
-    if base is None:
-        base = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
-    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    word, words, bits, draft_allowed = draft_words(base, safe, inside)
-    cleared = draft_allowed & ~step.greedy[:, None]  # the drafts taken out of their position's sample
-    inv_temperature = y_scales(step)
-    y_draft = x[:, :n].gather(2, safe[:, :, None])[:, :, 0] * inv_temperature[:, None]
-    # Each position's mask: the row's, less the draft's bit on sampled rows.
-    masks = base[:, None, :].repeat(1, positions, 1)  # [B, n + 1, words]
-    masks[:, :n].scatter_(2, word[:, :, None], torch.where(cleared, words & ~bits, words)[:, :, None])
-    if step.per_row_seed:
-        # Per-row seeds draw stream 0 whatever the row: every position of every row in one call,
-        # row (b, j) with seed_b and offset_b + j.
-        j = torch.arange(positions, device=device)
-        token, _, _, lse = torch.ops.flashsampling.sample_from_logits(
-            x.reshape(batch * positions, vocab), temperature=1.0,
-            temperatures=step.temps.repeat_interleave(positions), num_samples=1,
-            seed=step.seeds.repeat_interleave(positions), offset=(step.offsets[:, None] + j).reshape(-1),
-            generator=None, logit_bias=None, allowed_mask=masks.reshape(batch * positions, -1), empty_mask_token=-1,
-            vocab_start=vocab_start, return_logprobs=True)
-        emitted, lse = token.reshape(batch, positions), lse.reshape(batch, positions).double()
-    else:
-        # A batch-wide seed draws stream b for row b: a call a position, rows b in order.
-        tokens, lses = [], []
-        for j in range(positions):
-            token, _, _, lse = torch.ops.flashsampling.sample_from_logits(
-                x[:, j], temperature=1.0, temperatures=step.temps, num_samples=1, seed=step.seeds[:1].reshape(()),
-                offset=step.offsets + j, generator=None, logit_bias=None, allowed_mask=masks[:, j],
-                empty_mask_token=-1, vocab_start=vocab_start, return_logprobs=True)
-            tokens.append(token[:, 0])
-            lses.append(lse)
-        emitted, lse = torch.stack(tokens, dim=1), torch.stack(lses, dim=1).double()  # [B, n + 1]
-    num_accepted, logp_draft, lse_full = one_hot_acceptance(step, draft_token_ids, emitted, lse, y_draft.double(),
-                                                            draft_allowed, cleared, inside)
-    if not return_logprobs:
-        return step_output(draft_token_ids, emitted, num_accepted, None, None)
-    y_emitted = values_at(x, emitted - vocab_start) * inv_temperature[:, None]
-    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, logp_draft, torch.nan),
-                       y_emitted.double() - lse_full)
-
-
-def verify_one_hot_fused(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logit_bias: Tensor | None,
-                         allowed_mask: Tensor | None, step: _Step, vocab_start: int, return_logprobs: bool,
-                         kernels: bool | None = None) -> SpeculativeOutput:
-    """:func:`verify_one_hot`'s step from one call of the fused op (``sample_with_scores``) over
-    the ``B * (n + 1)`` rows in position-major order (row ``j * B + b``: a batch-wide seed's
-    neighbouring rows then share their Philox blocks as in plain sampling), each with row ``b``'s
-    seed, stream and temperature at offset ``offset_b + j`` and row ``b``'s mask less the draft's
-    bit on sampled rows; the draft's logit ``x_j(d_j)`` from an fp32 dot product (then the
-    model-side transforms and the bias, as the op applies them). Before and after the op,
-    ``kernels`` (default: on CUDA) runs the two small kernels of ``_speculative_rows`` /
-    ``_speculative_finish``, else the same steps in torch ops (:func:`_rows`,
-    :func:`_finish_step`; the CPU's, and the kernels' reference in the tests)."""
-    batch, positions, dim = hidden.shape
-    vocab, device = weight.shape[0], hidden.device
-    kernels = hidden.is_cuda if kernels is None else kernels
-    base = packed_mask(allowed_mask, device)
-    bias = None if logit_bias is None else logit_bias.to(device, torch.float32)
-    rows_of = torch.ops.flashsampling._speculative_rows if kernels else _rows
-    masks, temps, seeds, offsets, streams = rows_of(draft_token_ids, step.temps, step.seeds, step.offsets,
-                                                    step.streams, base, vocab, vocab_start)
-    token, _, token_logp, lse = torch.ops.flashsampling.sample_with_scores(
-        hidden.transpose(0, 1).reshape(positions * batch, dim), weight, temperature=1.0, temperatures=temps,
-        num_samples=1, seed=seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=offsets,
-        generator=None, logit_bias=bias, allowed_mask=masks, empty_mask_token=-1, vocab_start=vocab_start,
-        logit_scale=step.logit_scale, logit_softcap=step.logit_softcap, streams=streams, return_logprobs=True)
-    if kernels:
-        tokens, num_accepted, logprobs = torch.ops.flashsampling._speculative_finish(
-            hidden, weight, draft_token_ids, token[:, 0], lse, token_logp[:, 0] if return_logprobs else None,
-            step.temps, step.seeds, step.offsets, step.streams, base, bias, step.logit_scale, step.logit_softcap,
-            vocab_start)
-        return SpeculativeOutput(tokens, num_accepted, logprobs if return_logprobs else None)
-    return _finish_step(hidden, weight, draft_token_ids, token[:, 0], lse, token_logp[:, 0], base, bias, step,
-                        vocab_start, return_logprobs)
-
-
-def _rows(draft_token_ids: Tensor, temps: Tensor, seeds: Tensor, offsets: Tensor, streams: Tensor,
-          base: Tensor | None, vocab: int, vocab_start: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """``_speculative_rows`` in torch ops: the ``(n + 1) * B`` position-major rows' masks (int32
-    ``[rows, ceil(V / 32)]``: row ``j * B + b`` holds row ``b``'s mask, all ones without one, less
-    the draft's bit where ``j < n`` and row ``b`` samples), temperatures, seeds, offsets
-    (``offset_b + j``) and streams."""
-    batch, n = draft_token_ids.shape
-    device = draft_token_ids.device
-    if base is None:
-        base = torch.full((batch, (vocab + 31) // 32), -1, dtype=torch.int32, device=device)
-    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    word, words, bits, _ = draft_words(base, safe, inside)
-    clear = inside & (temps != 0)[:, None]
-    masks = base.repeat(n + 1, 1)
-    draft_rows = torch.arange(n, device=device)[None, :] * batch + torch.arange(batch, device=device)[:, None]
-    masks[draft_rows.reshape(-1), word.reshape(-1)] = torch.where(clear, words & ~bits, words).reshape(-1)
-    j = torch.arange(n + 1, device=device)
-    return (masks, temps.repeat(n + 1), seeds.repeat(n + 1), (offsets[None, :] + j[:, None]).reshape(-1),
-            streams.repeat(n + 1))
-
-
-def _finish_step(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, emitted_rows: Tensor, lse_rows: Tensor,
-                 token_logp_rows: Tensor, base: Tensor | None, bias: Tensor | None, step: _Step, vocab_start: int,
-                 return_logprobs: bool) -> SpeculativeOutput:
-    """The acceptance walk after the fused op (``_speculative_finish``) in torch ops: the draft's
-    logit, ``p_j(d_j)`` from the emitted row's log-sum-exp with the draft's term added back, the
-    acceptance uniforms, then the step's tokens (and their log-probabilities)."""
-    batch, positions, _ = hidden.shape
-    n, vocab = step.n, weight.shape[0]
-    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    draft_allowed = inside if base is None else draft_words(base, safe, inside)[3]
-    cleared = draft_allowed & ~step.greedy[:, None]
-    emitted = emitted_rows.reshape(positions, batch).T  # [B, n + 1]
-    lse = lse_rows.reshape(positions, batch).T.double()
-    # The draft's logit: raw dot product, then the op's rule (scale, soft-cap, bias), then 1 / T.
-    raw = (hidden[:, :n].float() * weight[safe].float()).sum(dim=2)
-    x_draft = torch.ops.flashsampling._model_logits(raw, step.logit_scale, step.logit_softcap)
-    if bias is not None:
-        x_draft = x_draft + bias[safe]
-    y_draft = (x_draft * y_scales(step)[:, None]).double()
-    num_accepted, logp_draft, lse_full = one_hot_acceptance(step, draft_token_ids, emitted, lse, y_draft,
-                                                            draft_allowed, cleared, inside)
-    if not return_logprobs:
-        return step_output(draft_token_ids, emitted, num_accepted, None, None)
-    # The op's log-probability is over its row's tokens (the draft left out): back to the whole row.
-    emitted_logp = token_logp_rows.reshape(positions, batch).T.double() + lse - lse_full
-    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, logp_draft, torch.nan),
-                       emitted_logp)
-
-
-@torch.library.register_fake("flashsampling::_speculative_rows")
-def _speculative_rows_fake(drafts, temperatures, seeds, offsets, streams, allowed_mask, vocab, vocab_start):
-    rows = (drafts.shape[1] + 1) * drafts.shape[0]
-    return (drafts.new_empty((rows, (vocab + 31) // 32), dtype=torch.int32), temperatures.new_empty((rows,)),
-            seeds.new_empty((rows,)), offsets.new_empty((rows,)), streams.new_empty((rows,)))
-
-
-@torch.library.register_fake("flashsampling::_speculative_finish")
-def _speculative_finish_fake(hidden, weight, drafts, emitted, lse, token_logprobs, temperatures, seeds, offsets,
-                             streams, allowed_mask, logit_bias, logit_scale, logit_softcap, vocab_start):
-    batch, positions, _ = hidden.shape
-    return (hidden.new_empty((batch, positions), dtype=torch.int64), hidden.new_empty((batch,), dtype=torch.int64),
-            hidden.new_empty((batch if token_logprobs is not None else 0, positions), dtype=torch.float32))
+    """:func:`speculative_sample` for one-hot drafts: each position's token ``t_j``, then the
+    prefix where it is the draft (module docstring). Without truncation, bf16 / fp16 on CUDA and
+    anything on the CPU take :func:`position_tokens_fused`, the rest
+    :func:`position_tokens_from_logits`."""
+    fused = step.truncation is None and (not hidden.is_cuda or hidden.dtype in (torch.bfloat16, torch.float16))
+    tokens_of = position_tokens_fused if fused else position_tokens_from_logits
+    emitted, logp = tokens_of(hidden, weight, logit_bias, allowed_mask, step, vocab_start, return_logprobs)
+    return one_hot_output(draft_token_ids, emitted, logp)
 
 
 def empty_output(hidden: Tensor, n: int, return_logprobs: bool) -> SpeculativeOutput:
@@ -554,43 +504,61 @@ def speculative_sample(
     if step.batch == 0:
         return empty_output(hidden, n, return_logprobs)
     check_draft_values("flashsampling.speculative_sample", draft_token_ids, draft_probs, vocab_start + weight.shape[0])
-    if draft_probs is None and step.truncation is None:
-        if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16) and n + 1 <= FUSED_MAX_POSITIONS:
-            return verify_one_hot_fused(hidden, weight, draft_token_ids, logit_bias, allowed_mask, step, vocab_start,
-                                        return_logprobs)
+    if draft_probs is None:
         return verify_one_hot(hidden, weight, draft_token_ids, logit_bias, allowed_mask, step, vocab_start,
                               return_logprobs)
     return verify(hidden, weight, draft_token_ids, draft_probs, logit_bias, allowed_mask, step, vocab_start,
                   return_logprobs)
 
 
-def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor | None,
-           logit_bias: Tensor | None, allowed_mask: Tensor | None, step: _Step, vocab_start: int,
-           return_logprobs: bool) -> SpeculativeOutput:
-    """:func:`speculative_sample` for any drafts and truncation: the float64 log-probabilities of
-    every position, then each position's sample (:func:`position_samples`)."""
-    n = step.n
+def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor, logit_bias: Tensor | None,
+           allowed_mask: Tensor | None, step: _Step, vocab_start: int, return_logprobs: bool) -> SpeculativeOutput:
+    """:func:`speculative_sample` for sampled drafts from the fp32 logits computed once (cuBLAS on
+    CUDA): each draft position's log-sum-exp (fp32) and ``p(d)``, the acceptance walk, then one
+    sample a row at the position it stops (``j* = num_accepted``): of the residual
+    ``max(0, p - q)`` after a rejection, of the target at the bonus position, the argmax on
+    greedy rows. No ``[B, n + 1, V]`` float64 table: the residual is formed for the ``B`` rows
+    that need it."""
+    batch, positions, vocab = hidden.shape[0], hidden.shape[1], weight.shape[0]
+    n, device = step.n, hidden.device
     x, y, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
-    logp = torch.log_softmax(masked_target(y, allowed), dim=2)  # the target's log-probabilities, float64
-
-    # Acceptance of each draft.
-    safe, inside = draft_columns(draft_token_ids, vocab_start, weight.shape[0])
-    p_draft = torch.where(inside, logp[:, :n].gather(2, safe[:, :, None])[:, :, 0].exp(), 0.0)
-    q = q_draft = None
-    if draft_probs is not None:
-        q = draft_probs.to(hidden.device)  # float64 one position at a time, not [B, n, V] at once
-        q_draft = q.gather(2, safe[:, :, None])[:, :, 0].double()
-    argmax = torch.where(torch.isnan(y[:, :n]), -torch.inf, y[:, :n])
     if allowed is not None:
-        argmax = argmax.masked_fill(~allowed[:, :n], -torch.inf)
-    best = argmax.max(dim=2)  # first index of the max: ties to the smaller index
-    # A greedy row accepts the draft that is its argmax, never where nothing is allowed.
+        y = y.masked_fill(~allowed, -torch.inf)
+    lse = torch.logsumexp(y[:, :n], dim=2)  # [B, n]: the draft positions' normalisers
+
+    # Acceptance of each draft: u < min(1, p(d) / q(d)); a greedy row while the draft is the argmax.
+    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
+    y_draft = y[:, :n].gather(2, safe[:, :, None])[:, :, 0]
+    p_draft = torch.where(inside, (y_draft - lse).double().exp(), 0.0)
+    q = draft_probs.to(device)
+    q_draft = q.gather(2, safe[:, :, None])[:, :, 0].double()
+    best = y[:, :n].max(dim=2)  # ties to the smaller index (a row with a NaN logit: NaN, no draft matches)
     num_accepted = accepted_count(step, acceptance_probability(p_draft, q_draft, inside),
                                   (safe == best.indices) & inside & (best.values > -torch.inf))
 
-    # The sample each position would emit: corrective (j < n) or bonus (j = n).
-    emitted, _ = position_samples(x, allowed, step, safe, inside, logp, q, vocab_start, -1)
+    # The emitted token: one row of logits per batch row at j*, with -inf for what it excludes.
+    rows = torch.arange(batch, device=device)
+    stop = num_accepted.clamp(max=positions - 1)
+    y_stop, x_stop = y[rows, stop], x[rows, stop]
+    residual_row = (num_accepted < n) & ~step.greedy
+    lse_stop = lse[rows, stop.clamp(max=max(n - 1, 0))] if n > 0 else y_stop.new_zeros(batch)
+    q_stop = q[rows, stop.clamp(max=max(n - 1, 0))].float() if n > 0 else torch.zeros_like(y_stop)
+    residual = torch.log((torch.exp(y_stop - lse_stop[:, None]) - q_stop).clamp(min=0.0))
+    # x where the row samples the target (its temperature applies; -inf outside its survivors).
+    logits = torch.where(residual_row[:, None], residual, torch.where(y_stop > -torch.inf, x_stop, -torch.inf))
+    temps = torch.where(residual_row, 1.0, step.temps)
+    token, _, _, _ = torch.ops.flashsampling.sample_from_logits(
+        logits, temperature=1.0, temperatures=temps, num_samples=1,
+        seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=step.offsets + num_accepted,
+        generator=None, logit_bias=None, allowed_mask=pack_allowed_mask(logits > -torch.inf), empty_mask_token=-1,
+        vocab_start=vocab_start, return_logprobs=False)
+    emitted = token.expand(batch, positions)  # step_output reads it at j*
     if not return_logprobs:
         return step_output(draft_token_ids, emitted, num_accepted, None, None)
-    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, values_at(logp[:, :n], safe),
-                       torch.nan), values_at(logp, emitted - vocab_start))
+    local = token[:, 0] - vocab_start
+    found = (local >= 0) & (local < vocab)
+    y_token = y_stop.gather(1, torch.where(found, local, 0)[:, None])[:, 0]
+    lse_all = torch.cat([lse, torch.logsumexp(y[:, n], dim=1)[:, None]], dim=1)  # [B, n + 1]
+    emitted_logp = torch.where(found, y_token - lse_all[rows, stop], torch.nan).double()
+    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, y_draft - lse, torch.nan).double(),
+                       emitted_logp[:, None].expand(batch, positions))

@@ -20,9 +20,9 @@ UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels(
 
 
 def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True,
-           logit_transforms_only=False):
+           plain_loop_extras=False):
     return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
-                                                  top_candidates_epilogue_warpgroups, logit_transforms_only)
+                                                  top_candidates_epilogue_warpgroups, plain_loop_extras)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -88,6 +88,33 @@ def test_other_architectures_have_no_kernel():
     assert choice(80, "plain", 4) == "" and choice(120, "plain", 4) == ""
 
 
+def test_plain_loop_extras():
+    """What the plain epilogue-warpgroup loop takes beside plain sampling (sampler_loop.h's
+    needs_only_plain_loop_extras): the scale / soft-cap and / or the penalties alone, or several
+    samples alone of a batch of B % 4 == 0 rows; never with another control, per-row keys or each
+    other, never plain sampling itself."""
+    extras = torch.ops.flashsampling._plain_loop_extras
+    assert extras(model_transform=True) and extras(penalties=True) and extras(model_transform=True, penalties=True)
+    assert extras(num_samples=5, batch_size=8) and extras(num_samples=2, batch_size=64)
+    assert not extras() and not extras(batch_size=8)
+    assert not extras(num_samples=5, batch_size=6)  # columns past a row quad: keyed noise
+    assert not extras(num_samples=5, batch_size=8, per_row_keys=True)
+    assert not extras(num_samples=5, batch_size=8, model_transform=True)
+    assert not extras(num_samples=5, batch_size=8, per_row_temperatures=True)
+    assert not extras(penalties=True, allowed_mask=True) and not extras(model_transform=True, logprobs=True)
+
+
+@pytest.mark.parametrize("columns", [17, 64, 65, 128, 320, 1000])
+def test_several_samples_alone_run_the_plain_kernel_beyond_64_columns(columns):
+    """Several samples alone on row quads (speculative verification's positions) run the plain
+    epilogue-warpgroup kernel beyond 64 columns on sm90; otherwise the loop for all controls'
+    kernels."""
+    unit = choice(90, loop(num_samples=2), columns, plain_loop_extras=True)
+    assert ("_plain_" if columns > 64 else "_common_controls_") in unit and unit in UNITS, unit
+    assert "_plain_" not in choice(90, loop(num_samples=2), columns)
+    assert "_all_controls_" in choice(100, loop(num_samples=2), columns, plain_loop_extras=True)
+
+
 def test_bad_arguments_name_themselves():
     with pytest.raises(RuntimeError, match="loop must be"):
         choice(90, "plain_loop", 4)
@@ -132,15 +159,15 @@ def test_penalised_calls_run_the_controls_kernels(columns):
 @pytest.mark.parametrize("needs", [dict(model_transform=True), dict(penalties=True),
                                    dict(model_transform=True, penalties=True)], ids=lambda n: "+".join(n))
 def test_logit_transform_calls_run_the_controls_kernels_up_to_64_columns(columns, needs):
-    """A soft-capped (or scaled) and / or penalised call with nothing else (logit_transforms_only) runs the common
+    """A soft-capped (or scaled) and / or penalised call with nothing else (plain_loop_extras) runs the common
     controls' kernels up to 64 columns (the CUTLASS pingpong tile up to 16 on sm90, the
     epilogue-warpgroup kernels beyond) and on sm100 (the visitor's); beyond 64 columns on sm90 the
     plain epilogue-warpgroup kernel, whose loop applies them. With another control beside them,
     the controls' kernels."""
     needs = loop(**needs)
     for arch in (90, 100):
-        unit = choice(arch, needs, columns, logit_transforms_only=True)
+        unit = choice(arch, needs, columns, plain_loop_extras=True)
         plain = arch == 90 and columns > 64
         assert ("_plain_" if plain else "_common_controls_") in unit and unit in UNITS, unit
         assert "_common_controls_" in choice(arch, needs, columns), columns
-    assert ("epilogue_warpgroups" in choice(90, needs, columns, logit_transforms_only=True)) == (columns > 16)
+    assert ("epilogue_warpgroups" in choice(90, needs, columns, plain_loop_extras=True)) == (columns > 16)

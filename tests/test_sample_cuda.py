@@ -536,7 +536,8 @@ def test_per_row_keys_on_the_common_controls_loop(batch, keys):
 
 
 # (batch, num_samples, seeding, controls): several samples (GEMM column s * B + b) and sparse bias on
-# the epilogue-warpgroup kernels' controls loop from 17 columns. Batch-wide seeds with
+# the epilogue-warpgroup kernels' controls loop from 17 columns (several samples alone on row
+# quads beyond 64 columns: the plain loop's). Batch-wide seeds with
 # B % 4 == 0 take the Philox block of a whole row quad, other batches a key per column; 64- and
 # 128-wide tiles, column pairs, several N tiles.
 SEVERAL_SAMPLES_AND_SPARSE_CASES = [
@@ -548,6 +549,9 @@ SEVERAL_SAMPLES_AND_SPARSE_CASES = [
     (130, 1, "batch", "all"),       # 130: two N tiles, the second almost empty
     (45, 5, "per_row", "all"),      # 225: per-row seeds and offsets with several samples
     (33, 7, "offsets", "sparse"),   # 231: per-row offsets, sparse
+    (32, 3, "batch", "none"),       # 96: several samples alone on row quads: the plain loop's kernel
+    (64, 4, "batch", "none"),       # 256: the same on a column pair
+    (30, 4, "batch", "none"),       # 120: several samples alone, 30 % 4 = 2: the controls' loop
 ]
 
 

@@ -168,35 +168,36 @@ def test_greedy_row_that_allows_nothing_accepts_no_draft_and_empty_batches():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("truncated", [False, True])
 @pytest.mark.parametrize("per_row_seed", [False, True])
-def test_one_hot_route_equals_the_general_route(device, masked, per_row_seed):
-    """verify_one_hot (one-hot drafts, no truncation: p(d) from the sample's log-sum-exp; one call
-    for every position with per-row seeds) and the general route (float64 log-softmax of every
-    position, a call a position) give the same step."""
-    from flashsampling_cuda import speculative
-
-    batch, n, vocab, dim = 30, 3, 500, 32
-    hidden, weight = problem(batch, n + 1, vocab, dim, device, seed=8, scale=4.0)
-    g = torch.Generator().manual_seed(9)
-    x = hidden.float() @ weight.float().T
-    drafts = torch.where(torch.rand(batch, n, generator=g) < 0.7, x[:, :n].argmax(2).cpu(),
+def test_one_hot_tokens_are_the_plain_samples(device, truncated, per_row_seed):
+    """One-hot drafts: the token at every emitted position j is the token sample() draws from
+    hidden[:, j] at offset + j (the same noise, truncation included), the drafts before it are
+    those tokens, and the emitted one is not its draft; log-probabilities are sample()'s."""
+    batch, n, vocab, dim = 24, 3, 700, 32
+    hidden, weight = exact_problem(batch, n + 1, vocab, dim, device, seed=12)
+    g = torch.Generator().manual_seed(13)
+    x = hidden.float().cpu() @ weight.float().cpu().T
+    drafts = torch.where(torch.rand(batch, n, generator=g) < 0.8, x[:, :n].argmax(2),
                          torch.randint(0, vocab, (batch, n), generator=g)).to(device)
-    temps = torch.tensor([0.0, 0.6, 1.1] * (batch // 3), device=device)
-    mask = None
-    if masked:
-        bits = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
-        mask = (bits.to(torch.int32) | 0x1).to(device)
-    seed = torch.arange(batch, device=device) * 7 + 3 if per_row_seed else 3
-    offset = torch.arange(batch, device=device) % 4 + 7 if per_row_seed else 7
-    step = speculative.parse_step("test", hidden, weight, drafts, None, temps, seed, offset, None, None, None, None,
-                                  allowed_mask=mask)
-    args = (hidden, weight, drafts)
-    fast = speculative.verify_one_hot(*args, None, mask, step, 0, True)
-    general = speculative.verify(*args, None, None, mask, step, 0, True)
-    assert torch.equal(fast.tokens, general.tokens)
-    assert torch.equal(fast.num_accepted, general.num_accepted)
-    torch.testing.assert_close(fast.logprobs, general.logprobs, atol=1e-5, rtol=1e-5, equal_nan=True)
+    temps = torch.tensor([0.0, 0.4, 0.9, 1.5] * (batch // 4), device=device)
+    seed = torch.arange(batch, device=device) * 5 + 2 if per_row_seed else 2
+    offset = torch.arange(batch, device=device) % 3 + 4 if per_row_seed else 4
+    extra = dict(top_k=torch.randint(1, 40, (batch,), generator=g).to(device), top_p=0.8) if truncated else {}
+    out = fs.speculative_sample(hidden, weight, drafts, temperature=temps, seed=seed, offset=offset,
+                                return_logprobs=True, **extra)
+    for j in range(n + 1):
+        plain = fs.sample(hidden[:, j], weight, temperature=temps, seed=seed, offset=offset + j, return_logprobs=True,
+                          **extra)
+        emitted = out.num_accepted >= j
+        assert torch.equal(out.tokens[emitted, j], plain.tokens[emitted, 0]), j
+        torch.testing.assert_close(out.logprobs[emitted, j], plain.logprobs[emitted, 0], atol=2e-5, rtol=2e-5)
+        if j < n:
+            accepted = out.num_accepted > j
+            assert torch.equal(out.tokens[accepted, j], drafts[accepted, j])
+            stopped = out.num_accepted == j
+            assert (plain.tokens[stopped, 0] != drafts[stopped, j]).all()
+    assert (out.num_accepted > 0).any() and (out.num_accepted < n).any()  # acceptances and rejections
 
 
 def exact_problem(batch, positions, vocab, dim, device, seed):
@@ -212,12 +213,12 @@ def exact_problem(batch, positions, vocab, dim, device, seed):
 @pytest.mark.parametrize("masked", [False, True])
 @pytest.mark.parametrize("per_row_seed", [False, True])
 @pytest.mark.parametrize("transforms", [False, True])
-def test_fused_one_hot_route_equals_the_logits_routes(device, masked, per_row_seed, transforms):
-    """verify_one_hot_fused (one fused call over the B * (n + 1) rows, the op's streams carrying
-    row b's noise to position j's row; CUDA's route) returns the tokens, acceptances and
-    log-probabilities of verify_one_hot and of the general route (logits materialised) on logits
-    all three compute exactly: greedy and sampled rows, a mask, a bias, scale and soft-cap,
-    batch-wide and per-row seeds, a vocab_start."""
+def test_fused_one_hot_route_equals_the_logits_route(device, masked, per_row_seed, transforms):
+    """position_tokens_fused (one fused call over the B * (n + 1) rows, the op's streams carrying
+    row b's noise to position j's row) returns the tokens and log-probabilities of
+    position_tokens_from_logits (the logits materialised, a sample_from_logits call a position)
+    on logits both compute exactly: greedy and sampled rows, a mask, a bias, scale and soft-cap,
+    batch-wide and per-row seeds, a vocab_start; and the same tokens without log-probabilities."""
     from flashsampling_cuda import speculative
 
     batch, n, vocab, dim, vocab_start = 36, 3, 700, 32, 5
@@ -238,30 +239,50 @@ def test_fused_one_hot_route_equals_the_logits_routes(device, masked, per_row_se
     scale, softcap = (0.5, 8.0) if transforms else (1.0, None)
     step = speculative.parse_step("test", hidden, weight, drafts, None, temps, seed, offset, None, None, None, None,
                                   scale, softcap, bias, mask)
-    fused = speculative.verify_one_hot_fused(hidden, weight, drafts, bias, mask, step, vocab_start, True)
-    logits_route = speculative.verify_one_hot(hidden, weight, drafts, bias, mask, step, vocab_start, True)
-    general = speculative.verify(hidden, weight, drafts, None, bias, mask, step, vocab_start, True)
-    others = [logits_route, general]
-    if device == "cuda":  # the two kernels against their steps in torch ops
-        others.append(speculative.verify_one_hot_fused(hidden, weight, drafts, bias, mask, step, vocab_start, True,
-                                                       kernels=False))
-        without = speculative.verify_one_hot_fused(hidden, weight, drafts, bias, mask, step, vocab_start, False)
-        assert torch.equal(without.tokens, fused.tokens) and without.logprobs is None
-    for other in others:
-        assert torch.equal(fused.tokens, other.tokens)
-        assert torch.equal(fused.num_accepted, other.num_accepted)
-        torch.testing.assert_close(fused.logprobs, other.logprobs, atol=2e-5, rtol=2e-5, equal_nan=True)
-    assert (fused.num_accepted > 0).any() and (fused.num_accepted < n).any()  # acceptances and rejections
+    args = (hidden, weight, bias, mask, step, vocab_start)
+    fused, fused_logp = speculative.position_tokens_fused(*args, True)
+    logits_route, logits_logp = speculative.position_tokens_from_logits(*args, True)
+    assert torch.equal(fused, logits_route)
+    torch.testing.assert_close(fused_logp, logits_logp, atol=2e-5, rtol=2e-5, equal_nan=True)
+    without, none = speculative.position_tokens_fused(*args, False)
+    assert torch.equal(without, fused) and none is None
+    out = speculative.one_hot_output(drafts, fused, fused_logp)
+    assert (out.num_accepted > 0).any() and (out.num_accepted < n).any()  # acceptances and rejections
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_speculative_sample_takes_the_fused_route_on_cuda(device, monkeypatch):
-    """speculative_sample's one-hot steps without truncation run verify_one_hot_fused on CUDA
-    (bf16 / fp16) and verify_one_hot on the CPU; with truncation neither."""
+@pytest.mark.parametrize("per_row", [False, True])
+def test_sample_positions_op(device, per_row):
+    """flashsampling._sample_positions (the fused route's op): opcheck (schema, fake kernel,
+    torch.compile's dispatch), each position's tokens equal sample()'s at offset + j, and a clear
+    error for rows that are not positions * B."""
+    batch, positions, vocab, dim = 8, 3, 300, 16
+    hidden, weight = exact_problem(batch, positions, vocab, dim, device, seed=2)
+    rows = hidden.transpose(0, 1).reshape(positions * batch, dim)
+    seed = torch.arange(batch, device=device) + 4 if per_row else torch.tensor(4, device=device)
+    offset = torch.arange(batch, device=device) * 3 if per_row else torch.tensor(9, device=device)
+    temps = torch.tensor([0.0, 0.7] * (batch // 2), device=device)
+    kwargs = dict(temperatures=temps, seed=seed, offset=offset, return_logprobs=True)
+    torch.library.opcheck(torch.ops.flashsampling._sample_positions.default, (rows, weight, positions), kwargs)
+    tokens, _, logp = torch.ops.flashsampling._sample_positions(rows, weight, positions, **kwargs)
+    assert tokens.shape == logp.shape == (batch, positions)
+    for j in range(positions):
+        plain = fs.sample(hidden[:, j], weight, temperature=temps, seed=seed, offset=offset + j, return_logprobs=True)
+        assert torch.equal(tokens[:, j], plain.tokens[:, 0])
+        torch.testing.assert_close(logp[:, j], plain.logprobs[:, 0], atol=2e-5, rtol=2e-5)
+    with pytest.raises(RuntimeError, match=r"_sample_positions: hidden must be \[positions \* B, D\]"):
+        torch.ops.flashsampling._sample_positions(rows[:-1], weight, positions, seed=seed, offset=offset)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_speculative_sample_routes(device, monkeypatch):
+    """speculative_sample's one-hot steps without truncation run position_tokens_fused (bf16 on
+    CUDA, the CPU op on the CPU), with truncation position_tokens_from_logits; sampled drafts
+    verify."""
     from flashsampling_cuda import speculative
 
     calls = []
-    for name in ("verify_one_hot_fused", "verify_one_hot", "verify"):
+    for name in ("position_tokens_fused", "position_tokens_from_logits", "verify"):
         original = getattr(speculative, name)
         monkeypatch.setattr(speculative, name,
                             lambda *a, _name=name, _original=original, **k: calls.append(_name) or _original(*a, **k))
@@ -269,7 +290,8 @@ def test_speculative_sample_takes_the_fused_route_on_cuda(device, monkeypatch):
     drafts = torch.zeros(4, 2, dtype=torch.int64, device=device)
     fs.speculative_sample(hidden, weight, drafts, seed=1)
     fs.speculative_sample(hidden, weight, drafts, seed=1, top_k=5)
-    assert calls == ["verify_one_hot_fused" if device == "cuda" else "verify_one_hot", "verify"]
+    fs.speculative_sample(hidden, weight, drafts, torch.full((4, 2, 300), 1 / 300, device=device), seed=1)
+    assert calls == ["position_tokens_fused", "position_tokens_from_logits", "verify"]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -160,7 +160,8 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   DispatchOptions const options = sampler_dispatch_options();
   KernelChoice const choice =
       choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
-                    options.top_candidates_epilogue_warpgroups, !p.fused_truncation && needs_only_logit_transforms(needs));
+                    options.top_candidates_epilogue_warpgroups,
+                    !p.fused_truncation && needs_only_plain_loop_extras(needs, p.batch_size));
   return p.element_type == ElementType::kBFloat16 ? config_for<cutlass::bfloat16_t>(choice)
                                                   : config_for<cutlass::half_t>(choice);
 }

@@ -270,4 +270,10 @@ void check_mask_rows_nonempty(int64_t vocab, const SampleArgs& args, bool captur
               first, "); fix the mask, or pass empty_mask_token to get that token for such rows");
 }
 
+void check_position_rows(const at::Tensor& hidden, int64_t positions) {
+  TORCH_CHECK(positions >= 1 && hidden.dim() == 2 && hidden.size(0) % positions == 0,
+              "flashsampling._sample_positions: hidden must be [positions * B, D] with positions >= 1, got positions=",
+              positions, " and hidden of shape ", hidden.sizes());
+}
+
 }  // namespace flashsampling

@@ -128,6 +128,9 @@ inline bool has_per_row_seed(const std::optional<at::Tensor>& seed) {
 
 using SampleImpl = SampleResult (*)(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args);
 
+// flashsampling._sample_positions' layout: positions >= 1 dividing hidden's rows [P * B, D].
+void check_position_rows(const at::Tensor& hidden, int64_t positions);
+
 // The two ops' entry points for one backend implementation.
 template <SampleImpl Impl>
 struct SampleOps {

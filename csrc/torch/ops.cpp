@@ -15,7 +15,7 @@ namespace {
 // file stem in csrc/kernels/instantiations/, "" for an architecture without kernels. A pure
 // function, so CPU builds answer it too (tests/test_kernel_choice.py).
 std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters,
-                          bool top_candidates_epilogue_warpgroups, bool logit_transforms_only) {
+                          bool top_candidates_epilogue_warpgroups, bool plain_loop_extras) {
   using flashsampling::SamplerLoop;
   SamplerLoop kind = static_cast<SamplerLoop>(-1);
   for (int i = 0; i < flashsampling::kSamplerLoops; ++i) {
@@ -26,15 +26,14 @@ std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns
   TORCH_CHECK(columns >= 1, "flashsampling._kernel_choice: columns must be >= 1, got ", columns);
   return flashsampling::kernel_unit_name(
       flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters,
-                                   top_candidates_epilogue_warpgroups, logit_transforms_only),
+                                   top_candidates_epilogue_warpgroups, plain_loop_extras),
       bf16);
 }
 
-// The epilogue loop a call with these needs (sampler_loop.h's sampler_loop_for), by the name
-// _kernel_choice takes; a pure function, as above.
-std::string sampler_loop(bool model_transform, bool penalties, bool per_row_temperatures, bool logit_bias, bool allowed_mask,
-                         bool logprobs, bool sparse_bias, bool per_row_keys, int64_t num_samples) {
-  TORCH_CHECK(num_samples >= 1, "flashsampling._sampler_loop: num_samples must be >= 1, got ", num_samples);
+flashsampling::LoopNeeds loop_needs_of(const char* op, bool model_transform, bool penalties,
+                                       bool per_row_temperatures, bool logit_bias, bool allowed_mask, bool logprobs,
+                                       bool sparse_bias, bool per_row_keys, int64_t num_samples) {
+  TORCH_CHECK(num_samples >= 1, op, ": num_samples must be >= 1, got ", num_samples);
   flashsampling::LoopNeeds needs;
   needs.model_transform = model_transform;
   needs.penalties = penalties;
@@ -45,7 +44,27 @@ std::string sampler_loop(bool model_transform, bool penalties, bool per_row_temp
   needs.sparse_bias = sparse_bias;
   needs.per_row_keys = per_row_keys;
   needs.num_samples = static_cast<int>(std::min<int64_t>(num_samples, 2));  // only 1 or more matters
-  return flashsampling::sampler_loop_name(flashsampling::sampler_loop_for(needs));
+  return needs;
+}
+
+// The epilogue loop a call with these needs (sampler_loop.h's sampler_loop_for), by the name
+// _kernel_choice takes; a pure function, as above.
+std::string sampler_loop(bool model_transform, bool penalties, bool per_row_temperatures, bool logit_bias, bool allowed_mask,
+                         bool logprobs, bool sparse_bias, bool per_row_keys, int64_t num_samples) {
+  return flashsampling::sampler_loop_name(flashsampling::sampler_loop_for(
+      loop_needs_of("flashsampling._sampler_loop", model_transform, penalties, per_row_temperatures, logit_bias,
+                    allowed_mask, logprobs, sparse_bias, per_row_keys, num_samples)));
+}
+
+// Whether the plain epilogue-warpgroup loop also takes such a call of batch_size rows
+// (sampler_loop.h's needs_only_plain_loop_extras: _kernel_choice's plain_loop_extras).
+bool plain_loop_extras(bool model_transform, bool penalties, bool per_row_temperatures, bool logit_bias,
+                       bool allowed_mask, bool logprobs, bool sparse_bias, bool per_row_keys, int64_t num_samples,
+                       int64_t batch_size) {
+  return flashsampling::needs_only_plain_loop_extras(
+      loop_needs_of("flashsampling._plain_loop_extras", model_transform, penalties, per_row_temperatures, logit_bias,
+                    allowed_mask, logprobs, sparse_bias, per_row_keys, num_samples),
+      batch_size);
 }
 
 }  // namespace
@@ -129,18 +148,18 @@ TORCH_LIBRARY(flashsampling, m) {
   // (None: off). CUDA only: elsewhere the same bits come from torch ops.
   m.def("_penalty_values(Tensor ids, Tensor output_counts, float? frequency=None, Tensor? frequencies=None, "
         "float? presence=None, Tensor? presences=None) -> Tensor");
-  // One-hot speculative verification around the fused op (flashsampling_cuda/speculative.py,
-  // verify_one_hot_fused; flashsampling/speculative_launch.h): the position-major rows' int32
-  // masks [(n + 1) * B, ceil(V / 32)] (the draft left out on sampled rows), temperatures, seeds,
-  // offsets (+ j) and streams; and after the op the acceptance walk -> (tokens [B, n + 1], num_accepted [B], logprobs
-  // [B, n + 1] float32, or [0, n + 1] without token_logprobs). CUDA only.
-  m.def("_speculative_rows(Tensor drafts, Tensor temperatures, Tensor seeds, Tensor offsets, Tensor streams, "
-        "Tensor? allowed_mask, int vocab, int vocab_start) -> (Tensor masks, Tensor temperatures, Tensor seeds, "
-        "Tensor offsets, Tensor streams)");
-  m.def("_speculative_finish(Tensor hidden, Tensor weight, Tensor drafts, Tensor emitted, Tensor lse, "
-        "Tensor? token_logprobs, Tensor temperatures, Tensor seeds, Tensor offsets, Tensor streams, "
-        "Tensor? allowed_mask, Tensor? logit_bias, float logit_scale, float? logit_softcap, int vocab_start) "
-        "-> (Tensor tokens, Tensor num_accepted, Tensor logprobs)");
+  // Speculative verification's position rows (flashsampling_cuda/speculative.py,
+  // position_tokens_fused): hidden [P * B, D], position-major. Position p of batch row b is GEMM
+  // column p * B + b and draws the noise of sample p of row b (sample's layout of several samples:
+  // a batch-wide seed's column quads share their Philox blocks), with row b's temperature, bias and
+  // mask. seed and offset: int64 0-d or [B]. -> tokens, scores and token_logprobs [B, P] (each
+  // under its own position's distribution; token_logprobs [0] without return_logprobs). CUDA; the
+  // CPU kernel is speculative.py's, the same rows through sample_with_scores.
+  m.def("_sample_positions(Tensor hidden, Tensor weight, int positions, *, float temperature=1.0, "
+        "Tensor? temperatures=None, Tensor seed, Tensor offset, Tensor? logit_bias=None, Tensor? allowed_mask=None, "
+        "int? empty_mask_token=None, int vocab_start=0, float logit_scale=1.0, float? logit_softcap=None, "
+        "bool return_logprobs=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs)",
+        {at::Tag::nondeterministic_seeded});
   // The model-side transforms of fp32 raw logits (any shape), elementwise: fl(l * logit_scale),
   // then fl(cap * tanh(fl(l * fl(1 / cap)))) with philox_gumbel.h's tanh (fs_model_logit), the
   // bits the fused op computes in its epilogue; the logits route applies them with this op.
@@ -171,12 +190,16 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_gumbel_upper_bound(Tensor bits) -> Tensor");
   // The dispatch's kernel choice (above).
   m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True, "
-        "bool top_candidates_epilogue_warpgroups=True, bool logit_transforms_only=False) -> str",
+        "bool top_candidates_epilogue_warpgroups=True, bool plain_loop_extras=False) -> str",
         &kernel_choice);
   m.def("_sampler_loop(*, bool model_transform=False, bool penalties=False, bool per_row_temperatures=False, "
         "bool logit_bias=False, bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "
         "int num_samples=1) -> str",
         &sampler_loop);
+  m.def("_plain_loop_extras(*, bool model_transform=False, bool penalties=False, bool per_row_temperatures=False, "
+        "bool logit_bias=False, bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, "
+        "bool per_row_keys=False, int num_samples=1, int batch_size=1) -> bool",
+        &plain_loop_extras);
 }
 
 // `import flashsampling_cuda._C` loads this library (and so runs the registrations

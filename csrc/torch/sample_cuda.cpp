@@ -147,8 +147,12 @@ void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const F
   check_per_row_truncation(prefix, hidden, "hidden's", top.top_ks, top.top_ps, top.min_ps);
 }
 
-SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args,
-                              const FusedTopK* top) {
+// `position_rows`: the flashsampling._sample_positions layout, `gemm_hidden` [S * B, D] holding
+// a row per (sample, batch row), sample-major, in place of the batch S times; the batch is its
+// first B rows (every check and the noise's [B] arrays take their shape from those).
+SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& weight, const SampleArgs& args,
+                              const FusedTopK* top, bool position_rows = false) {
+  const at::Tensor hidden = position_rows ? gemm_rows.narrow(0, 0, gemm_rows.size(0) / args.num_samples) : gemm_rows;
   check_sample_args(hidden, weight, args);
   if (top != nullptr) check_fused_top_k(hidden, args, *top);
   c10::cuda::CUDAGuard guard(hidden.device());
@@ -181,7 +185,7 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
     return result;
   }
   check_tma_operand(weight, "weight");
-  check_tma_operand(hidden, "hidden");
+  check_tma_operand(gemm_rows, "hidden");
   check_mask_rows_nonempty(weight, args, current_stream_capturing());
 
   const DeviceInfo device = device_info(hidden.get_device());
@@ -194,7 +198,8 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
   // S samples = S copies of the batch as GEMM columns (sample-major); the copy is
   // S * B * D elements, tiny next to W.
   // (The fused top-k pass draws its samples in stage 2: one column per row.)
-  const at::Tensor gemm_hidden = num_samples == 1 || top != nullptr ? hidden : hidden.repeat({num_samples, 1});
+  const at::Tensor gemm_hidden =
+      num_samples == 1 || top != nullptr || position_rows ? gemm_rows : hidden.repeat({num_samples, 1});
   keep_alive.push_back(gemm_hidden);
   SamplerParams p;
   p.weight = weight.data_ptr();
@@ -295,6 +300,22 @@ SampleResult sample_cuda_impl(const at::Tensor& hidden, const at::Tensor& weight
 
 SampleResult sample_cuda(const at::Tensor& hidden, const at::Tensor& weight, const SampleArgs& args) {
   return sample_cuda_impl(hidden, weight, args, nullptr);
+}
+
+// flashsampling._sample_positions (ops.cpp): S = positions samples whose GEMM columns are the
+// rows of hidden [S * B, D] themselves.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sample_positions_cuda(
+    const at::Tensor& hidden, const at::Tensor& weight, int64_t positions, double temperature,
+    const std::optional<at::Tensor>& temperatures, const at::Tensor& seed, const at::Tensor& offset,
+    const std::optional<at::Tensor>& logit_bias, const std::optional<at::Tensor>& allowed_mask,
+    std::optional<int64_t> empty_mask_token, int64_t vocab_start, double logit_scale,
+    std::optional<double> logit_softcap, bool return_logprobs) {
+  check_position_rows(hidden, positions);
+  const SampleArgs args = SampleOps<&sample_cuda>::make_args(
+      temperature, temperatures, positions, seed, offset, std::nullopt, logit_bias, std::nullopt, std::nullopt,
+      allowed_mask, empty_mask_token, vocab_start, return_logprobs, logit_scale, logit_softcap);
+  SampleResult r = sample_cuda_impl(hidden, weight, args, nullptr, /*position_rows=*/true);
+  return {r.tokens, r.scores, r.token_logprobs};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_top_k_cuda(
@@ -428,6 +449,7 @@ TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
   SampleOps<&sample_cuda>::register_impls(m);
   m.impl("sample_top_k", &sample_top_k_cuda);
+  m.impl("_sample_positions", &sample_positions_cuda);
   m.impl("sample_from_logits", &sample_from_logits_cuda);
 }
 

@@ -39,11 +39,12 @@ inline int sampler_tile_n_for_batch(int64_t columns) {
 // variant of a column-clustered choice (the same tiles; tests compare the two).
 // `top_candidates_epilogue_warpgroups` = false gives the top-k pass beyond 64 columns on sm90
 // CUTLASS's cooperative tile instead of the epilogue-warpgroup kernel (the same outputs bit for
-// bit; tests and benchmarks compare the two). `logit_transforms_only`: the call needs
-// logit_scale / logit_softcap and / or the penalties and nothing else (sampler_loop.h's
-// needs_only_logit_transforms).
+// bit; tests and benchmarks compare the two). `plain_loop_extras`: the call needs nothing but
+// what the plain epilogue-warpgroup loop also applies (sampler_loop.h's
+// needs_only_plain_loop_extras: logit_scale / logit_softcap and / or the penalties, or several
+// samples on row quads).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
-                                  bool top_candidates_epilogue_warpgroups = true, bool logit_transforms_only = false) {
+                                  bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -87,8 +88,11 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // penalties' look-ups only in steps whose exact scores the skip needs (its bounds:
   // fs_softcap_upper_bound, and the logit itself in rows whose penalties only lower logits).
   // There the epilogue bounds the kernel and the controls' loop would pay them on every element;
-  // up to 64 columns the weight's stream hides most of that, and the controls' loop stays.
-  if (loop == SamplerLoop::kCommonControls && logit_transforms_only && tile_n == 128) c.loop = SamplerLoop::kPlain;
+  // up to 64 columns the weight's stream hides most of that, and the controls' loop stays. So
+  // does a call of several samples alone on row quads (speculative verification's positions):
+  // the plain loop draws their noise as plain sampling's, where the controls' loop pays for its
+  // per-column controls.
+  if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras && tile_n == 128) c.loop = SamplerLoop::kPlain;
   // Plain passes of more than 64 columns and controls passes of more than 16 run the kernel with
   // epilogue warpgroups: there the epilogue's work is as long as the mainloop, and warpgroups of
   // its own overlap it with the next tile's GEMM, which CUTLASS's schedules do not

@@ -7,8 +7,9 @@ namespace flashsampling {
 // The epilogue's element loops, each compiled into kernels of its own (code of a loop that
 // is not taken still costs instruction cache: docs/epilogue.md).
 //   kPlain:          is_plain_sampling; on sm90 beyond 64 columns also logit_scale /
-//                    logit_softcap and the penalties alone (the epilogue-warpgroup kernel's
-//                    plain loop applies them: kernel_choice.h, needs_only_logit_transforms).
+//                    logit_softcap and the penalties alone, or several samples of a batch of
+//                    B % 4 == 0 rows alone (the epilogue-warpgroup kernel's plain loop applies
+//                    them: kernel_choice.h, needs_only_plain_loop_extras).
 //   kCommonControls: one sample, batch-wide seed; per-row temperatures (greedy rows), dense
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step;
 //                    and the model-side logit_scale / logit_softcap, and the penalties of
@@ -54,14 +55,21 @@ inline SamplerLoop sampler_loop_for(LoopNeeds const& n) {
   return plain ? SamplerLoop::kPlain : common ? SamplerLoop::kCommonControls : SamplerLoop::kAllControls;
 }
 
-// Whether a call needs logit_scale / logit_softcap and / or the penalties and nothing else: on
-// sm90 beyond 64 columns the plain epilogue-warpgroup kernel takes it (kernel_choice.h), whose
-// loop applies them.
-inline bool needs_only_logit_transforms(LoopNeeds const& n) {
+// Whether a call's needs beyond plain sampling are ones the plain loop of the epilogue-warpgroup
+// kernel also applies, which takes it on sm90 beyond 64 columns (kernel_choice.h): logit_scale /
+// logit_softcap and / or the penalties (its steps apply them), or several samples of a batch of
+// `batch_size` rows with B % 4 == 0 (a quad of GEMM columns is a quad of batch rows of one
+// sample, so the batch-wide seed's Philox block serves it as in plain sampling), each with
+// nothing else.
+inline bool needs_only_plain_loop_extras(LoopNeeds const& n, long long batch_size) {
   LoopNeeds without = n;
   without.model_transform = false;
   without.penalties = false;
-  return (n.model_transform || n.penalties) && sampler_loop_for(without) == SamplerLoop::kPlain;
+  without.num_samples = 1;
+  bool const transforms = n.model_transform || n.penalties;
+  bool const samples = n.num_samples > 1;
+  if (samples && (transforms || batch_size % 4 != 0)) return false;
+  return (transforms || samples) && sampler_loop_for(without) == SamplerLoop::kPlain;
 }
 
 }  // namespace flashsampling

@@ -207,10 +207,12 @@ class Sm90SamplerEpilogueWarpGroups {
                 static_cast<int>(kTopCandidates ? SamplerLoop::kTopCandidates
                                  : kControls    ? SamplerLoop::kAllControls
                                                 : SamplerLoop::kPlain) ||
-            // the plain loop also applies logit_scale / logit_softcap and the penalties alone
-            // (kernel_choice.h)
-            (kLoop == SamplerLoop::kPlain && needs_only_logit_transforms(loop_needs(
-                                                 controls, args.node.noise, args.node.num_samples, args.node.logprobs)))) &&
+            // the plain loop also applies logit_scale / logit_softcap and the penalties alone, and
+            // several samples on row quads alone (kernel_choice.h)
+            (kLoop == SamplerLoop::kPlain &&
+             needs_only_plain_loop_extras(
+                 loop_needs(controls, args.node.noise, args.node.num_samples, args.node.logprobs),
+                 args.node.batch_size))) &&
            (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
                                 controls.logit_softcap == 0.0f &&
                                 (args.node.ptr_row_logits == nullptr || args.node.ptr_lse_parts != nullptr))) &&
@@ -982,8 +984,9 @@ class Sm90SamplerEpilogueWarpGroups {
           constexpr int N = kStepElements;
           float x[N], gumbel[N];
           uint32_t vocab_index[N], column_index[N], bits[N];
-          load_step<false>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
-                           column_index, bits);
+          // (several samples: step_noise_bits' uniform branch on num_samples per block)
+          load_step<true>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
+                          column_index, bits);
           // A call with logit_scale / logit_softcap and / or the penalties alone (fs_model_logit,
           // split, then the penalties, as the controls' loop applies them): the scale here, the
           // soft-cap and the penalties below, in steps whose exact scores are needed. The skip
