@@ -31,9 +31,10 @@ Routes, all without a host sync (CUDA-graph capture, ``torch.compile(fullgraph=T
   temperature, bias and mask at offset ``offset + j``: the target logits never reach memory;
 - one-hot drafts otherwise (:func:`position_tokens_from_logits`: truncation, fp32 on CUDA): the
   target logits computed once, then ``sample_from_logits`` per position, which truncates;
-- sampled drafts (:func:`verify`): the fp32 logits once (cuBLAS on CUDA), each draft position's
-  log-sum-exp and the acceptance walk, then one sample a row at the position where it stops (the
-  residual's, or the bonus token).
+- sampled drafts (:func:`verify`): the fp32 logits once (cuBLAS on CUDA); each draft position's
+  log-sum-exp, argmax and draft value in one pass (``_draft_position_stats``); the acceptance
+  walk; then one sample a row at the position where it stops, from the logits
+  ``_stop_row_logits`` forms there (the residual's, or the bonus token's).
 
 The helpers below are shared with the tensor-parallel verification,
 :func:`flashsampling_cuda.distributed.speculative_sample`.
@@ -284,6 +285,11 @@ def packed_mask(allowed_mask: Tensor | None, device) -> Tensor | None:
     return mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
 
 
+def y_scales(step: _Step) -> Tensor:
+    """float32 ``[B]``: ``y = x * scale``, ``fl32(1 / T)`` on sampled rows and 1 on greedy ones."""
+    return torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)
+
+
 def accepted_while_equal(draft_token_ids: Tensor, emitted: Tensor) -> Tensor:
     """int64 ``[B]``: one-hot drafts' accepted prefix, the positions ``j < n`` in order while
     their token ``emitted [B, n + 1]`` (-1 where the row allows nothing) is the draft."""
@@ -514,51 +520,93 @@ def speculative_sample(
 def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs: Tensor, logit_bias: Tensor | None,
            allowed_mask: Tensor | None, step: _Step, vocab_start: int, return_logprobs: bool) -> SpeculativeOutput:
     """:func:`speculative_sample` for sampled drafts from the fp32 logits computed once (cuBLAS on
-    CUDA): each draft position's log-sum-exp (fp32) and ``p(d)``, the acceptance walk, then one
-    sample a row at the position it stops (``j* = num_accepted``): of the residual
-    ``max(0, p - q)`` after a rejection, of the target at the bonus position, the argmax on
-    greedy rows. No ``[B, n + 1, V]`` float64 table: the residual is formed for the ``B`` rows
-    that need it."""
+    CUDA): each draft position's log-sum-exp, argmax and draft value in one pass
+    (``_draft_position_stats``), the acceptance walk, then one sample a row at the position where
+    it stops (``j* = num_accepted``) from the logits ``_stop_row_logits`` forms there: the
+    residual ``max(0, p - q)`` after a rejection, the target at the bonus position, the argmax on
+    greedy rows."""
     batch, positions, vocab = hidden.shape[0], hidden.shape[1], weight.shape[0]
     n, device = step.n, hidden.device
-    x, y, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
-    if allowed is not None:
-        y = y.masked_fill(~allowed, -torch.inf)
-    lse = torch.logsumexp(y[:, :n], dim=2)  # [B, n]: the draft positions' normalisers
+    if allowed_mask is None and step.truncation is None:
+        x, allowed = target_logits(hidden, weight, logit_bias, step).reshape(batch, positions, vocab), None
+    else:
+        x, _, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
+        allowed = allowed.contiguous()
+    scales = y_scales(step)
+    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
+    columns = torch.where(inside, safe, -1)
+    if return_logprobs:  # the bonus position's log-sum-exp too
+        columns = torch.cat([columns, columns.new_full((batch, 1), -1)], dim=1)
+    lse, argmax, y_draft = torch.ops.flashsampling._draft_position_stats(x, scales, columns, allowed)
+    lse_n, y_draft_n = lse[:, :n].contiguous(), y_draft[:, :n]
 
     # Acceptance of each draft: u < min(1, p(d) / q(d)); a greedy row while the draft is the argmax.
-    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    y_draft = y[:, :n].gather(2, safe[:, :, None])[:, :, 0]
-    p_draft = torch.where(inside, (y_draft - lse).double().exp(), 0.0)
-    q = draft_probs.to(device)
+    p_draft = torch.where(inside, (y_draft_n - lse_n).double().exp(), 0.0)
+    q = draft_probs.to(device=device, dtype=torch.float32).contiguous()
     q_draft = q.gather(2, safe[:, :, None])[:, :, 0].double()
-    best = y[:, :n].max(dim=2)  # ties to the smaller index (a row with a NaN logit: NaN, no draft matches)
     num_accepted = accepted_count(step, acceptance_probability(p_draft, q_draft, inside),
-                                  (safe == best.indices) & inside & (best.values > -torch.inf))
+                                  (safe == argmax[:, :n]) & inside & (y_draft_n > -torch.inf))
 
-    # The emitted token: one row of logits per batch row at j*, with -inf for what it excludes.
-    rows = torch.arange(batch, device=device)
+    # The emitted token: a row of logits per batch row at j*, -inf for what it excludes.
     stop = num_accepted.clamp(max=positions - 1)
-    y_stop, x_stop = y[rows, stop], x[rows, stop]
     residual_row = (num_accepted < n) & ~step.greedy
-    lse_stop = lse[rows, stop.clamp(max=max(n - 1, 0))] if n > 0 else y_stop.new_zeros(batch)
-    q_stop = q[rows, stop.clamp(max=max(n - 1, 0))].float() if n > 0 else torch.zeros_like(y_stop)
-    residual = torch.log((torch.exp(y_stop - lse_stop[:, None]) - q_stop).clamp(min=0.0))
-    # x where the row samples the target (its temperature applies; -inf outside its survivors).
-    logits = torch.where(residual_row[:, None], residual, torch.where(y_stop > -torch.inf, x_stop, -torch.inf))
-    temps = torch.where(residual_row, 1.0, step.temps)
-    token, _, _, _ = torch.ops.flashsampling.sample_from_logits(
-        logits, temperature=1.0, temperatures=temps, num_samples=1,
+    logits = torch.ops.flashsampling._stop_row_logits(x, q, stop, scales, lse_n, residual_row, allowed)
+    token, score, _, _ = torch.ops.flashsampling.sample_from_logits(
+        logits, temperature=1.0, temperatures=torch.where(residual_row, 1.0, step.temps), num_samples=1,
         seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=step.offsets + num_accepted,
-        generator=None, logit_bias=None, allowed_mask=pack_allowed_mask(logits > -torch.inf), empty_mask_token=-1,
-        vocab_start=vocab_start, return_logprobs=False)
+        generator=None, logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=vocab_start,
+        return_logprobs=False)
+    token = torch.where(score > -torch.inf, token, -1)  # a row whose logits are all -inf: nothing allowed
     emitted = token.expand(batch, positions)  # step_output reads it at j*
     if not return_logprobs:
         return step_output(draft_token_ids, emitted, num_accepted, None, None)
+    rows = torch.arange(batch, device=device)
     local = token[:, 0] - vocab_start
     found = (local >= 0) & (local < vocab)
-    y_token = y_stop.gather(1, torch.where(found, local, 0)[:, None])[:, 0]
-    lse_all = torch.cat([lse, torch.logsumexp(y[:, n], dim=1)[:, None]], dim=1)  # [B, n + 1]
-    emitted_logp = torch.where(found, y_token - lse_all[rows, stop], torch.nan).double()
-    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, y_draft - lse, torch.nan).double(),
+    at = (rows * positions + stop) * vocab + torch.where(found, local, 0)
+    y_token = x.reshape(-1)[at] * scales
+    emitted_logp = torch.where(found, y_token - lse[rows, stop], torch.nan).double()
+    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, y_draft_n - lse_n, torch.nan).double(),
                        emitted_logp[:, None].expand(batch, positions))
+
+
+def _scaled_positions(logits: Tensor, scales: Tensor, allowed: Tensor | None) -> Tensor:
+    """``y = fl(x * scale_b)`` of logits ``[B, J, V]``, -inf outside ``allowed``."""
+    y = logits * scales[:, None, None]
+    return y if allowed is None else y.masked_fill(~allowed, -torch.inf)
+
+
+@torch.library.register_kernel("flashsampling::_draft_position_stats", "cpu")
+def _draft_position_stats_cpu(logits, scales, draft_columns, allowed=None):
+    """``_draft_position_stats`` in torch ops (the CPU's; the CUDA kernel's reference)."""
+    width = draft_columns.shape[1]
+    y = _scaled_positions(logits[:, :width], scales, None if allowed is None else allowed[:, :width])
+    y_draft = y.gather(2, draft_columns.clamp(min=0)[:, :, None])[:, :, 0]
+    return (torch.logsumexp(y, dim=2), y.max(dim=2).indices,
+            torch.where(draft_columns >= 0, y_draft, -torch.inf))
+
+
+@torch.library.register_kernel("flashsampling::_stop_row_logits", "cpu")
+def _stop_row_logits_cpu(logits, draft_probs, stop, scales, lse, residual, allowed=None):
+    """``_stop_row_logits`` in torch ops (the CPU's; the CUDA kernel's reference)."""
+    batch, n = logits.shape[0], draft_probs.shape[1]
+    rows = torch.arange(batch, device=logits.device)
+    x = logits[rows, stop]
+    y = _scaled_positions(x[:, None], scales, None if allowed is None else allowed[rows, stop][:, None])[:, 0]
+    target_row = torch.where(y > -torch.inf, x, -torch.inf)
+    if n == 0:
+        return target_row
+    at = stop.clamp(max=n - 1)
+    residual_row = torch.log((torch.exp(y - lse[rows, at][:, None]) - draft_probs[rows, at]).clamp(min=0.0))
+    return torch.where(residual[:, None], residual_row, target_row)
+
+
+@torch.library.register_fake("flashsampling::_draft_position_stats")
+def _draft_position_stats_fake(logits, scales, draft_columns, allowed=None):
+    return (logits.new_empty(draft_columns.shape), draft_columns.new_empty(draft_columns.shape),
+            logits.new_empty(draft_columns.shape))
+
+
+@torch.library.register_fake("flashsampling::_stop_row_logits")
+def _stop_row_logits_fake(logits, draft_probs, stop, scales, lse, residual, allowed=None):
+    return logits.new_empty((logits.shape[0], logits.shape[2]))

@@ -162,6 +162,11 @@ def test_greedy_row_that_allows_nothing_accepts_no_draft_and_empty_batches():
     out = fs.speculative_sample(hidden, weight, torch.zeros(2, 2, dtype=torch.int64), temperature=0.0, seed=1,
                                 allowed_mask=mask)
     assert int(out.num_accepted[1]) == 0 and int(out.tokens[1, 0]) == -1
+    q = torch.full((2, 2, 50), 1 / 50)
+    for temperature in (0.0, 0.8):  # sampled drafts: no residual, no argmax
+        out = fs.speculative_sample(hidden, weight, torch.zeros(2, 2, dtype=torch.int64), q, temperature=temperature,
+                                    seed=1, allowed_mask=mask)
+        assert int(out.num_accepted[1]) == 0 and int(out.tokens[1, 0]) == -1 and int(out.tokens[0, 0]) >= 0
     empty = fs.speculative_sample(hidden[:0], weight, torch.zeros(0, 2, dtype=torch.int64), seed=1,
                                   return_logprobs=True)
     assert empty.tokens.shape == (0, 3) and empty.num_accepted.shape == (0,) and empty.logprobs.shape == (0, 3)
@@ -272,6 +277,43 @@ def test_sample_positions_op(device, per_row):
         torch.testing.assert_close(logp[:, j], plain.logprobs[:, 0], atol=2e-5, rtol=2e-5)
     with pytest.raises(RuntimeError, match=r"_sample_positions: hidden must be \[positions \* B, D\]"):
         torch.ops.flashsampling._sample_positions(rows[:-1], weight, positions, seed=seed, offset=offset)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_sampled_draft_ops(device, masked):
+    """_draft_position_stats and _stop_row_logits (the sampled drafts' route): opcheck, and on
+    CUDA the kernels against their CPU kernels (torch ops) on the same inputs: greedy rows
+    (scale 1), ties of the largest logit (the first index), drafts outside the shard (-1), a row
+    position that allows nothing, residual and target rows."""
+    g = torch.Generator().manual_seed(21)
+    batch, positions, vocab = 6, 4, 1000
+    logits = (torch.randint(-40, 40, (batch, positions, vocab), generator=g) / 8).float()
+    logits[0, 1, 10] = logits[0, 1, 20] = logits[0, 1].max() + 1  # a tie: index 10
+    scales = torch.tensor([1.0, 1.25, 0.5, 2.0, 1.0, 0.75])
+    columns = torch.randint(0, vocab, (batch, positions - 1), generator=g)
+    columns[1, 2] = -1
+    allowed = torch.rand(batch, positions, vocab, generator=g) < 0.6 if masked else None
+    if masked:
+        allowed[2, 0] = False  # nothing allowed: lse -inf
+    q = torch.softmax(torch.randn(batch, positions - 1, vocab, generator=g), dim=2)
+    stop = torch.tensor([0, 1, 2, 3, 1, 0])
+    on = lambda t: None if t is None else t.to(device)  # noqa: E731
+    stats = torch.ops.flashsampling._draft_position_stats(on(logits), on(scales), on(columns), on(allowed))
+    expected = torch.ops.flashsampling._draft_position_stats(logits, scales, columns, allowed)
+    torch.testing.assert_close(stats[0].cpu(), expected[0], rtol=2e-6, atol=2e-6)
+    assert torch.equal(stats[1].cpu(), expected[1]) and int(expected[1][0, 1]) == 10
+    assert torch.equal(stats[2].cpu(), expected[2])
+    lse = expected[0].contiguous()
+    residual = torch.tensor([True, True, False, False, True, False])
+    args = (logits, q, stop, scales, lse, residual, allowed)
+    rows = torch.ops.flashsampling._stop_row_logits(*(on(a) for a in args))
+    # compared as probabilities: a residual that cancels to near 0 may round to 0 on one side only
+    torch.testing.assert_close(rows.cpu().exp(), torch.ops.flashsampling._stop_row_logits(*args).exp(), rtol=1e-5,
+                               atol=1e-8)
+    torch.library.opcheck(torch.ops.flashsampling._draft_position_stats.default,
+                          (on(logits), on(scales), on(columns), on(allowed)))
+    torch.library.opcheck(torch.ops.flashsampling._stop_row_logits.default, tuple(on(a) for a in args))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,7 +1,7 @@
 """Per-kernel device times of the serving features' calls (torch.profiler): plain sampling,
 top_logprobs / token_ids, the three penalties over 2048-token histories, the soft-cap, per-row
 temperatures (the common controls' loop) and
-speculative verification with one-hot drafts, so that the time
+speculative verification with one-hot and sampled drafts, so that the time
 each spends beyond plain sampling can be placed (the logits GEMM, sample_from_logits, the
 top-N kernel, torch's small kernels).
 
@@ -51,6 +51,10 @@ def main() -> None:
             drafts = torch.zeros(batch, n, dtype=torch.int64, device=hidden.device)
             calls[f"spec n={n}"] = (lambda h=spec_hidden, d=drafts: flashsampling_cuda.speculative_sample(
                 h, weight, d, temperature=0.8, seed=1))
+            if n == 4:
+                q = torch.softmax(torch.randn(batch, n, vocab, device=hidden.device, generator=gen), dim=2)
+                calls[f"spec n={n} sampled"] = (lambda h=spec_hidden, d=drafts, q=q: flashsampling_cuda.speculative_sample(
+                    h, weight, d, q, temperature=0.8, seed=1))
         for name, call in calls.items():
             call()
             times = kernel_times(call, args.calls)

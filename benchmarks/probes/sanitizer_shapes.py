@@ -95,8 +95,13 @@ for batch, vocab, dim, dtype in SHAPES:
     torch.cuda.synchronize()
     assert bool((out.ranks >= 1).all()) and bool(allowed.gather(1, out.top_ids.clamp(0, vocab - 1)).any(1).all())
     print(f"ok B={batch} V={vocab} D={dim} {dtype} (top-N logprobs)")
-    # One-hot speculative verification (fused route): the rows' masks, the fused op with per-row
-    # offsets and streams, the finishing kernel (draft logits, acceptance walk), n = 3.
+    # Several samples alone (with B % 4 == 0 beyond 64 columns: the plain epilogue-warpgroup loop).
+    tokens = flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=7, num_samples=3)
+    torch.cuda.synchronize()
+    assert tokens.shape == (batch, 3) and bool((tokens >= 0).all())
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (several samples alone)")
+    # One-hot speculative verification (fused route): _sample_positions over the B * n + B rows
+    # (several samples' layout), the acceptance walk, n = 3; then sampled drafts (the logits route).
     positions = 4
     spec_hidden = hidden[: max(1, batch // 4)].repeat_interleave(positions, 0)[: max(1, batch // 4) * positions]
     spec_hidden = spec_hidden.view(-1, positions, dim)
@@ -107,6 +112,12 @@ for batch, vocab, dim, dtype in SHAPES:
     torch.cuda.synchronize()
     assert bool((out.num_accepted >= 0).all()) and bool((out.num_accepted < positions).all())
     print(f"ok B={batch} V={vocab} D={dim} {dtype} (speculative, one-hot, fused route)")
+    q = torch.softmax(torch.randn(spec_hidden.shape[0], positions - 1, vocab, device="cuda"), dim=2)
+    out = flashsampling_cuda.speculative_sample(spec_hidden, weight, drafts, q, temperature=0.8, seed=7,
+                                                return_logprobs=True)
+    torch.cuda.synchronize()
+    assert bool((out.num_accepted >= 0).all()) and bool((out.num_accepted < positions).all())
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (speculative, sampled drafts)")
     if 4096 <= vocab <= 229376 and torch.cuda.get_device_capability() == (9, 0):
         # The fused pass with every form: stage 2's rows, its row list, the stored logits and the
         # logits kernel's two launches over the rows it leaves (per-row k up to 300: both kinds).

@@ -160,6 +160,16 @@ TORCH_LIBRARY(flashsampling, m) {
         "int? empty_mask_token=None, int vocab_start=0, float logit_scale=1.0, float? logit_softcap=None, "
         "bool return_logprobs=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs)",
         {at::Tag::nondeterministic_seeded});
+  // Speculative verification with sampled drafts (flashsampling_cuda/speculative.py, verify;
+  // flashsampling/draft_rows_launch.h): per row b and draft position j < J of the target's fp32
+  // logits [B, P, V], with y = fl(x * scales[b]) and -inf outside `allowed`, the log-sum-exp, the
+  // argmax and y at draft_columns[b, j] (-1: none); and the logits [B, V] of each row's emitted
+  // sample at position stop[b] (the residual log max(0, exp(y - lse) - q) where residual[b], else
+  // x over the allowed tokens). CUDA; the CPU kernels are speculative.py's torch ops.
+  m.def("_draft_position_stats(Tensor logits, Tensor scales, Tensor draft_columns, Tensor? allowed=None) "
+        "-> (Tensor lse, Tensor argmax, Tensor y_draft)");
+  m.def("_stop_row_logits(Tensor logits, Tensor draft_probs, Tensor stop, Tensor scales, Tensor lse, "
+        "Tensor residual, Tensor? allowed=None) -> Tensor");
   // The model-side transforms of fp32 raw logits (any shape), elementwise: fl(l * logit_scale),
   // then fl(cap * tanh(fl(l * fl(1 / cap)))) with philox_gumbel.h's tanh (fs_model_logit), the
   // bits the fused op computes in its epilogue; the logits route applies them with this op.

@@ -1,0 +1,194 @@
+// The two kernels of speculative verification with sampled drafts (flashsampling/draft_rows_launch.h
+// has their contracts): each draft position's log-sum-exp, argmax and draft value in one pass
+// over its logits (blocks over vocabulary chunks, then a warp an item merges their partials), and
+// each row's emitted sample's logits (the residual after a rejection, else the target) in one
+// elementwise pass over the row where it stops. In torch ops these were a dozen passes
+// over the [B, n + 1, V] logits (scaling, masking, log-sum-exp, max, gathers, the residual).
+#include <cmath>
+#include <cstdint>
+
+#include "flashsampling/draft_rows_launch.h"
+
+namespace flashsampling {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// A (row, position)'s vocabulary in chunks of this many tokens, a block each: many blocks a row,
+// so a few rows still spread over the GPU (a block a row left a row's pass latency-bound).
+constexpr int64_t kChunk = 4096;
+constexpr int kUnroll = 4;  // loads in flight per thread
+
+// A running log-sum-exp: m the largest term so far, s the sum of exp(term - m).
+struct LogSumExp {
+  float m = -INFINITY;
+  float s = 0.0f;
+
+  __device__ void add(float y) {
+    if (y == -INFINITY) return;  // no mass (and exp(-inf - -inf) would be NaN)
+    if (y > m) {
+      s = s * expf(m - y) + 1.0f;
+      m = y;
+    } else {
+      s += expf(y - m);  // a NaN y makes s NaN, as torch.logsumexp gives NaN
+    }
+  }
+  __device__ void merge(LogSumExp o) {
+    if (o.m == -INFINITY && !isnan(o.s)) return;
+    if (m == -INFINITY && !isnan(s)) {
+      *this = o;
+      return;
+    }
+    float const top = fmaxf(m, o.m);
+    s = s * expf(m - top) + o.s * expf(o.m - top);
+    m = top;
+  }
+  __device__ float value() const { return m + logf(s); }  // -inf + log 0 = -inf where nothing
+};
+
+// The largest y and its first index, NaN counting as largest (torch.max's order).
+struct Best {
+  float v = -INFINITY;
+  int64_t i = INT64_MAX;
+
+  __device__ void take(float y, int64_t index) {
+    bool const nan_y = isnan(y), nan_v = isnan(v);
+    bool const better = (nan_y && !nan_v) || (!nan_v && y > v) || ((y == v || (nan_y && nan_v)) && index < i);
+    if (better) {
+      v = y;
+      i = index;
+    }
+  }
+};
+
+struct Partial {
+  LogSumExp lse;
+  Best best;
+};
+
+__device__ __forceinline__ float scaled_logit(float const* x, bool const* allowed, int64_t at, float scale) {
+  if (allowed != nullptr && !allowed[at]) return -INFINITY;
+  return __fmul_rn(__ldg(x + at), scale);
+}
+
+__device__ __forceinline__ void merge_over_warp(Partial& part) {
+  for (int delta = 16; delta > 0; delta /= 2) {
+    LogSumExp other;
+    other.m = __shfl_xor_sync(0xFFFFFFFF, part.lse.m, delta);
+    other.s = __shfl_xor_sync(0xFFFFFFFF, part.lse.s, delta);
+    part.lse.merge(other);
+    float const v = __shfl_xor_sync(0xFFFFFFFF, part.best.v, delta);
+    int64_t const i = __shfl_xor_sync(0xFFFFFFFF, part.best.i, delta);
+    part.best.take(v, i);
+  }
+}
+
+// Block (item r = b * J + j, chunk c): the chunk's terms, kUnroll loads in flight per thread, then
+// the warps, then the block; its partial to the workspace [items, chunks].
+__global__ void __launch_bounds__(kThreads) draft_position_partials_kernel(DraftPositionStatsParams p,
+                                                                            Partial* partials) {
+  int64_t const chunks = gridDim.y, item = blockIdx.x, c = blockIdx.y;
+  int64_t const b = item / p.columns, j = item % p.columns;
+  int64_t const base = (b * p.positions + j) * p.vocab;
+  float const scale = p.scales[b];
+  int64_t const end = min(p.vocab, (c + 1) * kChunk);
+  Partial part;
+  for (int64_t v0 = c * kChunk + threadIdx.x; v0 < end; v0 += kThreads * kUnroll) {
+    float y[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      int64_t const v = v0 + u * kThreads;
+      y[u] = v < end ? scaled_logit(p.logits, p.allowed, base + v, scale) : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      int64_t const v = v0 + u * kThreads;
+      if (v < end) {
+        part.lse.add(y[u]);
+        part.best.take(y[u], v);
+      }
+    }
+  }
+  merge_over_warp(part);
+  __shared__ Partial warp_parts[kWarps];
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_parts[warp] = part;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  for (int w = 1; w < kWarps; ++w) {
+    part.lse.merge(warp_parts[w].lse);
+    part.best.take(warp_parts[w].best.v, warp_parts[w].best.i);
+  }
+  partials[item * chunks + c] = part;
+}
+
+// A warp an item: its chunks' partials merged, then the outputs.
+__global__ void __launch_bounds__(kThreads) draft_position_finish_kernel(DraftPositionStatsParams p,
+                                                                          Partial const* partials, int64_t chunks) {
+  int64_t const item = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  int const lane = threadIdx.x % 32;
+  if (item >= p.batch * p.columns) return;
+  Partial part;
+  for (int64_t c = lane; c < chunks; c += 32) {
+    Partial const other = partials[item * chunks + c];
+    part.lse.merge(other.lse);
+    part.best.take(other.best.v, other.best.i);
+  }
+  merge_over_warp(part);
+  if (lane != 0) return;
+  int64_t const b = item / p.columns, j = item % p.columns;
+  p.lse[item] = part.lse.value();
+  p.argmax[item] = part.best.i == INT64_MAX ? 0 : part.best.i;  // (V >= 1: some index always takes)
+  int64_t const d = p.draft_columns[item];
+  p.y_draft[item] =
+      d < 0 ? -INFINITY : scaled_logit(p.logits, p.allowed, (b * p.positions + j) * p.vocab + d, p.scales[b]);
+}
+
+// Elementwise: block (row b, chunk of kThreads * kUnroll tokens).
+__global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogitsParams p) {
+  int64_t const b = blockIdx.x;
+  int64_t const s = p.stop[b];
+  int64_t const base = (b * p.positions + s) * p.vocab;
+  float const scale = p.scales[b];
+  bool const residual = p.residual[b];
+  float const lse = residual ? p.lse[b * p.drafts + s] : 0.0f;
+  float const* q = residual ? p.draft_probs + (b * p.drafts + s) * p.vocab : nullptr;
+  float* out = p.out + b * p.vocab;
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    int64_t const v = (static_cast<int64_t>(blockIdx.y) * kUnroll + u) * kThreads + threadIdx.x;
+    if (v >= p.vocab) break;
+    float const y = scaled_logit(p.logits, p.allowed, base + v, scale);
+    out[v] = residual ? logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), __ldg(q + v)), 0.0f))
+                      : (y > -INFINITY ? __ldg(p.logits + base + v) : -INFINITY);
+  }
+}
+
+}  // namespace
+
+size_t draft_position_stats_workspace_bytes(DraftPositionStatsParams const& p) {
+  int64_t const chunks = (p.vocab + kChunk - 1) / kChunk;
+  return static_cast<size_t>(p.batch * p.columns * chunks) * sizeof(Partial);
+}
+
+cudaError_t launch_draft_position_stats(DraftPositionStatsParams const& p, void* workspace, cudaStream_t stream) {
+  int64_t const items = p.batch * p.columns;
+  if (items == 0) return cudaSuccess;
+  int64_t const chunks = (p.vocab + kChunk - 1) / kChunk;
+  auto* partials = static_cast<Partial*>(workspace);
+  draft_position_partials_kernel<<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(chunks)), kThreads, 0,
+                                   stream>>>(p, partials);
+  draft_position_finish_kernel<<<static_cast<unsigned>((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      p, partials, chunks);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_stop_row_logits(StopRowLogitsParams const& p, cudaStream_t stream) {
+  if (p.batch == 0) return cudaSuccess;
+  int64_t const blocks = (p.vocab + kThreads * kUnroll - 1) / (kThreads * kUnroll);
+  stop_row_logits_kernel<<<dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(blocks)), kThreads, 0,
+                           stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashsampling
