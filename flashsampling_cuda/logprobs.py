@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .masks import unpack_allowed_mask
 from .penalties import rule_logits
-from .truncation import materialized_logits, order_rank, scaled_logits, survivor_mask
+from .truncation import materialized_logits, order_rank, scaled_logits, survivor_mask, temperature_scales
 
 __all__ = ["LogprobsOutput", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS"]
 
@@ -110,17 +110,29 @@ def logprob_values(hidden: Tensor, weight: Tensor, context: dict, route: dict, m
     """What the logprob outputs normalise, float32 ``[B, V]``: the raw logits (``"raw"``), or the
     call's ``y`` with ``-inf`` outside the distribution it sampled from (``"processed"``:
     the mask and the truncation's survivors)."""
+    values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
+    return values if scales is None else values * scales[:, None]
+
+
+def logprob_values_and_scales(hidden: Tensor, weight: Tensor, context: dict, route: dict,
+                              mode: str) -> tuple[Tensor, Tensor | None]:
+    """:func:`logprob_values` as ``(values, scales)``, ``y = fl32(values * scales[b])`` where
+    ``scales`` (float32 ``[B]``) is not None: a processed call without mask or truncation hands
+    over its ``x`` and the rows' ``fl32(1 / T)`` (1 on greedy rows), which the consumers apply,
+    so that ``y`` is never materialised."""
     if mode == "raw":
-        return _raw_logits(hidden, weight, route)
+        return _raw_logits(hidden, weight, route), None
     kwargs = context["kwargs"]
     x = processed_logits(hidden, weight, context, route)
+    if kwargs["allowed_mask"] is None and context["truncation"] is None:
+        return x, temperature_scales(x.shape[0], kwargs["temperature"], kwargs["temperatures"], x.device)
     y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
     allowed = None
     if kwargs["allowed_mask"] is not None:
         allowed = unpack_allowed_mask(kwargs["allowed_mask"], y.shape[1])
     if context["truncation"] is not None:
         allowed = survivor_mask(y, allowed, context["truncation"], context["order"])
-    return y if allowed is None else y.masked_fill(~allowed, -torch.inf)
+    return (y if allowed is None else y.masked_fill(~allowed, -torch.inf)), None
 
 
 def raw_logsumexp(values: Tensor) -> Tensor:
@@ -197,7 +209,7 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
     as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them; ``route``: how it sampled
     (logits it computed are not computed again)."""
     vocab_start = context["kwargs"]["vocab_start"]
-    values = logprob_values(hidden, weight, context, route, mode)
+    values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
     lse = logsumexp
     sampled = logsumexp[:, None] > -torch.inf  # not a row that nothing allows (its token is a sentinel)
     if mode == "raw":
@@ -211,10 +223,13 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
         logprobs = torch.where(valid, normalised(values.gather(1, safe), lse, mode), torch.nan)
     # CUDA: one kernel, no [B, V] table of log-probabilities and no sort; CPU: top_logprobs_cpu.
     top_logprobs, top_local, ranks = torch.ops.flashsampling._top_logprobs(
-        values, lse.double(), torch.where(valid, local, -1), min(top_n, vocab), mode == "raw")
+        values, lse.double(), torch.where(valid, local, -1), min(top_n, vocab), mode == "raw", scales)
     missing = top_n - top_local.shape[1]  # N > V: -1 and -inf past the vocabulary
     top_ids = torch.cat([top_local + vocab_start, top_local.new_full((batch, missing), -1)], dim=1)
     top_logprobs = torch.cat([top_logprobs, top_logprobs.new_full((batch, missing), -torch.inf)], dim=1)
-    token_ids_logprobs = (values.new_empty((batch, 0)) if token_ids is None
-                          else normalised(values_of_ids(values, token_ids, vocab_start), lse, mode))
+    if token_ids is None:
+        token_ids_logprobs = values.new_empty((batch, 0))
+    else:
+        of_ids = values_of_ids(values, token_ids, vocab_start)
+        token_ids_logprobs = normalised(of_ids if scales is None else of_ids * scales[:, None], lse, mode)
     return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)

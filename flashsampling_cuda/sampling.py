@@ -1104,7 +1104,7 @@ def _sample_from_logits_fake(
     )
 
 
-def _check_top_logprobs_args(values, lse, tokens, top_n) -> None:
+def _check_top_logprobs_args(values, lse, tokens, top_n, scales=None) -> None:
     """top_logprobs_cuda.cpp's checks of flashsampling._top_logprobs (RuntimeError)."""
     prefix = "flashsampling._top_logprobs:"
     torch._check(values.dim() == 2 and values.dtype == torch.float32,
@@ -1118,6 +1118,8 @@ def _check_top_logprobs_args(values, lse, tokens, top_n) -> None:
                  f"{list(tokens.shape)}")
     torch._check(0 <= top_n <= min(MAX_TOP_LOGPROBS, values.shape[1]),
                  lambda: f"{prefix} top_n must be in [0, min(V, {MAX_TOP_LOGPROBS})], got {top_n}")
+    torch._check(scales is None or (scales.dtype == torch.float32 and tuple(scales.shape) == (batch,)),
+                 lambda: f"{prefix} scales must be a float32 [B] tensor with B = {batch}")
 
 
 @torch.library.register_fake("flashsampling::_uniform_noise")
@@ -1129,17 +1131,17 @@ def _uniform_noise_fake(seed, offset, stream, sample, vocab_index):
 
 
 @torch.library.register_fake("flashsampling::_top_logprobs")
-def _top_logprobs_fake(values, lse, tokens, top_n, raw):
-    _check_top_logprobs_args(values, lse, tokens, top_n)
+def _top_logprobs_fake(values, lse, tokens, top_n, raw, scales=None):
+    _check_top_logprobs_args(values, lse, tokens, top_n, scales)
     batch = values.shape[0]
     return (values.new_empty((batch, top_n)), tokens.new_empty((batch, top_n)),
             tokens.new_empty((batch, tokens.shape[1])))
 
 
 @torch.library.register_kernel("flashsampling::_top_logprobs", "cpu")
-def _top_logprobs_cpu_kernel(values, lse, tokens, top_n, raw):
-    _check_top_logprobs_args(values, lse, tokens, top_n)
-    return top_logprobs_cpu(values, lse, tokens, top_n, raw)
+def _top_logprobs_cpu_kernel(values, lse, tokens, top_n, raw, scales=None):
+    _check_top_logprobs_args(values, lse, tokens, top_n, scales)
+    return top_logprobs_cpu(values if scales is None else values * scales[:, None], lse, tokens, top_n, raw)
 
 
 @torch.library.register_kernel("flashsampling::sample_from_logits", "cpu")

@@ -324,6 +324,17 @@ def scaled_logits(x: Tensor, temperature: float, temperatures: Tensor | None) ->
     return torch.where(greedy[:, None], x, x * torch.where(greedy, 1.0, inv_temperature)[:, None])
 
 
+def temperature_scales(batch: int, temperature: float, temperatures: Tensor | None, device: torch.device) -> Tensor:
+    """float32 ``[B]``: the factor :func:`scaled_logits` applies to each row, ``fl32(1 / T_b)``,
+    1 on a greedy row (``fl32(x * 1) = x``)."""
+    if temperatures is None:
+        scale = 1.0 if temperature == 0 else float(torch.ones((), dtype=torch.float32) /
+                                                    torch.tensor(temperature, dtype=torch.float32))
+        return torch.full((batch,), scale, dtype=torch.float32, device=device)
+    temperatures = temperatures.to(device)
+    return torch.where(temperatures == 0, 1.0, torch.ones_like(temperatures) / temperatures)
+
+
 def _per_row(value: int | float | Tensor, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """A truncation parameter as a ``[B, 1]`` tensor of ``dtype`` on ``device``."""
     if not isinstance(value, Tensor):

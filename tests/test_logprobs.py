@@ -150,6 +150,14 @@ def test_top_logprobs_op_matches_the_cpu_op(device, vocab, raw, ties):
         got = torch.ops.flashsampling._top_logprobs(values.to(device), lse.to(device), tokens.to(device), n, raw)
         for g, w in zip(got, want):
             torch.testing.assert_close(g.cpu(), w, atol=0, rtol=0, equal_nan=True)
+    # With per-row scales (x and the rows' fl32(1 / T), 1 on a greedy row): the op on the
+    # values scaled, bit for bit.
+    scales = torch.tensor([1.25, 1.0, 0.5, 2.0, 1.0 / 0.7], dtype=torch.float32)
+    want = torch.ops.flashsampling._top_logprobs(values * scales[:, None], lse, tokens, min(20, vocab), raw)
+    got = torch.ops.flashsampling._top_logprobs(values.to(device), lse.to(device), tokens.to(device), min(20, vocab),
+                                                raw, scales.to(device))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, atol=0, rtol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -158,6 +166,8 @@ def test_top_logprobs_opcheck(device):
     lse = torch.logsumexp(values.double().nan_to_num(nan=0.0), dim=1)
     tokens = torch.tensor([[0, 5], [299, -1], [17, 300]], device=device)
     torch.library.opcheck(torch.ops.flashsampling._top_logprobs.default, (values, lse, tokens, 20, False))
+    scales = torch.tensor([0.5, 1.0, 1.25], device=device)
+    torch.library.opcheck(torch.ops.flashsampling._top_logprobs.default, (values, lse, tokens, 20, False, scales))
 
 
 def test_top_logprobs_op_errors():

@@ -40,10 +40,12 @@ struct RowView {
   int64_t vocab;
   double lse;
   float lse_f;
+  float scale;  // 1 where the call has no scales: fl32(x * 1) = x, so the same bits
   bool raw;
 
-  // t of a value, as logprobs.py's `normalised` computes it.
+  // t of a value, as logprobs.py's `normalised` computes it (of the value scaled).
   __device__ __forceinline__ float logprob_of(float x) const {
+    x = __fmul_rn(x, scale);
     if (raw) return __double2float_rn(__dsub_rn(static_cast<double>(x), lse));
     return x == -INFINITY ? -INFINITY : __fsub_rn(x, lse_f);
   }
@@ -154,7 +156,8 @@ __device__ __forceinline__ uint32_t digit_of(uint64_t key, int d) {
 
 __device__ __forceinline__ RowView row_view(TopLogprobsParams const& p, int64_t row) {
   double const lse = __ldg(p.lse + row);
-  return RowView{p.values + row * p.row_stride, p.vocab_size, lse, static_cast<float>(lse), p.raw};
+  float const scale = p.scales != nullptr ? __ldg(p.scales + row) : 1.0f;
+  return RowView{p.values + row * p.row_stride, p.vocab_size, lse, static_cast<float>(lse), scale, p.raw};
 }
 
 // [begin, end) of slice `slice` of `slices`: a multiple of 4 elements each (the float4 loads).

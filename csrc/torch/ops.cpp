@@ -138,9 +138,10 @@ TORCH_LIBRARY(flashsampling, m) {
         {at::Tag::nondeterministic_seeded});
   // The top-N log-probabilities of materialised values [B, V] float32 and the ranks of the
   // sampled tokens [B, S] (local ids), for the logprob outputs (flashsampling/top_logprobs.h);
-  // lse float64 [B]; raw: fl32(fl64(values) - lse), else fl32(values - fl32(lse)). CUDA only: the
-  // CPU computes them in torch ops (flashsampling_cuda/logprobs.py).
-  m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw) -> "
+  // lse float64 [B]; raw: fl32(fl64(y) - lse), else fl32(y - fl32(lse)), y = fl32(values *
+  // scales[b]) with scales float32 [B], y = values without. CUDA only: the CPU computes them in
+  // torch ops (flashsampling_cuda/logprobs.py).
+  m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw, Tensor? scales=None) -> "
         "(Tensor top_values, Tensor top_ids, Tensor ranks)");
   // What step 3 of the penalties adds to each seen token's logit (flashsampling_cuda/penalties.py,
   // fused_penalty_args; flashsampling/penalty_values_launch.h): float32 [B, C] from a PenaltyState's

@@ -16,7 +16,8 @@ namespace flashsampling {
 namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> top_logprobs_cuda(const at::Tensor& values, const at::Tensor& lse,
-                                                                 const at::Tensor& tokens, int64_t top_n, bool raw) {
+                                                                 const at::Tensor& tokens, int64_t top_n, bool raw,
+                                                                 const std::optional<at::Tensor>& scales) {
   const char* prefix = "flashsampling._top_logprobs: ";
   TORCH_CHECK(values.dim() == 2 && values.scalar_type() == at::kFloat, prefix,
               "values must be a float32 [B, V] tensor, got ", values.scalar_type(), " with shape ", values.sizes());
@@ -30,13 +31,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> top_logprobs_cuda(const at::Tenso
               " with shape ", tokens.sizes());
   TORCH_CHECK(top_n >= 0 && top_n <= kMaxTopLogprobs && top_n <= vocab, prefix, "top_n must be in [0, min(V, ",
               kMaxTopLogprobs, ")], got ", top_n);
-  for (const at::Tensor* t : {&lse, &tokens}) {
+  TORCH_CHECK(!scales.has_value() || (scales->dim() == 1 && scales->size(0) == batch &&
+                                      scales->scalar_type() == at::kFloat),
+              prefix, "scales must be a float32 [B] tensor with B = ", batch);
+  for (const at::Tensor* t : {&lse, &tokens, scales.has_value() ? &*scales : &lse}) {
     TORCH_CHECK(t->device() == values.device(), prefix, "every tensor must be on values' device (", values.device(),
                 "), got ", t->device());
   }
   const c10::cuda::CUDAGuard guard(values.device());
   const at::Tensor v = values.stride(1) == 1 ? values : values.contiguous();
   const at::Tensor l = lse.contiguous(), t = tokens.contiguous();
+  const at::Tensor s = scales.has_value() ? scales->contiguous() : at::Tensor();
   at::Tensor top_values = at::empty({batch, top_n}, values.options());
   at::Tensor top_ids = at::empty({batch, top_n}, tokens.options());
   at::Tensor ranks = at::empty({batch, tokens.size(1)}, tokens.options());
@@ -46,6 +51,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> top_logprobs_cuda(const at::Tenso
   p.batch_size = batch;
   p.vocab_size = vocab;
   p.lse = l.const_data_ptr<double>();
+  p.scales = s.defined() ? s.const_data_ptr<float>() : nullptr;
   p.raw = raw;
   p.tokens = t.const_data_ptr<int64_t>();
   p.num_samples = t.size(1);

@@ -14,8 +14,10 @@ namespace flashsampling {
 // Largest N (flashsampling_cuda/logprobs.py: MAX_TOP_LOGPROBS).
 constexpr int kMaxTopLogprobs = 64;
 
-// One call. Row b's log-probabilities are t[v] = fl32(values[b, v] - fl32(lse[b])) with -inf
-// kept where values is -inf (processed), or fl32(fl64(values[b, v]) - lse[b]) (raw). Their order
+// One call. Row b's log-probabilities are t[v] = fl32(y - fl32(lse[b])) with -inf kept where y is
+// -inf (processed), or fl32(fl64(y) - lse[b]) (raw), y = fl32(values[b, v] * scales[b]) (y =
+// values[b, v] without scales: the processed logits as they are, or x with the rows' fl32(1 / T)
+// applied here, so that they need not be materialised). Their order
 // is t descending with -0 folded into +0, NaN above every number, exact ties to the smaller v.
 struct TopLogprobsParams {
   const float* values = nullptr;  // [B, V] fp32, unit stride along V
@@ -23,6 +25,7 @@ struct TopLogprobsParams {
   int64_t batch_size = 0;  // B
   int64_t vocab_size = 0;  // V
   const double* lse = nullptr;  // [B]
+  const float* scales = nullptr;  // [B] or null (1)
   bool raw = false;
   const int64_t* tokens = nullptr;  // [B, S] local ids; one outside [0, V) gets rank 0
   int64_t num_samples = 0;          // S
