@@ -35,7 +35,8 @@ Usage:
       [--drafts 1,2,4,8] [--draft-probs-n 4] [--draft-noise 0.2] [--per-row-seeds] [--out benchmarks/results]
 
 --per-row-seeds gives ours a [B] seed tensor (per-request generators, as serving engines keep
-them): the one-hot route then draws every position in one call.
+them): the one-hot route's columns then draw their noise key by key (the controls' loop), where
+a batch-wide seed's several-samples layout takes the plain loop beyond 64 rows.
   python benchmarks/bench_speculative.py --tiny         # CPU / GPU smoke run, eager timing
 """
 

@@ -607,7 +607,7 @@ def speculative_sample(
     survivors = functools.partial(_shard_survivors, vocab_start=vocab_start, order="top_k_first", world=world,
                                   group=group, backend=backend)
     x, y, allowed = target(hidden, weight_shard, logit_bias, allowed_mask, step, survivors)
-    yd = masked_target(y, allowed)
+    yd = masked_target(y, allowed) if draft_probs is not None or return_logprobs else None
 
     def shard_keys(logp: Tensor | None, q: Tensor | None) -> tuple[list[Tensor], list[Tensor]]:
         """This shard's keys of the position samples and, with log-probabilities, its winners' y."""

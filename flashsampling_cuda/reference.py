@@ -490,8 +490,9 @@ def reference_speculative_sample(hidden: Tensor, weight: Tensor, draft_token_ids
                         accepted_count[b] += 1
                         continue
                     residual = (logp[b, j].exp() - draft_probs[b, j].to(device, torch.float64)).clamp(min=0)
-                    candidates = residual > 0
-                    scores = torch.log(residual)
+                    if bool((residual > 0).any()):  # (no mass: the target's own sample)
+                        candidates = residual > 0
+                        scores = torch.log(residual)
             # The position's token t_j (the residual's sample after a rejected sampled draft).
             g = gumbel_noise(int(seeds[b]), int(offsets[b]) + j, int(streams[b]), 0, ids + vocab_start).double()
             if greedy[b]:

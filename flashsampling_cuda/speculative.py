@@ -20,15 +20,18 @@ token ``t_n`` is the token ``sample(hidden[:, n], weight, offset=offset + n)`` r
   ``t_j`` and stop; a greedy row accepts while ``d_j`` is the argmax and emits the argmax;
 - all ``n`` accepted: emit the bonus token ``t_n``.
 
-The output follows the target's distribution exactly (up to the uniforms' 2^-23 grid for
-sampled drafts), and ``(seed, offset)`` reproduces a step.
+The output follows the target's distribution exactly (up to the uniforms' 2^-23 grid and the
+fp32 rounding of ``p`` for sampled drafts), and ``(seed, offset)`` reproduces a step. After a
+rejected sampled draft whose residual has no mass (``q >= p`` everywhere, possible only within
+the draft distributions' sum tolerance or by rounding), the target's own sample ``t_j`` is emitted.
 
 Routes, all without a host sync (CUDA-graph capture, ``torch.compile(fullgraph=True)``):
 
 - one-hot drafts, bf16 / fp16 on CUDA or any dtype on the CPU, without truncation
   (:func:`position_tokens_fused`): one call of the fused op over the ``B * (n + 1)`` rows
-  (position-major), row ``(b, j)`` with row ``b``'s seed, stream (the op's ``streams``),
-  temperature, bias and mask at offset ``offset + j``: the target logits never reach memory;
+  (``_sample_positions``: position ``j`` of row ``b`` draws sample ``j``'s noise of row ``b``, the
+  layout of ``sample``'s several samples), with row ``b``'s temperature, bias and mask: the target
+  logits never reach memory;
 - one-hot drafts otherwise (:func:`position_tokens_from_logits`: truncation, fp32 on CUDA): the
   target logits computed once, then ``sample_from_logits`` per position, which truncates;
 - sampled drafts (:func:`verify`): the fp32 logits once (cuBLAS on CUDA); each draft position's
@@ -57,6 +60,7 @@ from .truncation import (Truncation, logits_truncation_args, materialized_logits
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
 _ACCEPT_INDEX = 2**32 - 1  # the acceptance uniforms' vocabulary index: no token has it
+MAX_FUSED_POSITIONS = 65535  # n + 1 the fused op takes on CUDA (its samples on the grid's y; more: the logits)
 
 
 class SpeculativeOutput(NamedTuple):
@@ -92,7 +96,7 @@ class _Step(NamedTuple):
     truncation: Truncation | None
     logit_scale: float = 1.0
     logit_softcap: float | None = None
-    temperature: float | None = None  # the call's temperature where it was a number (not a tensor)
+    scalar_temperature: float | None = None  # the call's temperature where it was a number (not a tensor)
     per_row_offset: bool = False  # offset given as a [B] tensor
 
 
@@ -293,7 +297,8 @@ def y_scales(step: _Step) -> Tensor:
 def accepted_while_equal(draft_token_ids: Tensor, emitted: Tensor) -> Tensor:
     """int64 ``[B]``: one-hot drafts' accepted prefix, the positions ``j < n`` in order while
     their token ``emitted [B, n + 1]`` (-1 where the row allows nothing) is the draft."""
-    return torch.cumprod((emitted[:, :-1] == draft_token_ids).long(), dim=1).sum(dim=1)
+    matches = (emitted[:, :-1] == draft_token_ids) & (emitted[:, :-1] >= 0)  # (a draft of -1 is no token)
+    return torch.cumprod(matches.long(), dim=1).sum(dim=1)
 
 
 def one_hot_output(draft_token_ids: Tensor, emitted: Tensor, emitted_logp: Tensor | None) -> SpeculativeOutput:
@@ -306,12 +311,12 @@ def one_hot_output(draft_token_ids: Tensor, emitted: Tensor, emitted_logp: Tenso
     return SpeculativeOutput(torch.where(kept, emitted, -1), num_accepted, logprobs)
 
 
-def _temperature_args(step: _Step, repeat: int = 1, interleave: bool = False) -> dict:
+def _position_temperature_args(step: _Step, repeat: int = 1, interleave: bool = False) -> dict:
     """The op's temperature arguments for ``repeat`` copies of the batch's rows (position-major,
     or each row's copies together with ``interleave``): the call's scalar where it had one (the
     op's loop without per-row temperatures), else the rows' ``[B]`` tensor repeated."""
-    if step.temperature is not None:
-        return dict(temperature=step.temperature, temperatures=None)
+    if step.scalar_temperature is not None:
+        return dict(temperature=step.scalar_temperature, temperatures=None)
     temps = step.temps.repeat_interleave(repeat) if interleave else step.temps.repeat(repeat)
     return dict(temperature=1.0, temperatures=temps)
 
@@ -328,7 +333,7 @@ def position_tokens_fused(hidden: Tensor, weight: Tensor, logit_bias: Tensor | N
     device = hidden.device
     base = packed_mask(allowed_mask, device)
     token, _, token_logp = torch.ops.flashsampling._sample_positions(
-        hidden.transpose(0, 1).reshape(positions * batch, dim), weight, positions, **_temperature_args(step),
+        hidden.transpose(0, 1).reshape(positions * batch, dim), weight, positions, **_position_temperature_args(step),
         seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()),
         offset=step.offsets if step.per_row_offset else step.offsets[:1].reshape(()),
         logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32), allowed_mask=base,
@@ -398,7 +403,7 @@ def position_tokens_from_logits(hidden: Tensor, weight: Tensor, logit_bias: Tens
         per_row = {name: value.repeat_interleave(positions) if isinstance(value, Tensor) else value
                    for name, value in truncation.items()}
         token, _, token_logp, _ = torch.ops.flashsampling.sample_from_logits(
-            x.reshape(batch * positions, vocab), **_temperature_args(step, positions, interleave=True), num_samples=1,
+            x.reshape(batch * positions, vocab), **_position_temperature_args(step, positions, interleave=True), num_samples=1,
             seed=step.seeds.repeat_interleave(positions), offset=(step.offsets[:, None] + j).reshape(-1),
             generator=None, logit_bias=None,
             allowed_mask=None if base is None else base.repeat_interleave(positions, dim=0), empty_mask_token=-1,
@@ -409,7 +414,7 @@ def position_tokens_from_logits(hidden: Tensor, weight: Tensor, logit_bias: Tens
     tokens, logps = [], []
     for j in range(positions):
         token, _, token_logp, _ = torch.ops.flashsampling.sample_from_logits(
-            x[:, j], **_temperature_args(step), num_samples=1, seed=step.seeds[:1].reshape(()),
+            x[:, j], **_position_temperature_args(step), num_samples=1, seed=step.seeds[:1].reshape(()),
             offset=step.offsets + j, generator=None, logit_bias=None, allowed_mask=base, empty_mask_token=-1,
             vocab_start=vocab_start, return_logprobs=return_logprobs, **truncation)
         tokens.append(token[:, 0])
@@ -423,9 +428,10 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
                    return_logprobs: bool) -> SpeculativeOutput:
     """:func:`speculative_sample` for one-hot drafts: each position's token ``t_j``, then the
     prefix where it is the draft (module docstring). Without truncation, bf16 / fp16 on CUDA and
-    anything on the CPU take :func:`position_tokens_fused`, the rest
-    :func:`position_tokens_from_logits`."""
-    fused = step.truncation is None and (not hidden.is_cuda or hidden.dtype in (torch.bfloat16, torch.float16))
+    anything on the CPU take :func:`position_tokens_fused` (on CUDA up to ``MAX_FUSED_POSITIONS``
+    positions), the rest :func:`position_tokens_from_logits`."""
+    fused = step.truncation is None and (not hidden.is_cuda or (hidden.dtype in (torch.bfloat16, torch.float16)
+                                                                 and hidden.shape[1] <= MAX_FUSED_POSITIONS))
     tokens_of = position_tokens_fused if fused else position_tokens_from_logits
     emitted, logp = tokens_of(hidden, weight, logit_bias, allowed_mask, step, vocab_start, return_logprobs)
     return one_hot_output(draft_token_ids, emitted, logp)
@@ -581,9 +587,9 @@ def _draft_position_stats_cpu(logits, scales, draft_columns, allowed=None):
     """``_draft_position_stats`` in torch ops (the CPU's; the CUDA kernel's reference)."""
     width = draft_columns.shape[1]
     y = _scaled_positions(logits[:, :width], scales, None if allowed is None else allowed[:, :width])
-    y_draft = y.gather(2, draft_columns.clamp(min=0)[:, :, None])[:, :, 0]
-    return (torch.logsumexp(y, dim=2), y.max(dim=2).indices,
-            torch.where(draft_columns >= 0, y_draft, -torch.inf))
+    valid = (draft_columns >= 0) & (draft_columns < logits.shape[2])
+    y_draft = y.gather(2, torch.where(valid, draft_columns, 0)[:, :, None])[:, :, 0]
+    return torch.logsumexp(y, dim=2), y.max(dim=2).indices, torch.where(valid, y_draft, -torch.inf)
 
 
 @torch.library.register_kernel("flashsampling::_stop_row_logits", "cpu")
@@ -591,14 +597,16 @@ def _stop_row_logits_cpu(logits, draft_probs, stop, scales, lse, residual, allow
     """``_stop_row_logits`` in torch ops (the CPU's; the CUDA kernel's reference)."""
     batch, n = logits.shape[0], draft_probs.shape[1]
     rows = torch.arange(batch, device=logits.device)
+    stop = stop.clamp(0, logits.shape[1] - 1)
     x = logits[rows, stop]
     y = _scaled_positions(x[:, None], scales, None if allowed is None else allowed[rows, stop][:, None])[:, 0]
     target_row = torch.where(y > -torch.inf, x, -torch.inf)
     if n == 0:
         return target_row
     at = stop.clamp(max=n - 1)
-    residual_row = torch.log((torch.exp(y - lse[rows, at][:, None]) - draft_probs[rows, at]).clamp(min=0.0))
-    return torch.where(residual[:, None], residual_row, target_row)
+    mass = (torch.exp(y - lse[rows, at][:, None]) - draft_probs[rows, at]).nan_to_num(nan=0.0).clamp(min=0.0)
+    has_mass = (mass > 0).any(dim=1)  # a residual without mass: the target's sample instead
+    return torch.where((residual & (stop < n) & has_mass)[:, None], torch.log(mass), target_row)
 
 
 @torch.library.register_fake("flashsampling::_draft_position_stats")

@@ -556,7 +556,7 @@ SEVERAL_SAMPLES_AND_SPARSE_CASES = [
 
 
 @pytest.mark.parametrize("batch,num_samples,seeding,controls", SEVERAL_SAMPLES_AND_SPARSE_CASES)
-def test_several_samples_and_sparse_bias_on_the_controls_loop(batch, num_samples, seeding, controls):
+def test_several_samples_and_sparse_bias_on_the_epilogue_warpgroup_loops(batch, num_samples, seeding, controls):
     """Pathwise against the float64 reference (the contract's noise of every sample), logprobs
     within 1e-4, the CPU op token for token outside near ties."""
     hidden, weight, c, temps = controls_problem(batch, hidden_seed=batch + num_samples)
@@ -601,8 +601,10 @@ def test_per_row_temperatures_win_over_a_zero_scalar(batch, num_samples, sparse)
 
 
 def all_controls_calls():
-    """Calls that need every control (per-row seeds / offsets, several samples, sparse bias) at
-    20-256 rows: (hidden, weight, kwargs) of sample_with_scores."""
+    """Calls that need the loop for all controls up to 16 columns (per-row seeds / offsets,
+    several samples, sparse bias) at 20-256 rows: (hidden, weight, kwargs) of sample_with_scores.
+    Beyond 16 columns they run the epilogue-warpgroup kernels' controls loop, but several samples
+    alone of B % 4 == 0 rows beyond 64 columns (B = 40 and 256 with num_samples=3) its plain loop."""
     gen = torch.Generator(device="cuda").manual_seed(8)
     for batch, vocab, dtype in ((20, 9001, torch.float16), (40, 30011, torch.bfloat16),
                                 (130, 64000, torch.float16), (256, 50001, torch.bfloat16)):
@@ -638,7 +640,8 @@ def rows_of(kwargs: dict, rows: slice) -> dict:
 
 def test_all_controls_beyond_16_columns_match_the_all_controls_loop():
     """Calls needing every control run, beyond 16 GEMM columns, on the epilogue-warpgroup kernels'
-    controls loop; up to 16 on the loop for all controls. With per-row seeds the noise does not
+    controls loop (several samples alone beyond 64 columns on its plain loop); up to 16 on the loop
+    for all controls. With per-row seeds the noise does not
     depend on a row's place in the batch, so the same rows sampled 16 columns at a time (the other
     loop) give the same tokens and scores bit for bit and log-probabilities within rounding of the
     two loops' sums (bf16, fp16, up to two 128-wide column tiles, greedy rows, mask, sparse bias,

@@ -77,7 +77,8 @@ def test_acceptance_rate_is_the_sum_of_min_p_q(device, sampled_drafts):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["one_hot", "sampled", "greedy_rows", "truncated_masked", "masked_biased"])
+@pytest.mark.parametrize("case", ["one_hot", "sampled", "greedy_rows", "sampled_greedy_rows", "truncated_masked",
+                                  "masked_biased"])
 def test_pathwise_against_float64_reference(device, case):
     batch, n, vocab, dim = 24, 4, 400, 32
     hidden, weight = problem(batch, n + 1, vocab, dim, device, seed=3, scale=4.0)
@@ -87,9 +88,9 @@ def test_pathwise_against_float64_reference(device, case):
     drafts = torch.where(near, x[:, :n].argmax(2).cpu(), torch.randint(0, vocab, (batch, n), generator=g)).to(device)
     kwargs = dict(seed=11, offset=5, temperature=0.9)
     draft_probs = None
-    if case == "sampled":
+    if case in ("sampled", "sampled_greedy_rows"):
         draft_probs = torch.softmax(torch.randn(batch, n, vocab, generator=g), dim=2).to(device)
-    if case == "greedy_rows":
+    if case in ("greedy_rows", "sampled_greedy_rows"):
         kwargs["temperature"] = torch.tensor([0.0, 0.7, 1.3] * (batch // 3), device=device)
     if case in ("truncated_masked", "masked_biased"):
         mask = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
@@ -175,17 +176,20 @@ def test_greedy_row_that_allows_nothing_accepts_no_draft_and_empty_batches():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("truncated", [False, True])
 @pytest.mark.parametrize("per_row_seed", [False, True])
-def test_one_hot_tokens_are_the_plain_samples(device, truncated, per_row_seed):
+@pytest.mark.parametrize("scalar_temperature", [False, True])
+def test_one_hot_tokens_are_the_plain_samples(device, truncated, per_row_seed, scalar_temperature):
     """One-hot drafts: the token at every emitted position j is the token sample() draws from
     hidden[:, j] at offset + j (the same noise, truncation included), the drafts before it are
-    those tokens, and the emitted one is not its draft; log-probabilities are sample()'s."""
-    batch, n, vocab, dim = 24, 3, 700, 32
+    those tokens, and the emitted one is not its draft; log-probabilities are sample()'s. A scalar
+    temperature with a batch-wide seed and B % 4 == 0 beyond 64 rows is the plain loop's case on
+    sm90 (several samples alone)."""
+    batch, n, vocab, dim = 24 if not scalar_temperature else 32, 3, 700, 32
     hidden, weight = exact_problem(batch, n + 1, vocab, dim, device, seed=12)
     g = torch.Generator().manual_seed(13)
     x = hidden.float().cpu() @ weight.float().cpu().T
     drafts = torch.where(torch.rand(batch, n, generator=g) < 0.8, x[:, :n].argmax(2),
                          torch.randint(0, vocab, (batch, n), generator=g)).to(device)
-    temps = torch.tensor([0.0, 0.4, 0.9, 1.5] * (batch // 4), device=device)
+    temps = 0.7 if scalar_temperature else torch.tensor([0.0, 0.4, 0.9, 1.5] * (batch // 4), device=device)
     seed = torch.arange(batch, device=device) * 5 + 2 if per_row_seed else 2
     offset = torch.arange(batch, device=device) % 3 + 4 if per_row_seed else 4
     extra = dict(top_k=torch.randint(1, 40, (batch,), generator=g).to(device), top_p=0.8) if truncated else {}
@@ -219,8 +223,8 @@ def exact_problem(batch, positions, vocab, dim, device, seed):
 @pytest.mark.parametrize("per_row_seed", [False, True])
 @pytest.mark.parametrize("transforms", [False, True])
 def test_fused_one_hot_route_equals_the_logits_route(device, masked, per_row_seed, transforms):
-    """position_tokens_fused (one fused call over the B * (n + 1) rows, the op's streams carrying
-    row b's noise to position j's row) returns the tokens and log-probabilities of
+    """position_tokens_fused (one fused call over the B * (n + 1) rows, _sample_positions giving
+    position j of row b sample j's noise of row b) returns the tokens and log-probabilities of
     position_tokens_from_logits (the logits materialised, a sample_from_logits call a position)
     on logits both compute exactly: greedy and sampled rows, a mask, a bias, scale and soft-cap,
     batch-wide and per-row seeds, a vocab_start; and the same tokens without log-probabilities."""
@@ -296,24 +300,34 @@ def test_sampled_draft_ops(device, masked):
     allowed = torch.rand(batch, positions, vocab, generator=g) < 0.6 if masked else None
     if masked:
         allowed[2, 0] = False  # nothing allowed: lse -inf
+    logits[3, 0, 7] = torch.inf  # lse +inf (torch.logsumexp's), argmax 7
+    logits[5, 2, 9] = torch.nan  # lse NaN, argmax 9
     q = torch.softmax(torch.randn(batch, positions - 1, vocab, generator=g), dim=2)
     stop = torch.tensor([0, 1, 2, 3, 1, 0])
     on = lambda t: None if t is None else t.to(device)  # noqa: E731
     stats = torch.ops.flashsampling._draft_position_stats(on(logits), on(scales), on(columns), on(allowed))
     expected = torch.ops.flashsampling._draft_position_stats(logits, scales, columns, allowed)
-    torch.testing.assert_close(stats[0].cpu(), expected[0], rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(stats[0].cpu(), expected[0], rtol=2e-6, atol=2e-6, equal_nan=True)
     assert torch.equal(stats[1].cpu(), expected[1]) and int(expected[1][0, 1]) == 10
     assert torch.equal(stats[2].cpu(), expected[2])
     lse = expected[0].contiguous()
-    residual = torch.tensor([True, True, False, False, True, False])
+    # row 4 at position 1: q >= p everywhere, a residual without mass (the target's logits instead);
+    # masked, row 2 at position 0 allows nothing (a residual of NaN differences: no mass either)
+    q[4, 1] = 2 * torch.softmax(logits[4, 1] * scales[4], dim=0)
+    stop[2] = 0
+    residual = torch.tensor([True, True, True, False, True, False])
     args = (logits, q, stop, scales, lse, residual, allowed)
     rows = torch.ops.flashsampling._stop_row_logits(*(on(a) for a in args))
     # compared as probabilities: a residual that cancels to near 0 may round to 0 on one side only
-    torch.testing.assert_close(rows.cpu().exp(), torch.ops.flashsampling._stop_row_logits(*args).exp(), rtol=1e-5,
-                               atol=1e-8)
+    want = torch.ops.flashsampling._stop_row_logits(*args)
+    torch.testing.assert_close(rows.cpu().exp(), want.exp(), rtol=1e-5, atol=1e-8)
+    kept = torch.ones(vocab, dtype=torch.bool) if allowed is None else allowed[4, 1]
+    assert torch.equal(want[4], torch.where(kept, logits[4, 1], -torch.inf))  # the target's row
+    finite = logits.nan_to_num(nan=0.0)  # (opcheck compares NaN as unequal)
     torch.library.opcheck(torch.ops.flashsampling._draft_position_stats.default,
-                          (on(logits), on(scales), on(columns), on(allowed)))
-    torch.library.opcheck(torch.ops.flashsampling._stop_row_logits.default, tuple(on(a) for a in args))
+                          (on(finite), on(scales), on(columns), on(allowed)))
+    torch.library.opcheck(torch.ops.flashsampling._stop_row_logits.default,
+                          tuple(on(a) for a in (finite, *args[1:])))
 
 
 @pytest.mark.parametrize("device", DEVICES)

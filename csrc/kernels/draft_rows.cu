@@ -2,8 +2,8 @@
 // has their contracts): each draft position's log-sum-exp, argmax and draft value in one pass
 // over its logits (blocks over vocabulary chunks, then a warp an item merges their partials), and
 // each row's emitted sample's logits (the residual after a rejection, else the target) in one
-// elementwise pass over the row where it stops. In torch ops these were a dozen passes
-// over the [B, n + 1, V] logits (scaling, masking, log-sum-exp, max, gathers, the residual).
+// elementwise pass over the row where it stops, and a second over the rows whose residual has no
+// mass.
 #include <cmath>
 #include <cstdint>
 
@@ -26,6 +26,11 @@ struct LogSumExp {
 
   __device__ void add(float y) {
     if (y == -INFINITY) return;  // no mass (and exp(-inf - -inf) would be NaN)
+    if (y == INFINITY || m == INFINITY) {  // +inf terms: lse +inf, as torch.logsumexp (no inf - inf)
+      s = m == INFINITY ? s + (y == INFINITY ? 1.0f : 0.0f) : 1.0f;
+      m = INFINITY;
+      return;
+    }
     if (y > m) {
       s = s * expf(m - y) + 1.0f;
       m = y;
@@ -37,6 +42,11 @@ struct LogSumExp {
     if (o.m == -INFINITY && !isnan(o.s)) return;
     if (m == -INFINITY && !isnan(s)) {
       *this = o;
+      return;
+    }
+    if (m == INFINITY || o.m == INFINITY) {
+      s = m == INFINITY ? (o.m == INFINITY ? s + o.s : s) : o.s;
+      m = INFINITY;
       return;
     }
     float const top = fmaxf(m, o.m);
@@ -140,27 +150,55 @@ __global__ void __launch_bounds__(kThreads) draft_position_finish_kernel(DraftPo
   p.lse[item] = part.lse.value();
   p.argmax[item] = part.best.i == INT64_MAX ? 0 : part.best.i;  // (V >= 1: some index always takes)
   int64_t const d = p.draft_columns[item];
-  p.y_draft[item] =
-      d < 0 ? -INFINITY : scaled_logit(p.logits, p.allowed, (b * p.positions + j) * p.vocab + d, p.scales[b]);
+  p.y_draft[item] = d < 0 || d >= p.vocab
+                        ? -INFINITY
+                        : scaled_logit(p.logits, p.allowed, (b * p.positions + j) * p.vocab + d, p.scales[b]);
 }
 
-// Elementwise: block (row b, chunk of kThreads * kUnroll tokens).
-__global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogitsParams p) {
+// Elementwise: block (row b, chunk of kThreads * kUnroll tokens). A residual row marks
+// has_mass[b] where one of its values is above -inf (every such thread writes 1).
+__global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogitsParams p, uint8_t* has_mass) {
   int64_t const b = blockIdx.x;
-  int64_t const s = p.stop[b];
+  int64_t const s = min(max(p.stop[b], int64_t{0}), p.positions - 1);
   int64_t const base = (b * p.positions + s) * p.vocab;
   float const scale = p.scales[b];
-  bool const residual = p.residual[b];
+  bool const residual = p.residual[b] && s < p.drafts;
   float const lse = residual ? p.lse[b * p.drafts + s] : 0.0f;
   float const* q = residual ? p.draft_probs + (b * p.drafts + s) * p.vocab : nullptr;
   float* out = p.out + b * p.vocab;
+  bool mass = false;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     int64_t const v = (static_cast<int64_t>(blockIdx.y) * kUnroll + u) * kThreads + threadIdx.x;
     if (v >= p.vocab) break;
     float const y = scaled_logit(p.logits, p.allowed, base + v, scale);
-    out[v] = residual ? logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), __ldg(q + v)), 0.0f))
-                      : (y > -INFINITY ? __ldg(p.logits + base + v) : -INFINITY);
+    if (residual) {
+      // fmaxf maps NaN to 0: no mass (the CPU kernel's nan_to_num)
+      float const value = logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), __ldg(q + v)), 0.0f));
+      mass |= value > -INFINITY;
+      out[v] = value;
+    } else {
+      out[v] = y > -INFINITY ? __ldg(p.logits + base + v) : -INFINITY;
+    }
+  }
+  if (mass) has_mass[b] = 1;
+}
+
+// The residual rows without mass (q >= p everywhere: rounding, or the draft distribution's sum
+// tolerance) take the target's logits instead.
+__global__ void __launch_bounds__(kThreads) stop_row_fallback_kernel(StopRowLogitsParams p,
+                                                                      uint8_t const* has_mass) {
+  int64_t const b = blockIdx.x;
+  int64_t const s = min(max(p.stop[b], int64_t{0}), p.positions - 1);
+  if (!(p.residual[b] && s < p.drafts) || has_mass[b]) return;
+  int64_t const base = (b * p.positions + s) * p.vocab;
+  float const scale = p.scales[b];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    int64_t const v = (static_cast<int64_t>(blockIdx.y) * kUnroll + u) * kThreads + threadIdx.x;
+    if (v >= p.vocab) break;
+    float const y = scaled_logit(p.logits, p.allowed, base + v, scale);
+    p.out[b * p.vocab + v] = y > -INFINITY ? __ldg(p.logits + base + v) : -INFINITY;
   }
 }
 
@@ -183,11 +221,17 @@ cudaError_t launch_draft_position_stats(DraftPositionStatsParams const& p, void*
   return cudaGetLastError();
 }
 
-cudaError_t launch_stop_row_logits(StopRowLogitsParams const& p, cudaStream_t stream) {
+size_t stop_row_logits_workspace_bytes(StopRowLogitsParams const& p) { return static_cast<size_t>(p.batch); }
+
+cudaError_t launch_stop_row_logits(StopRowLogitsParams const& p, void* workspace, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
+  auto* has_mass = static_cast<uint8_t*>(workspace);
+  cudaError_t err = cudaMemsetAsync(has_mass, 0, static_cast<size_t>(p.batch), stream);
+  if (err != cudaSuccess) return err;
   int64_t const blocks = (p.vocab + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-  stop_row_logits_kernel<<<dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(blocks)), kThreads, 0,
-                           stream>>>(p);
+  dim3 const grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(blocks));
+  stop_row_logits_kernel<<<grid, kThreads, 0, stream>>>(p, has_mass);
+  stop_row_fallback_kernel<<<grid, kThreads, 0, stream>>>(p, has_mass);
   return cudaGetLastError();
 }
 

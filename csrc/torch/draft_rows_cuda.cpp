@@ -19,9 +19,11 @@ void check_rows(const char* op, const at::Tensor& logits, const at::Tensor& scal
   TORCH_CHECK(logits.dim() == 3 && logits.scalar_type() == at::kFloat && logits.is_contiguous() && logits.is_cuda(),
               op, ": logits must be contiguous float32 [B, P, V] on CUDA, got ", logits.scalar_type(), " ",
               logits.sizes());
+  TORCH_CHECK(logits.size(2) >= 1 && logits.size(2) <= (int64_t{1} << 26), op,
+              ": logits must have 1 <= V <= 2^26, got V = ", logits.size(2));
   TORCH_CHECK(scales.dim() == 1 && scales.size(0) == logits.size(0) && scales.scalar_type() == at::kFloat &&
-                  scales.device() == logits.device(),
-              op, ": scales must be float32 [", logits.size(0), "] on ", logits.device());
+                  scales.is_contiguous() && scales.device() == logits.device(),
+              op, ": scales must be contiguous float32 [", logits.size(0), "] on ", logits.device());
   TORCH_CHECK(!allowed.has_value() || (allowed->scalar_type() == at::kBool && allowed->sizes() == logits.sizes() &&
                                        allowed->is_contiguous() && allowed->device() == logits.device()),
               op, ": allowed must be contiguous bool ", logits.sizes(), " on ", logits.device());
@@ -95,7 +97,9 @@ at::Tensor stop_row_logits_cuda(const at::Tensor& logits, const at::Tensor& draf
   p.allowed = allowed.has_value() ? allowed->const_data_ptr<bool>() : nullptr;
   at::Tensor out = at::empty({batch, vocab}, logits.options());
   p.out = out.mutable_data_ptr<float>();
-  check_cuda_launch(launch_stop_row_logits(p, c10::cuda::getCurrentCUDAStream()), kOp);
+  const at::Tensor workspace =
+      at::empty({static_cast<int64_t>(stop_row_logits_workspace_bytes(p))}, logits.options().dtype(at::kByte));
+  check_cuda_launch(launch_stop_row_logits(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()), kOp);
   return out;
 }
 

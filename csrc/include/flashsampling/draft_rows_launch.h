@@ -21,7 +21,7 @@ struct DraftPositionStatsParams {
   int64_t batch = 0, positions = 0, vocab = 0, columns = 0;  // B, P, V, J (J <= P)
   const float* logits = nullptr;         // [B, P, V]
   const float* scales = nullptr;         // [B]
-  const int64_t* draft_columns = nullptr;  // [B, J], local ids or -1
+  const int64_t* draft_columns = nullptr;  // [B, J], local ids; -1 (or any id outside [0, V)): none
   const bool* allowed = nullptr;         // [B, P, V] or null
   float* lse = nullptr;                  // [B, J]
   int64_t* argmax = nullptr;             // [B, J]
@@ -31,9 +31,10 @@ struct DraftPositionStatsParams {
 size_t draft_position_stats_workspace_bytes(DraftPositionStatsParams const& p);
 cudaError_t launch_draft_position_stats(DraftPositionStatsParams const& p, void* workspace, cudaStream_t stream);
 
-// Per row b, the logits of the sample it emits at position s = stop[b]: where residual[b] (a
-// rejected sampled draft, s < n) the residual's log max(0, exp(y - lse[b, s]) - q[b, s, v]),
-// else x where y > -inf and -inf elsewhere (the target, its temperature applied by the sampler).
+// Per row b, the logits of the sample it emits at position s = stop[b] (clamped to [0, P)): where
+// residual[b] and s < n (a rejected sampled draft) the residual's log max(0, exp(y - lse[b, s]) -
+// q[b, s, v]) (NaN differences count as 0), else, or where that residual has no value above -inf,
+// x where y > -inf and -inf elsewhere (the target, its temperature applied by the sampler).
 struct StopRowLogitsParams {
   int64_t batch = 0, positions = 0, vocab = 0, drafts = 0;  // B, P, V, n
   const float* logits = nullptr;       // [B, P, V]
@@ -45,6 +46,8 @@ struct StopRowLogitsParams {
   const bool* allowed = nullptr;       // [B, P, V] or null
   float* out = nullptr;                // [B, V]
 };
-cudaError_t launch_stop_row_logits(StopRowLogitsParams const& p, cudaStream_t stream);
+// The rows' has-mass flags: a workspace of this many bytes.
+size_t stop_row_logits_workspace_bytes(StopRowLogitsParams const& p);
+cudaError_t launch_stop_row_logits(StopRowLogitsParams const& p, void* workspace, cudaStream_t stream);
 
 }  // namespace flashsampling
