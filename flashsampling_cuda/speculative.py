@@ -55,7 +55,7 @@ from .noise import as_int64_tensor, draw_seed, uniform_noise
 from .penalties import rule_logits
 from .sampling import _model_transform_args
 from .truncation import (Truncation, logits_truncation_args, materialized_logits, parse_truncation, scaled_logits,
-                         survivor_mask)
+                         survivor_mask, temperature_scales)
 
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
@@ -289,11 +289,6 @@ def packed_mask(allowed_mask: Tensor | None, device) -> Tensor | None:
     return mask if mask.dtype == torch.int32 else pack_allowed_mask(mask)
 
 
-def y_scales(step: _Step) -> Tensor:
-    """float32 ``[B]``: ``y = x * scale``, ``fl32(1 / T)`` on sampled rows and 1 on greedy ones."""
-    return torch.where(step.greedy, 1.0, torch.ones_like(step.temps) / step.temps)
-
-
 def accepted_while_equal(draft_token_ids: Tensor, emitted: Tensor) -> Tensor:
     """int64 ``[B]``: one-hot drafts' accepted prefix, the positions ``j < n`` in order while
     their token ``emitted [B, n + 1]`` (-1 where the row allows nothing) is the draft."""
@@ -403,8 +398,8 @@ def position_tokens_from_logits(hidden: Tensor, weight: Tensor, logit_bias: Tens
         per_row = {name: value.repeat_interleave(positions) if isinstance(value, Tensor) else value
                    for name, value in truncation.items()}
         token, _, token_logp, _ = torch.ops.flashsampling.sample_from_logits(
-            x.reshape(batch * positions, vocab), **_position_temperature_args(step, positions, interleave=True), num_samples=1,
-            seed=step.seeds.repeat_interleave(positions), offset=(step.offsets[:, None] + j).reshape(-1),
+            x.reshape(batch * positions, vocab), **_position_temperature_args(step, positions, interleave=True),
+            num_samples=1, seed=step.seeds.repeat_interleave(positions), offset=(step.offsets[:, None] + j).reshape(-1),
             generator=None, logit_bias=None,
             allowed_mask=None if base is None else base.repeat_interleave(positions, dim=0), empty_mask_token=-1,
             vocab_start=vocab_start, return_logprobs=return_logprobs, **per_row)
@@ -538,7 +533,7 @@ def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs:
     else:
         x, _, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
         allowed = allowed.contiguous()
-    scales = y_scales(step)
+    scales = temperature_scales(step.batch, 0.0, step.temps, device)  # y = fl32(x * scale_b)
     safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
     columns = torch.where(inside, safe, -1)
     if return_logprobs:  # the bonus position's log-sum-exp too
@@ -572,8 +567,8 @@ def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs:
     at = (rows * positions + stop) * vocab + torch.where(found, local, 0)
     y_token = x.reshape(-1)[at] * scales
     emitted_logp = torch.where(found, y_token - lse[rows, stop], torch.nan).double()
-    return step_output(draft_token_ids, emitted, num_accepted, torch.where(inside, y_draft_n - lse_n, torch.nan).double(),
-                       emitted_logp[:, None].expand(batch, positions))
+    draft_logp = torch.where(inside, y_draft_n - lse_n, torch.nan).double()
+    return step_output(draft_token_ids, emitted, num_accepted, draft_logp, emitted_logp[:, None].expand(batch, positions))
 
 
 def _scaled_positions(logits: Tensor, scales: Tensor, allowed: Tensor | None) -> Tensor:

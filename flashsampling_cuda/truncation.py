@@ -318,10 +318,8 @@ def scaled_logits(x: Tensor, temperature: float, temperatures: Tensor | None) ->
             return x
         inv_temperature = torch.ones((), dtype=torch.float32) / torch.tensor(temperature, dtype=torch.float32)
         return x * inv_temperature  # a 0-d CPU tensor: a scalar of the kernel, no copy
-    temperatures = temperatures.to(x.device)
-    inv_temperature = torch.ones_like(temperatures) / temperatures  # fs_inv_temperature: fl32(1 / T)
-    greedy = temperatures == 0
-    return torch.where(greedy[:, None], x, x * torch.where(greedy, 1.0, inv_temperature)[:, None])
+    # fs_inv_temperature's fl32(1 / T) per row, 1 on a greedy row (fl32(x * 1) = x).
+    return x * temperature_scales(x.shape[0], temperature, temperatures, x.device)[:, None]
 
 
 def temperature_scales(batch: int, temperature: float, temperatures: Tensor | None, device: torch.device) -> Tensor:

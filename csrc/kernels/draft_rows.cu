@@ -81,6 +81,12 @@ __device__ __forceinline__ float scaled_logit(float const* x, bool const* allowe
   return __fmul_rn(__ldg(x + at), scale);
 }
 
+// A target row's logit for the sampler: x where its y is above -inf, -inf elsewhere (the sampler
+// applies the temperature).
+__device__ __forceinline__ float target_logit(float const* x, int64_t at, float y) {
+  return y > -INFINITY ? __ldg(x + at) : -INFINITY;
+}
+
 __device__ __forceinline__ void merge_over_warp(Partial& part) {
   for (int delta = 16; delta > 0; delta /= 2) {
     LogSumExp other;
@@ -178,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogits
       mass |= value > -INFINITY;
       out[v] = value;
     } else {
-      out[v] = y > -INFINITY ? __ldg(p.logits + base + v) : -INFINITY;
+      out[v] = target_logit(p.logits, base + v, y);
     }
   }
   if (mass) has_mass[b] = 1;
@@ -198,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) stop_row_fallback_kernel(StopRowLogi
     int64_t const v = (static_cast<int64_t>(blockIdx.y) * kUnroll + u) * kThreads + threadIdx.x;
     if (v >= p.vocab) break;
     float const y = scaled_logit(p.logits, p.allowed, base + v, scale);
-    p.out[b * p.vocab + v] = y > -INFINITY ? __ldg(p.logits + base + v) : -INFINITY;
+    p.out[b * p.vocab + v] = target_logit(p.logits, base + v, y);
   }
 }
 
