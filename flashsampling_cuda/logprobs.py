@@ -9,12 +9,26 @@ sampled tokens' ranks, the log-probabilities of given token ids, processed or ra
 - ``logprobs_mode="raw"``: ``log_softmax`` of the raw logits ``hidden @ weight.T`` (before
   everything else), for every logprob output, ``logprobs`` and ``logsumexp`` included.
 
-They come from the call's fp32 logits, computed once: a call that asks for any of them samples
-on the logits route (``sample_from_logits``; on the CPU ``_sample_logits``) and the outputs
-read the same logits. On CUDA one kernel (csrc/kernels/top_logprobs.cu) finds each row's top N
-and the sampled tokens' ranks without sorting the row; the CPU computes the same in torch ops.
-No host sync, so graphs and ``torch.compile`` work. The fused version, in the GEMM's epilogue
-(docs/epilogue.md), is issue #34's goal.
+Two routes, neither with a host sync (graphs and ``torch.compile`` work):
+
+- **Fused** (CUDA, sm90; :func:`fused_top_logprobs_takes`: processed values, or raw ones without a
+  bias; no truncation, penalties, model-side transforms, mask or sparse bias; one sample, at most
+  64 rows, the batch-wide noise key):
+  ``flashsampling._sample_top_logprobs``, one pass of the fused top-k GEMM with nothing on. It
+  draws plain sampling's token (the tile winners), sums the log-sum-exp from its per-tile
+  log-masses, and its stage 2 reads each row's top N and the token's rank off the row's first 64
+  tokens where they certify them (csrc/kernels/truncate_candidates.cu); the rest (a token past
+  them, as on a flat row; ties of t at their end) the top-N kernels below take from the logits
+  the GEMM stored. ``token_ids`` read those logits too, and so do raw outputs (the logits route's
+  kernels on the stored logits).
+- **Logits**: every other call samples on the logits route (``sample_from_logits``; on the CPU
+  ``_sample_logits``) and the outputs read the same fp32 logits. On CUDA one kernel
+  (csrc/kernels/top_logprobs.cu) finds each row's top N and the sampled tokens' ranks without
+  sorting the row; the CPU computes the same in torch ops.
+
+Both give the same outputs on the same logits, but for a NaN logit: the fused route never lists or
+ranks one past a row's first 64 tokens (the sampler never draws it), the logits route puts NaN
+first, as ``torch.sort`` does (``check_nan=True`` raises on such rows).
 """
 
 from __future__ import annotations
@@ -26,12 +40,17 @@ from torch import Tensor
 
 from .masks import unpack_allowed_mask
 from .penalties import rule_logits
-from .truncation import materialized_logits, order_rank, scaled_logits, survivor_mask, temperature_scales
+from .truncation import (FUSED_ARCHS, FUSED_MAX_VOCAB, FUSED_MIN_VOCAB, cuda_arch, materialized_logits, order_rank,
+                         scaled_logits, survivor_mask, temperature_scales)
 
 __all__ = ["LogprobsOutput", "LOGPROBS_MODES", "MAX_TOP_LOGPROBS"]
 
 LOGPROBS_MODES = ("processed", "raw")
 MAX_TOP_LOGPROBS = 64
+# The fused route's batches: up to 64 rows the fused top-k GEMM draws each row's sample (its tile
+# winners: csrc/include/flashsampling/kernel_choice.h, the CUTLASS schedules' scan); beyond, its
+# rows would take the logits sampler's cut kernel, slower than the logits route.
+FUSED_TOP_LOGPROBS_MAX_BATCH = 64
 
 
 class LogprobsOutput(NamedTuple):
@@ -72,7 +91,7 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
             rows = [list(r) for r in token_ids]
             if not all(isinstance(v, int) and not isinstance(v, bool) for r in rows for v in r):
                 raise TypeError("flashsampling.sample: token_ids must hold ints")
-            width = max((len(r) for r in rows), default=0)
+            width = max([len(r) for r in rows] + [0])  # (a generator in max() does not trace)
             host = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(batch, width)
             ids = host.to(device)
         else:
@@ -86,6 +105,20 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
     if (top_logprobs > 0 or ids is not None or logprobs_mode != "processed") and not return_logprobs:
         raise ValueError("flashsampling.sample: top_logprobs, token_ids and logprobs_mode need return_logprobs=True")
     return top_logprobs, ids, logprobs_mode
+
+
+def fused_top_logprobs_takes(hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
+    """Whether ``flashsampling._sample_top_logprobs`` takes a processed logprob call without
+    truncation, penalties or model-side transforms (``op_kwargs``: the fused op's arguments): sm90,
+    bf16 / fp16, ``4096 <= V <= 229376``, one sample, 1-64 rows, a batch-wide seed and offset, no
+    ``allowed_mask`` or sparse bias."""
+    seed, offset = op_kwargs["seed"], op_kwargs["offset"]
+    return (hidden.device.type == "cuda" and hidden.dtype in (torch.bfloat16, torch.float16)
+            and FUSED_MIN_VOCAB <= weight.shape[0] <= FUSED_MAX_VOCAB
+            and 1 <= hidden.shape[0] <= FUSED_TOP_LOGPROBS_MAX_BATCH and op_kwargs["num_samples"] == 1
+            and op_kwargs["allowed_mask"] is None and op_kwargs["sparse_bias_ids"] is None
+            and (seed is None or seed.dim() == 0) and (offset is None or offset.dim() == 0)
+            and cuda_arch(hidden.device) in FUSED_ARCHS)
 
 
 def _raw_logits(hidden: Tensor, weight: Tensor, route: dict) -> Tensor:
@@ -209,6 +242,10 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
     as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them; ``route``: how it sampled
     (logits it computed are not computed again)."""
     vocab_start = context["kwargs"]["vocab_start"]
+    if route.get("op") == "_sample_top_logprobs":
+        if mode == "processed":
+            return _fused_outputs(context, route, tokens, logprobs, logsumexp, token_ids)
+        route = {**route, "raw_logits": route["top_outputs"][3]}  # x of a call without bias: the raw logits
     values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
     lse = logsumexp
     sampled = logsumexp[:, None] > -torch.inf  # not a row that nothing allows (its token is a sentinel)
@@ -233,3 +270,19 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
         of_ids = values_of_ids(values, token_ids, vocab_start)
         token_ids_logprobs = normalised(of_ids if scales is None else of_ids * scales[:, None], lse, mode)
     return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)
+
+
+def _fused_outputs(context: dict, route: dict, tokens: Tensor, logprobs: Tensor, logsumexp: Tensor,
+                   token_ids: Tensor | None) -> LogprobsOutput:
+    """:func:`logprob_outputs` of a call ``_sample_top_logprobs`` sampled (processed values): its
+    top N and ranks, and ``token_ids`` from the logits ``x`` it stored."""
+    top_logprobs, top_local, ranks, x = route["top_outputs"]
+    kwargs = context["kwargs"]
+    if token_ids is None:
+        token_ids_logprobs = x.new_empty((x.shape[0], 0))
+    else:
+        scales = temperature_scales(x.shape[0], kwargs["temperature"], kwargs["temperatures"], x.device)
+        of_ids = values_of_ids(x, token_ids, kwargs["vocab_start"]) * scales[:, None]
+        token_ids_logprobs = normalised(of_ids, logsumexp, "processed")
+    return LogprobsOutput(tokens, logprobs, logsumexp, top_local + kwargs["vocab_start"], top_logprobs, ranks,
+                          token_ids_logprobs)

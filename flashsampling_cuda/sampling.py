@@ -12,13 +12,14 @@ import torch
 from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
-from .logprobs import MAX_TOP_LOGPROBS, LogprobsOutput, logprob_outputs, parse_logprob_args, top_logprobs_cpu
+from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs, parse_logprob_args,
+                       top_logprobs_cpu)
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
-                         transformed_logits, truncated_allowed_mask)
+                         temperature_scales, transformed_logits, truncated_allowed_mask)
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "sample_from_logits", "pack_allowed_mask",
            "SampleOutput", "ScoredSample"]
@@ -163,6 +164,7 @@ def _op_kwargs(
     allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, route: dict | None = None,
     truncation_path: str = "auto", truncation_order: str = "top_k_first",
     transforms: LogitTransforms = LogitTransforms(), context: dict | None = None, logits_wanted: bool = False,
+    fused_top_n: int | None = None,
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
@@ -172,7 +174,10 @@ def _op_kwargs(
     computed to ``_sample_logits`` through ``route`` (no second logits pass). ``logits_wanted``
     (the logprob outputs read the logits): a call that would take the fused op takes the logits
     route instead (CUDA: ``sample_from_logits``; CPU: ``_sample_logits``), so that the logits are
-    computed once. A route that computed the logits keeps the matmul's own in ``route["raw_logits"]``."""
+    computed once. A route that computed the logits keeps the matmul's own in ``route["raw_logits"]``.
+    ``fused_top_n`` (the ``top_logprobs`` of a processed call, whose outputs the fused pass can
+    give): such a call without truncation takes ``_sample_top_logprobs`` where
+    :func:`~flashsampling_cuda.logprobs.fused_top_logprobs_takes` says it can."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -239,7 +244,9 @@ def _op_kwargs(
             choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
         if logits_wanted and route is not None and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB:
             _check_op_args_eagerly(hidden, weight, kwargs)
-            if hidden.device.type == "cpu":
+            if fused_top_n is not None and fused_top_logprobs_takes(hidden, weight, kwargs):
+                route.update(op="_sample_top_logprobs", top_n=fused_top_n)
+            elif hidden.device.type == "cpu":
                 logits = materialized_logits(hidden, weight)
                 route.update(op="_sample_logits", logits=logits, raw_logits=logits)
             else:
@@ -309,6 +316,10 @@ def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, route: dict, return_l
     """The op's four outputs, by the op ``route`` names (:func:`_op_kwargs`), else the fused op."""
     if not route:
         return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
+    if route["op"] == "_sample_top_logprobs":
+        outputs = torch.ops.flashsampling._sample_top_logprobs(hidden, weight, **kwargs, top_n=route["top_n"])
+        route["top_outputs"] = outputs[4:]  # top values, local ids, ranks, x: logprobs.logprob_outputs reads them
+        return outputs[:4]
     extra = {name: value for name, value in route.items() if name not in ("op", "raw_logits")}
     if route["op"] == "sample_top_k":
         return torch.ops.flashsampling.sample_top_k(hidden, weight, **kwargs, return_logprobs=return_logprobs, **extra)
@@ -552,6 +563,8 @@ def sample(
         LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
                         penalty_state, prompt_token_ids, output_token_ids), context,
         logits_wanted=top_n > 0 or wanted_ids is not None or mode != "processed",
+        # raw values without a bias are the logits the fused pass stores (its top N: not needed)
+        fused_top_n=top_n if mode == "processed" else 0 if logit_bias is None else None,
     )
     if not return_logprobs and not route and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
@@ -1012,6 +1025,56 @@ def _sample_top_k_cpu(
     kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation,
                                                                                 logits)
     return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
+
+
+def _check_top_logprobs_op(top_n: int, num_samples: int, allowed_mask, sparse_bias_ids) -> None:
+    """sample_cuda.cpp's checks of flashsampling._sample_top_logprobs, for its fake and CPU kernels."""
+    prefix = "flashsampling._sample_top_logprobs:"
+    torch._check(0 <= top_n <= MAX_TOP_LOGPROBS,
+                 lambda: f"{prefix} top_n must be in [0, {MAX_TOP_LOGPROBS}], got {top_n}")
+    torch._check(num_samples == 1, lambda: f"{prefix} num_samples must be 1, got {num_samples}")
+    torch._check(allowed_mask is None and sparse_bias_ids is None,
+                 lambda: f"{prefix} takes no allowed_mask or sparse bias (flashsampling_cuda.sample routes those "
+                 "calls elsewhere)")
+
+
+@torch.library.register_fake("flashsampling::_sample_top_logprobs")
+def _sample_top_logprobs_fake(
+    hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
+    generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
+    empty_mask_token=None, vocab_start=0, top_n=0,
+):
+    _check_top_logprobs_op(top_n, num_samples, allowed_mask, sparse_bias_ids)
+    sample = _sample_with_scores_fake(
+        hidden, weight, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
+        offset=offset, generator=generator, logit_bias=logit_bias, vocab_start=vocab_start, return_logprobs=True,
+    )
+    batch = hidden.shape[0]
+    return (*sample, hidden.new_empty((batch, top_n), dtype=torch.float32),
+            hidden.new_empty((batch, top_n), dtype=torch.int64), hidden.new_empty((batch, 1), dtype=torch.int64),
+            hidden.new_empty((batch, weight.shape[0]), dtype=torch.float32))
+
+
+@torch.library.register_kernel("flashsampling::_sample_top_logprobs", "cpu")
+def _sample_top_logprobs_cpu(
+    hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
+    generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
+    empty_mask_token=None, vocab_start=0, top_n=0,
+):
+    """The op on the CPU (the reference of the CUDA kernels in the tests): the CPU op's sample
+    from its own logits, and the logits route's top N and ranks of them."""
+    _check_top_logprobs_op(top_n, num_samples, allowed_mask, sparse_bias_ids)
+    logits = materialized_logits(hidden, weight)
+    tokens, scores, logprobs, lse = torch.ops.flashsampling._sample_logits(
+        logits, temperature=temperature, temperatures=temperatures, seed=seed, offset=offset, generator=generator,
+        logit_bias=logit_bias, vocab_start=vocab_start, return_logprobs=True)
+    x = logits if logit_bias is None else logits + logit_bias
+    scales = temperature_scales(x.shape[0], temperature, temperatures, x.device)
+    local = tokens - vocab_start
+    valid = (local >= 0) & (local < x.shape[1]) & (lse[:, None] > -torch.inf)
+    top_values, top_ids, ranks = top_logprobs_cpu(x * scales[:, None], lse.double(), torch.where(valid, local, -1),
+                                                  top_n, raw=False)
+    return tokens, scores, logprobs, lse, top_values, top_ids, ranks, x
 
 
 @torch.library.register_fake("flashsampling::_model_logits")

@@ -122,14 +122,15 @@ def parse_truncation(top_k, top_p, min_p, hidden: Tensor) -> Truncation | None:
 # 12 per tile, in 216 KiB: V <= 229376 on 64-token tiles) and are large enough for the tiles to
 # matter. Every other row is sampled from logits the GEMM stores in the same pass (sm90).
 FUSED_TOP_K_MAX = 64
-_FUSED_MIN_VOCAB = 4096
-_FUSED_MAX_VOCAB = 229376
+FUSED_MIN_VOCAB = 4096
+FUSED_MAX_VOCAB = 229376
 # Architectures (major * 10 + minor) whose fused pass also stores the logits for the rows stage 2
-# leaves: there it takes every truncation form, elsewhere a host top_k <= 64 only.
-_FUSED_LOGITS_ARCHS = (90,)
+# leaves: there it takes every truncation form (elsewhere a host top_k <= 64 only) and the fused
+# top-N logprobs (logprobs.py).
+FUSED_ARCHS = (90,)
 
 
-def _cuda_arch(device: torch.device) -> int:
+def cuda_arch(device: torch.device) -> int:
     """major * 10 + minor of a CUDA device; 0 where it cannot be asked (no GPU in this process)."""
     try:
         major, minor = torch.cuda.get_device_capability(device)
@@ -156,10 +157,10 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
     (``[B]`` top_k, top_k above 64, top_p / min_p alone)."""
     vocab = weight.shape[0]
     if (hidden.device.type != "cuda" or hidden.dtype not in (torch.bfloat16, torch.float16)
-            or not _FUSED_MIN_VOCAB <= vocab <= _FUSED_MAX_VOCAB or op_kwargs["sparse_bias_ids"] is not None):
+            or not FUSED_MIN_VOCAB <= vocab <= FUSED_MAX_VOCAB or op_kwargs["sparse_bias_ids"] is not None):
         return False
     return (_stage2_decides_every_row(_host_top_k(truncation, vocab))
-            or _cuda_arch(hidden.device) in _FUSED_LOGITS_ARCHS)
+            or cuda_arch(hidden.device) in FUSED_ARCHS)
 
 
 def _fused_preferred(truncation: Truncation, vocab: int) -> bool:
@@ -211,7 +212,7 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
         return "fused_top_k" if fused else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
         raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, "
-                         f"{_FUSED_MIN_VOCAB} <= V <= {_FUSED_MAX_VOCAB}, no sparse_logit_bias, and a host int top_k "
+                         f"{FUSED_MIN_VOCAB} <= V <= {FUSED_MAX_VOCAB}, no sparse_logit_bias, and a host int top_k "
                          f"in [1, {FUSED_TOP_K_MAX}] below V unless the GPU is sm90 (which takes every form)")
     if requested == "logits" and not on_cuda:
         raise ValueError("flashsampling.sample: truncation_path='logits' runs on CUDA only, with bfloat16/float16 "

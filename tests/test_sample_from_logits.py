@@ -399,7 +399,7 @@ def test_path_choice_on_cuda(monkeypatch):
     takes the fused pass, other forms the logits path, which takes what the fused op takes
     (bf16 / fp16: fp32 logits of fp32 inputs may come from a TF32 matmul) and V <= 2^22;
     everything else the materialised path."""
-    monkeypatch.setattr(truncation, "_cuda_arch", lambda device: 80)
+    monkeypatch.setattr(truncation, "cuda_arch", lambda device: 80)
     kwargs = dict(sparse_bias_ids=None)
     top_p, k20 = truncation.Truncation(None, 0.9, None), truncation.Truncation(20, 0.9, None)
     choose = truncation.choose_truncation_path
@@ -421,14 +421,14 @@ def test_path_choice_on_sm90(monkeypatch):
     shapes = (_CudaShape(4, 16), _CudaShape(32768, 16))
     forms = [truncation.Truncation(None, 0.9, None), truncation.Truncation(None, None, 0.05),
              truncation.Truncation(torch.full((4,), 20), 0.9, None), truncation.Truncation(1000, None, None)]
-    monkeypatch.setattr(truncation, "_cuda_arch", lambda device: 90)
+    monkeypatch.setattr(truncation, "cuda_arch", lambda device: 90)
     choose = truncation.choose_truncation_path
     # a host top_k above 64 decides no row in stage 2: the logits path (which "fused_top_k" names away)
     assert [choose("auto", t, *shapes, kwargs) for t in forms] == ["fused_top_k"] * 3 + ["logits"]
     assert choose("fused_top_k", forms[3], *shapes, kwargs) == "fused_top_k"
     large = (_CudaShape(256, 16), shapes[1])  # every batch alike
     assert [choose("auto", t, *large, kwargs) for t in forms] == ["fused_top_k"] * 3 + ["logits"]
-    monkeypatch.setattr(truncation, "_cuda_arch", lambda device: 100)
+    monkeypatch.setattr(truncation, "cuda_arch", lambda device: 100)
     assert [truncation.choose_truncation_path("auto", t, *shapes, kwargs) for t in forms] == ["logits"] * 4
     with pytest.raises(ValueError, match="unless the GPU is sm90"):
         truncation.choose_truncation_path("fused_top_k", forms[0], *shapes, kwargs)

@@ -10,7 +10,7 @@ takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
 top_p alone: the tile winners); and top-N logprobs with ranks (the
-top-N kernel's split passes and workspace); the soft-cap, scale and penalties alone and with
+top-N kernel's split passes and workspace; where the fused pass suits the shape, its route too); the soft-cap, scale and penalties alone and with
 per-row temperatures."""
 
 import torch
@@ -136,3 +136,13 @@ for batch, vocab, dim, dtype in SHAPES:
             torch.cuda.synchronize()
             assert bool(allowed.gather(1, tokens.view(batch, 1)).all())
         print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, fused path)")
+        if batch <= 64:
+            # Top-N logprobs on the fused route: stage 2's rows, the logits sampler's and the top-N
+            # kernels over what stage 2 leaves (N = 64: every row's top N; flat rows: the ranks).
+            for top_n in (5, 64):
+                out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7,
+                                                return_logprobs=True, top_logprobs=top_n,
+                                                token_ids=torch.zeros(batch, 2, dtype=torch.int64, device="cuda"))
+                torch.cuda.synchronize()
+                assert bool((out.ranks >= 1).all()) and out.top_ids.shape == (batch, top_n)
+            print(f"ok B={batch} V={vocab} D={dim} {dtype} (top-N logprobs, fused route)")

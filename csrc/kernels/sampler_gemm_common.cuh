@@ -46,7 +46,9 @@ void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, Sa
   node.controls = p.controls;
   node.inv_temperature = p.inv_temperature;
   node.greedy = p.greedy;
-  node.logprobs = p.logprobs;
+  // The fused truncation's scan keeps no log-probability state: its stage 2 computes them from
+  // the candidates and the stored logits' log-masses (so the scan may draw the tile winners too).
+  node.logprobs = p.logprobs && !p.fused_truncation;
   node.num_samples = p.num_samples;
   node.batch_size = static_cast<uint32_t>(p.batch_size);
   node.batch_divmod = cutlass::FastDivmod(static_cast<int>(p.batch_size));

@@ -155,9 +155,33 @@ __device__ __forceinline__ uint32_t digit_of(uint64_t key, int d) {
 }
 
 __device__ __forceinline__ RowView row_view(TopLogprobsParams const& p, int64_t row) {
-  double const lse = __ldg(p.lse + row);
   float const scale = p.scales != nullptr ? __ldg(p.scales + row) : 1.0f;
+  if (p.lse_float != nullptr) {
+    float const lse = __ldg(p.lse_float + row);
+    return RowView{p.values + row * p.row_stride, p.vocab_size, static_cast<double>(lse), lse, scale, p.raw};
+  }
+  double const lse = __ldg(p.lse + row);
   return RowView{p.values + row * p.row_stride, p.vocab_size, lse, static_cast<float>(lse), scale, p.raw};
+}
+
+// What the row wants of this call (TopLogprobsParams::row_modes).
+__device__ __forceinline__ uint8_t row_mode(TopLogprobsParams const& p, int64_t row) {
+  return p.row_modes != nullptr ? __ldg(p.row_modes + row) : uint8_t{kTopLogprobsRank | kTopLogprobsTop};
+}
+__device__ __forceinline__ int row_top_n(TopLogprobsParams const& p, uint8_t mode) {
+  return (mode & kTopLogprobsTop) ? p.top_n : 0;
+}
+__device__ __forceinline__ int64_t row_samples(TopLogprobsParams const& p, uint8_t mode) {
+  return (mode & kTopLogprobsRank) ? p.num_samples : 0;
+}
+
+// Sample s's token of the row as a local id, -1 where it ranks nothing (outside [0, V), or a
+// row without a sample: lse_float not above -inf).
+__device__ __forceinline__ int64_t local_token(TopLogprobsParams const& p, RowView const& view, int64_t row,
+                                               int64_t s) {
+  int64_t const token = __ldg(p.tokens + row * p.num_samples + s) - p.token_base;
+  bool const sampled = p.lse_float == nullptr || view.lse_f > -INFINITY;
+  return sampled && token >= 0 && token < view.vocab ? token : -1;
 }
 
 // [begin, end) of slice `slice` of `slices`: a multiple of 4 elements each (the float4 loads).
@@ -185,23 +209,24 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_histogram_kernel(TopLog
   __shared__ uint32_t hist[kMaxBins];
   __shared__ uint32_t rank_counts[kRankSlots];
   int64_t const row = blockIdx.x;
-  int const tid = threadIdx.x, lane = tid & 31, n = p.top_n;
+  uint8_t const mode = row_mode(p, row);
+  if (mode == 0) return;
+  int const tid = threadIdx.x, lane = tid & 31, n = row_top_n(p, mode);
+  int64_t const samples = row_samples(p, mode);
   RowView const view = row_view(p, row);
   int64_t begin, end;
   slice_bounds(view.vocab, gridDim.y, blockIdx.y, begin, end);
   if (n > 0) {
     for (int i = tid; i < kMaxBins; i += kThreads) hist[i] = 0;
   }
-  for (int64_t s0 = 0; s0 < p.num_samples || (s0 == 0 && n > 0); s0 += kRankSlots) {
-    int const slots = p.num_samples - s0 < kRankSlots ? static_cast<int>(p.num_samples - s0) : kRankSlots;
+  for (int64_t s0 = 0; s0 < samples || (s0 == 0 && n > 0); s0 += kRankSlots) {
+    int const slots = samples - s0 < kRankSlots ? static_cast<int>(samples - s0) : kRankSlots;
     uint32_t token_hi[kRankSlots], count[kRankSlots];
     int64_t token[kRankSlots];
 #pragma unroll
     for (int k = 0; k < kRankSlots; ++k) {
-      token[k] = k < slots ? __ldg(p.tokens + row * p.num_samples + s0 + k) : -1;
-      bool const valid = token[k] >= 0 && token[k] < view.vocab;
-      token_hi[k] = valid ? order_bits(view.logprob(token[k])) : 0u;
-      if (!valid) token[k] = -1;
+      token[k] = k < slots ? local_token(p, view, row, s0 + k) : -1;
+      token_hi[k] = token[k] >= 0 ? order_bits(view.logprob(token[k])) : 0u;
       count[k] = 0;
     }
     bool const histogram = s0 == 0 && n > 0;
@@ -236,9 +261,10 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_collect_kernel(TopLogpr
   __shared__ uint32_t hist[kMaxBins];
   __shared__ uint32_t shared_bin, shared_before;
   int64_t const row = blockIdx.x;
-  if (p.top_n == 0) return;
+  int const n = row_top_n(p, row_mode(p, row));
+  if (n == 0) return;
   Selection sel;
-  uint32_t const candidates = select_first_digit(w, row, p.top_n, hist, sel, &shared_bin, &shared_before);
+  uint32_t const candidates = select_first_digit(w, row, n, hist, sel, &shared_bin, &shared_before);
   if (candidates > kBufferCapacity) return;
   RowView const view = row_view(p, row);
   int64_t begin, end;
@@ -264,12 +290,12 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_finish_kernel(TopLogpro
   __shared__ uint32_t shared_bin, shared_before, gathered;
 
   int64_t const row = blockIdx.x;
-  int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n = p.top_n;
+  uint8_t const mode = row_mode(p, row);
+  int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n = row_top_n(p, mode);
   RowView const view = row_view(p, row);
   int64_t const vocab = p.vocab_size;
-  for (int64_t s = tid; s < p.num_samples; s += kThreads) {
-    int64_t const token = __ldg(p.tokens + row * p.num_samples + s);
-    bool const valid = token >= 0 && token < vocab;
+  for (int64_t s = tid; s < row_samples(p, mode); s += kThreads) {
+    bool const valid = local_token(p, view, row, s) >= 0;
     p.ranks[row * p.num_samples + s] = valid ? static_cast<int64_t>(w.counts[row * p.num_samples + s]) + 1 : 0;
   }
   if (n == 0) return;

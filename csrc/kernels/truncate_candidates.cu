@@ -22,7 +22,10 @@
 // A row without top_k is selected as if k were kMaxFusedTopK, and decided here when its top_p /
 // min_p cut falls among those tokens. Where the tiles' first keys and log-masses already show
 // that every one of them survives the cut (a flat row: thousands of survivors), the row is handed
-// on before steps 1-4, which would only find that out.
+// on before steps 1-4, which would only find that out. A row of flashsampling._sample_top_logprobs
+// (nothing on) is selected the same way, and its top-N log-probabilities and the rank of its
+// sample (the GEMM's tile winner) are read off those tokens where they certify them
+// (finish_top_logprob_row).
 #include <algorithm>
 #include <cstdint>
 
@@ -30,6 +33,7 @@
 
 #include "flashsampling/epilogue/candidate_math.cuh"
 #include "flashsampling/philox_gumbel.h"
+#include "flashsampling/top_logprobs.h"
 #include "sampler_config.h"
 
 namespace flashsampling {
@@ -263,6 +267,102 @@ __device__ void hand_on_undecided_row(SamplerParams const& p, int64_t row, float
   }
 }
 
+// A row of flashsampling._sample_top_logprobs (warp 0; SamplerParams::top_logprobs), its first
+// m tokens by the order of y sorted in sh (m < kMaxFusedTopK: a row with fewer tokens). Its sample
+// is the GEMM's tile winner, and its log-sum-exp lse = y0 + log(row_mass) that of the GEMM's
+// per-tile log-masses. Every token past the list has y <= the list's last y, hence
+// t = fl32(y - fl32(lse)) <= the last's t (monotone in y): the list's first N in the order of t
+// (t descending, exact ties to the smaller id) are the row's when the N-th's t is above the
+// last's, and the sample's rank is its position there when its own t is. What that does not
+// certify (ties of t at the list's end, a sample past it: a flat row), and the whole row where
+// something is missing (a winner, a finite first y, the log-masses, a valid temperature; NaN
+// logits in the list), row_modes leaves to the top-N kernels; a row without its sample goes to
+// the logits sampler first. NaN logits past the list are not seen: the sampler never draws them.
+__device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stage2Shared& sh, int m,
+                                       bool row_usable, double row_mass, PackedCandidate winner, float inv_t) {
+  TopLogprobRows const& out = p.top_logprobs;
+  int const lane = threadIdx.x % 32;
+  bool const greedy = inv_t == 0.0f;
+  if (lane == 0) out.row_scales[row] = greedy ? 1.0f : inv_t;
+  bool valid[2], nan_entry = false;
+  float y[2];
+  uint32_t local[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    int const i = lane + 32 * h;
+    valid[h] = i < m;
+    uint32_t const hi = valid[h] ? static_cast<uint32_t>(sh.sorted_key[i] >> 32) : 0u;
+    nan_entry = nan_entry || (valid[h] && hi <= 1u);
+    y[h] = valid[h] ? from_order_bits(hi) : -INFINITY;
+    local[h] = valid[h] ? top_candidate_index(sh.sorted_key[i]) - static_cast<uint32_t>(p.vocab_start) : 0u;
+  }
+  double const y0 = static_cast<double>(__shfl_sync(0xFFFFFFFFu, y[0], 0));
+  bool const decided = m == kMaxFusedTopK && row_usable && winner != 0 && inv_t == inv_t && isfinite(y0) &&
+                       !__any_sync(0xFFFFFFFFu, nan_entry);
+  if (!decided) {
+    if (lane == 0) {
+      out.row_modes[row] = kTopLogprobsRank | kTopLogprobsTop;
+      leave_to_logits_sampler(p, row);
+    }
+    return;
+  }
+  double const lse = y0 + log(row_mass);
+  float const lse_f = static_cast<float>(lse);
+
+  // The sample and its outputs, as plain sampling's.
+  uint32_t const token = top_candidate_index(winner);
+  uint32_t const token_local = token - static_cast<uint32_t>(p.vocab_start);
+  if (lane == 0) {
+    float const x = p.row_logits[row * p.row_logits_stride + token_local];
+    float const y_token = greedy ? x : fs_mul(x, inv_t);
+    p.tokens[row] = static_cast<int64_t>(token);
+    if (p.scores) p.scores[row] = stored_score(p, row, token);
+    p.token_logprobs[row] = static_cast<float>(static_cast<double>(y_token) - lse);
+    p.logsumexp[row] = lse_f;
+  }
+
+  // t of each entry and its key in the order of the outputs (t is a number here: y is finite
+  // or -inf and lse finite), then each entry's position among the m.
+  float t[2];
+  uint32_t t_bits[2];
+  PackedCandidate* const order_keys = sh.group_max;  // free after step 1
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    t[h] = y[h] == -INFINITY ? -INFINITY : __fsub_rn(y[h], lse_f);
+    t_bits[h] = number_order_bits(t[h]);
+    order_keys[lane + 32 * h] = (static_cast<PackedCandidate>(t_bits[h]) << 32) | (0xFFFFFFFFu - local[h]);
+  }
+  __syncwarp();
+  int position[2] = {0, 0};
+  for (int j = 0; j < m; ++j) {
+    PackedCandidate const other = order_keys[j];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) position[h] += other > order_keys[lane + 32 * h];
+  }
+  uint32_t const last_bits = __shfl_sync(0xFFFFFFFFu, t_bits[1], 31);  // the m-th entry's t
+  int above_last = (t_bits[0] > last_bits) + (t_bits[1] > last_bits);
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) above_last += __shfl_xor_sync(0xFFFFFFFFu, above_last, delta);
+  bool const top_certified = above_last >= out.top_n;
+  bool rank_certified = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (top_certified && position[h] < out.top_n) {
+      out.values[row * out.top_n + position[h]] = t[h];
+      out.ids[row * out.top_n + position[h]] = static_cast<int64_t>(local[h]);
+    }
+    if (local[h] == token_local && t_bits[h] > last_bits) {
+      out.ranks[row] = position[h] + 1;
+      rank_certified = true;
+    }
+  }
+  rank_certified = __any_sync(0xFFFFFFFFu, rank_certified);
+  if (lane == 0) {
+    out.row_modes[row] = static_cast<uint8_t>((top_certified ? 0 : kTopLogprobsTop) |
+                                              (rank_certified ? 0 : kTopLogprobsRank));
+  }
+}
+
 // tile_winners / streamed_winners (draw_tile_winners, else null): the GEMM's tile winners, and
 // where stage 2 puts the winner of each row it streams.
 __global__ void __launch_bounds__(kThreads, 1)
@@ -285,10 +385,13 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // Without top_k the first kMaxFusedTopK tokens are selected as if it were that, and the row
   // is decided here when its top_p / min_p cut falls among them (checked after step 4).
   bool const certify = given_k < 1 && (top_p_on || min_p_on);
+  // A row of flashsampling._sample_top_logprobs (nothing on in the call): selected as a row
+  // without top_k, then finish_top_logprob_row.
+  bool const top_logprob_row = p.top_logprobs.top_n >= 0;
   // A row without top_k the candidates cannot decide may be left to the logits sampler's
   // streaming kernels with its first y (below); every other row's entry stays NaN.
   if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
-  if (!certify && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
+  if (!certify && !top_logprob_row && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
     // A larger top_k, or nothing on. Where the GEMM drew the tile winners (a call of one sample
     // without log-probabilities) a row without a cut has its sample: the best of them.
     PackedCandidate const winner =
@@ -304,7 +407,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
     return;
   }
-  int const k = certify ? kMaxFusedTopK : static_cast<int>(given_k);
+  bool const first_tokens = certify || top_logprob_row;  // the row's first kMaxFusedTopK
+  int const k = first_tokens ? kMaxFusedTopK : static_cast<int>(given_k);
   SamplingControls const& controls = p.controls;
   float const inv_t = row_inv_temperature(controls, static_cast<uint32_t>(row), p.inv_temperature);
   bool const greedy = inv_t == 0.0f;
@@ -325,8 +429,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // hold a token, and for its top_p the tiles' log-masses (copied into xs, free until the keys
   // >= tau fill it) and their winners.
   bool const bounded = num_tiles >= 2 * int64_t{k};
-  bool const wants_mass = certify && top_p_on && tile_log_masses != nullptr;
-  bool const wants_winner = certify && top_p_on && tile_winners != nullptr;
+  bool const wants_mass = ((certify && top_p_on) || top_logprob_row) && tile_log_masses != nullptr;
+  bool const wants_winner = ((certify && top_p_on) || top_logprob_row) && tile_winners != nullptr;
   float2* const log_mass_copy = reinterpret_cast<float2*>(xs);  // capacity >= 4 num_tiles floats
   for (int g = threadIdx.x; g < k; g += kThreads) sh.group_max[g] = 0;
   if (threadIdx.x == 0) {
@@ -347,7 +451,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     first_y_bits = max(first_y_bits, static_cast<uint32_t>(first >> 32));
     with_token += first != 0;
   }
-  if (certify) {
+  if (first_tokens) {
 #pragma unroll
     for (int delta = 16; delta > 0; delta >>= 1) {
       first_y_bits = max(first_y_bits, __shfl_xor_sync(0xFFFFFFFFu, first_y_bits, delta));
@@ -367,11 +471,11 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   double row_y0 = -INFINITY, row_mass = 0.0;
   bool row_usable = false;  // a finite first y and the GEMM's log-masses
   PackedCandidate const row_winner = wants_winner ? block_max_key(winner_part, sh) : PackedCandidate{0};
-  if (certify) {
+  if (first_tokens) {
     uint32_t const hi0 = sh.first_y_bits;
     row_y0 = hi0 <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi0));
     row_usable = isfinite(row_y0) && tile_log_masses != nullptr;
-    if (row_usable && top_p_on) row_mass = block_row_mass(log_mass_copy, num_tiles, row_y0, sh);
+    if (row_usable && (top_p_on || top_logprob_row)) row_mass = block_row_mass(log_mass_copy, num_tiles, row_y0, sh);
     if (row_usable && min_p_on) {
       int passing = 0;
       for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
@@ -386,7 +490,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
     // Step 4's masses are exp(y - y0) <= 1 each: k of them stay below top_p of row_mass with
     // room for its float64 rounding.
-    bool const all_survive = row_usable && sh.tiles_with_token >= k &&
+    bool const all_survive = certify && row_usable && sh.tiles_with_token >= k &&
                              (!top_p_on || double{kMaxFusedTopK} * (1.0 + 1e-9) < top_p * row_mass) &&
                              (!min_p_on || sh.min_p_tiles >= k);
     if (all_survive) {
@@ -525,6 +629,10 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
   }
   __syncthreads();  // the sorted survivors are visible to every warp
+  if (top_logprob_row) {
+    if (warp == 0) finish_top_logprob_row(p, row, sh, m, row_usable, row_mass, row_winner, inv_t);
+    return;
+  }
 
   // Without top_k: the list holds the row's first m = k tokens, or all of them (m < k). When
   // it may not hold every survivor, top_p needs the row's whole mass (the GEMM's per-tile

@@ -59,6 +59,9 @@ struct SampleArgs {
 //   allowed tokens), when return_logprobs; else empty tensors of shape [0].
 struct SampleResult {
   at::Tensor tokens, scores, token_logprobs, logsumexp;
+  // flashsampling._sample_top_logprobs (CUDA) only: top_values [B, N], top_ids [B, N] (local),
+  // ranks [B, 1] and the call's logits x [B, V] (views of the GEMM's stored rows).
+  at::Tensor top_values, top_ids, ranks, logits;
 };
 
 // Validates everything the schema does not: shapes, dtypes, devices and (host-resident)

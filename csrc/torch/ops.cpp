@@ -110,6 +110,16 @@ TORCH_LIBRARY(flashsampling, m) {
         "Tensor? min_ps=None, Tensor? top_ks=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, "
         "Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
+  // A plain sample (as sample_with_scores with return_logprobs, one sample) through the fused
+  // top-k pass with nothing on, and each row's top_n processed log-probabilities (values
+  // descending, exact ties to the smaller id; local ids) and the sample's 1-based rank [B, 1],
+  // with the call's logits x [B, V] (fp32, bias added) for further outputs: the fused route of
+  // flashsampling_cuda.sample(top_logprobs=...) (flashsampling_cuda/logprobs.py). CUDA (sm_90) only;
+  // no allowed_mask or sparse bias.
+  m.def("_sample_top_logprobs(" FS_SAMPLE_ARGS
+        ", int top_n=0) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp, "
+        "Tensor top_logprobs, Tensor top_ids, Tensor ranks, Tensor logits)",
+        {at::Tag::nondeterministic_seeded});
   // The CPU op from precomputed fp32 logits [B, V] (the raw hidden . weight, before biases) in
   // place of hidden and weight: the same sample, biases, mask, noise and outputs as
   // sample_with_scores. The materialised top-k / top-p path of the CPU samples its survivors

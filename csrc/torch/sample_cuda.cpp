@@ -18,6 +18,7 @@
 #include "flashsampling/philox_gumbel.h"
 #include "flashsampling/sample_from_logits.h"
 #include "flashsampling/sampler_params.h"
+#include "flashsampling/top_logprobs.h"
 
 namespace flashsampling {
 namespace {
@@ -147,11 +148,37 @@ void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const F
   check_per_row_truncation(prefix, hidden, "hidden's", top.top_ks, top.top_ps, top.min_ps);
 }
 
+// The top-N kernels over the rows stage 2 left (TopLogprobRows::row_modes), from the GEMM's
+// stored logits and the sampler's log-sum-exp and tokens (after the logits sampler's rows).
+void launch_top_logprob_leftovers(const SamplerParams& p, const SampleResult& result, int sm_count) {
+  TopLogprobsParams t;
+  t.values = p.row_logits;
+  t.row_stride = p.row_logits_stride;
+  t.batch_size = p.batch_size;
+  t.vocab_size = p.vocab_size;
+  t.lse_float = p.logsumexp;
+  t.scales = p.top_logprobs.row_scales;
+  t.tokens = p.tokens;
+  t.token_base = p.vocab_start;
+  t.num_samples = 1;
+  t.top_n = p.top_logprobs.top_n;
+  t.row_modes = p.top_logprobs.row_modes;
+  t.top_values = result.top_values.data_ptr<float>();
+  t.top_ids = result.top_ids.data_ptr<int64_t>();
+  t.ranks = result.ranks.data_ptr<int64_t>();
+  const at::Tensor workspace = at::empty({static_cast<int64_t>(top_logprobs_workspace_bytes(p.batch_size, 1))},
+                                         result.tokens.options().dtype(at::kByte));
+  const cudaError_t err = launch_top_logprobs(t, workspace.data_ptr(), sm_count, c10::cuda::getCurrentCUDAStream());
+  TORCH_CHECK(err == cudaSuccess, "flashsampling._sample_top_logprobs: CUDA kernel launch failed: ",
+              cudaGetErrorString(err));
+}
+
 // `position_rows`: the flashsampling._sample_positions layout, `gemm_hidden` [S * B, D] holding
 // a row per (sample, batch row), sample-major, in place of the batch S times; the batch is its
 // first B rows (every check and the noise's [B] arrays take their shape from those).
+// `top_n` >= 0 (with `top` nothing on): flashsampling._sample_top_logprobs's outputs as well.
 SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& weight, const SampleArgs& args,
-                              const FusedTopK* top, bool position_rows = false) {
+                              const FusedTopK* top, bool position_rows = false, int64_t top_n = -1) {
   const at::Tensor hidden = position_rows ? gemm_rows.narrow(0, 0, gemm_rows.size(0) / args.num_samples) : gemm_rows;
   check_sample_args(hidden, weight, args);
   if (top != nullptr) check_fused_top_k(hidden, args, *top);
@@ -280,6 +307,23 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
       p.row_logits = row_logits.data_ptr<float>();
       p.row_logits_stride = stride;
       p.fallback_rows = fallback_rows.data_ptr<int32_t>();
+      if (top_n >= 0) {
+        result.top_values = at::empty({batch, top_n}, float_options);
+        result.top_ids = at::empty({batch, top_n}, hidden.options().dtype(at::kLong));
+        result.ranks = at::empty({batch, 1}, hidden.options().dtype(at::kLong));
+        result.logits = row_logits.narrow(1, 0, vocab);
+        const at::Tensor row_modes = at::empty({batch}, hidden.options().dtype(at::kByte));
+        const at::Tensor row_scales = at::empty({batch}, float_options);
+        keep_alive.push_back(row_modes);
+        keep_alive.push_back(row_scales);
+        TopLogprobRows& rows = p.top_logprobs;
+        rows.top_n = static_cast<int>(top_n);
+        rows.values = result.top_values.data_ptr<float>();
+        rows.ids = result.top_ids.data_ptr<int64_t>();
+        rows.ranks = result.ranks.data_ptr<int64_t>();
+        rows.row_modes = row_modes.data_ptr<uint8_t>();
+        rows.row_scales = row_scales.data_ptr<float>();
+      }
     }
   }
   p.device_sm_count = device.sm_count;
@@ -295,6 +339,7 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
   const cudaError_t err =
       launch_sampler(p, workspace.data_ptr(), workspace_bytes, arch, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "flashsampling.sample: CUDA kernel launch failed: ", cudaGetErrorString(err));
+  if (top_n >= 0) launch_top_logprob_leftovers(p, result, device.sm_count);
   return result;
 }
 
@@ -333,6 +378,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_top_k_cuda(
   const FusedTopK top{top_k, top_p, min_p, top_ps, min_ps, top_ks};
   SampleResult r = sample_cuda_impl(hidden, weight, args, &top);
   return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
+}
+
+// flashsampling._sample_top_logprobs (ops.cpp): the fused top-k pass with nothing on, its stage 2
+// also giving the top-N log-probabilities and the sample's rank (SamplerParams::top_logprobs).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+sample_top_logprobs_cuda(const at::Tensor& hidden, const at::Tensor& weight, double temperature,
+                         const std::optional<at::Tensor>& temperatures, int64_t num_samples,
+                         const std::optional<at::Tensor>& seed, const std::optional<at::Tensor>& offset,
+                         std::optional<at::Generator> generator, const std::optional<at::Tensor>& logit_bias,
+                         const std::optional<at::Tensor>& sparse_bias_ids,
+                         const std::optional<at::Tensor>& sparse_bias_values,
+                         const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
+                         int64_t vocab_start, int64_t top_n) {
+  const char* prefix = "flashsampling._sample_top_logprobs: ";
+  TORCH_CHECK(top_n >= 0 && top_n <= kMaxTopLogprobs, prefix, "top_n must be in [0, ", kMaxTopLogprobs, "], got ",
+              top_n);
+  TORCH_CHECK(num_samples == 1, prefix, "num_samples must be 1, got ", num_samples);
+  TORCH_CHECK(!allowed_mask.has_value() && !sparse_bias_ids.has_value(), prefix,
+              "takes no allowed_mask or sparse bias (flashsampling_cuda.sample routes those calls elsewhere)");
+  const SampleArgs args = SampleOps<&sample_cuda>::make_args(
+      temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias, sparse_bias_ids,
+      sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, /*return_logprobs=*/true);
+  const FusedTopK nothing_on{};
+  SampleResult r = sample_cuda_impl(hidden, weight, args, &nothing_on, /*position_rows=*/false, top_n);
+  if (hidden.size(0) == 0) {
+    r.top_values = hidden.new_empty({0, top_n}, hidden.options().dtype(at::kFloat));
+    r.top_ids = hidden.new_empty({0, top_n}, hidden.options().dtype(at::kLong));
+    r.ranks = hidden.new_empty({0, 1}, hidden.options().dtype(at::kLong));
+    r.logits = hidden.new_empty({0, weight.size(0)}, hidden.options().dtype(at::kFloat));
+  }
+  TORCH_CHECK(r.top_values.defined(), prefix, "the fused top-k pass did not store the logits");
+  return {r.tokens, r.scores, r.token_logprobs, r.logsumexp, r.top_values, r.top_ids, r.ranks, r.logits};
 }
 
 // flashsampling::sample_from_logits's truncation arguments: host scalars, or [B] device arrays
@@ -449,6 +526,7 @@ TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
   SampleOps<&sample_cuda>::register_impls(m);
   m.impl("sample_top_k", &sample_top_k_cuda);
+  m.impl("_sample_top_logprobs", &sample_top_logprobs_cuda);
   m.impl("_sample_positions", &sample_positions_cuda);
   m.impl("sample_from_logits", &sample_from_logits_cuda);
 }

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "flashsampling/sampler_loop.h"
+#include "flashsampling/top_logprobs.h"
 
 namespace flashsampling {
 
@@ -119,6 +120,20 @@ inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const
   return sampler_loop_for(loop_needs(c, noise, num_samples, logprobs));
 }
 
+// The top-N log-probabilities of flashsampling._sample_top_logprobs (flashsampling_cuda/logprobs.py
+// has the order: t = fl32(y - fl32(lse)) descending, exact ties to the smaller id), decided in
+// the fused truncation's stage 2 from the candidates of a row's first kMaxFusedTopK tokens where
+// they certify the answer (truncate_candidates.cu), and otherwise marked in row_modes for the
+// top-N kernels (top_logprobs.h), which read the stored logits after stage 2 and the logits
+// sampler.
+struct TopLogprobRows {
+  int top_n = -1;                // N in [0, kMaxFusedTopK]; -1: not such a call
+  float* values = nullptr;       // [B, N] t
+  int64_t* ids = nullptr;        // [B, N] local ids
+  int64_t* ranks = nullptr;      // [B] 1-based rank of the sampled token
+  uint8_t* row_modes = nullptr;  // [B] what stage 2 left (top_logprobs.h: kTopLogprobsRank | kTopLogprobsTop)
+  float* row_scales = nullptr;   // [B] y / x of the row: fl32(1 / T), 1 on greedy rows
+};
 struct SamplerParams {
   // LM head weight [V, D] and hidden states, both with unit stride along D. With
   // num_samples = S > 1, `hidden` holds the batch S times ([S * B, D], sample-major):
@@ -163,6 +178,10 @@ struct SamplerParams {
   // [1 + B] int32, count zeroed: stage 2 appends the rows it leaves (count, then rows), and
   // sample_from_logits samples those rows from row_logits.
   int32_t* fallback_rows = nullptr;
+  // flashsampling._sample_top_logprobs (top_n >= 0): a fused truncation call with nothing on,
+  // whose stage 2 also gives each row its processed top-N log-probabilities and the sampled
+  // token's rank where the candidates certify them (TopLogprobRows).
+  TopLogprobRows top_logprobs;
 
   // Outputs. tokens: int64 [B, num_samples]; scores: float [B, num_samples] (optional);
   // with logprobs: token_logprobs float [B, num_samples] and logsumexp float [B].
@@ -233,14 +252,17 @@ inline bool fused_truncation_streams_rows(SamplerParams const& p) {
 
 // Whether the fused truncation's GEMM may draw the tile winners (SamplerParams::draw_tile_winners)
 // for a call: rows handed on by top_p alone (no top_k, no min_p: the winner over every allowed
-// token is then the first winner the rounds verify) and the batch-wide noise key of plain sampling,
+// token is then the first winner the rounds verify), or the plain sample of a top-N logprobs call
+// (one sample), and the batch-wide noise key of plain sampling,
 // whose Philox block serves four neighbouring rows. The kernel must scan for them too
 // (sampler_dispatch.cu: the CUTLASS schedules' top-k scan on sm90).
 inline bool fused_truncation_draws_tile_winners(SamplerParams const& p) {
   bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
   bool const per_row_keys =
       p.noise.row_seeds != nullptr || p.noise.row_offsets != nullptr || p.noise.row_streams != nullptr;
-  return fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !min_p && !per_row_keys;
+  bool const top_logprobs = p.top_logprobs.top_n >= 0 && p.num_samples == 1;
+  return ((fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !min_p) || top_logprobs) &&
+         !per_row_keys;
 }
 
 // Per-(vocabulary tile, batch row) candidate, packed so that a plain unsigned max

@@ -14,6 +14,11 @@ namespace flashsampling {
 // Largest N (flashsampling_cuda/logprobs.py: MAX_TOP_LOGPROBS).
 constexpr int kMaxTopLogprobs = 64;
 
+// What a row leaves to these kernels where TopLogprobsParams::row_modes is given (the fused
+// sampler's stage 2 decides the rest: SamplerParams::top_logprobs).
+constexpr uint8_t kTopLogprobsRank = 1;  // the ranks of its tokens
+constexpr uint8_t kTopLogprobsTop = 2;   // its top N
+
 // One call. Row b's log-probabilities are t[v] = fl32(y - fl32(lse[b])) with -inf kept where y is
 // -inf (processed), or fl32(fl64(y) - lse[b]) (raw), y = fl32(values[b, v] * scales[b]) (y =
 // values[b, v] without scales: the processed logits as they are, or x with the rows' fl32(1 / T)
@@ -25,11 +30,18 @@ struct TopLogprobsParams {
   int64_t batch_size = 0;  // B
   int64_t vocab_size = 0;  // V
   const double* lse = nullptr;  // [B]
+  // [B], in place of lse (processed only): the sampler's own float32 log-sum-exp; a row whose
+  // lse is not above -inf (nothing sampled) ranks no token.
+  const float* lse_float = nullptr;
   const float* scales = nullptr;  // [B] or null (1)
   bool raw = false;
-  const int64_t* tokens = nullptr;  // [B, S] local ids; one outside [0, V) gets rank 0
+  const int64_t* tokens = nullptr;  // [B, S] ids token_base + v; one outside [0, V) gets rank 0
+  int64_t token_base = 0;
   int64_t num_samples = 0;          // S
   int top_n = 0;                    // N in [0, min(V, kMaxTopLogprobs)]
+  // [B] or null (every row: both): what each row wants (kTopLogprobsRank | kTopLogprobsTop);
+  // the outputs of the rest are not written.
+  const uint8_t* row_modes = nullptr;
 
   // Outputs: the first N of the order, top_values float [B, N] (t) and top_ids int64 [B, N]
   // (local v); ranks int64 [B, S]: each token's 1-based position in the order.
