@@ -22,11 +22,13 @@ def main() -> None:
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--shape", default="4096x151936")
     parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--only", default=None, help="comma list of the calls to profile (default: all)")
+    parser.add_argument("--regime", default="llm", choices=["llm", "flat"])
     args = parser.parse_args()
     dim, vocab = (int(x) for x in args.shape.split("x"))
     weight = lm_head_weight(vocab, dim)
     for batch in (int(b) for b in args.batches.split(",")):
-        hidden = hidden_states(weight, batch, "llm", seed=1)
+        hidden = hidden_states(weight, batch, args.regime, seed=1)
         ids = torch.zeros(batch, 8, dtype=torch.int64, device=hidden.device)
         calls = {
             "plain": lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1),
@@ -34,6 +36,8 @@ def main() -> None:
                                                       top_logprobs=20),
             "K=8 ids": lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1,
                                                          return_logprobs=True, token_ids=ids),
+            "raw N=20": lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8, seed=1,
+                                                          return_logprobs=True, top_logprobs=20, logprobs_mode="raw"),
         }
         gen = torch.Generator(device=hidden.device).manual_seed(batch)
         prompt = torch.randint(0, vocab, (batch, 1024), device=hidden.device, generator=gen)
@@ -56,10 +60,12 @@ def main() -> None:
                 calls[f"spec n={n} sampled"] = (lambda h=spec_hidden, d=drafts, q=q: flashsampling_cuda.speculative_sample(
                     h, weight, d, q, temperature=0.8, seed=1))
         for name, call in calls.items():
+            if args.only is not None and name not in args.only.split(","):
+                continue
             call()
             times = kernel_times(call, args.calls)
             total = sum(times.values())
-            top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1])[:8])
+            top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1])[:12])
             print(f"B={batch} {name}: {total:.0f} us device; {top}", flush=True)
 
 

@@ -65,6 +65,25 @@ __device__ __forceinline__ uint64_t order_key(uint32_t hi, int64_t v) {
 
 __device__ __forceinline__ int64_t index_of(uint64_t key) { return 0xFFFFFFFFu - static_cast<uint32_t>(key); }
 
+// atomicAdd(&counts[bin], 1) of the lanes here, one atomic a distinct bin: a row's keys crowd into
+// a few bins of the first digit (the exponents of its log-probabilities), where lanes adding one
+// each would serialise on the same words.
+__device__ __forceinline__ void add_to_bin(uint32_t* counts, uint32_t bin) {
+  unsigned const peers = __match_any_sync(__activemask(), bin);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&counts[bin], static_cast<uint32_t>(__popc(peers)));
+}
+
+// A slot of `*fill` for each lane here that `takes` one, one atomic a warp (in lane order).
+__device__ __forceinline__ uint32_t take_slot(uint32_t* fill, bool takes) {
+  unsigned const lanes = __ballot_sync(__activemask(), takes);
+  if (!takes) return 0;
+  int const lane = threadIdx.x & 31, leader = __ffs(lanes) - 1;
+  uint32_t base = 0;
+  if (lane == leader) base = atomicAdd(fill, static_cast<uint32_t>(__popc(lanes)));
+  base = __shfl_sync(lanes, base, leader);
+  return base + static_cast<uint32_t>(__popc(lanes & ((1u << lane) - 1u)));
+}
+
 // Calls f(v, hi) for every v of [begin, end) of the row, kLoadsPerThread loads a thread in
 // flight: float4 loads where the row allows them (16-byte aligned, V and begin multiples of 4:
 // the usual vocabularies; slices of the row start at multiples of 4).
@@ -233,7 +252,7 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_histogram_kernel(TopLog
     if (tid < kRankSlots) rank_counts[tid] = 0;
     __syncthreads();
     for_each_key(view, begin, end, [&](int64_t v, uint32_t hi) {
-      if (histogram) atomicAdd(&hist[hi >> (32 - kDigitBits[0])], 1u);
+      if (histogram) add_to_bin(hist, hi >> (32 - kDigitBits[0]));
 #pragma unroll
       for (int k = 0; k < kRankSlots; ++k) {
         count[k] += (hi > token_hi[k] || (hi == token_hi[k] && v < token[k])) ? 1u : 0u;
@@ -272,10 +291,9 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_collect_kernel(TopLogpr
   uint32_t const first_bin = shared_bin;
   uint64_t* buffer = w.buffer + row * kBufferCapacity;
   for_each_key(view, begin, end, [&](int64_t v, uint32_t hi) {
-    if ((hi >> (32 - kDigitBits[0])) >= first_bin) {
-      uint32_t const slot = atomicAdd(&w.filled[row], 1u);
-      if (slot < kBufferCapacity) buffer[slot] = order_key(hi, v);
-    }
+    bool const takes = (hi >> (32 - kDigitBits[0])) >= first_bin;
+    uint32_t const slot = take_slot(&w.filled[row], takes);
+    if (takes && slot < kBufferCapacity) buffer[slot] = order_key(hi, v);
   });
 }
 
