@@ -433,8 +433,11 @@ cudaError_t launch_top_logprobs(TopLogprobsParams const& params, void* workspace
   size_t const zeroed = static_cast<size_t>(batch) * (kMaxBins + params.num_samples + 1) * sizeof(uint32_t);
   cudaError_t err = cudaMemsetAsync(w.hist, 0, zeroed, stream);
   if (err != cudaSuccess) return err;
+  // With row_modes usually a few rows (often none) want the passes: each gets as many slices as a
+  // batch of one, so that their passes do not wait on a few CTAs; the other rows' CTAs return at once.
+  int64_t const sliced_rows = params.row_modes != nullptr ? 1 : batch;
   dim3 const sliced(static_cast<unsigned>(batch),
-                    static_cast<unsigned>(top_logprobs_slices(batch, params.vocab_size, sm_count)));
+                    static_cast<unsigned>(top_logprobs_slices(sliced_rows, params.vocab_size, sm_count)));
   top_logprobs_histogram_kernel<<<sliced, kThreads, 0, stream>>>(params, w);
   if (params.top_n > 0) {
     top_logprobs_collect_kernel<<<sliced, kThreads, 0, stream>>>(params, w);
