@@ -26,9 +26,11 @@ Two routes, neither with a host sync (graphs and ``torch.compile`` work):
   (csrc/kernels/top_logprobs.cu) finds each row's top N and the sampled tokens' ranks without
   sorting the row; the CPU computes the same in torch ops.
 
-Both give the same outputs on the same logits, but for a NaN logit: the fused route never lists or
-ranks one past a row's first 64 tokens (the sampler never draws it), the logits route puts NaN
-first, as ``torch.sort`` does (``check_nan=True`` raises on such rows).
+The routes' logits differ by the rounding of their matmuls, and the fused route's log-sum-exp is
+its GEMM's (per-tile log-masses, to ~1e-6); on given logits and log-sum-exp both order and rank
+alike (the tests compare them bit for bit), but for a NaN logit past a row's first 64 tokens where
+stage 2 decides the row: it is neither listed nor ranked ahead (the sampler never draws it), where
+the top-N kernels, as ``torch.sort``, put NaN first (``check_nan=True`` raises on such rows).
 """
 
 from __future__ import annotations
@@ -107,14 +109,25 @@ def parse_logprob_args(return_logprobs: bool, top_logprobs, token_ids, logprobs_
     return top_logprobs, ids, logprobs_mode
 
 
+def _tma_operand(t: Tensor) -> bool:
+    """Whether the fused kernel's TMA takes ``t`` as it is (sample_cuda.cpp: check_tma_operand):
+    unit stride along D, 16-byte rows and address (traced, the address is not known: a
+    misaligned view then gets the op's error naming it)."""
+    return (t.dim() == 2 and t.stride(1) == 1 and (t.stride(0) * t.element_size() % 16 == 0 or t.shape[0] == 1)
+            and (torch.compiler.is_compiling() or t.data_ptr() % 16 == 0))
+
+
 def fused_top_logprobs_takes(hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
-    """Whether ``flashsampling._sample_top_logprobs`` takes a processed logprob call without
-    truncation, penalties or model-side transforms (``op_kwargs``: the fused op's arguments): sm90,
-    bf16 / fp16, ``4096 <= V <= 229376``, one sample, 1-64 rows, a batch-wide seed and offset, no
-    ``allowed_mask`` or sparse bias."""
+    """Whether ``flashsampling._sample_top_logprobs`` takes a logprob call without truncation,
+    penalties or model-side transforms (processed values, or raw ones without a bias: the caller
+    decides; ``op_kwargs``: the fused op's arguments): sm90, bf16 / fp16 operands the GEMM takes as
+    they are (D a multiple of 8, TMA strides and alignment), ``4096 <= V <= 229376``, one sample,
+    1-64 rows, a batch-wide seed and offset, no ``allowed_mask`` or sparse bias. Elsewhere the
+    logits route takes the call (a matmul of any shape)."""
     seed, offset = op_kwargs["seed"], op_kwargs["offset"]
     return (hidden.device.type == "cuda" and hidden.dtype in (torch.bfloat16, torch.float16)
-            and FUSED_MIN_VOCAB <= weight.shape[0] <= FUSED_MAX_VOCAB
+            and weight.dtype == hidden.dtype and hidden.shape[1] % 8 == 0 and _tma_operand(hidden)
+            and _tma_operand(weight) and FUSED_MIN_VOCAB <= weight.shape[0] <= FUSED_MAX_VOCAB
             and 1 <= hidden.shape[0] <= FUSED_TOP_LOGPROBS_MAX_BATCH and op_kwargs["num_samples"] == 1
             and op_kwargs["allowed_mask"] is None and op_kwargs["sparse_bias_ids"] is None
             and (seed is None or seed.dim() == 0) and (offset is None or offset.dim() == 0)

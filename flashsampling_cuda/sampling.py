@@ -175,9 +175,10 @@ def _op_kwargs(
     (the logprob outputs read the logits): a call that would take the fused op takes the logits
     route instead (CUDA: ``sample_from_logits``; CPU: ``_sample_logits``), so that the logits are
     computed once. A route that computed the logits keeps the matmul's own in ``route["raw_logits"]``.
-    ``fused_top_n`` (the ``top_logprobs`` of a processed call, whose outputs the fused pass can
-    give): such a call without truncation takes ``_sample_top_logprobs`` where
-    :func:`~flashsampling_cuda.logprobs.fused_top_logprobs_takes` says it can."""
+    ``fused_top_n`` (the ``top_logprobs`` of a processed call, or 0 for a raw one without a bias,
+    whose outputs the fused pass's stored logits give): such a call without truncation takes
+    ``_sample_top_logprobs`` where :func:`~flashsampling_cuda.logprobs.fused_top_logprobs_takes`
+    says it can."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -1027,11 +1028,12 @@ def _sample_top_k_cpu(
     return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
 
 
-def _check_top_logprobs_op(top_n: int, num_samples: int, allowed_mask, sparse_bias_ids) -> None:
+def _check_top_logprobs_op(top_n: int, vocab: int, num_samples: int, allowed_mask, sparse_bias_ids) -> None:
     """sample_cuda.cpp's checks of flashsampling._sample_top_logprobs, for its fake and CPU kernels."""
     prefix = "flashsampling._sample_top_logprobs:"
     torch._check(0 <= top_n <= MAX_TOP_LOGPROBS,
                  lambda: f"{prefix} top_n must be in [0, {MAX_TOP_LOGPROBS}], got {top_n}")
+    torch._check(top_n <= vocab, lambda: f"{prefix} top_n must be at most V={vocab}, got {top_n}")
     torch._check(num_samples == 1, lambda: f"{prefix} num_samples must be 1, got {num_samples}")
     torch._check(allowed_mask is None and sparse_bias_ids is None,
                  lambda: f"{prefix} takes no allowed_mask or sparse bias (flashsampling_cuda.sample routes those "
@@ -1044,15 +1046,19 @@ def _sample_top_logprobs_fake(
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
     empty_mask_token=None, vocab_start=0, top_n=0,
 ):
-    _check_top_logprobs_op(top_n, num_samples, allowed_mask, sparse_bias_ids)
+    _check_top_logprobs_op(top_n, weight.shape[0], num_samples, allowed_mask, sparse_bias_ids)
     sample = _sample_with_scores_fake(
         hidden, weight, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
-        offset=offset, generator=generator, logit_bias=logit_bias, vocab_start=vocab_start, return_logprobs=True,
+        offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
+        sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,
+        vocab_start=vocab_start, return_logprobs=True,
     )
-    batch = hidden.shape[0]
+    batch, vocab = hidden.shape[0], weight.shape[0]
+    # CUDA: a view of the GEMM's stored rows, whose stride is V rounded up to 128; CPU: contiguous
+    stride = (vocab + 127) // 128 * 128 if hidden.device.type == "cuda" else vocab
     return (*sample, hidden.new_empty((batch, top_n), dtype=torch.float32),
             hidden.new_empty((batch, top_n), dtype=torch.int64), hidden.new_empty((batch, 1), dtype=torch.int64),
-            hidden.new_empty((batch, weight.shape[0]), dtype=torch.float32))
+            torch.empty_strided((batch, vocab), (stride, 1), dtype=torch.float32, device=hidden.device))
 
 
 @torch.library.register_kernel("flashsampling::_sample_top_logprobs", "cpu")
@@ -1063,7 +1069,10 @@ def _sample_top_logprobs_cpu(
 ):
     """The op on the CPU (the reference of the CUDA kernels in the tests): the CPU op's sample
     from its own logits, and the logits route's top N and ranks of them."""
-    _check_top_logprobs_op(top_n, num_samples, allowed_mask, sparse_bias_ids)
+    _check_top_logprobs_op(top_n, weight.shape[0], num_samples, allowed_mask, sparse_bias_ids)
+    _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
+                     sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
+                     empty_mask_token=empty_mask_token, vocab_start=vocab_start)
     logits = materialized_logits(hidden, weight)
     tokens, scores, logprobs, lse = torch.ops.flashsampling._sample_logits(
         logits, temperature=temperature, temperatures=temperatures, seed=seed, offset=offset, generator=generator,

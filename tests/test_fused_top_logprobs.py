@@ -113,13 +113,15 @@ def test_fused_route_samples_the_plain_token(regime, batch):
 
 @requires_sm90
 @pytest.mark.parametrize("mode", ["processed", "raw"])
-def test_fused_route_agrees_with_the_cpu_and_compiles(mode):
+@pytest.mark.parametrize("vocab", [V, V - 3], ids=["whole_tiles", "ragged"])
+def test_fused_route_agrees_with_the_cpu_and_compiles(mode, vocab):
     """sample(top_logprobs=..., token_ids=...) on exact logits: the CPU's outputs (tokens, ids and
-    ranks equal; values to the rounding of the log-sum-exp), eager and compiled alike; raw values
+    ranks equal; values to the rounding of the log-sum-exp), eager and compiled alike (the stored
+    logits' padded row stride, V not a multiple of 128, as the fake kernel states it); raw values
     from the logits the fused pass stored."""
     batch = 16
-    hidden, weight, _ = exact_problem(batch, "peaked", seed=21)
-    ids = [[0, 5, V - 1], [7], []] + [[b] for b in range(batch - 3)]
+    hidden, weight, _ = exact_problem(batch, "peaked", seed=21, vocab=vocab)
+    ids = [[0, 5, vocab - 1], [7], []] + [[b] for b in range(batch - 3)]
     kwargs = dict(temperature=0.7, seed=9, return_logprobs=True, top_logprobs=10, token_ids=ids,
                   logprobs_mode=mode)
     want = fs.sample(hidden, weight, **kwargs)
@@ -153,13 +155,28 @@ def test_cpu_op_is_the_logits_route():
                           dict(temperatures=temps, seed=torch.tensor(4), top_n=3))
 
 
+@requires_sm90
+def test_fused_op_opcheck_and_misaligned_operands():
+    """opcheck on CUDA (the fake's padded stride of the stored logits); a weight view the TMA
+    cannot take (D not a multiple of 8) takes the logits route instead of failing."""
+    hidden, weight, _ = exact_problem(3, "peaked", seed=5, vocab=V - 3)
+    torch.library.opcheck(torch.ops.flashsampling._sample_top_logprobs.default, (hidden.cuda(), weight.cuda()),
+                          dict(seed=torch.tensor(1), top_n=4))
+    h, w = hidden[:, :252].cuda(), weight[:, :252].cuda()  # D = 252
+    out = fs.sample(h, w, seed=3, return_logprobs=True, top_logprobs=4)
+    want = fs.sample(hidden[:, :252], weight[:, :252], seed=3, return_logprobs=True, top_logprobs=4)
+    assert torch.equal(out.tokens.cpu(), want.tokens) and torch.equal(out.top_ids.cpu(), want.top_ids)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(top_n=65), "top_n must be in"),
     (dict(top_n=-1), "top_n must be in"),
     (dict(top_n=3, num_samples=2), "num_samples must be 1"),
+    (dict(top_n=60, vocab=40), "top_n must be at most V=40"),
     (dict(top_n=3, allowed_mask=torch.ones(2, 19, dtype=torch.int32)), "no allowed_mask"),
 ])
 def test_op_errors(kwargs, match):
-    hidden, weight = torch.ones(2, 8, dtype=torch.bfloat16), torch.ones(600, 8, dtype=torch.bfloat16)
+    vocab = kwargs.pop("vocab", 600)
+    hidden, weight = torch.ones(2, 8, dtype=torch.bfloat16), torch.ones(vocab, 8, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=match):
         torch.ops.flashsampling._sample_top_logprobs(hidden, weight, **kwargs)

@@ -15,7 +15,8 @@
 //     compaction), stopping once it has them.
 //
 // So a row is read twice, each time by several CTAs: at small B one CTA's loads alone would
-// bound a pass (instruction latency, not bandwidth). Loads go as float4, two a thread in flight.
+// bound a pass (instruction latency, not bandwidth); with row_modes (a few rows, often none) each
+// row gets the slices of a batch of one. Loads go as float4, two a thread in flight.
 #include <cmath>
 #include <cstdint>
 

@@ -276,8 +276,9 @@ __device__ void hand_on_undecided_row(SamplerParams const& p, int64_t row, float
 // last's, and the sample's rank is its position there when its own t is. What that does not
 // certify (ties of t at the list's end, a sample past it: a flat row), and the whole row where
 // something is missing (a winner, a finite first y, the log-masses, a valid temperature; NaN
-// logits in the list), row_modes leaves to the top-N kernels; a row without its sample goes to
-// the logits sampler first. NaN logits past the list are not seen: the sampler never draws them.
+// logits in the list), row_modes leaves to the top-N kernels, which the logits sampler's sample
+// of an undecided row precedes. NaN logits past the list are not seen here (the sampler never
+// draws them); the top-N kernels, where they take a row, order NaN first.
 __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stage2Shared& sh, int m,
                                        bool row_usable, double row_mass, PackedCandidate winner, float inv_t) {
   TopLogprobRows const& out = p.top_logprobs;
@@ -293,7 +294,9 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
     valid[h] = i < m;
     uint32_t const hi = valid[h] ? static_cast<uint32_t>(sh.sorted_key[i] >> 32) : 0u;
     nan_entry = nan_entry || (valid[h] && hi <= 1u);
-    y[h] = valid[h] ? from_order_bits(hi) : -INFINITY;
+    // y from x as the reference scales it (the keys fold -0 into +0; t keeps the sign of 0)
+    float const x = valid[h] ? sh.sorted_x[i] : -INFINITY;
+    y[h] = greedy || !valid[h] ? x : fs_mul(x, inv_t);
     local[h] = valid[h] ? top_candidate_index(sh.sorted_key[i]) - static_cast<uint32_t>(p.vocab_start) : 0u;
   }
   double const y0 = static_cast<double>(__shfl_sync(0xFFFFFFFFu, y[0], 0));

@@ -339,7 +339,11 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
   const cudaError_t err =
       launch_sampler(p, workspace.data_ptr(), workspace_bytes, arch, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "flashsampling.sample: CUDA kernel launch failed: ", cudaGetErrorString(err));
-  if (top_n >= 0) launch_top_logprob_leftovers(p, result, device.sm_count);
+  if (top_n >= 0) {
+    TORCH_CHECK(result.top_values.defined(), "flashsampling._sample_top_logprobs: the fused top-k pass did not store "
+                "the logits");
+    launch_top_logprob_leftovers(p, result, device.sm_count);
+  }
   return result;
 }
 
@@ -394,7 +398,10 @@ sample_top_logprobs_cuda(const at::Tensor& hidden, const at::Tensor& weight, dou
   const char* prefix = "flashsampling._sample_top_logprobs: ";
   TORCH_CHECK(top_n >= 0 && top_n <= kMaxTopLogprobs, prefix, "top_n must be in [0, ", kMaxTopLogprobs, "], got ",
               top_n);
+  TORCH_CHECK(top_n <= weight.size(0), prefix, "top_n must be at most V=", weight.size(0), ", got ", top_n);
   TORCH_CHECK(num_samples == 1, prefix, "num_samples must be 1, got ", num_samples);
+  TORCH_CHECK_NOT_IMPLEMENTED(device_info(hidden.get_device()).arch == 90, prefix,
+                              "needs sm_90 (H100/H200); flashsampling_cuda.sample takes the logits route elsewhere");
   TORCH_CHECK(!allowed_mask.has_value() && !sparse_bias_ids.has_value(), prefix,
               "takes no allowed_mask or sparse bias (flashsampling_cuda.sample routes those calls elsewhere)");
   const SampleArgs args = SampleOps<&sample_cuda>::make_args(
@@ -402,13 +409,13 @@ sample_top_logprobs_cuda(const at::Tensor& hidden, const at::Tensor& weight, dou
       sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, /*return_logprobs=*/true);
   const FusedTopK nothing_on{};
   SampleResult r = sample_cuda_impl(hidden, weight, args, &nothing_on, /*position_rows=*/false, top_n);
-  if (hidden.size(0) == 0) {
-    r.top_values = hidden.new_empty({0, top_n}, hidden.options().dtype(at::kFloat));
-    r.top_ids = hidden.new_empty({0, top_n}, hidden.options().dtype(at::kLong));
-    r.ranks = hidden.new_empty({0, 1}, hidden.options().dtype(at::kLong));
-    r.logits = hidden.new_empty({0, weight.size(0)}, hidden.options().dtype(at::kFloat));
+  if (hidden.size(0) == 0) {  // the shapes and strides of a batch's (the fake kernel's)
+    const int64_t vocab = weight.size(0);
+    r.top_values = at::empty({0, top_n}, hidden.options().dtype(at::kFloat));
+    r.top_ids = at::empty({0, top_n}, hidden.options().dtype(at::kLong));
+    r.ranks = at::empty({0, 1}, hidden.options().dtype(at::kLong));
+    r.logits = at::empty_strided({0, vocab}, {(vocab + 127) / 128 * 128, 1}, hidden.options().dtype(at::kFloat));
   }
-  TORCH_CHECK(r.top_values.defined(), prefix, "the fused top-k pass did not store the logits");
   return {r.tokens, r.scores, r.token_logprobs, r.logsumexp, r.top_values, r.top_ids, r.ranks, r.logits};
 }
 
