@@ -142,7 +142,10 @@ def _raw_logits(hidden: Tensor, weight: Tensor, route: dict) -> Tensor:
 
 def processed_logits(hidden: Tensor, weight: Tensor, context: dict, route: dict) -> Tensor:
     """``x`` of the call, float32 ``[B, V]`` (flashsampling_cuda/penalties.py's rule, before the
-    temperature): the logits route's own, with its bias, where the sample took that route."""
+    temperature): the logits route's own, with its bias, where the sample took that route; the
+    fused route's stored ones (bias added)."""
+    if route.get("op") == "_sample_top_logprobs":
+        return route["logits"]
     if route.get("op") == "sample_from_logits":
         x, bias = route["logits"], route["logit_bias"]
         return x if bias is None else x + bias
@@ -195,6 +198,14 @@ def normalised(values: Tensor, lse: Tensor, mode: str) -> Tensor:
     if mode == "raw":
         return (values.double() - lse[..., None]).float()
     return torch.where(values == -torch.inf, -torch.inf, values - lse[..., None])
+
+
+def ranked_tokens(tokens: Tensor, logsumexp: Tensor, vocab_start: int, vocab: int) -> tuple[Tensor, Tensor]:
+    """(local ids ``tokens - vocab_start``, and whether each is ranked: a token of this vocabulary
+    in a row that sampled one, ``logsumexp`` above -inf; a row that nothing allows has a sentinel),
+    ``[B, S]`` each."""
+    local = tokens - vocab_start
+    return local, (local >= 0) & (local < vocab) & (logsumexp[:, None] > -torch.inf)
 
 
 def tokens_ahead(table: Tensor, ids: Tensor, token_values: Tensor, token_ids: Tensor) -> Tensor:
@@ -257,47 +268,33 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
     as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them; ``route``: how it sampled
     (logits it computed are not computed again)."""
     vocab_start = context["kwargs"]["vocab_start"]
-    if route.get("op") == "_sample_top_logprobs":
-        if mode == "processed":
-            return _fused_outputs(context, route, tokens, logprobs, logsumexp, token_ids)
-        route = {**route, "raw_logits": route["top_outputs"][3]}  # x of a call without bias: the raw logits
-    values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
     lse = logsumexp
-    sampled = logsumexp[:, None] > -torch.inf  # not a row that nothing allows (its token is a sentinel)
-    if mode == "raw":
-        lse = raw_logsumexp(values)
-        logsumexp = lse.float()
-    batch, vocab = values.shape
-    local = tokens - vocab_start
-    valid = (local >= 0) & (local < vocab) & sampled
-    safe = torch.where(valid, local, 0)
-    if mode == "raw":
-        logprobs = torch.where(valid, normalised(values.gather(1, safe), lse, mode), torch.nan)
-    # CUDA: one kernel, no [B, V] table of log-probabilities and no sort; CPU: top_logprobs_cpu.
-    top_logprobs, top_local, ranks = torch.ops.flashsampling._top_logprobs(
-        values, lse.double(), torch.where(valid, local, -1), min(top_n, vocab), mode == "raw", scales)
+    batch = tokens.shape[0]
+    if route.get("op") == "_sample_top_logprobs" and mode == "processed":
+        # They came with the sample (stage 2 and the top-N kernels); token_ids read the stored x.
+        top_logprobs, top_local, ranks = route["top_outputs"]
+        values, scales = route["logits"], None
+        if token_ids is not None:
+            values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
+    else:
+        values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
+        local, valid = ranked_tokens(tokens, logsumexp, vocab_start, values.shape[1])
+        if mode == "raw":
+            lse = raw_logsumexp(values)
+            logsumexp = lse.float()
+            logprobs = torch.where(valid, normalised(values.gather(1, torch.where(valid, local, 0)), lse, mode),
+                                   torch.nan)
+        # CUDA: one kernel, no [B, V] table of log-probabilities and no sort; CPU: top_logprobs_cpu.
+        top_logprobs, top_local, ranks = torch.ops.flashsampling._top_logprobs(
+            values, lse.double(), torch.where(valid, local, -1), min(top_n, values.shape[1]), mode == "raw", scales)
+    top_ids = top_local + vocab_start
     missing = top_n - top_local.shape[1]  # N > V: -1 and -inf past the vocabulary
-    top_ids = torch.cat([top_local + vocab_start, top_local.new_full((batch, missing), -1)], dim=1)
-    top_logprobs = torch.cat([top_logprobs, top_logprobs.new_full((batch, missing), -torch.inf)], dim=1)
+    if missing > 0:
+        top_ids = torch.cat([top_ids, top_local.new_full((batch, missing), -1)], dim=1)
+        top_logprobs = torch.cat([top_logprobs, top_logprobs.new_full((batch, missing), -torch.inf)], dim=1)
     if token_ids is None:
         token_ids_logprobs = values.new_empty((batch, 0))
     else:
         of_ids = values_of_ids(values, token_ids, vocab_start)
         token_ids_logprobs = normalised(of_ids if scales is None else of_ids * scales[:, None], lse, mode)
     return LogprobsOutput(tokens, logprobs, logsumexp, top_ids, top_logprobs, ranks, token_ids_logprobs)
-
-
-def _fused_outputs(context: dict, route: dict, tokens: Tensor, logprobs: Tensor, logsumexp: Tensor,
-                   token_ids: Tensor | None) -> LogprobsOutput:
-    """:func:`logprob_outputs` of a call ``_sample_top_logprobs`` sampled (processed values): its
-    top N and ranks, and ``token_ids`` from the logits ``x`` it stored."""
-    top_logprobs, top_local, ranks, x = route["top_outputs"]
-    kwargs = context["kwargs"]
-    if token_ids is None:
-        token_ids_logprobs = x.new_empty((x.shape[0], 0))
-    else:
-        scales = temperature_scales(x.shape[0], kwargs["temperature"], kwargs["temperatures"], x.device)
-        of_ids = values_of_ids(x, token_ids, kwargs["vocab_start"]) * scales[:, None]
-        token_ids_logprobs = normalised(of_ids, logsumexp, "processed")
-    return LogprobsOutput(tokens, logprobs, logsumexp, top_local + kwargs["vocab_start"], top_logprobs, ranks,
-                          token_ids_logprobs)

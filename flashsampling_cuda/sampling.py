@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
 from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs, parse_logprob_args,
-                       top_logprobs_cpu)
+                       ranked_tokens, top_logprobs_cpu)
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
@@ -319,7 +319,10 @@ def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, route: dict, return_l
         return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
     if route["op"] == "_sample_top_logprobs":
         outputs = torch.ops.flashsampling._sample_top_logprobs(hidden, weight, **kwargs, top_n=route["top_n"])
-        route["top_outputs"] = outputs[4:]  # top values, local ids, ranks, x: logprobs.logprob_outputs reads them
+        # for logprobs.logprob_outputs: the top values, local ids and ranks, and the GEMM's stored x
+        # (the call's logits; without a bias also the matmul's own)
+        x = outputs[7]
+        route.update(top_outputs=outputs[4:7], logits=x, raw_logits=x if kwargs["logit_bias"] is None else None)
         return outputs[:4]
     extra = {name: value for name, value in route.items() if name not in ("op", "raw_logits")}
     if route["op"] == "sample_top_k":
@@ -1079,8 +1082,7 @@ def _sample_top_logprobs_cpu(
         logit_bias=logit_bias, vocab_start=vocab_start, return_logprobs=True)
     x = logits if logit_bias is None else logits + logit_bias
     scales = temperature_scales(x.shape[0], temperature, temperatures, x.device)
-    local = tokens - vocab_start
-    valid = (local >= 0) & (local < x.shape[1]) & (lse[:, None] > -torch.inf)
+    local, valid = ranked_tokens(tokens, lse, vocab_start, x.shape[1])
     top_values, top_ids, ranks = top_logprobs_cpu(x * scales[:, None], lse.double(), torch.where(valid, local, -1),
                                                   top_n, raw=False)
     return tokens, scores, logprobs, lse, top_values, top_ids, ranks, x

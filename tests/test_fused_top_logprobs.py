@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flashsampling_cuda as fs
-from flashsampling_cuda.logprobs import top_logprobs_cpu
+from flashsampling_cuda.logprobs import ranked_tokens, top_logprobs_cpu
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
 from flashsampling_cuda.truncation import temperature_scales
 from test_fused_truncation import exact_problem, requires_sm90
@@ -41,8 +41,7 @@ def expected_top(x, logsumexp, tokens, kwargs, top_n):
     temperatures = kwargs.get("temperatures")
     scales = temperature_scales(x.shape[0], kwargs["temperature"], None if temperatures is None else temperatures.cpu(),
                                 x.device)
-    local = tokens - kwargs.get("vocab_start", 0)
-    valid = (local >= 0) & (local < x.shape[1]) & (logsumexp[:, None] > -torch.inf)
+    local, valid = ranked_tokens(tokens, logsumexp, kwargs.get("vocab_start", 0), x.shape[1])
     return top_logprobs_cpu(x * scales[:, None], logsumexp.double(), torch.where(valid, local, -1), top_n, raw=False)
 
 
@@ -166,6 +165,33 @@ def test_fused_op_opcheck_and_misaligned_operands():
     out = fs.sample(h, w, seed=3, return_logprobs=True, top_logprobs=4)
     want = fs.sample(hidden[:, :252], weight[:, :252], seed=3, return_logprobs=True, top_logprobs=4)
     assert torch.equal(out.tokens.cpu(), want.tokens) and torch.equal(out.top_ids.cpu(), want.top_ids)
+
+
+@pytest.mark.parametrize("mode", ["processed", "raw"])
+def test_route_plumbing_on_the_cpu_op(monkeypatch, mode):
+    """sample(top_logprobs=..., token_ids=...) through the fused route's Python side (routing, the
+    outputs it hands on, logprobs.logprob_outputs) with the op's CPU kernel in place of CUDA: the
+    logits route's outputs bit for bit."""
+    import flashsampling_cuda.sampling as sampling
+
+    weight = lm_head_weight(600, 32, seed=1, device="cpu")
+    hidden = hidden_states(weight, 5, "llm", seed=2)
+    kwargs = dict(temperature=torch.tensor([0.0, 0.5, 1.0, 1.5, 0.9]), seed=4, vocab_start=100,
+                  return_logprobs=True, top_logprobs=7, token_ids=[[100, 105, -1]] * 5, logprobs_mode=mode)
+    want = fs.sample(hidden, weight, **kwargs)
+    calls = []
+    op = torch.ops.flashsampling._sample_top_logprobs
+
+    def counted(*args, **op_kwargs):
+        calls.append(op_kwargs["top_n"])
+        return op(*args, **op_kwargs)
+
+    monkeypatch.setattr(sampling, "fused_top_logprobs_takes", lambda hidden, weight, op_kwargs: True)
+    monkeypatch.setattr(torch.ops.flashsampling, "_sample_top_logprobs", counted)
+    got = fs.sample(hidden, weight, **kwargs)
+    assert calls == [7 if mode == "processed" else 0]
+    for name, g, w in zip(want._fields, got, want):
+        torch.testing.assert_close(g, w, atol=0, rtol=0, equal_nan=True, msg=name)
 
 
 @pytest.mark.parametrize("kwargs, match", [
