@@ -186,8 +186,8 @@ def logprob_values_and_scales(hidden: Tensor, weight: Tensor, context: dict, rou
 
 def raw_logsumexp(values: Tensor) -> Tensor:
     """``[B]`` log-sum-exp of the raw logits (``"raw"`` mode's normaliser), summed in float32 (to
-    about 1e-6 of it; a float64 copy of the logits took ~250 of a raw call's ~900 µs at B = 64) and
-    handed on as float64."""
+    about 1e-6 of it, well inside the logprobs' 1e-4; a float64 copy of the logits cost more than
+    the raw outputs' other work, CHANGELOG.md) and handed on as float64."""
     return torch.logsumexp(values, dim=1).double()
 
 
