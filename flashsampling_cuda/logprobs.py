@@ -16,11 +16,11 @@ Two routes, neither with a host sync (graphs and ``torch.compile`` work):
   64 rows, the batch-wide noise key):
   ``flashsampling._sample_top_logprobs``, one pass of the fused top-k GEMM with nothing on. It
   draws plain sampling's token (the tile winners), sums the log-sum-exp from its per-tile
-  log-masses, and its stage 2 reads each row's top N and the token's rank off the row's first 64
-  tokens where they certify them (csrc/kernels/truncate_candidates.cu); the rest (a token past
+  log-masses (of ``y``, or of ``x`` for raw values: x is then the matmul itself), and its stage 2
+  reads each row's top N and the token's rank off the row's first 64 tokens where they certify
+  them (csrc/kernels/truncate_candidates.cu; the order of x is that of y); the rest (a token past
   them, as on a flat row; ties of t at their end) the top-N kernels below take from the logits
-  the GEMM stored. ``token_ids`` read those logits too, and so do raw outputs (the logits route's
-  kernels on the stored logits).
+  the GEMM stored. ``token_ids`` read those logits too.
 - **Logits**: every other call samples on the logits route (``sample_from_logits``; on the CPU
   ``_sample_logits``) and the outputs read the same fp32 logits. On CUDA one kernel
   (csrc/kernels/top_logprobs.cu) finds each row's top N and the sampled tokens' ranks without
@@ -270,12 +270,15 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
     vocab_start = context["kwargs"]["vocab_start"]
     lse = logsumexp
     batch = tokens.shape[0]
-    if route.get("op") == "_sample_top_logprobs" and mode == "processed":
-        # They came with the sample (stage 2 and the top-N kernels); token_ids read the stored x.
+    if route.get("op") == "_sample_top_logprobs":
+        # They came with the sample, in the call's mode (stage 2 and the top-N kernels); token_ids
+        # read the stored x.
         top_logprobs, top_local, ranks = route["top_outputs"]
         values, scales = route["logits"], None
         if token_ids is not None:
             values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
+        if mode == "raw":
+            lse = logsumexp.double()
     else:
         values, scales = logprob_values_and_scales(hidden, weight, context, route, mode)
         local, valid = ranked_tokens(tokens, logsumexp, vocab_start, values.shape[1])

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
-from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs, parse_logprob_args,
-                       ranked_tokens, top_logprobs_cpu)
+from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs, normalised,
+                       parse_logprob_args, ranked_tokens, raw_logsumexp, top_logprobs_cpu)
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
@@ -164,7 +164,7 @@ def _op_kwargs(
     allowed_mask, empty_mask_token, vocab_start, top_k=None, top_p=None, min_p=None, route: dict | None = None,
     truncation_path: str = "auto", truncation_order: str = "top_k_first",
     transforms: LogitTransforms = LogitTransforms(), context: dict | None = None, logits_wanted: bool = False,
-    fused_top_n: int | None = None,
+    fused_top_logprobs: tuple[int, bool] | None = None,
 ) -> dict:
     """Keyword arguments of torch.ops.flashsampling.sample for the wrapper's arguments.
     Truncation that may be on (truncation.py) takes the path :func:`choose_truncation_path`
@@ -175,10 +175,9 @@ def _op_kwargs(
     (the logprob outputs read the logits): a call that would take the fused op takes the logits
     route instead (CUDA: ``sample_from_logits``; CPU: ``_sample_logits``), so that the logits are
     computed once. A route that computed the logits keeps the matmul's own in ``route["raw_logits"]``.
-    ``fused_top_n`` (the ``top_logprobs`` of a processed call, or 0 for a raw one without a bias,
-    whose outputs the fused pass's stored logits give): such a call without truncation takes
-    ``_sample_top_logprobs`` where :func:`~flashsampling_cuda.logprobs.fused_top_logprobs_takes`
-    says it can."""
+    ``fused_top_logprobs`` (``(top_logprobs, raw)`` of a call that returns processed values, or raw
+    ones without a bias): such a call without truncation takes ``_sample_top_logprobs`` where
+    :func:`~flashsampling_cuda.logprobs.fused_top_logprobs_takes` says it can."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     kwargs = dict(
@@ -245,8 +244,8 @@ def _op_kwargs(
             choose_truncation_path(truncation_path, Truncation(None, None, None), hidden, weight, kwargs)
         if logits_wanted and route is not None and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB:
             _check_op_args_eagerly(hidden, weight, kwargs)
-            if fused_top_n is not None and fused_top_logprobs_takes(hidden, weight, kwargs):
-                route.update(op="_sample_top_logprobs", top_n=fused_top_n)
+            if fused_top_logprobs is not None and fused_top_logprobs_takes(hidden, weight, kwargs):
+                route.update(op="_sample_top_logprobs", top_n=fused_top_logprobs[0], raw=fused_top_logprobs[1])
             elif hidden.device.type == "cpu":
                 logits = materialized_logits(hidden, weight)
                 route.update(op="_sample_logits", logits=logits, raw_logits=logits)
@@ -318,9 +317,11 @@ def _call_op(hidden: Tensor, weight: Tensor, kwargs: dict, route: dict, return_l
     if not route:
         return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, return_logprobs=return_logprobs)
     if route["op"] == "_sample_top_logprobs":
-        outputs = torch.ops.flashsampling._sample_top_logprobs(hidden, weight, **kwargs, top_n=route["top_n"])
-        # for logprobs.logprob_outputs: the top values, local ids and ranks, and the GEMM's stored x
-        # (the call's logits; without a bias also the matmul's own)
+        outputs = torch.ops.flashsampling._sample_top_logprobs(hidden, weight, **kwargs, top_n=route["top_n"],
+                                                               raw=route["raw"])
+        # for logprobs.logprob_outputs: the top values, local ids and ranks (raw or processed, as the
+        # outputs before them), and the GEMM's stored x (the call's logits; without a bias also the
+        # matmul's own)
         x = outputs[7]
         route.update(top_outputs=outputs[4:7], logits=x, raw_logits=x if kwargs["logit_bias"] is None else None)
         return outputs[:4]
@@ -567,8 +568,8 @@ def sample(
         LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
                         penalty_state, prompt_token_ids, output_token_ids), context,
         logits_wanted=top_n > 0 or wanted_ids is not None or mode != "processed",
-        # raw values without a bias are the logits the fused pass stores (its top N: not needed)
-        fused_top_n=top_n if mode == "processed" else 0 if logit_bias is None else None,
+        # raw values: of the logits the fused pass stores, which have no bias added
+        fused_top_logprobs=(top_n, mode == "raw") if mode == "processed" or logit_bias is None else None,
     )
     if not return_logprobs and not route and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)
@@ -1031,7 +1032,8 @@ def _sample_top_k_cpu(
     return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
 
 
-def _check_top_logprobs_op(top_n: int, vocab: int, num_samples: int, allowed_mask, sparse_bias_ids) -> None:
+def _check_top_logprobs_op(top_n: int, vocab: int, num_samples: int, allowed_mask, sparse_bias_ids, raw: bool,
+                           logit_bias) -> None:
     """sample_cuda.cpp's checks of flashsampling._sample_top_logprobs, for its fake and CPU kernels."""
     prefix = "flashsampling._sample_top_logprobs:"
     torch._check(0 <= top_n <= MAX_TOP_LOGPROBS,
@@ -1041,15 +1043,17 @@ def _check_top_logprobs_op(top_n: int, vocab: int, num_samples: int, allowed_mas
     torch._check(allowed_mask is None and sparse_bias_ids is None,
                  lambda: f"{prefix} takes no allowed_mask or sparse bias (flashsampling_cuda.sample routes those "
                  "calls elsewhere)")
+    torch._check(not raw or logit_bias is None,
+                 lambda: f"{prefix} raw takes no logit_bias (the logits the pass stores have it added)")
 
 
 @torch.library.register_fake("flashsampling::_sample_top_logprobs")
 def _sample_top_logprobs_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0, top_n=0,
+    empty_mask_token=None, vocab_start=0, top_n=0, raw=False,
 ):
-    _check_top_logprobs_op(top_n, weight.shape[0], num_samples, allowed_mask, sparse_bias_ids)
+    _check_top_logprobs_op(top_n, weight.shape[0], num_samples, allowed_mask, sparse_bias_ids, raw, logit_bias)
     sample = _sample_with_scores_fake(
         hidden, weight, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
         offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
@@ -1068,11 +1072,12 @@ def _sample_top_logprobs_fake(
 def _sample_top_logprobs_cpu(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
-    empty_mask_token=None, vocab_start=0, top_n=0,
+    empty_mask_token=None, vocab_start=0, top_n=0, raw=False,
 ):
     """The op on the CPU (the reference of the CUDA kernels in the tests): the CPU op's sample
-    from its own logits, and the logits route's top N and ranks of them."""
-    _check_top_logprobs_op(top_n, weight.shape[0], num_samples, allowed_mask, sparse_bias_ids)
+    from its own logits, and the logits route's outputs of them (raw: the raw log-sum-exp, the
+    token's raw log-probability, the raw top N and ranks)."""
+    _check_top_logprobs_op(top_n, weight.shape[0], num_samples, allowed_mask, sparse_bias_ids, raw, logit_bias)
     _check_fake_args(hidden, weight, num_samples, temperatures, seed, offset, logit_bias, sparse_bias_ids,
                      sparse_bias_values, allowed_mask, temperature=temperature, generator=generator,
                      empty_mask_token=empty_mask_token, vocab_start=vocab_start)
@@ -1081,8 +1086,13 @@ def _sample_top_logprobs_cpu(
         logits, temperature=temperature, temperatures=temperatures, seed=seed, offset=offset, generator=generator,
         logit_bias=logit_bias, vocab_start=vocab_start, return_logprobs=True)
     x = logits if logit_bias is None else logits + logit_bias
-    scales = temperature_scales(x.shape[0], temperature, temperatures, x.device)
     local, valid = ranked_tokens(tokens, lse, vocab_start, x.shape[1])
+    if raw:
+        lse_raw = raw_logsumexp(x)
+        logprobs = torch.where(valid, normalised(x.gather(1, torch.where(valid, local, 0)), lse_raw, "raw"), torch.nan)
+        top_values, top_ids, ranks = top_logprobs_cpu(x, lse_raw, torch.where(valid, local, -1), top_n, raw=True)
+        return tokens, scores, logprobs, lse_raw.float(), top_values, top_ids, ranks, x
+    scales = temperature_scales(x.shape[0], temperature, temperatures, x.device)
     top_values, top_ids, ranks = top_logprobs_cpu(x * scales[:, None], lse.double(), torch.where(valid, local, -1),
                                                   top_n, raw=False)
     return tokens, scores, logprobs, lse, top_values, top_ids, ranks, x

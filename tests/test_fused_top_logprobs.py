@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import flashsampling_cuda as fs
-from flashsampling_cuda.logprobs import ranked_tokens, top_logprobs_cpu
+from flashsampling_cuda.logprobs import normalised, ranked_tokens, top_logprobs_cpu
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
 from flashsampling_cuda.truncation import temperature_scales
 from test_fused_truncation import exact_problem, requires_sm90
@@ -22,27 +22,31 @@ from test_fused_truncation import exact_problem, requires_sm90
 V = 32768
 
 
-def op_kwargs(batch, device, controls, vocab=V):
-    """seed / offset 0-d tensors; with controls a dense bias and per-row temperatures with greedy rows."""
+def op_kwargs(batch, device, controls, vocab=V, bias=True):
+    """seed / offset 0-d tensors; with controls per-row temperatures with greedy rows, a vocabulary
+    shard and (``bias``) a dense bias."""
     kwargs = dict(temperature=0.8, seed=torch.tensor(7), offset=torch.tensor(3))
     if controls:
         g = torch.Generator().manual_seed(batch)
         kwargs.update(
             temperatures=torch.tensor([[0.0, 0.7, 1.3, 2.0][b % 4] for b in range(batch)], device=device),
-            logit_bias=(torch.randint(-8, 9, (vocab,), generator=g).float() / 4).to(device),
             vocab_start=1000,
         )
+        if bias:
+            kwargs.update(logit_bias=(torch.randint(-8, 9, (vocab,), generator=g).float() / 4).to(device))
     return kwargs
 
 
-def expected_top(x, logsumexp, tokens, kwargs, top_n):
-    """The logits route's top N and ranks of logits ``x`` (bias added) with this log-sum-exp."""
+def expected_top(x, logsumexp, tokens, kwargs, top_n, raw=False):
+    """The logits route's top N and ranks of logits ``x`` (bias added) with this log-sum-exp
+    (processed values, or raw ones of x)."""
     x, logsumexp, tokens = x.cpu(), logsumexp.cpu(), tokens.cpu()
     temperatures = kwargs.get("temperatures")
     scales = temperature_scales(x.shape[0], kwargs["temperature"], None if temperatures is None else temperatures.cpu(),
                                 x.device)
     local, valid = ranked_tokens(tokens, logsumexp, kwargs.get("vocab_start", 0), x.shape[1])
-    return top_logprobs_cpu(x * scales[:, None], logsumexp.double(), torch.where(valid, local, -1), top_n, raw=False)
+    return top_logprobs_cpu(x if raw else x * scales[:, None], logsumexp.double(), torch.where(valid, local, -1),
+                            top_n, raw=raw)
 
 
 @requires_sm90
@@ -50,12 +54,14 @@ def expected_top(x, logsumexp, tokens, kwargs, top_n):
 @pytest.mark.parametrize("batch", [1, 13, 64])
 @pytest.mark.parametrize("top_n", [0, 5, 20, 64])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
-def test_fused_op_equals_cpu_op_on_exact_logits(regime, batch, top_n, controls):
+@pytest.mark.parametrize("mode", ["processed", "raw"])
+def test_fused_op_equals_cpu_op_on_exact_logits(regime, batch, top_n, controls, mode):
+    raw = mode == "raw"
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + top_n)
-    kwargs = op_kwargs(batch, "cuda", controls)
-    got = torch.ops.flashsampling._sample_top_logprobs(hidden.cuda(), weight.cuda(), **kwargs, top_n=top_n)
+    kwargs = op_kwargs(batch, "cuda", controls, bias=not raw)
+    got = torch.ops.flashsampling._sample_top_logprobs(hidden.cuda(), weight.cuda(), **kwargs, top_n=top_n, raw=raw)
     cpu_kwargs = {name: value.cpu() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
-    want = torch.ops.flashsampling._sample_top_logprobs(hidden, weight, **cpu_kwargs, top_n=top_n)
+    want = torch.ops.flashsampling._sample_top_logprobs(hidden, weight, **cpu_kwargs, top_n=top_n, raw=raw)
     tokens, scores, logprobs, logsumexp, top_values, top_ids, ranks, x = got
     # The sample, its score and the logits bit for bit; the log-sum-exp of the GEMM's log-masses
     # (approximate exponentials) close to the CPU's.
@@ -63,12 +69,17 @@ def test_fused_op_equals_cpu_op_on_exact_logits(regime, batch, top_n, controls):
     assert torch.equal(x.cpu(), want[7])
     torch.testing.assert_close(logsumexp.cpu(), want[3], atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(logprobs.cpu(), want[2], atol=2e-5, rtol=1e-6)
-    # The top N and ranks: the logits route's on these logits and this log-sum-exp, bit for bit.
-    want_values, want_ids, want_ranks = expected_top(x, logsumexp, tokens, kwargs, top_n)
+    # The top N and ranks: the logits route's on these logits and this log-sum-exp, bit for bit;
+    # raw, the token's log-probability too (stage 2's or the rank pass's).
+    want_values, want_ids, want_ranks = expected_top(x, logsumexp, tokens, kwargs, top_n, raw)
     assert top_values.shape == (batch, top_n) and ranks.shape == (batch, 1)
     assert torch.equal(top_ids.cpu(), want_ids)
     assert torch.equal(top_values.cpu(), want_values)
     assert torch.equal(ranks.cpu(), want_ranks)
+    if raw:
+        local = tokens.cpu() - kwargs.get("vocab_start", 0)
+        want_logprobs = normalised(x.cpu().gather(1, local), logsumexp.cpu().double(), "raw")
+        assert torch.equal(logprobs.cpu(), want_logprobs)
 
 
 @requires_sm90
@@ -183,13 +194,13 @@ def test_route_plumbing_on_the_cpu_op(monkeypatch, mode):
     op = torch.ops.flashsampling._sample_top_logprobs
 
     def counted(*args, **op_kwargs):
-        calls.append(op_kwargs["top_n"])
+        calls.append((op_kwargs["top_n"], op_kwargs["raw"]))
         return op(*args, **op_kwargs)
 
     monkeypatch.setattr(sampling, "fused_top_logprobs_takes", lambda hidden, weight, op_kwargs: True)
     monkeypatch.setattr(torch.ops.flashsampling, "_sample_top_logprobs", counted)
     got = fs.sample(hidden, weight, **kwargs)
-    assert calls == [7 if mode == "processed" else 0]
+    assert calls == [(7, mode == "raw")]
     for name, g, w in zip(want._fields, got, want):
         torch.testing.assert_close(g, w, atol=0, rtol=0, equal_nan=True, msg=name)
 

@@ -138,10 +138,11 @@ for batch, vocab, dim, dtype in SHAPES:
         print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, fused path)")
         if batch <= 64:
             # Top-N logprobs on the fused route: stage 2's rows, the logits sampler's and the top-N
-            # kernels over what stage 2 leaves (N = 64: every row's top N; flat rows: the ranks).
-            for top_n in (5, 64):
+            # kernels over what stage 2 leaves (N = 64: every row's top N; flat rows: the ranks),
+            # processed and raw.
+            for top_n, mode in ((5, "processed"), (64, "processed"), (5, "raw"), (64, "raw")):
                 out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7,
-                                                return_logprobs=True, top_logprobs=top_n,
+                                                return_logprobs=True, top_logprobs=top_n, logprobs_mode=mode,
                                                 token_ids=torch.zeros(batch, 2, dtype=torch.int64, device="cuda"))
                 torch.cuda.synchronize()
                 assert bool((out.ranks >= 1).all()) and out.top_ids.shape == (batch, top_n)

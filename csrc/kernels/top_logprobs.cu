@@ -314,8 +314,12 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_finish_kernel(TopLogpro
   RowView const view = row_view(p, row);
   int64_t const vocab = p.vocab_size;
   for (int64_t s = tid; s < row_samples(p, mode); s += kThreads) {
-    bool const valid = local_token(p, view, row, s) >= 0;
+    int64_t const token = local_token(p, view, row, s);
+    bool const valid = token >= 0;
     p.ranks[row * p.num_samples + s] = valid ? static_cast<int64_t>(w.counts[row * p.num_samples + s]) + 1 : 0;
+    if (p.token_values != nullptr) {
+      p.token_values[row * p.num_samples + s] = valid ? view.logprob(token) : __uint_as_float(0x7fc00000u);
+    }
   }
   if (n == 0) return;
 

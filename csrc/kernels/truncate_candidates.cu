@@ -211,6 +211,28 @@ __device__ double block_row_mass(float2 const* tile_log_masses, int64_t num_tile
   return total;
 }
 
+// The row's log-sum-exp from the GEMM's per-tile log-masses (log2 units: part.x the tile's largest
+// value, part.y its sum of 2^(value - part.x)), about the largest part: +inf where a tile holds
+// +inf, -inf where none holds mass. Block-wide; every thread gets the same value.
+__device__ double block_row_log_sum_exp(float2 const* tile_log_masses, int64_t num_tiles, Stage2Shared& sh) {
+  int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float top2 = -INFINITY;  // a tile with +inf has part (+inf, NaN): its x alone counts here
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+    float2 const part = tile_log_masses[t];
+    if (part.y > 0.0f || part.x == INFINITY) top2 = fmaxf(top2, part.x);
+  }
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) top2 = fmaxf(top2, __shfl_xor_sync(0xFFFFFFFFu, top2, delta));
+  if (lane == 0) sh.warp_mass[warp] = top2;
+  __syncthreads();
+  double ref2 = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) ref2 = fmax(ref2, sh.warp_mass[w]);
+  __syncthreads();  // every thread has read the maxima before the sums overwrite them
+  if (!isfinite(ref2)) return ref2;
+  double const mass = block_row_mass(tile_log_masses, num_tiles, ref2 * 0.6931471805599453, sh);
+  return ref2 * 0.6931471805599453 + log(mass);
+}
+
 // The perturbed score of token `index` (global) in sample 0, from the x the GEMM stored, as plain
 // sampling computes it (bit for bit: a packed candidate's score folds -0 into +0).
 __device__ float stored_score(SamplerParams const& p, int64_t row, uint32_t index) {
@@ -267,26 +289,40 @@ __device__ void hand_on_undecided_row(SamplerParams const& p, int64_t row, float
   }
 }
 
+// An upper bound of every x whose y = fl32(x * inv_t) is at most `last_y`: `last_x` where y = x
+// (greedy rows, scale 1); else x * inv_t rounds to last_y or below only under the next float
+// above it, so x < next / inv_t, taken up by a margin far above the double division's rounding
+// (x is a float).
+__device__ double raw_x_bound(float last_x, float last_y, float inv_t) {
+  if (inv_t == 0.0f || inv_t == 1.0f) return last_x;
+  double const bound = static_cast<double>(nextafterf(last_y, INFINITY)) / static_cast<double>(inv_t);
+  return bound + fabs(bound) * 0x1p-50;
+}
+
 // A row of flashsampling._sample_top_logprobs (warp 0; SamplerParams::top_logprobs), its first
 // m tokens by the order of y sorted in sh (m < kMaxFusedTopK: a row with fewer tokens). Its sample
-// is the GEMM's tile winner, and its log-sum-exp lse = y0 + log(row_mass) that of the GEMM's
-// per-tile log-masses. Every token past the list has y <= the list's last y, hence
-// t = fl32(y - fl32(lse)) <= the last's t (monotone in y): the list's first N in the order of t
-// (t descending, exact ties to the smaller id) are the row's when the N-th's t is above the
-// last's, and the sample's rank is its position there when its own t is. What that does not
-// certify (ties of t at the list's end, a sample past it: a flat row), and the whole row where
-// something is missing (a winner, a finite first y, the log-masses, a valid temperature; NaN
-// logits in the list), row_modes leaves to the top-N kernels, which the logits sampler's sample
-// of an undecided row precedes. NaN logits past the list are not seen here (the sampler never
-// draws them); the top-N kernels, where they take a row, order NaN first.
+// is the GEMM's tile winner; its log-sum-exp lse is that of the GEMM's per-tile log-masses:
+// y0 + log(row_mass) (processed), or `raw_lse` (raw mode: the masses are of x). Every token past
+// the list has y <= the list's last y, hence a value t no larger than a bound: processed,
+// t = fl32(y - fl32(lse)) is monotone in y, so the last entry's t; raw, t = fl32(fl64(x) -
+// fl64(fl32(lse))) is monotone in x, and y <= the last y bounds x (raw_x_bound). The list's first
+// N in the order of t (t descending, exact ties to the smaller id) are the row's when the N-th's t
+// is above the bound, and the sample's rank is its position there when its own t is. What that
+// does not certify (ties of t at the bound, a sample past it: a flat row), and the whole row
+// where something is missing (a winner, a finite first y or lse, a valid temperature; NaN logits
+// in the list), row_modes leaves to the top-N kernels, which the logits sampler's sample of an
+// undecided row precedes. NaN logits past the list are not seen here (the sampler never draws
+// them, and the log-masses carry none); the top-N kernels, where they take a row, order NaN first.
 __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stage2Shared& sh, int m,
-                                       bool row_usable, double row_mass, PackedCandidate winner, float inv_t) {
+                                       bool row_usable, double row_mass, double raw_lse, PackedCandidate winner,
+                                       float inv_t) {
   TopLogprobRows const& out = p.top_logprobs;
+  bool const raw = out.raw_logsumexp != nullptr;
   int const lane = threadIdx.x % 32;
   bool const greedy = inv_t == 0.0f;
   if (lane == 0) out.row_scales[row] = greedy ? 1.0f : inv_t;
   bool valid[2], nan_entry = false;
-  float y[2];
+  float x[2], y[2];
   uint32_t local[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -295,13 +331,14 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
     uint32_t const hi = valid[h] ? static_cast<uint32_t>(sh.sorted_key[i] >> 32) : 0u;
     nan_entry = nan_entry || (valid[h] && hi <= 1u);
     // y from x as the reference scales it (the keys fold -0 into +0; t keeps the sign of 0)
-    float const x = valid[h] ? sh.sorted_x[i] : -INFINITY;
-    y[h] = greedy || !valid[h] ? x : fs_mul(x, inv_t);
+    x[h] = valid[h] ? sh.sorted_x[i] : -INFINITY;
+    y[h] = greedy || !valid[h] ? x[h] : fs_mul(x[h], inv_t);
     local[h] = valid[h] ? top_candidate_index(sh.sorted_key[i]) - static_cast<uint32_t>(p.vocab_start) : 0u;
   }
   double const y0 = static_cast<double>(__shfl_sync(0xFFFFFFFFu, y[0], 0));
+  double const lse = raw ? raw_lse : y0 + log(row_mass);
   bool const decided = m == kMaxFusedTopK && row_usable && winner != 0 && inv_t == inv_t && isfinite(y0) &&
-                       !__any_sync(0xFFFFFFFFu, nan_entry);
+                       isfinite(lse) && !__any_sync(0xFFFFFFFFu, nan_entry);
   if (!decided) {
     if (lane == 0) {
       out.row_modes[row] = kTopLogprobsRank | kTopLogprobsTop;
@@ -309,19 +346,24 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
     }
     return;
   }
-  double const lse = y0 + log(row_mass);
   float const lse_f = static_cast<float>(lse);
+  double const lse_raw = static_cast<double>(lse_f);  // raw t: the top-N kernels' and the CPU's arithmetic
+  auto raw_t = [&](double value) { return value == -INFINITY ? -INFINITY : __double2float_rn(__dsub_rn(value, lse_raw)); };
 
   // The sample and its outputs, as plain sampling's.
   uint32_t const token = top_candidate_index(winner);
   uint32_t const token_local = token - static_cast<uint32_t>(p.vocab_start);
   if (lane == 0) {
-    float const x = p.row_logits[row * p.row_logits_stride + token_local];
-    float const y_token = greedy ? x : fs_mul(x, inv_t);
+    float const x_token = p.row_logits[row * p.row_logits_stride + token_local];
+    float const y_token = greedy ? x_token : fs_mul(x_token, inv_t);
     p.tokens[row] = static_cast<int64_t>(token);
     if (p.scores) p.scores[row] = stored_score(p, row, token);
-    p.token_logprobs[row] = static_cast<float>(static_cast<double>(y_token) - lse);
-    p.logsumexp[row] = lse_f;
+    if (raw) {
+      p.token_logprobs[row] = raw_t(x_token);
+    } else {
+      p.token_logprobs[row] = static_cast<float>(static_cast<double>(y_token) - lse);
+      p.logsumexp[row] = lse_f;
+    }
   }
 
   // t of each entry and its key in the order of the outputs (t is a number here: y is finite
@@ -331,7 +373,7 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
   PackedCandidate* const order_keys = sh.group_max;  // free after step 1
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    t[h] = y[h] == -INFINITY ? -INFINITY : __fsub_rn(y[h], lse_f);
+    t[h] = raw ? raw_t(x[h]) : y[h] == -INFINITY ? -INFINITY : __fsub_rn(y[h], lse_f);
     t_bits[h] = number_order_bits(t[h]);
     order_keys[lane + 32 * h] = (static_cast<PackedCandidate>(t_bits[h]) << 32) | (0xFFFFFFFFu - local[h]);
   }
@@ -342,7 +384,10 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
 #pragma unroll
     for (int h = 0; h < 2; ++h) position[h] += other > order_keys[lane + 32 * h];
   }
-  uint32_t const last_bits = __shfl_sync(0xFFFFFFFFu, t_bits[1], 31);  // the m-th entry's t
+  // The bound of the t of every token past the list (the m-th entry is lane 31's second).
+  float const last_x = __shfl_sync(0xFFFFFFFFu, x[1], 31), last_y = __shfl_sync(0xFFFFFFFFu, y[1], 31);
+  uint32_t const last_bits =
+      raw ? number_order_bits(raw_t(raw_x_bound(last_x, last_y, inv_t))) : __shfl_sync(0xFFFFFFFFu, t_bits[1], 31);
   int above_last = (t_bits[0] > last_bits) + (t_bits[1] > last_bits);
 #pragma unroll
   for (int delta = 16; delta > 0; delta >>= 1) above_last += __shfl_xor_sync(0xFFFFFFFFu, above_last, delta);
@@ -471,14 +516,20 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // surely all survive its cut (k tokens are there, every one passes min_p since k tiles' first
   // ones do, and k first-token masses stay below top_p of the row's), the candidates cannot
   // decide it: it is handed on now, as step 4 would, without selecting them.
-  double row_y0 = -INFINITY, row_mass = 0.0;
+  double row_y0 = -INFINITY, row_mass = 0.0, raw_lse = NAN;
+  bool const raw_top_logprob_row = top_logprob_row && p.top_logprobs.raw_logsumexp != nullptr;
   bool row_usable = false;  // a finite first y and the GEMM's log-masses
   PackedCandidate const row_winner = wants_winner ? block_max_key(winner_part, sh) : PackedCandidate{0};
   if (first_tokens) {
     uint32_t const hi0 = sh.first_y_bits;
     row_y0 = hi0 <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi0));
     row_usable = isfinite(row_y0) && tile_log_masses != nullptr;
-    if (row_usable && (top_p_on || top_logprob_row)) row_mass = block_row_mass(log_mass_copy, num_tiles, row_y0, sh);
+    if (raw_top_logprob_row) {  // every row's, decided here or not (the logits sampler's is processed)
+      raw_lse = tile_log_masses != nullptr ? block_row_log_sum_exp(log_mass_copy, num_tiles, sh) : raw_lse;
+      if (threadIdx.x == 0) p.top_logprobs.raw_logsumexp[row] = static_cast<float>(raw_lse);
+    } else if (row_usable && (top_p_on || top_logprob_row)) {
+      row_mass = block_row_mass(log_mass_copy, num_tiles, row_y0, sh);
+    }
     if (row_usable && min_p_on) {
       int passing = 0;
       for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
@@ -633,7 +684,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   }
   __syncthreads();  // the sorted survivors are visible to every warp
   if (top_logprob_row) {
-    if (warp == 0) finish_top_logprob_row(p, row, sh, m, row_usable, row_mass, row_winner, inv_t);
+    if (warp == 0) finish_top_logprob_row(p, row, sh, m, row_usable, row_mass, raw_lse, row_winner, inv_t);
     return;
   }
 

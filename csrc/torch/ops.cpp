@@ -114,10 +114,11 @@ TORCH_LIBRARY(flashsampling, m) {
   // top-k pass with nothing on, and each row's top_n processed log-probabilities (values
   // descending, exact ties to the smaller id; local ids) and the sample's 1-based rank [B, 1],
   // with the call's logits x [B, V] (fp32, bias added) for further outputs: the fused route of
-  // flashsampling_cuda.sample(top_logprobs=...) (flashsampling_cuda/logprobs.py). CUDA (sm_90) only;
-  // no allowed_mask or sparse bias.
+  // flashsampling_cuda.sample(top_logprobs=...) (flashsampling_cuda/logprobs.py). With raw (no
+  // logit_bias) token_logprobs, logsumexp, the top N and the rank are those of the raw logits
+  // (logprobs_mode="raw"). CUDA (sm_90) only; no allowed_mask or sparse bias.
   m.def("_sample_top_logprobs(" FS_SAMPLE_ARGS
-        ", int top_n=0) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp, "
+        ", int top_n=0, bool raw=False) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, Tensor logsumexp, "
         "Tensor top_logprobs, Tensor top_ids, Tensor ranks, Tensor logits)",
         {at::Tag::nondeterministic_seeded});
   // The CPU op from precomputed fp32 logits [B, V] (the raw hidden . weight, before biases) in

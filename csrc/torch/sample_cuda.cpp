@@ -150,14 +150,19 @@ void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const F
 
 // The top-N kernels over the rows stage 2 left (TopLogprobRows::row_modes), from the GEMM's
 // stored logits and the sampler's log-sum-exp and tokens (after the logits sampler's rows).
+// Raw mode (TopLogprobRows::raw_logsumexp): the raw values of x with the raw log-sum-exp, and the
+// sampled tokens' raw log-probabilities from the rank pass.
 void launch_top_logprob_leftovers(const SamplerParams& p, const SampleResult& result, int sm_count) {
+  const bool raw = p.top_logprobs.raw_logsumexp != nullptr;
   TopLogprobsParams t;
   t.values = p.row_logits;
   t.row_stride = p.row_logits_stride;
   t.batch_size = p.batch_size;
   t.vocab_size = p.vocab_size;
-  t.lse_float = p.logsumexp;
-  t.scales = p.top_logprobs.row_scales;
+  t.lse_float = raw ? p.top_logprobs.raw_logsumexp : p.logsumexp;
+  t.scales = raw ? nullptr : p.top_logprobs.row_scales;
+  t.raw = raw;
+  t.token_values = raw ? p.token_logprobs : nullptr;
   t.tokens = p.tokens;
   t.token_base = p.vocab_start;
   t.num_samples = 1;
@@ -176,9 +181,11 @@ void launch_top_logprob_leftovers(const SamplerParams& p, const SampleResult& re
 // `position_rows`: the flashsampling._sample_positions layout, `gemm_hidden` [S * B, D] holding
 // a row per (sample, batch row), sample-major, in place of the batch S times; the batch is its
 // first B rows (every check and the noise's [B] arrays take their shape from those).
-// `top_n` >= 0 (with `top` nothing on): flashsampling._sample_top_logprobs's outputs as well.
+// `top_n` >= 0 (with `top` nothing on): flashsampling._sample_top_logprobs's outputs as well, of
+// the raw logits where `raw_top_logprobs` (no bias: x is the matmul).
 SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& weight, const SampleArgs& args,
-                              const FusedTopK* top, bool position_rows = false, int64_t top_n = -1) {
+                              const FusedTopK* top, bool position_rows = false, int64_t top_n = -1,
+                              bool raw_top_logprobs = false) {
   const at::Tensor hidden = position_rows ? gemm_rows.narrow(0, 0, gemm_rows.size(0) / args.num_samples) : gemm_rows;
   check_sample_args(hidden, weight, args);
   if (top != nullptr) check_fused_top_k(hidden, args, *top);
@@ -323,6 +330,13 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
         rows.ranks = result.ranks.data_ptr<int64_t>();
         rows.row_modes = row_modes.data_ptr<uint8_t>();
         rows.row_scales = row_scales.data_ptr<float>();
+        if (raw_top_logprobs) {  // the call returns the raw log-sum-exp; the sampler's goes to scratch
+          const at::Tensor processed_logsumexp = at::empty({batch}, float_options);
+          keep_alive.push_back(processed_logsumexp);
+          rows.raw_logsumexp = result.logsumexp.data_ptr<float>();
+          p.logsumexp = processed_logsumexp.data_ptr<float>();
+          p.controls.top_scan_masses_of_x = true;
+        }
       }
     }
   }
@@ -394,7 +408,7 @@ sample_top_logprobs_cuda(const at::Tensor& hidden, const at::Tensor& weight, dou
                          const std::optional<at::Tensor>& sparse_bias_ids,
                          const std::optional<at::Tensor>& sparse_bias_values,
                          const std::optional<at::Tensor>& allowed_mask, std::optional<int64_t> empty_mask_token,
-                         int64_t vocab_start, int64_t top_n) {
+                         int64_t vocab_start, int64_t top_n, bool raw) {
   const char* prefix = "flashsampling._sample_top_logprobs: ";
   TORCH_CHECK(top_n >= 0 && top_n <= kMaxTopLogprobs, prefix, "top_n must be in [0, ", kMaxTopLogprobs, "], got ",
               top_n);
@@ -404,11 +418,13 @@ sample_top_logprobs_cuda(const at::Tensor& hidden, const at::Tensor& weight, dou
                               "needs sm_90 (H100/H200); flashsampling_cuda.sample takes the logits route elsewhere");
   TORCH_CHECK(!allowed_mask.has_value() && !sparse_bias_ids.has_value(), prefix,
               "takes no allowed_mask or sparse bias (flashsampling_cuda.sample routes those calls elsewhere)");
+  TORCH_CHECK(!raw || !logit_bias.has_value(), prefix,
+              "raw takes no logit_bias (the logits the pass stores have it added)");
   const SampleArgs args = SampleOps<&sample_cuda>::make_args(
       temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias, sparse_bias_ids,
       sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, /*return_logprobs=*/true);
   const FusedTopK nothing_on{};
-  SampleResult r = sample_cuda_impl(hidden, weight, args, &nothing_on, /*position_rows=*/false, top_n);
+  SampleResult r = sample_cuda_impl(hidden, weight, args, &nothing_on, /*position_rows=*/false, top_n, raw);
   if (hidden.size(0) == 0) {  // the shapes and strides of a batch's (the fake kernel's)
     const int64_t vocab = weight.size(0);
     r.top_values = at::empty({0, top_n}, hidden.options().dtype(at::kFloat));

@@ -80,6 +80,9 @@ struct SamplingControls {
   // its logit (r >= 1 and every add <= 0: fs_penalized_logit(x) <= x), else 0. The plain
   // epilogue-warpgroup loop's skip bounds such a row's penalised logits by the logits themselves.
   const uint32_t* penalty_lowers = nullptr;
+  // The top-k scan's per-tile log-masses (candidate_math.cuh) of x instead of y = x / T: the raw
+  // log-sum-exp of flashsampling._sample_top_logprobs's raw mode (TopLogprobRows::raw_logsumexp).
+  bool top_scan_masses_of_x = false;
 };
 
 // The loop a call needs (sampler_loop.h). Plain sampling (one sample per row, batch-wide
@@ -121,11 +124,11 @@ inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const
 }
 
 // The top-N log-probabilities of flashsampling._sample_top_logprobs (flashsampling_cuda/logprobs.py
-// has the order: t = fl32(y - fl32(lse)) descending, exact ties to the smaller id), decided in
-// the fused truncation's stage 2 from the candidates of a row's first kMaxFusedTopK tokens where
-// they certify the answer (truncate_candidates.cu), and otherwise marked in row_modes for the
-// top-N kernels (top_logprobs.h), which read the stored logits after stage 2 and the logits
-// sampler.
+// has the order: t descending, exact ties to the smaller id; processed t = fl32(y - fl32(lse)),
+// raw t = fl32(fl64(x) - fl64(lse)) with lse the raw logits' float32 log-sum-exp), decided in the
+// fused truncation's stage 2 from the candidates of a row's first kMaxFusedTopK tokens where they
+// certify the answer (truncate_candidates.cu), and otherwise marked in row_modes for the top-N
+// kernels (top_logprobs.h), which read the stored logits after stage 2 and the logits sampler.
 struct TopLogprobRows {
   int top_n = -1;                // N in [0, kMaxFusedTopK]; -1: not such a call
   float* values = nullptr;       // [B, N] t
@@ -133,6 +136,13 @@ struct TopLogprobRows {
   int64_t* ranks = nullptr;      // [B] 1-based rank of the sampled token
   uint8_t* row_modes = nullptr;  // [B] what stage 2 left (top_logprobs.h: kTopLogprobsRank | kTopLogprobsTop)
   float* row_scales = nullptr;   // [B] y / x of the row: fl32(1 / T), 1 on greedy rows
+  // [B] or null. Raw mode where given (the call has no bias, so x is the raw logits): stage 2
+  // writes every row's raw log-sum-exp here (the GEMM's log-masses are of x: SamplingControls::
+  // top_scan_masses_of_x), and the sampled token's raw log-probability to SamplerParams::
+  // token_logprobs where it decides the row; the logits sampler writes its processed values of
+  // the rows it samples (SamplerParams::logsumexp: not returned), whose token_logprobs the top-N
+  // kernels' rank pass then overwrites with the raw ones.
+  float* raw_logsumexp = nullptr;
 };
 struct SamplerParams {
   // LM head weight [V, D] and hidden states, both with unit stride along D. With

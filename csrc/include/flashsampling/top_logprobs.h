@@ -30,8 +30,8 @@ struct TopLogprobsParams {
   int64_t batch_size = 0;  // B
   int64_t vocab_size = 0;  // V
   const double* lse = nullptr;  // [B]
-  // [B], in place of lse (processed only): the sampler's own float32 log-sum-exp; a row whose
-  // lse is not above -inf (nothing sampled) ranks no token.
+  // [B], in place of lse: the sampler's own float32 log-sum-exp (lse = fl64(lse_float[b]) where
+  // raw); a row whose lse is not above -inf (nothing sampled) ranks no token.
   const float* lse_float = nullptr;
   const float* scales = nullptr;  // [B] or null (1)
   bool raw = false;
@@ -44,10 +44,12 @@ struct TopLogprobsParams {
   const uint8_t* row_modes = nullptr;
 
   // Outputs: the first N of the order, top_values float [B, N] (t) and top_ids int64 [B, N]
-  // (local v); ranks int64 [B, S]: each token's 1-based position in the order.
+  // (local v); ranks int64 [B, S]: each token's 1-based position in the order; token_values
+  // float [B, S] (optional): each ranked token's own t (NaN where it ranks nothing).
   float* top_values = nullptr;
   int64_t* top_ids = nullptr;
   int64_t* ranks = nullptr;
+  float* token_values = nullptr;
 };
 
 // Scratch of a call in device memory, carved by launch_top_logprobs out of one allocation of

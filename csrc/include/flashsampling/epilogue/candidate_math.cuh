@@ -139,10 +139,12 @@ __device__ __forceinline__ PackedCandidate top_scan_key(float value, uint32_t in
   return __float_as_uint(value) == kExcludedLogitBits ? PackedCandidate{0} : pack_top_candidate(value, index);
 }
 
-// log2(e) / T of a batch row, the factor from x to y in log2 units (greedy rows: y = x).
+// log2(e) / T of a batch row, the factor from x to the log-masses' values in log2 units (y; greedy
+// rows: y = x; x itself where the call asks for masses of x).
 __device__ __forceinline__ float top_scan_log2_scale(SamplingControls const& c, uint32_t row,
                                                      float call_inv_temperature) {
   constexpr float kLog2e = 1.4426950408889634f;  // (the epilogue's epilogue::kLog2e)
+  if (c.top_scan_masses_of_x) return kLog2e;
   float const inv_t = row_inv_temperature(c, row, call_inv_temperature);
   return (inv_t == 0.0f ? 1.0f : inv_t) * kLog2e;
 }
