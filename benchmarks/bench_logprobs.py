@@ -1,7 +1,8 @@
 """Logprobs as serving APIs return them (issue #34): ours against the torch patterns, one run.
 
-For each shape (D x V) and batch B (bf16 LLM-like logits, flashsampling_cuda/problems.py), at
-temperature T (default 0.8), every contender side by side (medians of CUDA-graph replays, µs):
+For each shape (D x V), logits regime (bf16; flashsampling_cuda/problems.py: LLM-like rows, a
+Zipf head over a Gaussian bulk, and flat rows, random weights) and batch B, at temperature T
+(default 0.8), every contender side by side (medians of CUDA-graph replays, µs):
 
   ours <variant>  flashsampling_cuda.sample with the variant's logprob outputs:
                     plain      no logprobs
@@ -23,11 +24,12 @@ Ratios (same run): ours <variant> / ours plain, torch / ours, vLLM / ours. Check
 the compiled baselines.
 
 Writes benchmarks/results/logprobs_<gpu>_<date>.{json,md,png}: "records" holds one entry per
-(D, V, B, variant) with ours_us, plain_us, torch_us, vllm_us and the ratios.
+(D, V, regime, B, variant) with ours_us, plain_us, torch_us, vllm_us and the ratios.
 
 Usage:
   python benchmarks/bench_logprobs.py [--shapes 4096x151936,8192x128256] [--batches 1,16,64,128,256]
-      [--variants plain,lp,N=1,...] [--baselines torch,vllm] [--temperature 0.8] [--out benchmarks/results]
+      [--regimes llm,flat] [--variants plain,lp,N=1,...] [--baselines torch,vllm] [--temperature 0.8]
+      [--out benchmarks/results]
   python benchmarks/bench_logprobs.py --tiny            # CPU / GPU smoke run, eager timing
 """
 
@@ -125,38 +127,44 @@ def run(bench: Bench, args) -> None:
                     baselines[(kind, v)] = bench.baseline(f"{kind} {v}", make(v, args.temperature))
     T = args.temperature
     for dim, vocab, weight in bench.weights(args.shapes):
-        for batch in int_list(args.batches):
-            hidden = hidden_states(weight, batch, args.regime, seed=batch)
-            gen = torch.Generator(device="cpu").manual_seed(batch)
-            token_ids = torch.randint(0, vocab, (batch, 8), generator=gen).to(bench.device)
-            plain_us = None
-            for variant in variants:
-                record = {"D": dim, "V": vocab, "B": batch, "variant": variant, "regime": args.regime}
-                kwargs = ours_kwargs(variant, token_ids)
-                bench.measure(record, "ours_us", lambda kwargs=kwargs: flashsampling_cuda.sample(
-                    hidden, weight, temperature=T, **kwargs))
-                if variant == "plain":
-                    plain_us = record.get("ours_us")
-                record["plain_us"] = plain_us
-                for kind in ("torch", "vllm"):
-                    if (kind, variant) in baselines:
-                        bench.measure(record, f"{kind}_us", baselines[(kind, variant)], hidden, weight, token_ids)
-                bench.add(record, markdown_table, ("torch_us", "vllm_us"))
+        for regime in args.regimes.split(","):
+            for batch in int_list(args.batches):
+                hidden = hidden_states(weight, batch, regime, seed=batch)
+                gen = torch.Generator(device="cpu").manual_seed(batch)
+                token_ids = torch.randint(0, vocab, (batch, 8), generator=gen).to(bench.device)
+                plain_us = None
+                for variant in variants:
+                    record = {"D": dim, "V": vocab, "B": batch, "variant": variant, "regime": regime}
+                    kwargs = ours_kwargs(variant, token_ids)
+                    bench.measure(record, "ours_us", lambda kwargs=kwargs: flashsampling_cuda.sample(
+                        hidden, weight, temperature=T, **kwargs))
+                    if variant == "plain":
+                        plain_us = record.get("ours_us")
+                    record["plain_us"] = plain_us
+                    for kind in ("torch", "vllm"):
+                        if (kind, variant) in baselines:
+                            bench.measure(record, f"{kind}_us", baselines[(kind, variant)], hidden, weight, token_ids)
+                    bench.add(record, markdown_table, ("torch_us", "vllm_us"))
 
 
 def markdown_table(results: dict) -> str:
-    return shape_tables(
-        results, f"{results['regime']} logits",
-        ["B", "variant", "ours", "ours / plain", "torch", "torch / ours", "vLLM", "vLLM / ours"],
-        lambda r: [str(r["B"]), r["variant"], cell(r.get("ours_us")), cell(r.get("ours_over_plain"), ".3f"),
-                   *baseline_cells(r, "torch", "vllm")])
+    """A table per regime and shape (records of an older run without a regime: LLM-like rows)."""
+    tables = []
+    for regime in dict.fromkeys(r.get("regime", "llm") for r in results["records"]):
+        rows = {**results, "records": [r for r in results["records"] if r.get("regime", "llm") == regime]}
+        tables.append(shape_tables(
+            rows, f"{regime} logits",
+            ["B", "variant", "ours", "ours / plain", "torch", "torch / ours", "vLLM", "vLLM / ours"],
+            lambda r: [str(r["B"]), r["variant"], cell(r.get("ours_us")), cell(r.get("ours_over_plain"), ".3f"),
+                       *baseline_cells(r, "torch", "vllm")]))
+    return "\n".join(tables)
 
 
 def checks(results: dict) -> list[str]:
     records = results["records"]
 
     def where(r):
-        return f"D={r['D']} B={r['B']}" + ("" if "variant" not in r else f" {r['variant']}")
+        return f"{r.get('regime', 'llm')} D={r['D']} B={r['B']}" + ("" if "variant" not in r else f" {r['variant']}")
 
     n20 = [r for r in records if r["variant"] == "N=20" and r.get("ours_over_plain") is not None]
     out = [
@@ -171,11 +179,16 @@ def checks(results: dict) -> list[str]:
 
 
 def plot(results: dict, path) -> None:
+    """LLM-like rows (solid: ours; dotted: the baselines), and ours N=20 on flat rows (dashed)."""
     def select(r, v):
-        return r["variant"] == v
+        return r["variant"] == v and r.get("regime", "llm") == "llm"
+
+    def select_flat(r, v):
+        return r["variant"] == v and r.get("regime", "llm") == "flat"
 
     variants = [v for v in VARIANTS if v != "plain"]
     plot_lines(results, path, ratio_lines(variants, select, "ours_us", "ours {}", "o-")
+               + ratio_lines(["N=20", "raw N=20"], select_flat, "ours_us", "ours {} (flat rows)", "s--")
                + ratio_lines(["N=20"], select, "torch_us", "torch {} (dotted: baselines)", "x:")
                + ratio_lines(["N=20"], select, "vllm_us", "vLLM {}", "+:"))
 
@@ -184,9 +197,9 @@ def main() -> None:
     parser = make_parser(__doc__, shapes="4096x151936,8192x128256", batches="1,16,64,128,256", tiny=TINY)
     parser.add_argument("--variants", default=None, help=f"comma list of {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--baselines", default="torch,vllm", help="comma list of torch, vllm")
-    parser.add_argument("--regime", default="llm", choices=["flat", "llm"])
+    parser.add_argument("--regimes", default="llm,flat", help="comma list of llm, flat")
     harness.main("logprobs", parser, TINY, run, markdown_table, checks, plot,
-                 header=lambda args: dict(regime=args.regime, variants=VARIANTS))
+                 header=lambda args: dict(regimes=args.regimes.split(","), variants=VARIANTS))
 
 
 if __name__ == "__main__":

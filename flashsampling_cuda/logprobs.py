@@ -187,8 +187,9 @@ def logprob_values_and_scales(hidden: Tensor, weight: Tensor, context: dict, rou
 def raw_logsumexp(values: Tensor) -> Tensor:
     """``[B]`` log-sum-exp of the raw logits (``"raw"`` mode's normaliser), summed in float32 (to
     about 1e-6 of it, well inside the logprobs' 1e-4; a float64 copy of the logits cost more than
-    the raw outputs' other work, CHANGELOG.md) and handed on as float64."""
-    return torch.logsumexp(values, dim=1).double()
+    the raw outputs' other work, CHANGELOG.md) and handed on as float64:
+    ``flashsampling._row_logsumexp`` (CUDA: one read of the rows; the CPU: ``torch.logsumexp``)."""
+    return torch.ops.flashsampling._row_logsumexp(values).double()
 
 
 def normalised(values: Tensor, lse: Tensor, mode: str) -> Tensor:

@@ -1222,6 +1222,24 @@ def _top_logprobs_fake(values, lse, tokens, top_n, raw, scales=None):
             tokens.new_empty((batch, tokens.shape[1])))
 
 
+@torch.library.register_fake("flashsampling::_row_logsumexp")
+def _row_logsumexp_fake(values):
+    _check_row_logsumexp_args(values)
+    return values.new_empty((values.shape[0],))
+
+
+@torch.library.register_kernel("flashsampling::_row_logsumexp", "cpu")
+def _row_logsumexp_cpu(values):
+    _check_row_logsumexp_args(values)
+    return torch.logsumexp(values, dim=1)
+
+
+def _check_row_logsumexp_args(values) -> None:
+    torch._check(values.dim() == 2 and values.dtype == torch.float32,
+                 lambda: f"flashsampling._row_logsumexp: values must be a float32 [B, V] tensor, got {values.dtype} "
+                 f"{list(values.shape)}")
+
+
 @torch.library.register_kernel("flashsampling::_top_logprobs", "cpu")
 def _top_logprobs_cpu_kernel(values, lse, tokens, top_n, raw, scales=None):
     _check_top_logprobs_args(values, lse, tokens, top_n, scales)

@@ -170,6 +170,27 @@ def test_top_logprobs_opcheck(device):
     torch.library.opcheck(torch.ops.flashsampling._top_logprobs.default, (values, lse, tokens, 20, False, scales))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_logsumexp_op(device):
+    """flashsampling._row_logsumexp (the raw outputs' normaliser): torch.logsumexp's values to
+    float32 rounding on ordinary rows (odd V, a padded row stride, a misaligned view), its special
+    values exactly (NaN, +inf, every value -inf), an empty vocabulary; opcheck; bad input named."""
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(6, 4099, generator=g) * 8
+    rows[1, 7] = torch.nan
+    rows[2, 9] = torch.inf
+    rows[3] = -torch.inf
+    rows[4, ::2] = -torch.inf
+    padded = torch.randn(6, 4224, generator=g)[:, :4101]  # stride 4224, V = 4101
+    misaligned = torch.randn(6, 4100, generator=g)[:, 1:]  # a row start off 16 bytes
+    for values in (rows, padded, misaligned, torch.randn(3, 0)):
+        got = torch.ops.flashsampling._row_logsumexp(values.to(device)).cpu()
+        torch.testing.assert_close(got, torch.logsumexp(values, dim=1), atol=2e-6, rtol=2e-6, equal_nan=True)
+    torch.library.opcheck(torch.ops.flashsampling._row_logsumexp.default, (padded.to(device),))
+    with pytest.raises(RuntimeError, match="values must be a float32"):
+        torch.ops.flashsampling._row_logsumexp(rows.double().to(device))
+
+
 def test_top_logprobs_op_errors():
     values = torch.zeros(2, 10)
     lse, tokens = torch.zeros(2, dtype=torch.float64), torch.zeros(2, 1, dtype=torch.int64)

@@ -407,7 +407,97 @@ __global__ void __launch_bounds__(kThreads) top_logprobs_finish_kernel(TopLogpro
   }
 }
 
+// A running log-sum-exp in float32: the largest finite value m and the sum of exp(v - m), with
+// flags for NaN and +inf (which torch.logsumexp returns as the row's result).
+struct RunningLogSumExp {
+  float max = -INFINITY;
+  float sum = 0.0f;
+  bool nan = false, pos_inf = false;
+
+  __device__ __forceinline__ void add(float v) {
+    if (v != v) {
+      nan = true;
+    } else if (v == INFINITY) {
+      pos_inf = true;
+    } else if (v > max) {
+      sum = fmaf(sum, __expf(max - v), 1.0f);
+      max = v;
+    } else if (v != -INFINITY) {
+      sum += __expf(v - max);
+    }
+  }
+  __device__ __forceinline__ void merge(RunningLogSumExp const& o) {
+    nan = nan || o.nan;
+    pos_inf = pos_inf || o.pos_inf;
+    float const m = fmaxf(max, o.max);
+    if (m == -INFINITY) return;
+    sum = (max == -INFINITY ? 0.0f : sum * __expf(max - m)) + (o.max == -INFINITY ? 0.0f : o.sum * __expf(o.max - m));
+    max = m;
+  }
+  __device__ __forceinline__ void merge_warp() {
+#pragma unroll
+    for (int delta = 16; delta > 0; delta >>= 1) {
+      RunningLogSumExp o;
+      o.max = __shfl_xor_sync(0xFFFFFFFFu, max, delta);
+      o.sum = __shfl_xor_sync(0xFFFFFFFFu, sum, delta);
+      o.nan = __shfl_xor_sync(0xFFFFFFFFu, static_cast<int>(nan), delta) != 0;
+      o.pos_inf = __shfl_xor_sync(0xFFFFFFFFu, static_cast<int>(pos_inf), delta) != 0;
+      merge(o);
+    }
+  }
+  __device__ __forceinline__ float result() const {
+    return nan ? __uint_as_float(0x7fc00000u) : pos_inf ? INFINITY : max == -INFINITY ? -INFINITY : max + logf(sum);
+  }
+};
+
+__global__ void __launch_bounds__(kThreads) row_logsumexp_kernel(const float* __restrict__ values, int64_t row_stride,
+                                                                 int64_t vocab, float* __restrict__ lse) {
+  __shared__ RunningLogSumExp warp_parts[kWarps];
+  int64_t const row = blockIdx.x;
+  const float* const row_values = values + row * row_stride;
+  RunningLogSumExp part;
+  if (reinterpret_cast<uintptr_t>(row_values) % 16 == 0) {
+    float4 const* quads = reinterpret_cast<float4 const*>(row_values);
+    int64_t const quad_end = vocab / 4;
+    for (int64_t base = threadIdx.x; base < quad_end; base += kLoadsPerThread * kThreads) {
+      float4 x[kLoadsPerThread];
+#pragma unroll
+      for (int k = 0; k < kLoadsPerThread; ++k) {
+        int64_t const i = base + k * kThreads;
+        x[k] = i < quad_end ? __ldg(quads + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+      }
+#pragma unroll
+      for (int k = 0; k < kLoadsPerThread; ++k) {
+        part.add(x[k].x);
+        part.add(x[k].y);
+        part.add(x[k].z);
+        part.add(x[k].w);
+      }
+    }
+    for (int64_t v = quad_end * 4 + threadIdx.x; v < vocab; v += kThreads) part.add(__ldg(row_values + v));
+  } else {
+    for (int64_t v = threadIdx.x; v < vocab; v += kThreads) part.add(__ldg(row_values + v));
+  }
+  part.merge_warp();
+  int const warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) warp_parts[warp] = part;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    RunningLogSumExp total = warp_parts[0];
+    for (int w = 1; w < kWarps; ++w) total.merge(warp_parts[w]);
+    lse[row] = total.result();
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_row_logsumexp(const float* values, int64_t row_stride, int64_t batch, int64_t vocab, float* lse,
+                                 cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  if (batch > INT32_MAX || vocab < 0) return cudaErrorInvalidValue;
+  row_logsumexp_kernel<<<static_cast<unsigned>(batch), kThreads, 0, stream>>>(values, row_stride, vocab, lse);
+  return cudaGetLastError();
+}
 
 size_t top_logprobs_workspace_bytes(int64_t batch, int64_t num_samples) {
   return static_cast<size_t>(batch) * (kMaxBins * sizeof(uint32_t) + num_samples * sizeof(uint32_t) + sizeof(uint32_t) +

@@ -154,6 +154,10 @@ TORCH_LIBRARY(flashsampling, m) {
   // torch ops (flashsampling_cuda/logprobs.py).
   m.def("_top_logprobs(Tensor values, Tensor lse, Tensor tokens, int top_n, bool raw, Tensor? scales=None) -> "
         "(Tensor top_values, Tensor top_ids, Tensor ranks)");
+  // The float32 log-sum-exp [B] of each row of values [B, V] float32: the raw logprob outputs'
+  // normaliser. CUDA: one read of the rows (torch.logsumexp's eager passes read them four times);
+  // the CPU: torch.logsumexp (flashsampling_cuda/logprobs.py).
+  m.def("_row_logsumexp(Tensor values) -> Tensor");
   // What step 3 of the penalties adds to each seen token's logit (flashsampling_cuda/penalties.py,
   // fused_penalty_args; flashsampling/penalty_values_launch.h): float32 [B, C] from a PenaltyState's
   // ids [B, C] and output_counts (int32 [B, C]), frequency / presence as host values or float32 [B]

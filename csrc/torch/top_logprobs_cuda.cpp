@@ -1,6 +1,6 @@
-// CUDA impl of flashsampling._top_logprobs (flashsampling/top_logprobs.h; the CPU computes the
-// same outputs in torch ops, flashsampling_cuda/logprobs.py): its launches on the current stream,
-// with a workspace of top_logprobs_workspace_bytes.
+// CUDA impls of flashsampling._top_logprobs and _row_logsumexp (flashsampling/top_logprobs.h; the
+// CPU computes the same outputs in torch ops, flashsampling_cuda/logprobs.py): their launches on
+// the current stream, the first with a workspace of top_logprobs_workspace_bytes.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -67,8 +67,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> top_logprobs_cuda(const at::Tenso
   return {top_values, top_ids, ranks};
 }
 
+at::Tensor row_logsumexp_cuda(const at::Tensor& values) {
+  TORCH_CHECK(values.dim() == 2 && values.scalar_type() == at::kFloat,
+              "flashsampling._row_logsumexp: values must be a float32 [B, V] tensor, got ", values.scalar_type(),
+              " with shape ", values.sizes());
+  const c10::cuda::CUDAGuard guard(values.device());
+  const at::Tensor v = values.stride(1) == 1 ? values : values.contiguous();
+  at::Tensor lse = at::empty({values.size(0)}, values.options());
+  check_cuda_launch(launch_row_logsumexp(v.const_data_ptr<float>(), v.stride(0), v.size(0), v.size(1),
+                                         lse.mutable_data_ptr<float>(), c10::cuda::getCurrentCUDAStream()),
+                    "flashsampling._row_logsumexp");
+  return lse;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) { m.impl("_top_logprobs", &top_logprobs_cuda); }
+TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
+  m.impl("_top_logprobs", &top_logprobs_cuda);
+  m.impl("_row_logsumexp", &row_logsumexp_cuda);
+}
 
 }  // namespace flashsampling

@@ -71,4 +71,11 @@ int top_logprobs_slices(int64_t batch, int64_t vocab, int sm_count);
 cudaError_t launch_top_logprobs(TopLogprobsParams const& params, void* workspace, int sm_count,
                                 cudaStream_t stream);
 
+// lse[b] = the float32 log-sum-exp of row b of values [B, V] (fp32, unit stride along V,
+// `row_stride` elements apart): the raw outputs' normaliser, as torch.logsumexp on the CPU to
+// about 1e-6 (summed in float32 in another order); NaN where the row holds NaN, else +inf where
+// it holds +inf, -inf where every value is -inf. One read of the rows, a CTA a row.
+cudaError_t launch_row_logsumexp(const float* values, int64_t row_stride, int64_t batch, int64_t vocab, float* lse,
+                                 cudaStream_t stream);
+
 }  // namespace flashsampling
