@@ -163,14 +163,28 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
             or cuda_arch(hidden.device) in FUSED_ARCHS)
 
 
-def _fused_preferred(truncation: Truncation, vocab: int) -> bool:
+# Up to this many rows the fused pass's GEMM (the CUTLASS schedules' top-k scan) can draw plain
+# sampling's tile winners (csrc/include/flashsampling/kernel_choice.h); beyond, the epilogue-
+# warpgroup kernel's scan does not.
+FUSED_TILE_WINNERS_MAX_BATCH = 64
+
+
+def _fused_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
     """Where both can take a call, whether "auto" prefers the fused pass to the logits path: every
-    form but a host top_k above 64, which decides no row in stage 2. top_p / min_p without top_k
-    take it at every batch: on LLM-like rows (few survivors) stage 2 decides nearly every row, and
-    the rows it leaves stream (min_p) or take the logits kernel from the stored logits; only flat
-    top_p rows at B >= 128 cost a little more than on the logits path (docs/truncation.md)."""
-    k = _host_top_k(truncation, vocab)
-    return _stage2_decides_every_row(k) if isinstance(k, int) else True
+    form but a host top_k above 64 where the GEMM cannot draw the tile winners (more than 64 rows,
+    with top_p or min_p, several samples, per-row seeds or offsets): stage 2 decides such a row
+    only when plain sampling's token lies among the row's first 64 tokens (a peaked row, usually),
+    so without the winners it decides none. top_p / min_p without top_k take it at every batch: on
+    LLM-like rows (few survivors) stage 2 decides nearly every row, and the rows it leaves stream
+    (min_p) or take the logits kernel from the stored logits; only flat top_p rows at B >= 128 cost
+    a little more than on the logits path (docs/truncation.md)."""
+    k = _host_top_k(truncation, weight.shape[0])
+    if not isinstance(k, int) or _stage2_decides_every_row(k):
+        return True
+    seed, offset = op_kwargs["seed"], op_kwargs["offset"]
+    return (hidden.shape[0] <= FUSED_TILE_WINNERS_MAX_BATCH and truncation.top_p is None and truncation.min_p is None
+            and op_kwargs["num_samples"] == 1 and (seed is None or seed.dim() == 0)
+            and (offset is None or offset.dim() == 0) and cuda_arch(hidden.device) in FUSED_ARCHS)
 
 
 def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor) -> dict:
@@ -208,7 +222,7 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
     on_cuda = (hidden.device.type == "cuda" and hidden.dtype in (torch.bfloat16, torch.float16)
                and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB)
     if requested == "auto":
-        fused = fused_ok and (not on_cuda or _fused_preferred(truncation, weight.shape[0]))
+        fused = fused_ok and (not on_cuda or _fused_preferred(truncation, hidden, weight, op_kwargs))
         return "fused_top_k" if fused else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
         raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, "

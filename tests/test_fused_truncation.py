@@ -291,6 +291,41 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
 
 
 @requires_sm90
+@pytest.mark.parametrize("batch", [5, 40, 64])
+@pytest.mark.parametrize("regime", ["flat", "peaked"])
+@pytest.mark.parametrize("top_k", [100, 1000])
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
+def test_large_top_k_rows_decided_by_their_winner_equal_cpu_op(top_k, regime, batch, controls):
+    """A host top_k above 64 alone, one sample, the batch-wide seed: the GEMM draws the tile
+    winners, and stage 2 gives a row plain sampling's token when it lies among the row's first 64
+    tokens (peaked rows), else the logits sampler samples it (flat rows). The CPU op's tokens and
+    scores on the same logits bit for bit, and the same as without the winners (every row on the
+    logits sampler); "auto" takes this route up to 64 rows."""
+    hidden, weight, logits = exact_problem(batch, regime, seed=batch + top_k)
+    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4
+    temperatures[::4] = 0.0
+    kwargs = dict(temperature=temperatures, seed=torch.tensor(13), offset=torch.tensor(2), top_k=top_k)
+    if controls:
+        c = random_controls(batch, V, "cpu", vocab_start=64, seed=batch, density=0.5)
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7)
+    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    h, w = hidden.cuda(), weight.cuda()
+    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
+    results = {}
+    for winners in (True, False):
+        results[winners], _ = sample_with_dispatch_options(h, w, {**on, "truncation_path": "fused_top_k"},
+                                                           top_p_tile_winners=winners)
+        assert torch.equal(results[winners].tokens.cpu(), expected[0])
+        assert torch.equal(results[winners].scores.cpu(), expected[1])
+    assert_same_bits(results[True], results[False], ("tokens", "scores"))
+    auto = fs.truncation.choose_truncation_path("auto", fs.truncation.Truncation(top_k, None, None), h, w,
+                                                dict(seed=on["seed"], offset=on["offset"], num_samples=1,
+                                                     sparse_bias_ids=None))
+    assert auto == "fused_top_k"
+
+
+@requires_sm90
 def test_min_p_call_rows_without_a_finite_first_y_equal_cpu_op():
     """A min_p call whose rows' first y is -inf (a bias of -inf everywhere, one NaN): min_p's test
     keeps the first token alone in every row, also in rows whose own min_p is off (the cut kernel

@@ -411,6 +411,26 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
   }
 }
 
+// A row with a top_k above kMaxFusedTopK alone (warp 0), its first m <= kMaxFusedTopK tokens by
+// the order of y sorted in sh: the row's plain-sampling token (`winner`, the best of the GEMM's
+// tile winners) beats every token, so it is the sample of any cut that keeps it, and top_k keeps
+// it when it lies among those m (its rank is at most m < top_k). Otherwise (a flat row, usually)
+// the logits sampler samples the row from the stored logits.
+__device__ void decide_by_winner(SamplerParams const& p, int64_t row, Stage2Shared const& sh, int m,
+                                 PackedCandidate winner) {
+  uint32_t const index = top_candidate_index(winner);
+  bool listed = false;
+  for (int i = threadIdx.x % 32; i < m; i += 32) listed = listed || top_candidate_index(sh.sorted_key[i]) == index;
+  listed = __any_sync(0xFFFFFFFFu, listed) && winner != 0;
+  if (threadIdx.x % 32 != 0) return;
+  if (listed) {
+    p.tokens[row] = static_cast<int64_t>(index);
+    if (p.scores) p.scores[row] = stored_score(p, row, index);
+  } else {
+    leave_to_logits_sampler(p, row);
+  }
+}
+
 // tile_winners / streamed_winners (draw_tile_winners, else null): the GEMM's tile winners, and
 // where stage 2 puts the winner of each row it streams.
 __global__ void __launch_bounds__(kThreads, 1)
@@ -439,7 +459,10 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // A row without top_k the candidates cannot decide may be left to the logits sampler's
   // streaming kernels with its first y (below); every other row's entry stays NaN.
   if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
-  if (!certify && !top_logprob_row && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
+  // A row with a top_k above kMaxFusedTopK alone, where the GEMM drew the tile winners: selected
+  // as a row without top_k, then decide_by_winner.
+  bool const large_top_k_row = given_k > kMaxFusedTopK && !top_p_on && !min_p_on && tile_winners != nullptr;
+  if (!certify && !top_logprob_row && !large_top_k_row && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
     // A larger top_k, or nothing on. Where the GEMM drew the tile winners (a call of one sample
     // without log-probabilities) a row without a cut has its sample: the best of them.
     PackedCandidate const winner =
@@ -455,7 +478,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
     return;
   }
-  bool const first_tokens = certify || top_logprob_row;  // the row's first kMaxFusedTopK
+  bool const first_tokens = certify || top_logprob_row || large_top_k_row;  // the row's first kMaxFusedTopK
   int const k = first_tokens ? kMaxFusedTopK : static_cast<int>(given_k);
   SamplingControls const& controls = p.controls;
   float const inv_t = row_inv_temperature(controls, static_cast<uint32_t>(row), p.inv_temperature);
@@ -478,7 +501,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // >= tau fill it) and their winners.
   bool const bounded = num_tiles >= 2 * int64_t{k};
   bool const wants_mass = ((certify && top_p_on) || top_logprob_row) && tile_log_masses != nullptr;
-  bool const wants_winner = ((certify && top_p_on) || top_logprob_row) && tile_winners != nullptr;
+  bool const wants_winner = ((certify && top_p_on) || top_logprob_row || large_top_k_row) && tile_winners != nullptr;
   float2* const log_mass_copy = reinterpret_cast<float2*>(xs);  // capacity >= 4 num_tiles floats
   for (int g = threadIdx.x; g < k; g += kThreads) sh.group_max[g] = 0;
   if (threadIdx.x == 0) {
@@ -685,6 +708,10 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   __syncthreads();  // the sorted survivors are visible to every warp
   if (top_logprob_row) {
     if (warp == 0) finish_top_logprob_row(p, row, sh, m, row_usable, row_mass, raw_lse, row_winner, inv_t);
+    return;
+  }
+  if (large_top_k_row) {
+    if (warp == 0) decide_by_winner(p, row, sh, m, invalid_temperature ? PackedCandidate{0} : row_winner);
     return;
   }
 

@@ -262,16 +262,22 @@ inline bool fused_truncation_streams_rows(SamplerParams const& p) {
 
 // Whether the fused truncation's GEMM may draw the tile winners (SamplerParams::draw_tile_winners)
 // for a call: rows handed on by top_p alone (no top_k, no min_p: the winner over every allowed
-// token is then the first winner the rounds verify), or the plain sample of a top-N logprobs call
-// (one sample), and the batch-wide noise key of plain sampling,
-// whose Philox block serves four neighbouring rows. The kernel must scan for them too
-// (sampler_dispatch.cu: the CUTLASS schedules' top-k scan on sm90).
+// token is then the first winner the rounds verify), a host top_k above kMaxFusedTopK alone (one
+// sample, no log-probabilities: the winner is the sample when it lies among the row's first
+// tokens, which stage 2 selects), or the plain sample of a top-N logprobs call (one sample), and
+// the batch-wide noise key of plain sampling, whose Philox block serves four neighbouring rows.
+// The kernel must scan for them too (sampler_dispatch.cu: the CUTLASS schedules' top-k scan on
+// sm90).
 inline bool fused_truncation_draws_tile_winners(SamplerParams const& p) {
   bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
+  bool const top_p = p.top_ps != nullptr || p.top_p < 1.0;
   bool const per_row_keys =
       p.noise.row_seeds != nullptr || p.noise.row_offsets != nullptr || p.noise.row_streams != nullptr;
   bool const top_logprobs = p.top_logprobs.top_n >= 0 && p.num_samples == 1;
-  return ((fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !min_p) || top_logprobs) &&
+  bool const large_top_k_alone = p.top_ks == nullptr && p.top_k > kMaxFusedTopK && !top_p && !min_p &&
+                                 p.num_samples == 1 && !p.logprobs;
+  return ((fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !min_p) || top_logprobs ||
+          large_top_k_alone) &&
          !per_row_keys;
 }
 
