@@ -126,6 +126,9 @@ def run(bench: Bench, args) -> None:
                 if v in variants:
                     baselines[(kind, v)] = bench.baseline(f"{kind} {v}", make(v, args.temperature))
     T = args.temperature
+    unknown = [r for r in args.regimes.split(",") if r not in ("llm", "flat")]
+    if unknown:
+        sys.exit(f"unknown regimes {unknown}; choose from llm, flat")
     for dim, vocab, weight in bench.weights(args.shapes):
         for regime in args.regimes.split(","):
             for batch in int_list(args.batches):

@@ -18,7 +18,8 @@ Two routes, neither with a host sync (graphs and ``torch.compile`` work):
   draws plain sampling's token (the tile winners), sums the log-sum-exp from its per-tile
   log-masses (of ``y``, or of ``x`` for raw values: x is then the matmul itself), and its stage 2
   reads each row's top N and the token's rank off the row's first 64 tokens where they certify
-  them (csrc/kernels/truncate_candidates.cu; the order of x is that of y); the rest (a token past
+  them (csrc/kernels/truncate_candidates.cu; for raw values against a bound of the x past those
+  tokens, which their y bounds); the rest (a token past
   them, as on a flat row; ties of t at their end) the top-N kernels below take from the logits
   the GEMM stored. ``token_ids`` read those logits too.
 - **Logits**: every other call samples on the logits route (``sample_from_logits``; on the CPU
@@ -30,7 +31,8 @@ The routes' logits differ by the rounding of their matmuls, and the fused route'
 its GEMM's (per-tile log-masses, to ~1e-6); on given logits and log-sum-exp both order and rank
 alike (the tests compare them bit for bit), but for a NaN logit past a row's first 64 tokens where
 stage 2 decides the row: it is neither listed nor ranked ahead (the sampler never draws it), where
-the top-N kernels, as ``torch.sort``, put NaN first (``check_nan=True`` raises on such rows).
+the top-N kernels, as ``torch.sort``, put NaN first (``check_nan=True`` raises on such rows); raw
+values there carry no mass of NaN logits, so ``check_nan=True`` sends raw calls to the logits route.
 """
 
 from __future__ import annotations
@@ -265,7 +267,8 @@ def values_of_ids(table: Tensor, token_ids: Tensor, vocab_start: int) -> Tensor:
 def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, tokens: Tensor, logprobs: Tensor,
                     logsumexp: Tensor, top_n: int, token_ids: Tensor | None, mode: str) -> LogprobsOutput:
     """The outputs of :class:`LogprobsOutput` for a sample already drawn (``tokens``, and the op's
-    ``logprobs`` / ``logsumexp`` of the processed distribution); ``context``: the call's arguments
+    ``logprobs`` / ``logsumexp``: of the processed distribution, or on the fused route of the call's
+    mode); ``context``: the call's arguments
     as :func:`flashsampling_cuda.sampling._op_kwargs` recorded them; ``route``: how it sampled
     (logits it computed are not computed again)."""
     vocab_start = context["kwargs"]["vocab_start"]

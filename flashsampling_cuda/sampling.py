@@ -568,8 +568,11 @@ def sample(
         LogitTransforms(logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
                         penalty_state, prompt_token_ids, output_token_ids), context,
         logits_wanted=top_n > 0 or wanted_ids is not None or mode != "processed",
-        # raw values: of the logits the fused pass stores, which have no bias added
-        fused_top_logprobs=(top_n, mode == "raw") if mode == "processed" or logit_bias is None else None,
+        # raw values: of the logits the fused pass stores, which have no bias added; with check_nan
+        # raw values take the logits route, whose log-sum-exp NaN logits make NaN (the fused
+        # route's log-masses carry none)
+        fused_top_logprobs=((top_n, mode == "raw")
+                            if mode == "processed" or (logit_bias is None and not check_nan) else None),
     )
     if not return_logprobs and not route and not check_nan:
         return torch.ops.flashsampling.sample(hidden, weight, **kwargs)

@@ -65,6 +65,7 @@ struct Stage2Shared {
   uint32_t first_y_bits;  // order bits of the row's first y (the largest of the tiles' first)
   int tiles_with_token;   // tiles whose list is not empty
   int min_p_tiles;        // tiles whose first token passes min_p
+  int tiles_ahead;        // tiles whose first y is above the winner's (a row with a large top_k)
   int count, survivors, repair_count, digit;
   unsigned remaining;
 };
@@ -194,7 +195,7 @@ __device__ void leave_to_logits_sampler(SamplerParams const& p, int64_t row) {
 
 // The row's probability mass relative to the first token's, sum of exp(y - y0) over every
 // allowed token, from the GEMM's per-tile log-masses of y in log2 units (block-wide; here a copy
-// in shared memory).
+// in shared memory); of x about any reference y0 where the masses are of x (raw mode).
 __device__ double block_row_mass(float2 const* tile_log_masses, int64_t num_tiles, double y0, Stage2Shared& sh) {
   double const y0_2 = y0 * 1.4426950408889634;
   double mass = 0.0;
@@ -505,7 +506,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   float2* const log_mass_copy = reinterpret_cast<float2*>(xs);  // capacity >= 4 num_tiles floats
   for (int g = threadIdx.x; g < k; g += kThreads) sh.group_max[g] = 0;
   if (threadIdx.x == 0) {
-    sh.count = sh.tiles_with_token = sh.min_p_tiles = 0;
+    sh.count = sh.tiles_with_token = sh.min_p_tiles = sh.tiles_ahead = 0;
     sh.first_y_bits = 0;
   }
   __syncthreads();
@@ -543,6 +544,23 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   bool const raw_top_logprob_row = top_logprob_row && p.top_logprobs.raw_logsumexp != nullptr;
   bool row_usable = false;  // a finite first y and the GEMM's log-masses
   PackedCandidate const row_winner = wants_winner ? block_max_key(winner_part, sh) : PackedCandidate{0};
+  if (large_top_k_row && row_winner != 0 && !invalid_temperature) {
+    // The winner ranks past the first kMaxFusedTopK tokens when that many tiles' first tokens have
+    // a larger y (a flat row, usually): it goes to the logits sampler now, without the selection,
+    // which could only find that out.
+    float const x = p.row_logits[row * p.row_logits_stride + (top_candidate_index(row_winner) - p.vocab_start)];
+    uint32_t const winner_y_bits = order_bits(greedy ? x : fs_mul(x, inv_t));
+    int ahead = 0;
+    for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) ahead += tile_first_y[t] > winner_y_bits;
+#pragma unroll
+    for (int delta = 16; delta > 0; delta >>= 1) ahead += __shfl_xor_sync(0xFFFFFFFFu, ahead, delta);
+    if (lane == 0 && ahead != 0) atomicAdd(&sh.tiles_ahead, ahead);
+    __syncthreads();
+    if (sh.tiles_ahead >= kMaxFusedTopK) {
+      if (threadIdx.x == 0) leave_to_logits_sampler(p, row);
+      return;
+    }
+  }
   if (first_tokens) {
     uint32_t const hi0 = sh.first_y_bits;
     row_y0 = hi0 <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi0));

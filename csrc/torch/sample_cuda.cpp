@@ -149,7 +149,8 @@ void check_fused_top_k(const at::Tensor& hidden, const SampleArgs& args, const F
 }
 
 // The top-N kernels over the rows stage 2 left (TopLogprobRows::row_modes), from the GEMM's
-// stored logits and the sampler's log-sum-exp and tokens (after the logits sampler's rows).
+// stored logits, the log-sum-exp (processed: the sampler's; raw: stage 2's) and the tokens (after
+// the logits sampler's rows).
 // Raw mode (TopLogprobRows::raw_logsumexp): the raw values of x with the raw log-sum-exp, and the
 // sampled tokens' raw log-probabilities from the rank pass.
 void launch_top_logprob_leftovers(const SamplerParams& p, const SampleResult& result, int sm_count) {

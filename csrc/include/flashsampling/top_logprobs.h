@@ -30,8 +30,9 @@ struct TopLogprobsParams {
   int64_t batch_size = 0;  // B
   int64_t vocab_size = 0;  // V
   const double* lse = nullptr;  // [B]
-  // [B], in place of lse: the sampler's own float32 log-sum-exp (lse = fl64(lse_float[b]) where
-  // raw); a row whose lse is not above -inf (nothing sampled) ranks no token.
+  // [B], in place of lse: a float32 log-sum-exp, lse = fl64(lse_float[b]) where raw (the fused
+  // sampler's: processed, its own; raw, its stage 2's); a row whose lse is not above -inf (nothing
+  // sampled, or no mass) ranks no token.
   const float* lse_float = nullptr;
   const float* scales = nullptr;  // [B] or null (1)
   bool raw = false;

@@ -186,7 +186,8 @@ __device__ __forceinline__ void lse_add(float& max2, float& sum, float y2, bool 
   max2 = adds ? m : max2;
 }
 
-// A scan run's mass of y = x / T (log2 units: y2 = x * y2_scale) merged into (max2, sum): the
+// A scan run's mass of y = x / T (or of x: top_scan_log2_scale; log2 units: y2 = x * y2_scale)
+// merged into (max2, sum): the
 // run's max first, then its terms 2^(y2 - max) summed in run order (one exponential an element),
 // then one lse_merge. Excluded tokens and NaN logits carry no mass (as in stage 2). The order of
 // every operation is part of the result's bits: both scans run this one function on runs of the

@@ -1180,7 +1180,7 @@ struct Sm90GumbelArgmaxRowReduction {
       add_top_scan_run_mass<kRunValues>(run, y2_scale, scan_lse_max2, scan_lse_sum);
     }
 
-    // log2(e) / T of a batch row, the factor from x to y in log2 units (greedy rows: y = x).
+    // The factor from x to the log-masses' values in log2 units (candidate_math.cuh).
     CUTLASS_DEVICE float log2_scale_of_row(uint32_t row) const {
       return top_scan_log2_scale(params.controls, row, params.inv_temperature);
     }
