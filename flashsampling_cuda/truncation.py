@@ -163,18 +163,21 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
             or cuda_arch(hidden.device) in FUSED_ARCHS)
 
 
-# Up to this many rows the fused pass's GEMM (the CUTLASS schedules' top-k scan) can draw plain
-# sampling's tile winners (csrc/include/flashsampling/kernel_choice.h); beyond, the epilogue-
-# warpgroup kernel's scan does not.
-FUSED_TILE_WINNERS_MAX_BATCH = 64
+# Up to this many rows "auto" takes a host top_k above 64 alone to the fused pass, whose GEMM then
+# draws plain sampling's tile winners (it can up to 64 rows: the CUTLASS schedules' top-k scan).
+# Measured (H200, D = 4096, docs/truncation.md): at B = 1 the fused pass took 314 / 368 µs on
+# LLM-like / flat rows where the logits path took 351 / 350; at B = 16 374 / 388 against 372 / 374,
+# at B = 64 415 / 486 against 426 / 426 (one row stage 2 cannot decide costs the logits sampler's
+# cut kernel, ~55-80 µs, on either path).
+FUSED_LARGE_TOP_K_MAX_BATCH = 4
 
 
 def _fused_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
     """Where both can take a call, whether "auto" prefers the fused pass to the logits path: every
-    form but a host top_k above 64 where the GEMM cannot draw the tile winners (more than 64 rows,
-    with top_p or min_p, several samples, per-row seeds or offsets): stage 2 decides such a row
-    only when plain sampling's token lies among the row's first 64 tokens (a peaked row, usually),
-    so without the winners it decides none. top_p / min_p without top_k take it at every batch: on
+    form but a host top_k above 64, which takes it only up to FUSED_LARGE_TOP_K_MAX_BATCH rows,
+    alone, of one sample and with a batch-wide seed and offset (the GEMM then draws the tile
+    winners): stage 2 decides such a row only when plain sampling's token lies among the row's
+    first 64 tokens (a peaked row, usually), and without the winners it decides none. top_p / min_p without top_k take it at every batch: on
     LLM-like rows (few survivors) stage 2 decides nearly every row, and the rows it leaves stream
     (min_p) or take the logits kernel from the stored logits; only flat top_p rows at B >= 128 cost
     a little more than on the logits path (docs/truncation.md)."""
@@ -182,7 +185,7 @@ def _fused_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
     if not isinstance(k, int) or _stage2_decides_every_row(k):
         return True
     seed, offset = op_kwargs["seed"], op_kwargs["offset"]
-    return (hidden.shape[0] <= FUSED_TILE_WINNERS_MAX_BATCH and truncation.top_p is None and truncation.min_p is None
+    return (hidden.shape[0] <= FUSED_LARGE_TOP_K_MAX_BATCH and truncation.top_p is None and truncation.min_p is None
             and op_kwargs["num_samples"] == 1 and (seed is None or seed.dim() == 0)
             and (offset is None or offset.dim() == 0) and cuda_arch(hidden.device) in FUSED_ARCHS)
 

@@ -291,7 +291,7 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
 
 
 @requires_sm90
-@pytest.mark.parametrize("batch", [5, 40, 64])
+@pytest.mark.parametrize("batch", [3, 40, 64])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
 @pytest.mark.parametrize("top_k", [100, 1000])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
@@ -300,7 +300,7 @@ def test_large_top_k_rows_decided_by_their_winner_equal_cpu_op(top_k, regime, ba
     winners, and stage 2 gives a row plain sampling's token when it lies among the row's first 64
     tokens (peaked rows), else the logits sampler samples it (flat rows). The CPU op's tokens and
     scores on the same logits bit for bit, and the same as without the winners (every row on the
-    logits sampler); "auto" takes this route up to 64 rows."""
+    logits sampler); "auto" takes this route up to FUSED_LARGE_TOP_K_MAX_BATCH rows."""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + top_k)
     temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4
     temperatures[::4] = 0.0
@@ -322,7 +322,7 @@ def test_large_top_k_rows_decided_by_their_winner_equal_cpu_op(top_k, regime, ba
     auto = fs.truncation.choose_truncation_path("auto", fs.truncation.Truncation(top_k, None, None), h, w,
                                                 dict(seed=on["seed"], offset=on["offset"], num_samples=1,
                                                      sparse_bias_ids=None))
-    assert auto == "fused_top_k"
+    assert auto == ("fused_top_k" if batch <= fs.truncation.FUSED_LARGE_TOP_K_MAX_BATCH else "logits")
 
 
 @requires_sm90

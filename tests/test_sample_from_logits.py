@@ -417,8 +417,8 @@ def test_path_choice_on_cuda(monkeypatch):
 def test_path_choice_on_sm90(monkeypatch):
     """On sm90 the fused pass takes every form (its GEMM stores the logits of the rows stage 2
     leaves); elsewhere a host top_k <= 64 only. A host top_k above 64 takes it where the GEMM draws
-    the tile winners (up to 64 rows, alone, one sample, a batch-wide seed and offset), else the
-    logits path."""
+    the tile winners and the measurements favour it (up to 4 rows, alone, one sample, a batch-wide
+    seed and offset), else the logits path."""
     kwargs = dict(sparse_bias_ids=None, seed=torch.tensor(1), offset=None, num_samples=1)
     shapes = (_CudaShape(4, 16), _CudaShape(32768, 16))
     forms = [truncation.Truncation(None, 0.9, None), truncation.Truncation(None, None, 0.05),
@@ -426,8 +426,9 @@ def test_path_choice_on_sm90(monkeypatch):
     monkeypatch.setattr(truncation, "cuda_arch", lambda device: 90)
     choose = truncation.choose_truncation_path
     assert [choose("auto", t, *shapes, kwargs) for t in forms] == ["fused_top_k"] * 4
-    large = (_CudaShape(256, 16), shapes[1])  # beyond 64 rows the scan draws no winners
-    assert [choose("auto", t, *large, kwargs) for t in forms] == ["fused_top_k"] * 3 + ["logits"]
+    for batch in (16, 64, 256):
+        large = (_CudaShape(batch, 16), shapes[1])
+        assert [choose("auto", t, *large, kwargs) for t in forms] == ["fused_top_k"] * 3 + ["logits"]
     assert choose("fused_top_k", forms[3], *large, kwargs) == "fused_top_k"
     for no_winners in (dict(kwargs, num_samples=2), dict(kwargs, seed=torch.arange(4)),
                        dict(kwargs, offset=torch.arange(4))):
