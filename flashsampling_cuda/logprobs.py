@@ -211,6 +211,12 @@ def ranked_tokens(tokens: Tensor, logsumexp: Tensor, vocab_start: int, vocab: in
     return local, (local >= 0) & (local < vocab) & (logsumexp[:, None] > -torch.inf)
 
 
+def raw_token_logprobs(values: Tensor, lse: Tensor, local: Tensor, valid: Tensor) -> Tensor:
+    """float32 ``[B, S]``: the raw log-probabilities of the ranked tokens (:func:`ranked_tokens`'
+    ``local`` ids and ``valid``) from ``values [B, V]`` and the float64 ``lse [B]``; NaN elsewhere."""
+    return torch.where(valid, normalised(values.gather(1, torch.where(valid, local, 0)), lse, "raw"), torch.nan)
+
+
 def tokens_ahead(table: Tensor, ids: Tensor, token_values: Tensor, token_ids: Tensor) -> Tensor:
     """int64 ``[B, S]``: how many entries of ``table [B, V]`` (ids ``ids [V]``) come before each
     token in the order of the outputs (log-probability descending with -0 folded into +0, NaN
@@ -289,8 +295,7 @@ def logprob_outputs(hidden: Tensor, weight: Tensor, context: dict, route: dict, 
         if mode == "raw":
             lse = raw_logsumexp(values)
             logsumexp = lse.float()
-            logprobs = torch.where(valid, normalised(values.gather(1, torch.where(valid, local, 0)), lse, mode),
-                                   torch.nan)
+            logprobs = raw_token_logprobs(values, lse, local, valid)
         # CUDA: one kernel, no [B, V] table of log-probabilities and no sort; CPU: top_logprobs_cpu.
         top_logprobs, top_local, ranks = torch.ops.flashsampling._top_logprobs(
             values, lse.double(), torch.where(valid, local, -1), min(top_n, values.shape[1]), mode == "raw", scales)

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from .masks import pack_allowed_mask, unpack_allowed_mask
-from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs, normalised,
-                       parse_logprob_args, ranked_tokens, raw_logsumexp, top_logprobs_cpu)
+from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs,
+                       parse_logprob_args, ranked_tokens, raw_logsumexp, raw_token_logprobs, top_logprobs_cpu)
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
@@ -1092,7 +1092,7 @@ def _sample_top_logprobs_cpu(
     local, valid = ranked_tokens(tokens, lse, vocab_start, x.shape[1])
     if raw:
         lse_raw = raw_logsumexp(x)
-        logprobs = torch.where(valid, normalised(x.gather(1, torch.where(valid, local, 0)), lse_raw, "raw"), torch.nan)
+        logprobs = raw_token_logprobs(x, lse_raw, local, valid)
         top_values, top_ids, ranks = top_logprobs_cpu(x, lse_raw, torch.where(valid, local, -1), top_n, raw=True)
         return tokens, scores, logprobs, lse_raw.float(), top_values, top_ids, ranks, x
     scales = temperature_scales(x.shape[0], temperature, temperatures, x.device)

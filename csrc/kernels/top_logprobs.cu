@@ -85,13 +85,14 @@ __device__ __forceinline__ uint32_t take_slot(uint32_t* fill, bool takes) {
   return base + static_cast<uint32_t>(__popc(lanes & ((1u << lane) - 1u)));
 }
 
-// Calls f(v, hi) for every v of [begin, end) of the row, kLoadsPerThread loads a thread in
-// flight: float4 loads where the row allows them (16-byte aligned, V and begin multiples of 4:
-// the usual vocabularies; slices of the row start at multiples of 4).
+// Calls f(v, x) for every v of [begin, end) of a row of `vocab` values, kLoadsPerThread loads a
+// thread in flight: float4 loads where the row allows them (16-byte aligned, V and begin
+// multiples of 4: the usual vocabularies; slices of the row start at multiples of 4).
 template <class F>
-__device__ __forceinline__ void for_each_key(RowView const& view, int64_t begin, int64_t end, F&& f) {
-  if (reinterpret_cast<uintptr_t>(view.values) % 16 == 0 && view.vocab % 4 == 0 && begin % 4 == 0) {
-    float4 const* quads = reinterpret_cast<float4 const*>(view.values);
+__device__ __forceinline__ void for_each_value(const float* values, int64_t vocab, int64_t begin, int64_t end,
+                                               F&& f) {
+  if (reinterpret_cast<uintptr_t>(values) % 16 == 0 && vocab % 4 == 0 && begin % 4 == 0) {
+    float4 const* quads = reinterpret_cast<float4 const*>(values);
     int64_t const quad_end = end / 4;
     for (int64_t base = begin / 4 + threadIdx.x; base < quad_end; base += kLoadsPerThread * kThreads) {
       float4 x[kLoadsPerThread];
@@ -104,10 +105,10 @@ __device__ __forceinline__ void for_each_key(RowView const& view, int64_t begin,
       for (int k = 0; k < kLoadsPerThread; ++k) {
         int64_t const i = base + k * kThreads;
         if (i < quad_end) {
-          f(4 * i, order_bits(view.logprob_of(x[k].x)));
-          f(4 * i + 1, order_bits(view.logprob_of(x[k].y)));
-          f(4 * i + 2, order_bits(view.logprob_of(x[k].z)));
-          f(4 * i + 3, order_bits(view.logprob_of(x[k].w)));
+          f(4 * i, x[k].x);
+          f(4 * i + 1, x[k].y);
+          f(4 * i + 2, x[k].z);
+          f(4 * i + 3, x[k].w);
         }
       }
     }
@@ -118,14 +119,21 @@ __device__ __forceinline__ void for_each_key(RowView const& view, int64_t begin,
 #pragma unroll
     for (int k = 0; k < kLoadsPerThread; ++k) {
       int64_t const v = base + k * kThreads;
-      x[k] = v < end ? __ldg(view.values + v) : 0.0f;
+      x[k] = v < end ? __ldg(values + v) : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < kLoadsPerThread; ++k) {
       int64_t const v = base + k * kThreads;
-      if (v < end) f(v, order_bits(view.logprob_of(x[k])));
+      if (v < end) f(v, x[k]);
     }
   }
+}
+
+// Calls f(v, hi) for every v of [begin, end) of the row: hi the order bits of its t.
+template <class F>
+__device__ __forceinline__ void for_each_key(RowView const& view, int64_t begin, int64_t end, F&& f) {
+  for_each_value(view.values, view.vocab, begin, end,
+                 [&](int64_t v, float x) { f(v, order_bits(view.logprob_of(x))); });
 }
 
 // The radix select's state, the same in every thread.
@@ -456,28 +464,7 @@ __global__ void __launch_bounds__(kThreads) row_logsumexp_kernel(const float* __
   int64_t const row = blockIdx.x;
   const float* const row_values = values + row * row_stride;
   RunningLogSumExp part;
-  if (reinterpret_cast<uintptr_t>(row_values) % 16 == 0) {
-    float4 const* quads = reinterpret_cast<float4 const*>(row_values);
-    int64_t const quad_end = vocab / 4;
-    for (int64_t base = threadIdx.x; base < quad_end; base += kLoadsPerThread * kThreads) {
-      float4 x[kLoadsPerThread];
-#pragma unroll
-      for (int k = 0; k < kLoadsPerThread; ++k) {
-        int64_t const i = base + k * kThreads;
-        x[k] = i < quad_end ? __ldg(quads + i) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
-      }
-#pragma unroll
-      for (int k = 0; k < kLoadsPerThread; ++k) {
-        part.add(x[k].x);
-        part.add(x[k].y);
-        part.add(x[k].z);
-        part.add(x[k].w);
-      }
-    }
-    for (int64_t v = quad_end * 4 + threadIdx.x; v < vocab; v += kThreads) part.add(__ldg(row_values + v));
-  } else {
-    for (int64_t v = threadIdx.x; v < vocab; v += kThreads) part.add(__ldg(row_values + v));
-  }
+  for_each_value(row_values, vocab, 0, vocab, [&](int64_t, float x) { part.add(x); });
   part.merge_warp();
   int const warp = threadIdx.x / 32;
   if (threadIdx.x % 32 == 0) warp_parts[warp] = part;

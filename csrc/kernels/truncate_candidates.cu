@@ -349,7 +349,7 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
   }
   float const lse_f = static_cast<float>(lse);
   double const lse_raw = static_cast<double>(lse_f);  // raw t: the top-N kernels' and the CPU's arithmetic
-  auto raw_t = [&](double value) { return value == -INFINITY ? -INFINITY : __double2float_rn(__dsub_rn(value, lse_raw)); };
+  auto raw_t = [&](double value) { return __double2float_rn(__dsub_rn(value, lse_raw)); };  // -inf stays -inf
 
   // The sample and its outputs, as plain sampling's.
   uint32_t const token = top_candidate_index(winner);
@@ -566,7 +566,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     row_y0 = hi0 <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi0));
     row_usable = isfinite(row_y0) && tile_log_masses != nullptr;
     if (raw_top_logprob_row) {  // every row's, decided here or not (the logits sampler's is processed)
-      raw_lse = tile_log_masses != nullptr ? block_row_log_sum_exp(log_mass_copy, num_tiles, sh) : raw_lse;
+      if (tile_log_masses != nullptr) raw_lse = block_row_log_sum_exp(log_mass_copy, num_tiles, sh);
       if (threadIdx.x == 0) p.top_logprobs.raw_logsumexp[row] = static_cast<float>(raw_lse);
     } else if (row_usable && (top_p_on || top_logprob_row)) {
       row_mass = block_row_mass(log_mass_copy, num_tiles, row_y0, sh);

@@ -238,14 +238,17 @@ inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
   return p.top_ks == nullptr && p.top_k >= 1 && p.top_k <= kMaxFusedTopK;
 }
 
+// Whether some row of a call may have top_p / min_p on (a [B] tensor, or an on host value).
+inline bool call_may_cut_top_p(SamplerParams const& p) { return p.top_ps != nullptr || p.top_p < 1.0; }
+inline bool call_may_cut_min_p(SamplerParams const& p) { return p.min_ps != nullptr || p.min_p > 0.0; }
+
 // Whether the fused truncation's stage 2 hands the top_p rows it cannot decide to the logits
 // sampler's streaming kernels (LogitsSamplerParams::streamed_first_y): in a call of top_p without
 // top_k, one sample and no log-probabilities. With a top_k tensor they take the row list: such
 // calls (serving defaults) rarely leave a row, and would pay for the streaming kernels' launches
 // whether or not one streams (docs/truncation.md).
 inline bool fused_truncation_streams_top_p_rows(SamplerParams const& p) {
-  bool const top_p = p.top_ps != nullptr || p.top_p < 1.0;
-  return top_p && p.top_ks == nullptr && p.top_k < 1 && p.num_samples == 1 && !p.logprobs;
+  return call_may_cut_top_p(p) && p.top_ks == nullptr && p.top_k < 1 && p.num_samples == 1 && !p.logprobs;
 }
 
 // Whether stage 2 may hand some of the rows it leaves to the logits sampler's streaming kernels
@@ -253,11 +256,10 @@ inline bool fused_truncation_streams_top_p_rows(SamplerParams const& p) {
 // (a comparison an element) or by top_p (fused_truncation_streams_top_p_rows; the streaming
 // pass's winner, verified in rounds).
 inline bool fused_truncation_streams_rows(SamplerParams const& p) {
-  bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
   bool const rows_without_top_k = p.top_ks != nullptr || p.top_k < 1;
   bool const rows_without_top_p = p.top_ps != nullptr || !(p.top_p < 1.0);
   return p.fallback_rows != nullptr && rows_without_top_k &&
-         ((min_p && rows_without_top_p) || fused_truncation_streams_top_p_rows(p));
+         ((call_may_cut_min_p(p) && rows_without_top_p) || fused_truncation_streams_top_p_rows(p));
 }
 
 // Whether the fused truncation's GEMM may draw the tile winners (SamplerParams::draw_tile_winners)
@@ -269,13 +271,12 @@ inline bool fused_truncation_streams_rows(SamplerParams const& p) {
 // The kernel must scan for them too (sampler_dispatch.cu: the CUTLASS schedules' top-k scan on
 // sm90).
 inline bool fused_truncation_draws_tile_winners(SamplerParams const& p) {
-  bool const min_p = p.min_ps != nullptr || p.min_p > 0.0;
-  bool const top_p = p.top_ps != nullptr || p.top_p < 1.0;
+  bool const min_p = call_may_cut_min_p(p);
   bool const per_row_keys =
       p.noise.row_seeds != nullptr || p.noise.row_offsets != nullptr || p.noise.row_streams != nullptr;
   bool const top_logprobs = p.top_logprobs.top_n >= 0 && p.num_samples == 1;
-  bool const large_top_k_alone = p.top_ks == nullptr && p.top_k > kMaxFusedTopK && !top_p && !min_p &&
-                                 p.num_samples == 1 && !p.logprobs;
+  bool const large_top_k_alone = p.top_ks == nullptr && p.top_k > kMaxFusedTopK && !call_may_cut_top_p(p) &&
+                                 !min_p && p.num_samples == 1 && !p.logprobs;
   return ((fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !min_p) || top_logprobs ||
           large_top_k_alone) &&
          !per_row_keys;
