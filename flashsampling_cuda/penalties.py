@@ -222,11 +222,25 @@ def _penalty(name: str, value, hidden: Tensor, off: float, low: float, low_text:
     return None if value == off else value
 
 
+def _check_host_history(name: str, ids, batch: int, id_end: int) -> None:
+    """Raises ``ValueError`` naming ``name`` where a history given on the host (lists, or a CPU
+    tensor) holds an id at or beyond ``id_end``. Histories on the GPU are not read (no sync)."""
+    if torch.compiler.is_compiling() or not (isinstance(ids, (list, tuple))
+                                             or (isinstance(ids, Tensor) and ids.device.type == "cpu")):
+        return
+    host = _token_matrix(name, ids, batch, "cpu")
+    if host.numel() > 0 and int(host.max()) >= id_end:
+        raise ValueError(f"flashsampling.sample: {name} holds id {int(host.max())}, beyond the vocabulary [0, "
+                         f"{id_end}) (negative ids are padding; a vocabulary shard's history, whose ids lie on other "
+                         "shards too, goes in a PenaltyState)")
+
+
 def parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, penalty_state, prompt_token_ids,
-                    output_token_ids, hidden: Tensor) -> Penalties | None:
+                    output_token_ids, hidden: Tensor, id_end: int | None = None) -> Penalties | None:
     """The call's penalties, or None when every one is off as a host value. Host values out of
     range raise ``ValueError`` naming the argument (``repetition_penalty > 0``; frequency and
-    presence finite); values inside tensors are not read (no sync)."""
+    presence finite); values inside tensors are not read (no sync). Where ``id_end`` is given,
+    histories given on the host must hold ids below it."""
     repetition = _penalty("repetition_penalty", repetition_penalty, hidden, PENALTIES_OFF["repetition_penalty"],
                           float.fromhex("0x1p-126"), "> 0")
     frequency = _penalty("frequency_penalty", frequency_penalty, hidden, PENALTIES_OFF["frequency_penalty"],
@@ -236,6 +250,10 @@ def parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, pen
     if penalty_state is not None and (prompt_token_ids is not None or output_token_ids is not None):
         raise ValueError("flashsampling.sample: give penalty_state or prompt_token_ids / output_token_ids, not both")
     if penalty_state is None and (prompt_token_ids is not None or output_token_ids is not None):
+        if id_end is not None:
+            for name, ids in (("prompt_token_ids", prompt_token_ids), ("output_token_ids", output_token_ids)):
+                if ids is not None:
+                    _check_host_history(name, ids, hidden.shape[0], id_end)
         penalty_state = PenaltyState(prompt_token_ids, output_token_ids, batch=hidden.shape[0], device=hidden.device)
     if penalty_state is not None:
         if not isinstance(penalty_state, PenaltyState):

@@ -198,9 +198,13 @@ def _op_kwargs(
     order = _truncation_order(truncation_order, truncation)
     _check_order_path(order, truncation_path)
     scale, softcap = _model_transform_args(transforms.logit_scale, transforms.logit_softcap)
+    # A call on the whole vocabulary checks the ids of a history given on the host; a shard's
+    # history (vocab_start > 0) holds other shards' ids too.
+    id_end = (weight.shape[0] if kwargs["vocab_start"] == 0 and isinstance(weight, Tensor) and weight.dim() == 2
+              else None)
     penalties = parse_penalties(transforms.repetition_penalty, transforms.frequency_penalty,
                                 transforms.presence_penalty, transforms.penalty_state, transforms.prompt_token_ids,
-                                transforms.output_token_ids, hidden)
+                                transforms.output_token_ids, hidden, id_end=id_end)
     model_side = scale != 1.0 or softcap is not None
     if context is not None:  # the call as given, for outputs computed beside the sample (logprobs.py)
         context.update(kwargs=dict(kwargs), truncation=truncation, order=order, scale=scale, softcap=softcap,
@@ -507,7 +511,10 @@ def sample(
         penalty_state: the token history of every row (:class:`flashsampling_cuda.PenaltyState`,
             on hidden's device; ``penalty_state.update(tokens)`` after each step, graph-safe).
         prompt_token_ids, output_token_ids: instead of ``penalty_state``, the history as
-            ``[B, L]`` int tensors or lists of lists (negative ids: padding).
+            ``[B, L]`` int tensors or lists of lists (negative ids: padding). With
+            ``vocab_start = 0``, ids given on the host must lie below ``V`` (``ValueError``; a
+            shard's history with other shards' ids goes in a ``PenaltyState``); ids in a GPU
+            tensor are not read (no sync), and an id beyond the vocabulary penalises nothing.
         top_logprobs: with ``return_logprobs``, also the ``N`` (0-64) most probable tokens of
             each row and their log-probabilities, and each sampled token's 1-based rank
             (:class:`flashsampling_cuda.logprobs.LogprobsOutput`; docs/api.md).

@@ -85,15 +85,24 @@ def test_state_overflow_is_flagged_not_silent():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ["repetition", "frequency_presence", "all_per_row", "softcap_scale", "everything"])
+@pytest.mark.parametrize("case", ["repetition", "frequency", "presence", "frequency_presence", "all_per_row",
+                                  "masked", "softcap_scale", "everything"])
 def test_pathwise_against_float64_reference(device, case):
+    """Each penalty alone and together, host and per-row values, with the mask and with
+    truncation, against the float64 reference. The histories have padded rows, repeated ids and
+    a row with none at all (row 3)."""
     batch, vocab, dim = 12, 3001, 64
     hidden, weight = problem(batch, vocab, dim, device, seed=3, logit_std=2.0)
     prompt, output = histories(batch, vocab)
+    prompt[3] = -1
+    output[3] = -1
     per_row = torch.linspace(0.5, 2.0, batch)
     args = {
         "repetition": dict(repetition_penalty=1.3),
+        "frequency": dict(frequency_penalty=0.7),
+        "presence": dict(presence_penalty=torch.linspace(-1.0, 1.0, batch)),
         "frequency_presence": dict(frequency_penalty=0.7, presence_penalty=0.4),
+        "masked": dict(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.2),
         "all_per_row": dict(repetition_penalty=per_row, frequency_penalty=per_row - 0.5, presence_penalty=-0.2),
         "softcap_scale": dict(logit_scale=3.0, logit_softcap=5.0),
         "everything": dict(logit_scale=0.5, logit_softcap=8.0, repetition_penalty=1.1, frequency_penalty=0.3,
@@ -103,6 +112,10 @@ def test_pathwise_against_float64_reference(device, case):
     controls = dict(temperature=0.8, seed=11, offset=3, num_samples=3, logit_bias=bias.to(device))
     if case == "everything":
         controls.update(top_k=torch.full((batch,), 200), top_p=0.95, min_p=0.01)
+    if case == "masked":  # a mask that keeps a third of the tokens, some of them penalised
+        allowed = torch.rand(batch, vocab, generator=torch.Generator().manual_seed(5)) < 0.33
+        allowed[:, output[0, :5].clamp(min=0)] = True
+        controls.update(allowed_mask=fs.pack_allowed_mask(allowed).to(device))
     out = fs.sample(hidden, weight, **controls, **args, prompt_token_ids=prompt.to(device),
                     output_token_ids=output.to(device), return_logprobs=True)
     penalties = {k: v for k, v in args.items() if k.endswith("penalty")}
@@ -211,7 +224,7 @@ def test_fused_and_logits_routes_agree_bit_for_bit(case, controls):
     batch, vocab, dim = 10, 4000, 64
     hidden, weight = problem(batch, vocab, dim, "cpu", seed=6, logit_std=3.0)
     prompt, output = histories(batch, vocab, seed=2, prompt_len=300, output_len=200)
-    prompt[2] = -1  # row 2: no history at all
+    prompt[2] = -1  # row 2: no prompt, only output tokens
     state = PenaltyState(prompt, output, capacity=600)
     args = penalty_case(PENALTY_CASES[case], batch)
     kwargs = dict(temperature=0.7, seed=5, penalty_state=state)
@@ -457,15 +470,60 @@ def test_graph_safe_decode_step_on_cpu_compiles():
     torch.compile(fullgraph=True): no host sync on the route."""
     batch, vocab, dim = 4, 500, 32
     hidden, weight = problem(batch, vocab, dim, "cpu", seed=1, logit_std=2.0)
-    state = PenaltyState([[1, 2]] * batch, capacity=16)
+    eager_state = PenaltyState([[1, 2]] * batch, capacity=16)
+    compiled_state = PenaltyState([[1, 2]] * batch, capacity=16)
 
-    def step(h, offset):
+    def step(h, offset, state):
         tokens = fs.sample(h, weight, seed=3, offset=offset, repetition_penalty=1.2, frequency_penalty=0.1,
-                           penalty_state=state)
+                           presence_penalty=0.5, penalty_state=state)
+        state.update(tokens)
         return tokens
 
     compiled = torch.compile(step, fullgraph=True)
-    assert torch.equal(compiled(hidden, 0), step(hidden, 0))
+    for offset in range(3):
+        assert torch.equal(compiled(hidden, offset, compiled_state), step(hidden, offset, eager_state))
+    for name in ("ids", "output_counts", "in_prompt", "size", "overflowed"):
+        assert torch.equal(getattr(compiled_state, name), getattr(eager_state, name)), name
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("truncated", [False, True])
+def test_decode_step_in_a_cuda_graph_and_compiled_equals_eager(truncated):
+    """A decode step (sample with the three penalties, then update the state) captured in a CUDA
+    graph, and compiled with fullgraph=True, gives eager's tokens and state step after step (the
+    fused route, and the logits route that truncation takes)."""
+    batch, vocab, dim = 8, 8192, 256
+    hidden, weight = problem(batch, vocab, dim, "cuda", seed=2, logit_std=3.0)
+    hidden, weight = hidden.to(torch.bfloat16), weight.to(torch.bfloat16)
+    prompt, _ = histories(batch, vocab, seed=5)
+    extra = dict(top_p=torch.full((batch,), 0.9, device="cuda")) if truncated else {}
+    offset = torch.zeros((), dtype=torch.int64, device="cuda")
+    h = hidden.clone()
+
+    def step(state):
+        tokens = fs.sample(h, weight, seed=9, offset=offset, temperature=0.8, repetition_penalty=1.3,
+                           frequency_penalty=0.4, presence_penalty=0.6, penalty_state=state, **extra)
+        state.update(tokens)
+        return tokens
+
+    states = {k: PenaltyState(prompt.cuda(), capacity=96) for k in ("eager", "graph", "compiled")}
+    step(PenaltyState(prompt.cuda(), capacity=96))  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(states["graph"])
+    states["graph"].load_(prompt.cuda())  # the capture ran one step; start over in place
+    compiled = torch.compile(step, fullgraph=True)
+    for i in range(4):
+        h.copy_(hidden.roll(i, dims=0))
+        offset.fill_(i)
+        want = step(states["eager"])
+        graph.replay()
+        assert torch.equal(captured, want), i
+        assert torch.equal(compiled(states["compiled"]), want), i
+    for name in ("ids", "output_counts", "in_prompt", "size", "overflowed"):
+        assert torch.equal(states["graph"].__dict__[name], states["eager"].__dict__[name]), name
+        assert torch.equal(states["compiled"].__dict__[name], states["eager"].__dict__[name]), name
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
@@ -493,6 +551,19 @@ def test_history_ids_beyond_the_vocabulary_name_themselves():
     with pytest.raises(ValueError, match="vocab_size"):
         PenaltyState([[1]], vocab_size=0)
     assert PenaltyState([[1, 99]], [[-1]], vocab_size=100).size.tolist() == [2]
+
+
+def test_sample_histories_beyond_the_vocabulary_name_themselves():
+    """Histories given on the host to a call on the whole vocabulary must hold its ids; a
+    shard's (vocab_start > 0) may hold other shards' ids, which penalise nothing there."""
+    hidden, weight = problem(2, 100, 16, "cpu", logit_std=2.0)
+    with pytest.raises(ValueError, match=r"prompt_token_ids holds id 1000, beyond the vocabulary \[0, 100\)"):
+        fs.sample(hidden, weight, repetition_penalty=1.2, prompt_token_ids=[[1000, 5], [1]])
+    with pytest.raises(ValueError, match=r"output_token_ids holds id 100, beyond the vocabulary \[0, 100\)"):
+        fs.sample(hidden, weight, presence_penalty=0.5, output_token_ids=torch.tensor([[3, -1], [100, 2]]))
+    kwargs = dict(vocab_start=50, seed=3, repetition_penalty=1.2)
+    shard = fs.sample(hidden, weight, **kwargs, prompt_token_ids=[[1000, 55], [60]])
+    assert torch.equal(shard, fs.sample(hidden, weight, **kwargs, penalty_state=PenaltyState([[1000, 55], [60]])))
 
 
 def test_load_refills_in_place():

@@ -11,22 +11,24 @@ Supported: ``model_type`` in :data:`SUPPORTED_MODEL_TYPES` (Llama, Mistral, Qwen
 Qwen3, Gemma, Gemma 2, Gemma 3 text, Granite, Cohere, Cohere 2), tied or untied embeddings, a
 plain ``torch.nn.Linear`` head (a bias goes in as the op's ``logit_bias``),
 ``attn_implementation`` ``"sdpa"`` or ``"eager"``. What these models do to their logits after
-``lm_head`` goes to the op (the logits route: docs/penalties.md): Granite's division by
+``lm_head`` goes to the op (applied first in the fused epilogue: docs/penalties.md): Granite's division by
 ``config.logits_scaling`` as ``logit_scale = 1 / logits_scaling``, Cohere's and Cohere 2's
 multiplication by ``config.logit_scale`` as ``logit_scale``, Gemma 2/3's final-logit
 soft-capping (``final_logit_softcapping``) as ``logit_softcap``. Refused, with
 :class:`UnsupportedModelError`: a logit scaling attribute (``logit_scale``,
 ``logits_scaling``, ``output_multiplier_scale``) other than 1 that the model type is not known
 to apply, quantized, vocab-parallel (DTensor) or wrapped heads, sliding-window attention beyond
-its window, other model types.
+its window, other model types (the multimodal ``gemma3``: load its text model,
+``Gemma3ForCausalLM``, whose ``model_type`` is ``gemma3_text``).
 
-``top_k``, ``top_p`` and ``min_p`` go to the op, which truncates exactly: on CUDA with a
-host ``top_k`` of at most 64 in the fused top-k pass (the logits are still never written),
-otherwise by materialising the logits once to find the survivors (docs/truncation.md).
+``top_k``, ``top_p`` and ``min_p`` go to the op, which truncates exactly (on CUDA in the fused
+top-k pass or from the logits computed once: docs/truncation.md).
 ``return_logprobs`` / ``top_logprobs`` / ``logprobs_mode`` go to the op too: each step's sampled
 token's log-probability, and with ``top_logprobs=N`` its top-``N`` tokens, their
 log-probabilities and the sampled token's rank, recorded in fixed buffers inside the step (no
-logits returned). Not supported: repetition penalties and other logits processors.
+logits returned). ``repetition_penalty``, ``frequency_penalty`` and ``presence_penalty`` go
+to the op with a :class:`flashsampling_cuda.PenaltyState` the decoder keeps on the device and
+updates inside the step (docs/transformers.md). Not supported: other logits processors.
 
 Decoding runs on a static KV cache with fixed-shape buffers and no host
 synchronisation inside a step, so on CUDA one decode step (body + sampling + stop
