@@ -368,7 +368,7 @@ def sample(
     elif generator is not None:
         raise ValueError("flashsampling.distributed.sample: pass either seed or generator, not both")
     user_mask = allowed_mask
-    truncation = parse_truncation(top_k, top_p, min_p, hidden)
+    truncation = parse_truncation(top_k, top_p, min_p, hidden, "flashsampling.distributed.sample")
     order = _truncation_order(truncation_order, truncation)
     if truncation is not None:  # the survivors become this shard's mask
         # Dicts become the (ids, values) pair once (a host-to-device copy), for both uses.
@@ -594,6 +594,8 @@ def speculative_sample(
         :class:`flashsampling_cuda.SpeculativeOutput`, the same on every rank.
     """
     rank, world, backend = _group_info(group)
+    if seed is not None and generator is not None:
+        raise ValueError("flashsampling.distributed.speculative_sample: pass either seed or generator, not both")
     step = parse_step("flashsampling.distributed.speculative_sample", hidden, weight_shard, draft_token_ids,
                       draft_probs, temperature, seed, offset, top_k, top_p, min_p,
                       lambda: _shared_seed(generator, hidden.device, rank, world, group, backend), logit_scale,

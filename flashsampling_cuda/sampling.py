@@ -148,14 +148,14 @@ def _model_transform_ok(value: float) -> bool:
     return math.isfinite(rounded) and rounded >= torch.finfo(torch.float32).tiny
 
 
-def _model_transform_args(logit_scale, logit_softcap) -> tuple[float, float | None]:
+def _model_transform_args(logit_scale, logit_softcap, op: str = "flashsampling.sample") -> tuple[float, float | None]:
     for name, value in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap)):
         if value is None and name == "logit_softcap":
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"flashsampling.sample: {name} must be a float, got {type(value).__name__}")
+            raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__}")
         if not _model_transform_ok(float(value)):
-            raise ValueError(f"flashsampling.sample: {name} must be finite and > 0 (a normal float32), got {value}")
+            raise ValueError(f"{op}: {name} must be finite and > 0 (a normal float32), got {value}")
     return float(logit_scale), None if logit_softcap is None else float(logit_softcap)
 
 
@@ -1009,14 +1009,14 @@ def _sample_top_k_fake(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
     empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0, top_p=None, top_ps=None, min_p=None,
-    min_ps=None, top_ks=None,
+    min_ps=None, top_ks=None, streams=None,
 ):
     _check_fused_top_k(top_k, top_ks)
     return _sample_with_scores_fake(
         hidden, weight, temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
         offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
         sparse_bias_values=sparse_bias_values, allowed_mask=allowed_mask, empty_mask_token=empty_mask_token,
-        vocab_start=vocab_start, return_logprobs=return_logprobs,
+        vocab_start=vocab_start, streams=streams, return_logprobs=return_logprobs,
     )
 
 
@@ -1025,10 +1025,11 @@ def _sample_top_k_cpu(
     hidden, weight, *, temperature=1.0, temperatures=None, num_samples=1, seed=None, offset=None,
     generator=None, logit_bias=None, sparse_bias_ids=None, sparse_bias_values=None, allowed_mask=None,
     empty_mask_token=None, vocab_start=0, return_logprobs=False, top_k=0, top_p=None, top_ps=None, min_p=None,
-    min_ps=None, top_ks=None,
+    min_ps=None, top_ks=None, streams=None,
 ):
     """The op on the CPU: the materialised path (truncation.py), whose logits are the CPU op's
-    bit for bit, so it is the same sample the fused pass computes on the GPU."""
+    bit for bit, so it is the same sample the fused pass computes on the GPU (with ``streams``,
+    through ``sample_with_scores``, which takes them, on the survivors' mask)."""
     _check_fused_top_k(top_k, top_ks)
     kwargs = dict(temperature=temperature, temperatures=temperatures, num_samples=num_samples, seed=seed,
                   offset=offset, generator=generator, logit_bias=logit_bias, sparse_bias_ids=sparse_bias_ids,
@@ -1039,6 +1040,9 @@ def _sample_top_k_cpu(
     logits = materialized_logits(hidden, weight)
     kwargs["allowed_mask"], kwargs["empty_mask_token"] = truncated_allowed_mask(hidden, weight, kwargs, truncation,
                                                                                 logits)
+    if streams is not None:
+        return torch.ops.flashsampling.sample_with_scores(hidden, weight, **kwargs, streams=streams,
+                                                          return_logprobs=return_logprobs)
     return torch.ops.flashsampling._sample_logits(logits, **kwargs, return_logprobs=return_logprobs)
 
 

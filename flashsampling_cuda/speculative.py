@@ -32,8 +32,12 @@ Routes, all without a host sync (CUDA-graph capture, ``torch.compile(fullgraph=T
   (``_sample_positions``: position ``j`` of row ``b`` draws sample ``j``'s noise of row ``b``, the
   layout of ``sample``'s several samples), with row ``b``'s temperature, bias and mask: the target
   logits never reach memory;
-- one-hot drafts otherwise (:func:`position_tokens_from_logits`: truncation, fp32 on CUDA): the
-  target logits computed once, then ``sample_from_logits`` per position, which truncates;
+- one-hot drafts with truncation that the fused top-k pass takes on CUDA
+  (:func:`position_tokens_truncated_fused`): one ``sample_top_k`` call over the same rows, each
+  with its row's noise stream (``streams``), seed and offset ``offset + j``;
+- one-hot drafts otherwise (:func:`position_tokens_from_logits`: other truncation, fp32 on
+  CUDA): the target logits computed once, then ``sample_from_logits`` per position, which
+  truncates;
 - sampled drafts (:func:`verify`): the fp32 logits once (cuBLAS on CUDA); each draft position's
   log-sum-exp, argmax and draft value in one pass (``_draft_position_stats``); the acceptance
   walk; then one sample a row at the position where it stops, from the logits
@@ -54,8 +58,9 @@ from .masks import pack_allowed_mask, unpack_allowed_mask
 from .noise import as_int64_tensor, draw_seed, uniform_noise
 from .penalties import rule_logits
 from .sampling import _model_transform_args
-from .truncation import (Truncation, logits_truncation_args, materialized_logits, parse_truncation, scaled_logits,
-                         survivor_mask, temperature_scales)
+from .truncation import (Truncation, fused_pass_preferred, fused_top_k_args, fused_top_k_takes,
+                         logits_truncation_args, materialized_logits, parse_truncation, scaled_logits, survivor_mask,
+                         temperature_scales)
 
 __all__ = ["speculative_sample", "SpeculativeOutput"]
 
@@ -132,7 +137,7 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
         seed = draw_seed_fn()
     seeds, per_row_seed = _per_row_int64(name, "seed", seed, batch, device)
     offsets, per_row_offset = _per_row_int64(name, "offset", 0 if offset is None else offset, batch, device)
-    scale, softcap = _model_transform_args(logit_scale, logit_softcap)
+    scale, softcap = _model_transform_args(logit_scale, logit_softcap, name)
     streams = torch.zeros(batch, dtype=torch.int64, device=device) if per_row_seed else torch.arange(
         batch, device=device)
     if logit_bias is not None and (not isinstance(logit_bias, Tensor) or not logit_bias.is_floating_point()
@@ -156,7 +161,7 @@ def parse_step(name: str, hidden: Tensor, weight: Tensor, draft_token_ids: Tenso
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
             raise ValueError(f"{name}: temperature must be a float >= 0 or a tensor, got {temperature!r}")
         temps = torch.full((batch,), float(temperature), dtype=torch.float32, device=device)
-    truncation = parse_truncation(top_k, top_p, min_p, hidden[:, 0])
+    truncation = parse_truncation(top_k, top_p, min_p, hidden[:, 0], name)
     scalar = None if isinstance(temperature, Tensor) else float(temperature)
     return _Step(batch, n, seeds, per_row_seed, offsets, streams, temps, temps == 0, truncation, scale, softcap,
                  scalar, per_row_offset)
@@ -380,6 +385,59 @@ def _check_position_rows(hidden: Tensor, positions: int) -> None:
                          f"got positions={positions} and hidden of shape {list(hidden.shape)}")
 
 
+def _repeated_truncation(truncation: Truncation, batch: int, positions: int, device) -> Truncation:
+    """``truncation`` for the ``positions * B`` rows ``j * B + b`` (row ``b``'s values)."""
+    def repeat(value):
+        return value.to(device).expand(batch).repeat(positions) if isinstance(value, Tensor) else value
+    return Truncation(repeat(truncation.top_k), repeat(truncation.top_p), repeat(truncation.min_p))
+
+
+def truncated_positions_fused(hidden: Tensor, weight: Tensor, step: _Step) -> bool:
+    """Whether :func:`position_tokens_truncated_fused` takes this step: the fused top-k pass takes
+    its ``B * (n + 1)`` rows as ``sample`` would take a batch of them ("auto": docs/truncation.md),
+    without the model-side transforms (which that pass does not apply)."""
+    if step.truncation is None or step.logit_scale != 1.0 or step.logit_softcap is not None:
+        return False
+    batch, positions, dim = hidden.shape
+    rows = hidden.reshape(batch * positions, dim)  # (its shape, dtype and device)
+    truncation = _repeated_truncation(step.truncation, batch, positions, hidden.device)
+    op_kwargs = {"sparse_bias_ids": None, "num_samples": 1, "seed": step.seeds, "offset": step.offsets}
+    return (fused_top_k_takes(truncation, rows, weight, op_kwargs)
+            and fused_pass_preferred(truncation, rows, weight, op_kwargs))
+
+
+def position_tokens_truncated_fused(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None,
+                                    allowed_mask: Tensor | None, step: _Step, vocab_start: int,
+                                    return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
+    """:func:`position_tokens_from_logits`'s tokens (and log-probabilities) from one call of the
+    fused top-k pass (``sample_top_k``) over the ``B * (n + 1)`` rows, row ``j * B + b`` being
+    position ``j`` of row ``b`` with row ``b``'s controls and truncation, its seed, offset
+    ``offset_b + j`` and, with a batch-wide seed, row ``b``'s noise stream (``streams``): the
+    noise ``sample`` draws for row ``b`` at ``offset + j``. The target logits are never in
+    memory but for the rows stage 2 leaves (docs/truncation.md)."""
+    batch, positions, dim = hidden.shape
+    device = hidden.device
+    j = torch.arange(positions, device=device)
+    offsets = (step.offsets.expand(batch)[None, :] + j[:, None]).reshape(-1)
+    if step.per_row_seed:
+        seed, streams = step.seeds.repeat(positions), None
+    else:
+        seed, streams = step.seeds[:1].reshape(()), torch.arange(batch, device=device).repeat(positions)
+    rows = hidden.transpose(0, 1).reshape(positions * batch, dim)
+    base = packed_mask(allowed_mask, device)
+    token, _, token_logp, _ = torch.ops.flashsampling.sample_top_k(
+        rows, weight, **_position_temperature_args(step, positions), num_samples=1, seed=seed, offset=offsets,
+        generator=None, logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32),
+        allowed_mask=None if base is None else base.repeat(positions, 1), empty_mask_token=-1,
+        vocab_start=vocab_start, return_logprobs=return_logprobs, streams=streams,
+        **fused_top_k_args(_repeated_truncation(step.truncation, batch, positions, device), rows, weight))
+
+    def per_row(t: Tensor) -> Tensor:  # [P * B, 1] position-major -> [B, P]
+        return t[:, 0].reshape(positions, batch).T.contiguous()
+
+    return per_row(token), per_row(token_logp) if return_logprobs else None
+
+
 def position_tokens_from_logits(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None,
                                 allowed_mask: Tensor | None, step: _Step, vocab_start: int,
                                 return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
@@ -424,10 +482,12 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
     """:func:`speculative_sample` for one-hot drafts: each position's token ``t_j``, then the
     prefix where it is the draft (module docstring). Without truncation, bf16 / fp16 on CUDA and
     anything on the CPU take :func:`position_tokens_fused` (on CUDA up to ``MAX_FUSED_POSITIONS``
-    positions), the rest :func:`position_tokens_from_logits`."""
+    positions); with truncation, what the fused top-k pass takes (:func:`truncated_positions_fused`)
+    :func:`position_tokens_truncated_fused`; the rest :func:`position_tokens_from_logits`."""
     fused = step.truncation is None and (not hidden.is_cuda or (hidden.dtype in (torch.bfloat16, torch.float16)
                                                                  and hidden.shape[1] <= MAX_FUSED_POSITIONS))
-    tokens_of = position_tokens_fused if fused else position_tokens_from_logits
+    tokens_of = (position_tokens_fused if fused else position_tokens_truncated_fused
+                 if truncated_positions_fused(hidden, weight, step) else position_tokens_from_logits)
     emitted, logp = tokens_of(hidden, weight, logit_bias, allowed_mask, step, vocab_start, return_logprobs)
     return one_hot_output(draft_token_ids, emitted, logp)
 
@@ -504,6 +564,8 @@ def speculative_sample(
         :class:`SpeculativeOutput` ``(tokens [B, n + 1] int64, num_accepted [B] int64,
         logprobs [B, n + 1] float32 or None)``.
     """
+    if seed is not None and generator is not None:
+        raise ValueError("flashsampling.speculative_sample: pass either seed or generator, not both")
     step = parse_step("flashsampling.speculative_sample", hidden, weight, draft_token_ids, draft_probs, temperature,
                       seed, offset, top_k, top_p, min_p, lambda: draw_seed(generator, hidden.device), logit_scale,
                       logit_softcap, logit_bias, allowed_mask)

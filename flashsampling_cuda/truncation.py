@@ -67,10 +67,10 @@ class Truncation(NamedTuple):
     min_p: float | Tensor | None
 
 
-def _parameter(name: str, value, *, integer: bool, is_valid, valid_text: str, is_off, hidden: Tensor):
+def _parameter(name: str, value, *, integer: bool, is_valid, valid_text: str, is_off, hidden: Tensor, op: str):
     """One validated truncation parameter: None when off (None or an off host scalar), a
     host scalar, or the tensor (0-d or [B], on hidden's device or the CPU)."""
-    prefix = f"flashsampling.sample: {name}"
+    prefix = f"{op}: {name}"
     if value is None:
         return None
     if isinstance(value, Tensor):
@@ -101,17 +101,17 @@ def _parameter(name: str, value, *, integer: bool, is_valid, valid_text: str, is
     return None if is_off(scalar) else scalar
 
 
-def parse_truncation(top_k, top_p, min_p, hidden: Tensor) -> Truncation | None:
+def parse_truncation(top_k, top_p, min_p, hidden: Tensor, op: str = "flashsampling.sample") -> Truncation | None:
     """Validates ``top_k`` (integer >= -1; -1 and 0: off), ``top_p`` (in (0, 1]; 1: off)
     and ``min_p`` (in [0, 1]; 0: off), each None, a host scalar, a 0-d tensor or a ``[B]``
-    tensor; returns None when every one is known on the host to be off."""
+    tensor; returns None when every one is known on the host to be off. Errors name ``op``."""
     truncation = Truncation(
         _parameter("top_k", top_k, integer=True, is_valid=lambda k: k >= -1, valid_text="an integer >= -1 "
-                   "(-1 or 0: off)", is_off=lambda k: k <= 0, hidden=hidden),
+                   "(-1 or 0: off)", is_off=lambda k: k <= 0, hidden=hidden, op=op),
         _parameter("top_p", top_p, integer=False, is_valid=lambda p: (p > 0) & (p <= 1), valid_text="in (0, 1] "
-                   "(1: off)", is_off=lambda p: p == 1, hidden=hidden),
+                   "(1: off)", is_off=lambda p: p == 1, hidden=hidden, op=op),
         _parameter("min_p", min_p, integer=False, is_valid=lambda p: (p >= 0) & (p <= 1), valid_text="in [0, 1] "
-                   "(0: off)", is_off=lambda p: p == 0, hidden=hidden),
+                   "(0: off)", is_off=lambda p: p == 0, hidden=hidden, op=op),
     )
     return None if all(parameter is None for parameter in truncation) else truncation
 
@@ -172,7 +172,7 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
 FUSED_LARGE_TOP_K_MAX_BATCH = 4
 
 
-def _fused_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
+def fused_pass_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
     """Where both can take a call, whether "auto" prefers the fused pass to the logits path: every
     form but a host top_k above 64, which takes it only up to FUSED_LARGE_TOP_K_MAX_BATCH rows,
     alone, of one sample and with a batch-wide seed and offset (the GEMM then draws the tile
@@ -225,7 +225,7 @@ def choose_truncation_path(requested: str, truncation: Truncation, hidden: Tenso
     on_cuda = (hidden.device.type == "cuda" and hidden.dtype in (torch.bfloat16, torch.float16)
                and weight.shape[0] <= LOGITS_PATH_MAX_VOCAB)
     if requested == "auto":
-        fused = fused_ok and (not on_cuda or _fused_preferred(truncation, hidden, weight, op_kwargs))
+        fused = fused_ok and (not on_cuda or fused_pass_preferred(truncation, hidden, weight, op_kwargs))
         return "fused_top_k" if fused else "logits" if on_cuda else "materialized"
     if requested == "fused_top_k" and not fused_ok:
         raise ValueError("flashsampling.sample: truncation_path='fused_top_k' needs CUDA, bfloat16/float16, "

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import flashsampling_cuda as fs
 from flashsampling_cuda import distributed as tp
 from sampling_stats import chi_square_pvalue
-from tp_scenarios import VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
+from tp_scenarios import SPEC_DRAFTS, VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
 
 WORLD_SIZES = [2, 4, 8]
 
@@ -197,6 +197,36 @@ def test_serving_controls_equal_single_process_op(backend, world):
     """Penalties, model-side transforms, truncation orders and the logprob outputs: tokens, top-N
     ids and ranks exact, log-probabilities to fp32 rounding, the same on every rank."""
     assert_configs_equal_single_process(results(backend, world, "scenario_serving"))
+
+
+@pytest.mark.parametrize("backend,world", PARAMS)
+def test_speculative_equals_single_process_op(backend, world):
+    """distributed.speculative_sample: tokens and num_accepted exact, log-probabilities to fp32
+    rounding, the same on every rank; drafts are accepted and rejected, and the size-1 shard's
+    token is accepted as a draft."""
+    ranks = results(backend, world, "scenario_speculative")
+    accepted = []
+    for name, entry in ranks[0].items():
+        got, expected = entry["got"], entry["expected"]
+        for r, res in enumerate(ranks[1:], start=1):
+            for key, value in res[name]["got"].items():
+                if value is not None:
+                    torch.testing.assert_close(value, got[key], rtol=0, atol=0, equal_nan=True,
+                                               msg=f"{name}.{key}: rank {r} differs")
+        assert torch.equal(got["tokens"], expected["tokens"]), f"{name}: {got['tokens']} != {expected['tokens']}"
+        assert torch.equal(got["num_accepted"], expected["num_accepted"]), name
+        if expected["logprobs"] is None:
+            assert got["logprobs"] is None, name
+        else:
+            torch.testing.assert_close(got["logprobs"], expected["logprobs"], rtol=1e-5, atol=1e-5, equal_nan=True,
+                                       msg=name)
+        accepted.append(expected["num_accepted"])
+    accepted = torch.cat(accepted)
+    assert (accepted > 0).any() and (accepted < SPEC_DRAFTS).any(), accepted
+    small = unequal_shards(VOCAB, world)[0][0]
+    one_hot = ranks[0]["one_hot"]["expected"]
+    drafted = torch.arange(SPEC_DRAFTS + 1)[None, :] < one_hot["num_accepted"][:, None]
+    assert (drafted & (one_hot["tokens"] == small)).any(), one_hot
 
 
 def _tokens(x):

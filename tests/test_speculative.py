@@ -22,15 +22,24 @@ def problem(batch, positions, vocab, dim, device, seed=0, scale=1.0):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("sampled_drafts", [False, True])
-def test_emitted_tokens_follow_the_target(device, sampled_drafts):
+@pytest.mark.parametrize("truncation", [{}, dict(top_k=8, top_p=0.85), dict(min_p=0.1)], ids=["none", "k_p", "min_p"])
+def test_emitted_tokens_follow_the_target(device, sampled_drafts, truncation):
     """Many independent rows (per-row seeds) of one problem: the first emitted token is a sample
     of the target p_0 whatever the draft; the second, on rows that accepted the first draft, of
-    p_1 (chi-square, fixed seeds)."""
+    p_1 (chi-square, fixed seeds); with truncation the target is the truncated, renormalised
+    distribution (float64 reference)."""
+    from flashsampling_cuda.reference import reference_truncation
+
     rows, n, vocab, dim = 20000, 2, 24, 16
     one, weight = problem(1, n + 1, vocab, dim, device, seed=1, scale=3.0)
     hidden = one.expand(rows, n + 1, dim).contiguous()
     x = one[0].double() @ weight.double().T
     p = torch.softmax(x / 0.8, dim=1).cpu()
+    if truncation:
+        ref = reference_truncation(one[0], weight, 0.8, **truncation)
+        assert (ref.boundary_gap > 1e-4).all()
+        p = torch.where(ref.survivors.cpu(), p, 0.0)
+        p = p / p.sum(dim=1, keepdim=True)
     g = torch.Generator().manual_seed(2)
     if sampled_drafts:
         q = torch.softmax(torch.randn(n, vocab, generator=g) * 1.5, dim=1)
@@ -40,7 +49,7 @@ def test_emitted_tokens_follow_the_target(device, sampled_drafts):
         drafts = torch.tensor([[int(p[0].argmax()), 5]]).expand(rows, n)
         draft_probs = None
     out = fs.speculative_sample(hidden, weight, drafts.to(device).contiguous(), draft_probs, temperature=0.8,
-                                seed=torch.arange(rows, device=device) * 7 + 1, offset=3)
+                                seed=torch.arange(rows, device=device) * 7 + 1, offset=3, **truncation)
     first = out.tokens[:, 0].cpu()
     assert chi_square_pvalue([first], [p[0]]) > 1e-3
     took_first = out.num_accepted.cpu() >= 1
@@ -140,6 +149,12 @@ def test_greedy_rejection_emits_the_argmax():
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(temperature=torch.ones(3)), "temperature"),
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)),
      dict(allowed_mask=torch.zeros(2, 2, dtype=torch.int64)), "allowed_mask"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(seed=1, generator=torch.Generator()),
+     "speculative_sample: pass either seed or generator"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(top_k=-5), "speculative_sample: top_k"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(top_p=1.5), "speculative_sample: top_p"),
+    (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64)), dict(logit_scale=0.0),
+     "speculative_sample: logit_scale"),
     (lambda h, w: (h, w, torch.tensor([[3], [50]])), {}, r"draft_token_ids\[1, 0\] = 50 .*\[0, 50\)"),
     (lambda h, w: (h, w, torch.tensor([[3], [-1]])), {}, r"draft_token_ids\[1, 0\] = -1"),
     (lambda h, w: (h, w, torch.zeros(2, 1, dtype=torch.int64), torch.full((2, 1, 50), 0.03)), {},
@@ -260,6 +275,56 @@ def test_fused_one_hot_route_equals_the_logits_route(device, masked, per_row_see
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["top_k_int", "top_k_rows", "top_p_rows", "min_p", "mixed_rows"])
+@pytest.mark.parametrize("per_row_seed", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_truncated_route_equals_the_logits_route(device, form, per_row_seed, masked):
+    """position_tokens_truncated_fused (one sample_top_k call over the B * (n + 1) rows, row j * B + b
+    with row b's truncation, seed, offset + j and, with a batch-wide seed, row b's noise stream)
+    returns the tokens and log-probabilities of position_tokens_from_logits (a sample_from_logits
+    call a position) on logits both compute exactly: every truncation form, per-row mixes with rows
+    whose truncation is off, greedy rows, a mask, a bias, batch-wide and per-row seeds. On the CPU
+    the op's kernel takes the streams through sample_with_scores."""
+    from flashsampling_cuda import speculative
+
+    batch, n, vocab, dim = 12, 3, 4608, 64
+    hidden, weight = exact_problem(batch, n + 1, vocab, dim, device, seed=21)
+    g = torch.Generator().manual_seed(22)
+    x = hidden.float().cpu() @ weight.float().cpu().T
+    drafts = torch.where(torch.rand(batch, n, generator=g) < 0.7, x[:, :n].argmax(2),
+                         torch.randint(0, vocab, (batch, n), generator=g)).to(device)
+    temps = torch.tensor([0.0, 0.5, 1.0, 1.7] * (batch // 4), device=device)
+    rows = torch.arange(batch, device=device)
+    truncation = {
+        "top_k_int": dict(top_k=20),
+        "top_k_rows": dict(top_k=(rows * 13) % 90 + 1),
+        "top_p_rows": dict(top_p=torch.linspace(0.3, 0.95, batch, device=device)),
+        "min_p": dict(min_p=0.2),
+        "mixed_rows": dict(top_k=torch.where(rows % 3 == 0, -1, rows + 3), top_p=torch.where(rows % 2 == 0, 1.0, 0.8)
+                           .to(device), min_p=0.05),
+    }[form]
+    mask = None
+    if masked:
+        bits = torch.randint(-2**31, 2**31 - 1, (batch, (vocab + 31) // 32), generator=g, dtype=torch.int64)
+        mask = (bits.to(torch.int32) | 0x1).to(device)
+    bias = (torch.randint(-8, 9, (vocab,), generator=g) / 8).to(device)
+    seed = rows * 7 + 3 if per_row_seed else 3
+    offset = rows % 4 + 7 if per_row_seed else 7
+    step = speculative.parse_step("test", hidden, weight, drafts, None, temps, seed, offset, truncation.get("top_k"),
+                                  truncation.get("top_p"), truncation.get("min_p"), None, 1.0, None, bias, mask)
+    if device == "cuda" and not speculative.truncated_positions_fused(hidden, weight, step):
+        assert torch.cuda.get_device_capability() != (9, 0)  # sm90 takes every form
+        pytest.skip("the fused top-k pass takes per-row, top_p and min_p forms on sm90 only")
+    args = (hidden, weight, bias, mask, step, 0)
+    fused, fused_logp = speculative.position_tokens_truncated_fused(*args, True)
+    logits_route, logits_logp = speculative.position_tokens_from_logits(*args, True)
+    assert torch.equal(fused, logits_route)
+    torch.testing.assert_close(fused_logp, logits_logp, atol=2e-5, rtol=2e-5, equal_nan=True)
+    without, none = speculative.position_tokens_truncated_fused(*args, False)
+    assert torch.equal(without, fused) and none is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("per_row", [False, True])
 def test_sample_positions_op(device, per_row):
     """flashsampling._sample_positions (the fused route's op): opcheck (schema, fake kernel,
@@ -333,12 +398,13 @@ def test_sampled_draft_ops(device, masked):
 @pytest.mark.parametrize("device", DEVICES)
 def test_speculative_sample_routes(device, monkeypatch):
     """speculative_sample's one-hot steps without truncation run position_tokens_fused (bf16 on
-    CUDA, the CPU op on the CPU), with truncation position_tokens_from_logits; sampled drafts
-    verify."""
+    CUDA, the CPU op on the CPU), with truncation position_tokens_truncated_fused where the fused
+    top-k pass takes the rows (CUDA, V >= 4096, no model-side transforms), else
+    position_tokens_from_logits; sampled drafts verify."""
     from flashsampling_cuda import speculative
 
     calls = []
-    for name in ("position_tokens_fused", "position_tokens_from_logits", "verify"):
+    for name in ("position_tokens_fused", "position_tokens_truncated_fused", "position_tokens_from_logits", "verify"):
         original = getattr(speculative, name)
         monkeypatch.setattr(speculative, name,
                             lambda *a, _name=name, _original=original, **k: calls.append(_name) or _original(*a, **k))
@@ -348,6 +414,13 @@ def test_speculative_sample_routes(device, monkeypatch):
     fs.speculative_sample(hidden, weight, drafts, seed=1, top_k=5)
     fs.speculative_sample(hidden, weight, drafts, torch.full((4, 2, 300), 1 / 300, device=device), seed=1)
     assert calls == ["position_tokens_fused", "position_tokens_from_logits", "verify"]
+    # With a vocabulary the fused top-k pass takes, truncation runs there on CUDA (sm90: any form).
+    calls.clear()
+    hidden, weight = exact_problem(4, 3, 4608, 16, device, seed=1)
+    fs.speculative_sample(hidden, weight, drafts, seed=1, top_k=5)
+    fs.speculative_sample(hidden, weight, drafts, seed=1, top_k=5, logit_softcap=20.0)  # the pass has no soft-cap
+    fused_route = "position_tokens_truncated_fused" if device == "cuda" else "position_tokens_from_logits"
+    assert calls == [fused_route, "position_tokens_from_logits"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -370,3 +443,74 @@ def test_torch_compile_fullgraph_equals_eager(device, sampled_drafts):
     eager = step(*args)
     assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
     torch.testing.assert_close(compiled[2], eager[2], equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sampled_drafts", [False, True])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_masked_out_drafts_are_always_rejected(device, sampled_drafts, temperature):
+    """A draft the mask rules out has no mass under the target: it is never accepted, greedy or
+    sampled, one-hot or drawn from draft_probs that favour it, and the token emitted in its place
+    is an allowed one."""
+    rows, vocab, dim = 512, 64, 16
+    one, weight = problem(1, 2, vocab, dim, device, seed=3, scale=3.0)
+    hidden = one.expand(rows, 2, dim).contiguous()
+    x = one[0, 0].double() @ weight.double().T
+    draft = int(x.argmax())  # the target's favourite, masked out below
+    allowed = torch.ones(rows, vocab, dtype=torch.bool)
+    allowed[:, draft] = False
+    allowed[::2, torch.arange(0, vocab, 3)] = False  # and more on every other row
+    drafts = torch.full((rows, 1), draft, device=device)
+    draft_probs = None
+    if sampled_drafts:
+        q = torch.full((vocab,), 0.1 / (vocab - 1))
+        q[draft] = 0.9
+        draft_probs = q[None, None].expand(rows, 1, vocab).to(device)
+    out = fs.speculative_sample(hidden, weight, drafts, draft_probs, temperature=temperature,
+                                seed=torch.arange(rows, device=device), allowed_mask=fs.pack_allowed_mask(allowed)
+                                .to(device))
+    assert (out.num_accepted == 0).all()
+    emitted = out.tokens[:, 0].cpu()
+    assert allowed.gather(1, emitted[:, None]).all()
+    assert (out.tokens[:, 1] == -1).all()
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sampled_drafts", [False, True])
+@pytest.mark.parametrize("truncated", [False, True])
+def test_verification_step_in_a_cuda_graph_equals_eager(sampled_drafts, truncated):
+    """A verification step captured in a CUDA graph (device seed and offset read at run time,
+    static input buffers) gives, replay after replay with new inputs, the outputs of the eager
+    call on the same inputs: one-hot (the fused routes) and sampled drafts, with and without
+    per-row truncation."""
+    batch, n, vocab, dim = 8, 3, 4608, 64
+    g = torch.Generator().manual_seed(31)
+    hidden, weight = exact_problem(batch, n + 1, vocab, dim, "cuda", seed=30)
+    static = dict(h=hidden.clone(), d=torch.zeros(batch, n, dtype=torch.int64, device="cuda"),
+                  q=torch.full((batch, n, vocab), 1 / vocab, device="cuda"),
+                  seed=torch.tensor(0, device="cuda"), offset=torch.tensor(0, device="cuda"))
+    temps = torch.tensor([0.0, 0.6, 1.0, 1.3] * (batch // 4), device="cuda")
+    extra = dict(top_k=torch.arange(batch, device="cuda") * 5 + 3, top_p=0.9) if truncated else {}
+
+    def step(h, d, q, seed, offset):
+        out = fs.speculative_sample(h, weight, d, q if sampled_drafts else None, temperature=temps, seed=seed,
+                                    offset=offset, return_logprobs=True, **extra)
+        return out.tokens, out.num_accepted, out.logprobs
+
+    step(**static)  # warm up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(**static)
+    for i in range(3):
+        inputs = dict(h=hidden.roll(i, dims=1), d=torch.randint(0, vocab, (batch, n), generator=g).cuda(),
+                      q=torch.softmax(torch.randn(batch, n, vocab, generator=g) * 3, -1).cuda(),
+                      seed=torch.tensor(11 + i, device="cuda"), offset=torch.tensor(5 * i, device="cuda"))
+        x = inputs["h"].float() @ weight.float().T
+        inputs["d"][::2] = x[::2, :n].argmax(2)  # some drafts the target accepts
+        for name, value in inputs.items():
+            static[name].copy_(value)
+        graph.replay()
+        want = step(**inputs)
+        assert torch.equal(captured[0], want[0]) and torch.equal(captured[1], want[1]), i
+        torch.testing.assert_close(captured[2], want[2], equal_nan=True)

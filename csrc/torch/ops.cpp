@@ -104,11 +104,12 @@ TORCH_LIBRARY(flashsampling, m) {
   // top_k <= 64 and the rows without top_k whose cut falls within their first 64 tokens; the
   // others are sampled from the logits the GEMM stored in the same pass. Outputs as
   // sample_with_scores; the log-probabilities are those of the truncated, renormalised
-  // distribution. No sparse bias (it takes the logits path).
+  // distribution. No sparse bias (it takes the logits path). streams: speculative verification's
+  // positions with truncation, as for sample.
   m.def("sample_top_k(" FS_SAMPLE_ARGS
         ", bool return_logprobs=False, int top_k=0, float? top_p=None, Tensor? top_ps=None, float? min_p=None, "
-        "Tensor? min_ps=None, Tensor? top_ks=None) -> (Tensor tokens, Tensor scores, Tensor token_logprobs, "
-        "Tensor logsumexp)",
+        "Tensor? min_ps=None, Tensor? top_ks=None" FS_STREAM_ARGS ") -> (Tensor tokens, Tensor scores, "
+        "Tensor token_logprobs, Tensor logsumexp)",
         {at::Tag::nondeterministic_seeded});
   // A plain sample (as sample_with_scores with return_logprobs, one sample) through the fused
   // top-k pass with nothing on, and each row's top_n processed log-probabilities (values

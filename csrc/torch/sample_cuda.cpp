@@ -390,10 +390,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_top_k_cuda(
     const std::optional<at::Tensor>& sparse_bias_values, const std::optional<at::Tensor>& allowed_mask,
     std::optional<int64_t> empty_mask_token, int64_t vocab_start, bool return_logprobs, int64_t top_k,
     std::optional<double> top_p, const std::optional<at::Tensor>& top_ps, std::optional<double> min_p,
-    const std::optional<at::Tensor>& min_ps, const std::optional<at::Tensor>& top_ks) {
+    const std::optional<at::Tensor>& min_ps, const std::optional<at::Tensor>& top_ks,
+    const std::optional<at::Tensor>& streams) {
   const SampleArgs args = SampleOps<&sample_cuda>::make_args(
       temperature, temperatures, num_samples, seed, offset, std::move(generator), logit_bias, sparse_bias_ids,
-      sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, return_logprobs);
+      sparse_bias_values, allowed_mask, empty_mask_token, vocab_start, return_logprobs, /*logit_scale=*/1.0,
+      /*logit_softcap=*/std::nullopt, /*penalty_ids=*/std::nullopt, /*penalty_values=*/std::nullopt,
+      /*repetition_penalties=*/std::nullopt, streams);
   const FusedTopK top{top_k, top_p, min_p, top_ps, min_ps, top_ks};
   SampleResult r = sample_cuda_impl(hidden, weight, args, &top);
   return {r.tokens, r.scores, r.token_logprobs, r.logsumexp};
