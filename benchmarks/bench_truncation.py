@@ -81,17 +81,22 @@ def flashinfer_call(fi, spec: dict, batch: int, temperature: float):
     return None
 
 
+# The op's arguments of these calls that "auto"'s rule reads besides the truncation (the
+# benchmark's calls take the default generator: no seed or offset tensors, one sample).
+AUTO_RULE_KWARGS = {"sparse_bias_ids": None, "seed": None, "offset": None, "num_samples": 1}
+
+
 def auto_path(hidden, weight, kwargs: dict) -> str:
     """The path truncation_path="auto" takes for this call."""
     trunc = truncation.parse_truncation(kwargs.get("top_k"), kwargs.get("top_p"), kwargs.get("min_p"), hidden)
-    return truncation.choose_truncation_path("auto", trunc, hidden, weight, {"sparse_bias_ids": None})
+    return truncation.choose_truncation_path("auto", trunc, hidden, weight, AUTO_RULE_KWARGS)
 
 
 def alternative_paths(hidden, weight, kwargs: dict, chosen: str) -> list[str]:
     """The other of the fused top-k pass and the logits path than ``chosen`` ("auto"'s), where it
     can take this call too (to set the rule between them)."""
     trunc = truncation.parse_truncation(kwargs.get("top_k"), kwargs.get("top_p"), kwargs.get("min_p"), hidden)
-    fused_ok = truncation.fused_top_k_takes(trunc, hidden, weight, {"sparse_bias_ids": None})
+    fused_ok = truncation.fused_top_k_takes(trunc, hidden, weight, AUTO_RULE_KWARGS)
     return [p for p in ("fused_top_k", "logits") if p != chosen and (p == "logits" or fused_ok)]
 
 
