@@ -324,7 +324,7 @@ def check_line(label: str, cells: list[tuple[str, float]], ok: Callable[[float],
     where, value = worst(cells, key=lambda c: c[1])
     verdict = "PASS" if not failed else f"FAIL in {len(failed)} of"
     return (f"{label}: {verdict} {len(cells)} cells (worst {value:.3f} at {where})"
-            + (f"; fails at {', '.join(w for w, _ in failed[:6])}{' ...' if len(failed) > 6 else ''}" if failed else "")
+            + (f"; fails at {', '.join(f'{w} ({v:.3f})' for w, v in failed)}" if failed else "")
             + (f" {note}" if note else ""))
 
 
