@@ -263,13 +263,8 @@ def test_fused_one_hot_route_equals_the_logits_route(device, masked, per_row_see
     scale, softcap = (0.5, 8.0) if transforms else (1.0, None)
     step = speculative.parse_step("test", hidden, weight, drafts, None, temps, seed, offset, None, None, None, None,
                                   scale, softcap, bias, mask)
-    args = (hidden, weight, bias, mask, step, vocab_start)
-    fused, fused_logp = speculative.position_tokens_fused(*args, True)
-    logits_route, logits_logp = speculative.position_tokens_from_logits(*args, True)
-    assert torch.equal(fused, logits_route)
-    torch.testing.assert_close(fused_logp, logits_logp, atol=2e-5, rtol=2e-5, equal_nan=True)
-    without, none = speculative.position_tokens_fused(*args, False)
-    assert torch.equal(without, fused) and none is None
+    fused, fused_logp = assert_route_equals_logits_route(speculative.position_tokens_fused,
+                                                         (hidden, weight, bias, mask, step, vocab_start))
     out = speculative.one_hot_output(drafts, fused, fused_logp)
     assert (out.num_accepted > 0).any() and (out.num_accepted < n).any()  # acceptances and rejections
 
@@ -315,13 +310,21 @@ def test_fused_truncated_route_equals_the_logits_route(device, form, per_row_see
     if device == "cuda" and not speculative.truncated_positions_fused(hidden, weight, step):
         assert torch.cuda.get_device_capability() != (9, 0)  # sm90 takes every form
         pytest.skip("the fused top-k pass takes per-row, top_p and min_p forms on sm90 only")
-    args = (hidden, weight, bias, mask, step, 0)
-    fused, fused_logp = speculative.position_tokens_truncated_fused(*args, True)
+    assert_route_equals_logits_route(speculative.position_tokens_truncated_fused, (hidden, weight, bias, mask, step, 0))
+
+
+def assert_route_equals_logits_route(route, args):
+    """``route(*args, return_logprobs)`` gives position_tokens_from_logits' tokens and
+    log-probabilities, and the same tokens without log-probabilities; returns its outputs."""
+    from flashsampling_cuda import speculative
+
+    tokens, logp = route(*args, True)
     logits_route, logits_logp = speculative.position_tokens_from_logits(*args, True)
-    assert torch.equal(fused, logits_route)
-    torch.testing.assert_close(fused_logp, logits_logp, atol=2e-5, rtol=2e-5, equal_nan=True)
-    without, none = speculative.position_tokens_truncated_fused(*args, False)
-    assert torch.equal(without, fused) and none is None
+    assert torch.equal(tokens, logits_route)
+    torch.testing.assert_close(logp, logits_logp, atol=2e-5, rtol=2e-5, equal_nan=True)
+    without, none = route(*args, False)
+    assert torch.equal(without, tokens) and none is None
+    return tokens, logp
 
 
 @pytest.mark.parametrize("device", DEVICES)
