@@ -392,16 +392,31 @@ def _repeated_truncation(truncation: Truncation, batch: int, positions: int, dev
     return Truncation(repeat(truncation.top_k), repeat(truncation.top_p), repeat(truncation.min_p))
 
 
-def truncated_positions_fused(hidden: Tensor, weight: Tensor, step: _Step) -> bool:
+def _position_noise_args(step: _Step, positions: int, device) -> dict:
+    """The noise arguments of the ``positions * B`` rows ``j * B + b`` in one call: row ``b``'s
+    seed and offset ``offset_b + j`` and, with a batch-wide seed, row ``b``'s stream, so each row
+    draws the noise ``sample`` draws for row ``b`` at ``offset + j``."""
+    batch = step.batch
+    j = torch.arange(positions, device=device)
+    offsets = (step.offsets.expand(batch)[None, :] + j[:, None]).reshape(-1)
+    if step.per_row_seed:
+        return dict(seed=step.seeds.repeat(positions), offset=offsets, streams=None)
+    return dict(seed=step.seeds[:1].reshape(()), offset=offsets,
+                streams=torch.arange(batch, device=device).repeat(positions))
+
+
+def fused_top_k_takes_positions(hidden: Tensor, weight: Tensor, step: _Step) -> bool:
     """Whether :func:`position_tokens_truncated_fused` takes this step: the fused top-k pass takes
-    its ``B * (n + 1)`` rows as ``sample`` would take a batch of them ("auto": docs/truncation.md),
+    its ``B * (n + 1)`` rows as ``sample`` takes a batch of them with these seeds and offsets
+    ("auto": docs/truncation.md; per-row offsets keep a host top_k above 64 on the logits path),
     without the model-side transforms (which that pass does not apply)."""
     if step.truncation is None or step.logit_scale != 1.0 or step.logit_softcap is not None:
         return False
     batch, positions, dim = hidden.shape
     rows = hidden.reshape(batch * positions, dim)  # (its shape, dtype and device)
     truncation = _repeated_truncation(step.truncation, batch, positions, hidden.device)
-    op_kwargs = {"sparse_bias_ids": None, "num_samples": 1, "seed": step.seeds, "offset": step.offsets}
+    noise = _position_noise_args(step, positions, hidden.device)
+    op_kwargs = {"sparse_bias_ids": None, "num_samples": 1, "seed": noise["seed"], "offset": noise["offset"]}
     return (fused_top_k_takes(truncation, rows, weight, op_kwargs)
             and fused_pass_preferred(truncation, rows, weight, op_kwargs))
 
@@ -411,25 +426,18 @@ def position_tokens_truncated_fused(hidden: Tensor, weight: Tensor, logit_bias: 
                                     return_logprobs: bool) -> tuple[Tensor, Tensor | None]:
     """:func:`position_tokens_from_logits`'s tokens (and log-probabilities) from one call of the
     fused top-k pass (``sample_top_k``) over the ``B * (n + 1)`` rows, row ``j * B + b`` being
-    position ``j`` of row ``b`` with row ``b``'s controls and truncation, its seed, offset
-    ``offset_b + j`` and, with a batch-wide seed, row ``b``'s noise stream (``streams``): the
-    noise ``sample`` draws for row ``b`` at ``offset + j``. The target logits are never in
-    memory but for the rows stage 2 leaves (docs/truncation.md)."""
+    position ``j`` of row ``b`` with row ``b``'s controls and truncation and the noise of
+    :func:`_position_noise_args`. The target logits are never in memory but for the rows stage 2
+    leaves (docs/truncation.md)."""
     batch, positions, dim = hidden.shape
     device = hidden.device
-    j = torch.arange(positions, device=device)
-    offsets = (step.offsets.expand(batch)[None, :] + j[:, None]).reshape(-1)
-    if step.per_row_seed:
-        seed, streams = step.seeds.repeat(positions), None
-    else:
-        seed, streams = step.seeds[:1].reshape(()), torch.arange(batch, device=device).repeat(positions)
     rows = hidden.transpose(0, 1).reshape(positions * batch, dim)
     base = packed_mask(allowed_mask, device)
     token, _, token_logp, _ = torch.ops.flashsampling.sample_top_k(
-        rows, weight, **_position_temperature_args(step, positions), num_samples=1, seed=seed, offset=offsets,
-        generator=None, logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32),
+        rows, weight, **_position_temperature_args(step, positions), num_samples=1,
+        **_position_noise_args(step, positions, device), generator=None, logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32),
         allowed_mask=None if base is None else base.repeat(positions, 1), empty_mask_token=-1,
-        vocab_start=vocab_start, return_logprobs=return_logprobs, streams=streams,
+        vocab_start=vocab_start, return_logprobs=return_logprobs,
         **fused_top_k_args(_repeated_truncation(step.truncation, batch, positions, device), rows, weight))
 
     def per_row(t: Tensor) -> Tensor:  # [P * B, 1] position-major -> [B, P]
@@ -482,12 +490,16 @@ def verify_one_hot(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, logi
     """:func:`speculative_sample` for one-hot drafts: each position's token ``t_j``, then the
     prefix where it is the draft (module docstring). Without truncation, bf16 / fp16 on CUDA and
     anything on the CPU take :func:`position_tokens_fused` (on CUDA up to ``MAX_FUSED_POSITIONS``
-    positions); with truncation, what the fused top-k pass takes (:func:`truncated_positions_fused`)
+    positions); with truncation, what the fused top-k pass takes (:func:`fused_top_k_takes_positions`)
     :func:`position_tokens_truncated_fused`; the rest :func:`position_tokens_from_logits`."""
     fused = step.truncation is None and (not hidden.is_cuda or (hidden.dtype in (torch.bfloat16, torch.float16)
                                                                  and hidden.shape[1] <= MAX_FUSED_POSITIONS))
-    tokens_of = (position_tokens_fused if fused else position_tokens_truncated_fused
-                 if truncated_positions_fused(hidden, weight, step) else position_tokens_from_logits)
+    if fused:
+        tokens_of = position_tokens_fused
+    elif fused_top_k_takes_positions(hidden, weight, step):
+        tokens_of = position_tokens_truncated_fused
+    else:
+        tokens_of = position_tokens_from_logits
     emitted, logp = tokens_of(hidden, weight, logit_bias, allowed_mask, step, vocab_start, return_logprobs)
     return one_hot_output(draft_token_ids, emitted, logp)
 

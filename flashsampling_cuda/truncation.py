@@ -165,10 +165,9 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
 
 # Up to this many rows "auto" takes a host top_k above 64 alone to the fused pass, whose GEMM then
 # draws plain sampling's tile winners (it can up to 64 rows: the CUTLASS schedules' top-k scan).
-# Measured (H200, D = 4096, docs/truncation.md): at B = 1 the fused pass took 314 / 368 µs on
-# LLM-like / flat rows where the logits path took 351 / 350; at B = 16 374 / 388 against 372 / 374,
-# at B = 64 415 / 486 against 426 / 426 (one row stage 2 cannot decide costs the logits sampler's
-# cut kernel, ~55-80 µs, on either path).
+# There it wins on peaked (LLM-like) rows, whose plain token stage 2 finds among their first 64,
+# and loses a little on flat rows, which go on to the cut kernel after a GEMM that drew the
+# winners; from 16 rows on it no longer wins on either (measurements: docs/truncation.md).
 FUSED_LARGE_TOP_K_MAX_BATCH = 4
 
 

@@ -51,9 +51,10 @@ def test_emitted_tokens_follow_the_target(device, sampled_drafts, truncation):
     out = fs.speculative_sample(hidden, weight, drafts.to(device).contiguous(), draft_probs, temperature=0.8,
                                 seed=torch.arange(rows, device=device) * 7 + 1, offset=3, **truncation)
     first = out.tokens[:, 0].cpu()
+    second = out.tokens[out.num_accepted.cpu() >= 1, 1].cpu()
+    assert (p[0][first] > 0).all() and (p[1][second] > 0).all()  # survivors only (chi-square pools empty bins)
     assert chi_square_pvalue([first], [p[0]]) > 1e-3
-    took_first = out.num_accepted.cpu() >= 1
-    assert chi_square_pvalue([out.tokens[took_first, 1].cpu()], [p[1]]) > 1e-3
+    assert chi_square_pvalue([second], [p[1]]) > 1e-3
     # every emitted token is a real token up to the first non-draft, -1 after
     emitted = out.num_accepted.cpu() + 1
     slots = torch.arange(n + 1)[None, :]
@@ -270,10 +271,11 @@ def test_fused_one_hot_route_equals_the_logits_route(device, masked, per_row_see
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["top_k_int", "top_k_rows", "top_p_rows", "min_p", "mixed_rows"])
+@pytest.mark.parametrize("form", ["top_k_int", "top_k_rows", "top_p_rows", "min_p", "mixed_rows", "zero_dim"])
 @pytest.mark.parametrize("per_row_seed", [False, True])
+@pytest.mark.parametrize("per_row_offset", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
-def test_fused_truncated_route_equals_the_logits_route(device, form, per_row_seed, masked):
+def test_fused_truncated_route_equals_the_logits_route(device, form, per_row_seed, per_row_offset, masked):
     """position_tokens_truncated_fused (one sample_top_k call over the B * (n + 1) rows, row j * B + b
     with row b's truncation, seed, offset + j and, with a batch-wide seed, row b's noise stream)
     returns the tokens and log-probabilities of position_tokens_from_logits (a sample_from_logits
@@ -297,6 +299,8 @@ def test_fused_truncated_route_equals_the_logits_route(device, form, per_row_see
         "min_p": dict(min_p=0.2),
         "mixed_rows": dict(top_k=torch.where(rows % 3 == 0, -1, rows + 3), top_p=torch.where(rows % 2 == 0, 1.0, 0.8)
                            .to(device), min_p=0.05),
+        "zero_dim": dict(top_k=torch.tensor(30, device=device), top_p=torch.tensor(0.9, device=device),
+                         min_p=torch.tensor(0.02)),
     }[form]
     mask = None
     if masked:
@@ -304,10 +308,10 @@ def test_fused_truncated_route_equals_the_logits_route(device, form, per_row_see
         mask = (bits.to(torch.int32) | 0x1).to(device)
     bias = (torch.randint(-8, 9, (vocab,), generator=g) / 8).to(device)
     seed = rows * 7 + 3 if per_row_seed else 3
-    offset = rows % 4 + 7 if per_row_seed else 7
+    offset = rows % 4 + 7 if per_row_offset else 7
     step = speculative.parse_step("test", hidden, weight, drafts, None, temps, seed, offset, truncation.get("top_k"),
                                   truncation.get("top_p"), truncation.get("min_p"), None, 1.0, None, bias, mask)
-    if device == "cuda" and not speculative.truncated_positions_fused(hidden, weight, step):
+    if device == "cuda" and not speculative.fused_top_k_takes_positions(hidden, weight, step):
         assert torch.cuda.get_device_capability() != (9, 0)  # sm90 takes every form
         pytest.skip("the fused top-k pass takes per-row, top_p and min_p forms on sm90 only")
     assert_route_equals_logits_route(speculative.position_tokens_truncated_fused, (hidden, weight, bias, mask, step, 0))

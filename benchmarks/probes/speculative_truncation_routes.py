@@ -58,13 +58,13 @@ def main() -> None:
                     return flashsampling_cuda.speculative_sample(hidden, weight, drafts, **kwargs)
 
                 def logits_route():
-                    with mock.patch.object(speculative, "truncated_positions_fused", lambda *a: False):
+                    with mock.patch.object(speculative, "fused_top_k_takes_positions", lambda *a: False):
                         return flashsampling_cuda.speculative_sample(hidden, weight, drafts, **kwargs)
 
                 def plain():
                     return flashsampling_cuda.sample(rows, weight, temperature=args.temperature, seed=7)
 
-                assert speculative.truncated_positions_fused(hidden, weight, speculative.parse_step(
+                assert speculative.fused_top_k_takes_positions(hidden, weight, speculative.parse_step(
                     "probe", hidden, weight, drafts, None, args.temperature, 7, 2, kwargs.get("top_k"),
                     kwargs.get("top_p"), None, None))
                 a, b = fused(), logits_route()

@@ -11,7 +11,7 @@ Supported: ``model_type`` in :data:`SUPPORTED_MODEL_TYPES` (Llama, Mistral, Qwen
 Qwen3, Gemma, Gemma 2, Gemma 3 text, Granite, Cohere, Cohere 2), tied or untied embeddings, a
 plain ``torch.nn.Linear`` head (a bias goes in as the op's ``logit_bias``),
 ``attn_implementation`` ``"sdpa"`` or ``"eager"``. What these models do to their logits after
-``lm_head`` goes to the op (applied first in the fused epilogue: docs/penalties.md): Granite's division by
+``lm_head`` goes to the op, which applies it first (docs/penalties.md): Granite's division by
 ``config.logits_scaling`` as ``logit_scale = 1 / logits_scaling``, Cohere's and Cohere 2's
 multiplication by ``config.logit_scale`` as ``logit_scale``, Gemma 2/3's final-logit
 soft-capping (``final_logit_softcapping``) as ``logit_softcap``. Refused, with

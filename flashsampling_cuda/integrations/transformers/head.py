@@ -119,7 +119,7 @@ class FlashSamplingHead:
     final-norm hidden states ``hidden [B, D]`` (what ``model.model(...)`` returns as
     ``last_hidden_state[:, -1]``), ``f`` the model's own transform of its logits where the config
     has one: Granite's and Cohere's scaling (the op's ``logit_scale``), Gemma 2/3's soft-cap
-    (``logit_softcap``), which the op applies first in its epilogue (docs/penalties.md). Built once per
+    (``logit_softcap``), which the op applies first (docs/penalties.md). Built once per
     model: it holds references to the head's weight (tied or not) and a float32 copy of its bias.
     """
 
