@@ -222,17 +222,19 @@ def _penalty(name: str, value, hidden: Tensor, off: float, low: float, low_text:
     return None if value == off else value
 
 
-def _check_host_history(name: str, ids, batch: int, id_end: int) -> None:
-    """Raises ``ValueError`` naming ``name`` where a history given on the host (lists, or a CPU
-    tensor) holds an id at or beyond ``id_end``. Histories on the GPU are not read (no sync)."""
+def _checked_host_history(name: str, ids, batch: int, id_end: int):
+    """``ids`` as the ``[B, L]`` CPU tensor the state is built from, after a ``ValueError`` naming
+    ``name`` where a history given on the host (lists, or a CPU tensor) holds an id at or beyond
+    ``id_end``; ``ids`` as given where it is on the GPU (not read: no sync) or being traced."""
     if torch.compiler.is_compiling() or not (isinstance(ids, (list, tuple))
                                              or (isinstance(ids, Tensor) and ids.device.type == "cpu")):
-        return
+        return ids
     host = _token_matrix(name, ids, batch, "cpu")
     if host.numel() > 0 and int(host.max()) >= id_end:
         raise ValueError(f"flashsampling.sample: {name} holds id {int(host.max())}, beyond the vocabulary [0, "
                          f"{id_end}) (negative ids are padding; a vocabulary shard's history, whose ids lie on other "
                          "shards too, goes in a PenaltyState)")
+    return host
 
 
 def parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, penalty_state, prompt_token_ids,
@@ -251,9 +253,10 @@ def parse_penalties(repetition_penalty, frequency_penalty, presence_penalty, pen
         raise ValueError("flashsampling.sample: give penalty_state or prompt_token_ids / output_token_ids, not both")
     if penalty_state is None and (prompt_token_ids is not None or output_token_ids is not None):
         if id_end is not None:
-            for name, ids in (("prompt_token_ids", prompt_token_ids), ("output_token_ids", output_token_ids)):
-                if ids is not None:
-                    _check_host_history(name, ids, hidden.shape[0], id_end)
+            if prompt_token_ids is not None:
+                prompt_token_ids = _checked_host_history("prompt_token_ids", prompt_token_ids, hidden.shape[0], id_end)
+            if output_token_ids is not None:
+                output_token_ids = _checked_host_history("output_token_ids", output_token_ids, hidden.shape[0], id_end)
         penalty_state = PenaltyState(prompt_token_ids, output_token_ids, batch=hidden.shape[0], device=hidden.device)
     if penalty_state is not None:
         if not isinstance(penalty_state, PenaltyState):

@@ -414,11 +414,13 @@ def fused_top_k_takes_positions(hidden: Tensor, weight: Tensor, step: _Step) -> 
         return False
     batch, positions, dim = hidden.shape
     rows = hidden.reshape(batch * positions, dim)  # (its shape, dtype and device)
-    truncation = _repeated_truncation(step.truncation, batch, positions, hidden.device)
-    noise = _position_noise_args(step, positions, hidden.device)
-    op_kwargs = {"sparse_bias_ids": None, "num_samples": 1, "seed": noise["seed"], "offset": noise["offset"]}
-    return (fused_top_k_takes(truncation, rows, weight, op_kwargs)
-            and fused_pass_preferred(truncation, rows, weight, op_kwargs))
+    # The rule reads the forms of the call's arguments, not their values: the step's truncation
+    # (host scalars or tensors, as _repeated_truncation keeps them), a 0-d seed or per-row seeds,
+    # and per-row offsets (_position_noise_args), without building those [P * B] tensors twice.
+    op_kwargs = {"sparse_bias_ids": None, "num_samples": 1, "offset": step.offsets,
+                 "seed": step.seeds if step.per_row_seed else step.seeds[:1].reshape(())}
+    return (fused_top_k_takes(step.truncation, rows, weight, op_kwargs)
+            and fused_pass_preferred(step.truncation, rows, weight, op_kwargs))
 
 
 def position_tokens_truncated_fused(hidden: Tensor, weight: Tensor, logit_bias: Tensor | None,
