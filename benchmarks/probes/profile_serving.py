@@ -6,6 +6,8 @@ each spends beyond plain sampling can be placed (the logits GEMM, sample_from_lo
 top-N kernel, torch's small kernels).
 
   python3 benchmarks/probes/profile_serving.py --batches 1,64 --shape 4096x151936
+  (--timeline: also one CUDA-graph replay of each call, each kernel with the idle time before it;
+   --only 'spec n=4 sampled' for one call)
 """
 
 import argparse
@@ -14,7 +16,7 @@ import torch
 
 import flashsampling_cuda
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
-from stage2_share import kernel_times  # benchmarks/probes/, this script's folder
+from stage2_share import graph_timeline, kernel_times  # benchmarks/probes/, this script's folder
 
 
 def main() -> None:
@@ -24,6 +26,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--only", default=None, help="comma list of the calls to profile (default: all)")
     parser.add_argument("--regime", default="llm", choices=["llm", "flat"])
+    parser.add_argument("--timeline", action="store_true",
+                        help="also one CUDA-graph replay of each call: each kernel with the idle gap before it")
     args = parser.parse_args()
     dim, vocab = (int(x) for x in args.shape.split("x"))
     weight = lm_head_weight(vocab, dim)
@@ -67,6 +71,8 @@ def main() -> None:
             total = sum(times.values())
             top = ", ".join(f"{k} {v:.0f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1])[:12])
             print(f"B={batch} {name}: {total:.0f} us device; {top}", flush=True)
+            if args.timeline:
+                print(f"    graph replay: {graph_timeline(call)}", flush=True)
 
 
 if __name__ == "__main__":

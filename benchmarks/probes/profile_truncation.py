@@ -3,6 +3,8 @@ the logits GEMM, the selection kernel and anything else each form launches.
 
   python3 benchmarks/probes/profile_truncation.py --batches 1,16,64,256 --regimes flat,llm
   (--launches: also each launch of one call in order, e.g. the four top_p rounds apart;
+   --timeline: one CUDA-graph replay of the call, each kernel with the idle time before it, and
+   the replay's span against the sum of its kernels' times: what the launches between kernels cost;
    --dispatch noise_skip=0,...: DispatchOptions for an A/B in one process, e.g. the exact skip off)
 """
 
@@ -18,7 +20,7 @@ from flashsampling_cuda.problems import hidden_states, lm_head_weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from bench_truncation import FORMS, form_arguments
-from stage2_share import kernel_label, kernel_times  # benchmarks/probes/, this script's folder
+from stage2_share import graph_timeline, kernel_label, kernel_times  # benchmarks/probes/, this script's folder
 
 
 def main() -> None:
@@ -30,6 +32,8 @@ def main() -> None:
     parser.add_argument("--path", default="auto")
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--launches", action="store_true", help="also each kernel launch of one call, in order")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also one CUDA-graph replay: each kernel with the idle gap before it")
     parser.add_argument("--dispatch", default="", help="DispatchOptions to set, e.g. noise_skip=0,top_p_tile_winners=0")
     args = parser.parse_args()
     options = {name: bool(int(value)) for name, value in (item.split("=") for item in args.dispatch.split(",") if item)}
@@ -39,6 +43,9 @@ def main() -> None:
     for regime in args.regimes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             hidden = hidden_states(weight, batch, regime, seed=batch)
+            if args.timeline:
+                print(f"[{regime} B={batch} plain] graph replay: " + graph_timeline(
+                    lambda: flashsampling_cuda.sample(hidden, weight, temperature=0.8)), flush=True)  # noqa: B023
             for form, (temperature, spec) in FORMS.items():
                 if args.forms and form not in args.forms.split(","):
                     continue
@@ -50,6 +57,9 @@ def main() -> None:
                     hidden, weight, temperature=temperature, truncation_path=path, **kwargs), args.calls)
                 parts = ", ".join(f"{n} {us:.1f}" for n, us in sorted(totals.items(), key=lambda kv: -kv[1]))
                 print(f"[{regime} B={batch} {form}{' ' + args.dispatch if args.dispatch else ''}] total {sum(totals.values()):.1f} us: {parts}", flush=True)
+                if args.timeline:
+                    print("    graph replay: " + graph_timeline(lambda: flashsampling_cuda.sample(  # noqa: B023
+                        hidden, weight, temperature=temperature, truncation_path=path, **kwargs)), flush=True)
                 if args.launches:
                     print("    launches: " + launch_times(lambda: flashsampling_cuda.sample(  # noqa: B023
                         hidden, weight, temperature=temperature, truncation_path=path, **kwargs)), flush=True)

@@ -53,6 +53,38 @@ def kernel_times(call, calls: int) -> dict[str, float]:
     return dict(totals)
 
 
+def graph_timeline(call) -> str:
+    """One CUDA-graph replay of call: its span (first kernel's start to last kernel's end), the
+    sum of its kernels' device times, and each kernel (memsets and copies too) as
+    name +gap/time µs, gap being the idle time since the previous one ended."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # warm-up outside the capture (allocations, cached workspaces)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    if not events:
+        return "no kernels traced"
+    parts, previous_end, busy = [], None, 0.0
+    for e in events:
+        gap = 0.0 if previous_end is None else e.time_range.start - previous_end
+        parts.append(f"{kernel_label(e.name)[:40]} +{gap:.1f}/{e.device_time:.1f}")
+        previous_end = max(previous_end or e.time_range.end, e.time_range.end)
+        busy += e.device_time
+    span = events[-1].time_range.end - events[0].time_range.start
+    return f"span {span:.1f} us, kernels {busy:.1f} us, {len(events)} launches: " + ", ".join(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="4096x151936,8192x128256")
