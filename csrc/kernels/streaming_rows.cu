@@ -39,6 +39,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "flashsampling/zero_bytes.h"
 #include "logits_rows.cuh"
 
 namespace flashsampling {
@@ -978,7 +979,7 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
   bool const rounds = streams_top_p_rows(p) && p.streamed_first_y != nullptr && p.rows != nullptr;
   WorkspaceLayout const layout(p.batch_size, p.num_samples, chunks, p.vocab_size, rounds);
   Workspace const ws = layout.carve(workspace);
-  cudaError_t const err = cudaMemsetAsync(ws.floors, 0, layout.total - layout.floors, stream);
+  cudaError_t const err = launch_zero_bytes(ws.floors, layout.total - layout.floors, stream);
   if (err != cudaSuccess) return err;
   dim3 const grid(static_cast<unsigned>(chunks), static_cast<unsigned>((p.batch_size + kQuad - 1) / kQuad));
   // No pass where the GEMM drew every streamed row's winner; the min_p instance only where a row
