@@ -251,10 +251,15 @@ def accepted_count(step: _Step, accept_prob: Tensor, greedy_hit: Tensor) -> Tens
     """int64 ``[B]``: sampled drafts' accepted prefix; ``u < accept_prob`` for sampled rows (the
     acceptance uniforms of the module docstring), ``greedy_hit`` (the draft is the argmax) for
     greedy rows."""
-    j = torch.arange(step.n, device=accept_prob.device)
-    u = uniform_noise(step.seeds[:, None], step.offsets[:, None], step.streams[:, None], j[None, :],
-                      _ACCEPT_INDEX).double()
-    accepted = torch.where(step.greedy[:, None], greedy_hit, u < accept_prob)
+    return _accepted_prefix(accept_prob, greedy_hit, step.seeds, step.offsets, step.streams, step.greedy)
+
+
+def _accepted_prefix(accept_prob: Tensor, greedy_hit: Tensor, seeds: Tensor, offsets: Tensor, streams: Tensor,
+                     greedy: Tensor) -> Tensor:
+    """:func:`accepted_count` from the step's per-row seeds, offsets, streams and greedy flags."""
+    j = torch.arange(accept_prob.shape[1], device=accept_prob.device)
+    u = uniform_noise(seeds[:, None], offsets[:, None], streams[:, None], j[None, :], _ACCEPT_INDEX).double()
+    accepted = torch.where(greedy[:, None], greedy_hit, u < accept_prob)
     return torch.cumprod(accepted.long(), dim=1).sum(dim=1)
 
 
@@ -305,10 +310,12 @@ def one_hot_output(draft_token_ids: Tensor, emitted: Tensor, emitted_logp: Tenso
     """One-hot drafts' step from each position's token ``t_j`` (``emitted [B, n + 1]``) and, with
     log-probabilities, ``log p_j(t_j)`` (``emitted_logp``): the accepted drafts are the ``t_j``
     before the first one that is not its draft, which is the emitted token; -1 (NaN) after."""
-    num_accepted = accepted_while_equal(draft_token_ids, emitted)
-    kept = torch.arange(emitted.shape[1], device=emitted.device)[None, :] <= num_accepted[:, None]
-    logprobs = None if emitted_logp is None else torch.where(kept, emitted_logp, torch.nan).float()
-    return SpeculativeOutput(torch.where(kept, emitted, -1), num_accepted, logprobs)
+    tokens, num_accepted = torch.ops.flashsampling._draft_tokens(draft_token_ids.contiguous(), emitted.contiguous())
+    logprobs = None
+    if emitted_logp is not None:
+        kept = torch.arange(emitted.shape[1], device=emitted.device)[None, :] <= num_accepted[:, None]
+        logprobs = torch.where(kept, emitted_logp, torch.nan).float()
+    return SpeculativeOutput(tokens, num_accepted, logprobs)
 
 
 def _position_temperature_args(step: _Step, repeat: int = 1, interleave: bool = False) -> dict:
@@ -515,16 +522,15 @@ def empty_output(hidden: Tensor, n: int, return_logprobs: bool) -> SpeculativeOu
 
 def step_output(draft_token_ids: Tensor, emitted: Tensor, num_accepted: Tensor, draft_logp: Tensor | None,
                 emitted_logp: Tensor | None) -> SpeculativeOutput:
-    """The accepted drafts, then the emitted token at ``num_accepted``, -1 after; with
-    ``draft_logp [B, n]`` / ``emitted_logp [B, n + 1]`` (float64, NaN where the token is none)
-    their log-probabilities."""
-    batch, positions = emitted.shape
-    slot = torch.arange(positions, device=emitted.device)[None, :]
-    final = emitted.gather(1, num_accepted[:, None])
-    drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
-    tokens = torch.where(slot < num_accepted[:, None], drafts, torch.where(slot == num_accepted[:, None], final, -1))
+    """The accepted drafts, then the emitted token (``emitted [B, 1]``, or ``[B, n + 1]`` read at
+    ``num_accepted``), -1 after; with ``draft_logp [B, n]`` / ``emitted_logp [B, n + 1]``
+    (float64, NaN where the token is none) their log-probabilities."""
+    batch, positions = draft_token_ids.shape[0], draft_token_ids.shape[1] + 1
+    tokens, _ = torch.ops.flashsampling._draft_tokens(draft_token_ids.contiguous(), emitted.contiguous(),
+                                                      num_accepted)
     logprobs = None
     if draft_logp is not None:
+        slot = torch.arange(positions, device=draft_logp.device)[None, :]
         drafted = torch.cat([draft_logp, draft_logp.new_full((batch, 1), torch.nan)], dim=1)
         final_logp = emitted_logp.gather(1, num_accepted[:, None])
         logprobs = torch.where(slot < num_accepted[:, None], drafted,
@@ -612,39 +618,36 @@ def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs:
     scales = temperature_scales(step.batch, 0.0, step.temps, device)  # y = fl32(x * scale_b)
     safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
     columns = torch.where(inside, safe, -1)
-    if return_logprobs:  # the bonus position's log-sum-exp too
-        columns = torch.cat([columns, columns.new_full((batch, 1), -1)], dim=1)
-    lse, argmax, y_draft = torch.ops.flashsampling._draft_position_stats(x, scales, columns, allowed)
-    lse_n, y_draft_n = lse[:, :n].contiguous(), y_draft[:, :n]
+    # with log-probabilities the bonus position's log-sum-exp too
+    stats_columns = torch.cat([columns, columns.new_full((batch, 1), -1)], dim=1) if return_logprobs else columns
+    lse, argmax, y_draft = torch.ops.flashsampling._draft_position_stats(x, scales, stats_columns, allowed)
 
-    # Acceptance of each draft: u < min(1, p(d) / q(d)); a greedy row while the draft is the argmax.
-    p_draft = torch.where(inside, (y_draft_n - lse_n).double().exp(), 0.0)
+    # Acceptance of each draft, u < min(1, p(d) / q(d)) (a greedy row: while the draft is the
+    # argmax), and where each row stops (j* = num_accepted): its sample's temperature and offset.
     q = draft_probs.to(device=device, dtype=torch.float32).contiguous()
-    q_draft = q.gather(2, safe[:, :, None])[:, :, 0].double()
-    num_accepted = accepted_count(step, acceptance_probability(p_draft, q_draft, inside),
-                                  (safe == argmax[:, :n]) & inside & (y_draft_n > -torch.inf))
+    num_accepted, residual_row, sample_temps, sample_offsets = torch.ops.flashsampling._accept_drafts(
+        lse, argmax, y_draft, columns, q, step.seeds, step.offsets, step.streams, step.temps)
 
     # The emitted token: a row of logits per batch row at j*, -inf for what it excludes.
-    stop = num_accepted.clamp(max=positions - 1)
-    residual_row = (num_accepted < n) & ~step.greedy
-    logits = torch.ops.flashsampling._stop_row_logits(x, q, stop, scales, lse_n, residual_row, allowed)
+    lse_n = lse[:, :n].contiguous()
+    logits = torch.ops.flashsampling._stop_row_logits(x, q, num_accepted, scales, lse_n, residual_row, allowed)
     token, score, _, _ = torch.ops.flashsampling.sample_from_logits(
-        logits, temperature=1.0, temperatures=torch.where(residual_row, 1.0, step.temps), num_samples=1,
-        seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=step.offsets + num_accepted,
+        logits, temperature=1.0, temperatures=sample_temps, num_samples=1,
+        seed=step.seeds if step.per_row_seed else step.seeds[:1].reshape(()), offset=sample_offsets,
         generator=None, logit_bias=None, allowed_mask=None, empty_mask_token=None, vocab_start=vocab_start,
         return_logprobs=False)
-    token = torch.where(score > -torch.inf, token, -1)  # a row whose logits are all -inf: nothing allowed
-    emitted = token.expand(batch, positions)  # step_output reads it at j*
+    token = torch.where(score > -torch.inf, token, -1)  # [B, 1]; a row whose logits are all -inf: nothing allowed
     if not return_logprobs:
-        return step_output(draft_token_ids, emitted, num_accepted, None, None)
+        return step_output(draft_token_ids, token, num_accepted, None, None)
     rows = torch.arange(batch, device=device)
     local = token[:, 0] - vocab_start
     found = (local >= 0) & (local < vocab)
+    stop = num_accepted  # j* <= n
     at = (rows * positions + stop) * vocab + torch.where(found, local, 0)
     y_token = x.reshape(-1)[at] * scales
     emitted_logp = torch.where(found, y_token - lse[rows, stop], torch.nan).double()
-    draft_logp = torch.where(inside, y_draft_n - lse_n, torch.nan).double()
-    return step_output(draft_token_ids, emitted, num_accepted, draft_logp, emitted_logp[:, None].expand(batch, positions))
+    draft_logp = torch.where(inside, y_draft[:, :n] - lse_n, torch.nan).double()
+    return step_output(draft_token_ids, token, num_accepted, draft_logp, emitted_logp[:, None].expand(batch, positions))
 
 
 def _scaled_positions(logits: Tensor, scales: Tensor, allowed: Tensor | None) -> Tensor:
@@ -678,6 +681,49 @@ def _stop_row_logits_cpu(logits, draft_probs, stop, scales, lse, residual, allow
     mass = (torch.exp(y - lse[rows, at][:, None]) - draft_probs[rows, at]).nan_to_num(nan=0.0).clamp(min=0.0)
     has_mass = (mass > 0).any(dim=1)  # a residual without mass: the target's sample instead
     return torch.where((residual & (stop < n) & has_mass)[:, None], torch.log(mass), target_row)
+
+
+@torch.library.register_kernel("flashsampling::_accept_drafts", "cpu")
+def _accept_drafts_cpu(lse, argmax, y_draft, draft_columns, draft_probs, seeds, offsets, streams, temps):
+    """``_accept_drafts`` in torch ops (the CPU's; the CUDA kernel's reference)."""
+    n, vocab = draft_probs.shape[1], draft_probs.shape[2]
+    inside = (draft_columns >= 0) & (draft_columns < vocab)
+    safe = torch.where(inside, draft_columns, 0)
+    y_n = y_draft[:, :n]
+    p_draft = torch.where(inside, (y_n - lse[:, :n]).double().exp(), 0.0)
+    q_draft = draft_probs.gather(2, safe[:, :, None])[:, :, 0].double()
+    greedy = temps == 0
+    num_accepted = _accepted_prefix(acceptance_probability(p_draft, q_draft, inside),
+                                    (safe == argmax[:, :n]) & inside & (y_n > -torch.inf), seeds, offsets, streams,
+                                    greedy)
+    residual = (num_accepted < n) & ~greedy
+    return num_accepted, residual, torch.where(residual, 1.0, temps), offsets + num_accepted
+
+
+@torch.library.register_kernel("flashsampling::_draft_tokens", "cpu")
+def _draft_tokens_cpu(draft_token_ids, emitted, num_accepted=None):
+    """``_draft_tokens`` in torch ops (the CPU's; the CUDA kernel's reference)."""
+    batch, n = draft_token_ids.shape
+    if num_accepted is None:
+        num_accepted = accepted_while_equal(draft_token_ids, emitted)
+    final = emitted[:, :1] if emitted.shape[1] == 1 else emitted.gather(1, num_accepted[:, None])
+    slot = torch.arange(n + 1, device=emitted.device)[None, :]
+    drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
+    tokens = torch.where(slot < num_accepted[:, None], drafts, torch.where(slot == num_accepted[:, None], final, -1))
+    return tokens, num_accepted.clone()
+
+
+@torch.library.register_fake("flashsampling::_accept_drafts")
+def _accept_drafts_fake(lse, argmax, y_draft, draft_columns, draft_probs, seeds, offsets, streams, temps):
+    batch = draft_probs.shape[0]
+    return (seeds.new_empty((batch,)), seeds.new_empty((batch,), dtype=torch.bool), temps.new_empty((batch,)),
+            seeds.new_empty((batch,)))
+
+
+@torch.library.register_fake("flashsampling::_draft_tokens")
+def _draft_tokens_fake(draft_token_ids, emitted, num_accepted=None):
+    batch, n = draft_token_ids.shape
+    return draft_token_ids.new_empty((batch, n + 1)), draft_token_ids.new_empty((batch,))
 
 
 @torch.library.register_fake("flashsampling::_draft_position_stats")

@@ -403,6 +403,74 @@ def test_sampled_draft_ops(device, masked):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("per_row", [False, True])
+def test_acceptance_and_token_ops(device, per_row):
+    """_accept_drafts and _draft_tokens (a step's bookkeeping, a kernel each on CUDA): opcheck, and
+    on CUDA the kernels against their CPU kernels (torch ops) on the same inputs, value for value:
+    greedy rows, an invalid (NaN) temperature, drafts outside the columns, a draft with q = 0 (ratio
+    +inf) or NaN q, NaN and -inf draft values, seeds and offsets as one expanded value or per row;
+    tokens from each position's (one-hot) or the emitted token with the count given."""
+    g = torch.Generator().manual_seed(5)
+    batch, n, vocab = 12, 5, 64
+    lse = torch.randn(batch, n + 1, generator=g) + 2.0
+    argmax = torch.randint(0, vocab, (batch, n + 1), generator=g)
+    columns = torch.randint(0, vocab, (batch, n), generator=g)
+    columns[:4] = argmax[:4, :n]  # greedy rows that accept for a while
+    columns[3, 2] = 7 if int(argmax[3, 2]) != 7 else 8  # ... and one that stops at position 2
+    columns[5, 1], columns[6, 0] = -1, vocab  # no column
+    q = torch.softmax(torch.randn(batch, n, vocab, generator=g), dim=2)
+    ratio = 0.2 + 1.3 * torch.rand(batch, n, generator=g)  # p / q at the drafts: the uniforms decide some
+    ratio[:4] = 1.0
+    y_draft = torch.log(q.gather(2, columns.clamp(0, vocab - 1)[:, :, None])[:, :, 0] * ratio) + lse[:, :n]
+    y_draft = torch.cat([y_draft, torch.randn(batch, 1, generator=g)], dim=1)
+    q[7, 0, columns[7, 0]] = 0.0  # ratio +inf: accepted
+    q[8, 1, columns[8, 1]] = torch.nan  # ratio +inf as well (q > 0 is false)
+    y_draft[9, 0] = torch.nan  # NaN ratio: rejected
+    y_draft[10, 1] = -torch.inf  # p = 0
+    temps = torch.full((batch,), 0.7)
+    temps[:2], temps[3], temps[11] = 0.0, 0.0, torch.nan
+    if per_row:
+        seeds, offsets = torch.arange(batch) * 11 + 3, torch.arange(batch) * 2
+        streams = torch.zeros(batch, dtype=torch.int64)
+    else:
+        seeds, offsets = torch.tensor(9).expand(batch), torch.tensor(4).expand(batch)
+        streams = torch.arange(batch)
+    args = (lse, argmax, y_draft, columns, q, seeds, offsets, streams, temps)
+    on = lambda t: t.to(device)  # noqa: E731 (expanded views stay expanded)
+    got = torch.ops.flashsampling._accept_drafts(*(on(a) for a in args))
+    want = torch.ops.flashsampling._accept_drafts(*args)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0, equal_nan=True)
+    num_accepted, residual, sample_temps, sample_offsets = want
+    assert int(num_accepted[0]) == n and not bool(residual[0])  # a greedy row whose drafts are the argmax
+    assert int(num_accepted[3]) == 2 and not bool(residual[3])
+    assert int(num_accepted[6]) == 0 and bool(residual[6])
+    assert torch.equal(sample_offsets, offsets + num_accepted)
+    torch.testing.assert_close(sample_temps, torch.where(residual, 1.0, temps), rtol=0, atol=0, equal_nan=True)
+    assert 0 < int((num_accepted[4:] < n).sum()) < batch - 4  # sampled rows both accept all and stop
+    finite = tuple(a.nan_to_num(nan=0.5) if a.is_floating_point() else a for a in args)  # (opcheck: NaN != NaN)
+    torch.library.opcheck(torch.ops.flashsampling._accept_drafts.default,
+                          tuple(on(a.contiguous()) for a in finite))
+
+    drafts = torch.randint(0, vocab, (batch, n), generator=g)
+    emitted = torch.randint(0, vocab, (batch, n + 1), generator=g)
+    emitted[:, :3] = drafts[:, :3]
+    emitted[2, 1] = -1
+    drafts[4, 0] = emitted[4, 0] = -1  # a draft of -1 is no token
+    for given in (None, num_accepted):
+        for width in ((n + 1,) if given is None else (1, n + 1)):
+            call = (drafts, emitted[:, :width].contiguous(), given)
+            tokens, count = torch.ops.flashsampling._draft_tokens(*(None if a is None else on(a) for a in call))
+            want_tokens, want_count = torch.ops.flashsampling._draft_tokens(*call)
+            assert torch.equal(tokens.cpu(), want_tokens) and torch.equal(count.cpu(), want_count)
+            torch.library.opcheck(torch.ops.flashsampling._draft_tokens.default,
+                                  tuple(None if a is None else on(a) for a in call))
+    tokens, count = torch.ops.flashsampling._draft_tokens(drafts, emitted)
+    assert int(count[2]) == 1 and int(count[4]) == 0 and int(count[0]) >= 3
+    assert torch.equal(tokens[2], torch.tensor([int(drafts[2, 0]), -1] + [-1] * (n - 1)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_speculative_sample_routes(device, monkeypatch):
     """speculative_sample's one-hot steps without truncation run position_tokens_fused (bf16 on
     CUDA, the CPU op on the CPU), with truncation position_tokens_truncated_fused where the fused

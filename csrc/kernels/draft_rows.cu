@@ -1,13 +1,15 @@
-// The two kernels of speculative verification with sampled drafts (flashsampling/draft_rows_launch.h
-// has their contracts): each draft position's log-sum-exp, argmax and draft value in one pass
-// over its logits (blocks over vocabulary chunks, then a warp an item merges their partials), and
-// each row's emitted sample's logits (the residual after a rejection, else the target) in one
-// elementwise pass over the row where it stops, and a second over the rows whose residual has no
-// mass.
+// The kernels of speculative verification (flashsampling/draft_rows_launch.h has their
+// contracts): with sampled drafts, each draft position's log-sum-exp, argmax and draft value in one
+// pass over its logits (blocks over vocabulary chunks, then a warp an item merges their partials),
+// the acceptance walk (a thread a row), and each row's emitted sample's logits (the residual after
+// a rejection, else the target) in one elementwise pass over the row where it stops and a second
+// over the rows whose residual has no mass; for either kind of draft, the step's tokens.
 #include <cmath>
 #include <cstdint>
 
 #include "flashsampling/draft_rows_launch.h"
+#include "flashsampling/philox_gumbel.h"
+#include "flashsampling/zero_bytes.h"
 
 namespace flashsampling {
 namespace {
@@ -161,6 +163,60 @@ __global__ void __launch_bounds__(kThreads) draft_position_finish_kernel(DraftPo
                         : scaled_logit(p.logits, p.allowed, (b * p.positions + j) * p.vocab + d, p.scales[b]);
 }
 
+// The acceptance uniforms' vocabulary index, which no token has (speculative.py's _ACCEPT_INDEX).
+constexpr uint32_t kAcceptIndex = 0xFFFFFFFFu;
+
+// Whether row b accepts its draft at position j (AcceptDraftsParams). The arithmetic is the CPU
+// kernel's torch ops' (speculative.py): fp32 difference, then float64 exp, division and comparison.
+__device__ bool draft_accepted(AcceptDraftsParams const& p, int64_t b, int64_t j, bool greedy) {
+  int64_t const d = p.draft_columns[b * p.drafts + j];
+  bool const inside = d >= 0 && d < p.vocab;
+  float const y = p.y_draft[b * p.stats_stride + j];
+  if (greedy) return inside && d == p.argmax[b * p.stats_stride + j] && y > -INFINITY;
+  if (!inside) return false;  // min(1, p / q) is 0
+  double const target = exp(static_cast<double>(__fsub_rn(y, p.lse[b * p.stats_stride + j])));
+  double const draft = static_cast<double>(p.draft_probs[(b * p.drafts + j) * p.vocab + d]);
+  double const ratio = draft > 0.0 ? target / draft : INFINITY;
+  double const accept = ratio > 1.0 ? 1.0 : ratio;  // NaN stays NaN (torch's clamp) and rejects
+  double const u = static_cast<double>(fs_uniform_noise(static_cast<uint64_t>(p.seeds[b * p.seed_stride]),
+                                                        static_cast<uint64_t>(p.offsets[b * p.offset_stride]),
+                                                        static_cast<uint32_t>(p.streams[b * p.stream_stride]),
+                                                        static_cast<uint32_t>(j), kAcceptIndex));
+  return u < accept;
+}
+
+__global__ void accept_drafts_kernel(AcceptDraftsParams p) {
+  int64_t const b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= p.batch) return;
+  float const temp = p.temps[b * p.temp_stride];
+  bool const greedy = temp == 0.0f;
+  int64_t accepted = 0;
+  while (accepted < p.drafts && draft_accepted(p, b, accepted, greedy)) ++accepted;
+  bool const residual = accepted < p.drafts && !greedy;
+  p.num_accepted[b] = accepted;
+  p.residual[b] = residual;
+  p.sample_temps[b] = residual ? 1.0f : temp;
+  p.sample_offsets[b] =
+      static_cast<int64_t>(static_cast<uint64_t>(p.offsets[b * p.offset_stride]) + static_cast<uint64_t>(accepted));
+}
+
+__global__ void draft_tokens_kernel(DraftTokensParams p) {
+  int64_t const b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= p.batch) return;
+  int64_t const* drafts = p.draft_token_ids + b * p.drafts;
+  int64_t const* emitted = p.emitted + b * p.emitted_width;
+  int64_t accepted = 0;
+  if (p.num_accepted != nullptr) {
+    accepted = p.num_accepted[b];
+  } else {
+    while (accepted < p.drafts && emitted[accepted] == drafts[accepted] && emitted[accepted] >= 0) ++accepted;
+  }
+  int64_t const final_token = emitted[p.emitted_width == 1 ? 0 : accepted];
+  int64_t* tokens = p.tokens + b * (p.drafts + 1);
+  for (int64_t s = 0; s <= p.drafts; ++s) tokens[s] = s < accepted ? drafts[s] : s == accepted ? final_token : -1;
+  p.num_accepted_out[b] = accepted;
+}
+
 // Elementwise: block (row b, chunk of kThreads * kUnroll tokens). A residual row marks
 // has_mass[b] where one of its values is above -inf (every such thread writes 1).
 __global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogitsParams p, uint8_t* has_mass) {
@@ -232,12 +288,24 @@ size_t stop_row_logits_workspace_bytes(StopRowLogitsParams const& p) { return st
 cudaError_t launch_stop_row_logits(StopRowLogitsParams const& p, void* workspace, cudaStream_t stream) {
   if (p.batch == 0) return cudaSuccess;
   auto* has_mass = static_cast<uint8_t*>(workspace);
-  cudaError_t err = cudaMemsetAsync(has_mass, 0, static_cast<size_t>(p.batch), stream);
+  cudaError_t const err = launch_zero_bytes(has_mass, static_cast<size_t>(p.batch), stream);
   if (err != cudaSuccess) return err;
   int64_t const blocks = (p.vocab + kThreads * kUnroll - 1) / (kThreads * kUnroll);
   dim3 const grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(blocks));
   stop_row_logits_kernel<<<grid, kThreads, 0, stream>>>(p, has_mass);
   stop_row_fallback_kernel<<<grid, kThreads, 0, stream>>>(p, has_mass);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_accept_drafts(AcceptDraftsParams const& p, cudaStream_t stream) {
+  if (p.batch == 0) return cudaSuccess;
+  accept_drafts_kernel<<<static_cast<unsigned>((p.batch + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_draft_tokens(DraftTokensParams const& p, cudaStream_t stream) {
+  if (p.batch == 0) return cudaSuccess;
+  draft_tokens_kernel<<<static_cast<unsigned>((p.batch + kThreads - 1) / kThreads), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

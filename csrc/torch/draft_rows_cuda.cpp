@@ -1,10 +1,13 @@
-// CUDA impls of flashsampling._draft_position_stats and _stop_row_logits (flashsampling/
-// draft_rows_launch.h): speculative verification with sampled drafts; flashsampling_cuda/
+// CUDA impls of flashsampling._draft_position_stats, _stop_row_logits, _accept_drafts and
+// _draft_tokens (flashsampling/draft_rows_launch.h): speculative verification; flashsampling_cuda/
 // speculative.py has their CPU kernels in torch ops (the tests' reference for these).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+
+#include <tuple>
+#include <utility>
 
 #include "cuda_launch_check.h"
 #include "flashsampling/draft_rows_launch.h"
@@ -103,11 +106,105 @@ at::Tensor stop_row_logits_cuda(const at::Tensor& logits, const at::Tensor& draf
   return out;
 }
 
+// t is a contiguous `dtype` tensor of `sizes` on `device` (op: the error's prefix).
+void check_operand(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype,
+                   const at::Device& device) {
+  TORCH_CHECK(t.sizes() == sizes && t.scalar_type() == dtype && t.is_contiguous() && t.device() == device, op, ": ",
+              name, " must be contiguous ", dtype, " ", sizes, " on ", device, ", got ", t.scalar_type(), " ",
+              t.sizes(), " on ", t.device());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> accept_drafts_cuda(
+    const at::Tensor& lse, const at::Tensor& argmax, const at::Tensor& y_draft, const at::Tensor& draft_columns,
+    const at::Tensor& draft_probs, const at::Tensor& seeds, const at::Tensor& offsets, const at::Tensor& streams,
+    const at::Tensor& temps) {
+  constexpr const char* kOp = "flashsampling._accept_drafts";
+  TORCH_CHECK(draft_probs.dim() == 3 && draft_probs.is_cuda(), kOp, ": draft_probs must be [B, n, V] on CUDA, got ",
+              draft_probs.sizes());
+  const int64_t batch = draft_probs.size(0), drafts = draft_probs.size(1), vocab = draft_probs.size(2);
+  const at::Device device = draft_probs.device();
+  check_operand(kOp, "draft_probs", draft_probs, {batch, drafts, vocab}, at::kFloat, device);
+  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == batch && lse.size(1) >= drafts, kOp,
+              ": lse must be [B, J] with J >= n = ", drafts, ", got ", lse.sizes());
+  const int64_t width = lse.size(1);
+  check_operand(kOp, "lse", lse, {batch, width}, at::kFloat, device);
+  check_operand(kOp, "argmax", argmax, {batch, width}, at::kLong, device);
+  check_operand(kOp, "y_draft", y_draft, {batch, width}, at::kFloat, device);
+  check_operand(kOp, "draft_columns", draft_columns, {batch, drafts}, at::kLong, device);
+  // [B] operands may be expanded views of one value (stride 0), as speculative.py's step holds them.
+  for (auto [name, t, dtype] : {std::tuple{"seeds", &seeds, at::kLong}, std::tuple{"offsets", &offsets, at::kLong},
+                                std::tuple{"streams", &streams, at::kLong}, std::tuple{"temps", &temps, at::kFloat}}) {
+    TORCH_CHECK(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == dtype && t->device() == device, kOp, ": ",
+                name, " must be ", dtype, " [", batch, "] on ", device, ", got ", t->scalar_type(), " ", t->sizes(),
+                " on ", t->device());
+  }
+  const c10::cuda::CUDAGuard guard(device);
+  AcceptDraftsParams p;
+  p.batch = batch;
+  p.drafts = drafts;
+  p.vocab = vocab;
+  p.stats_stride = width;
+  p.lse = lse.const_data_ptr<float>();
+  p.argmax = argmax.const_data_ptr<int64_t>();
+  p.y_draft = y_draft.const_data_ptr<float>();
+  p.draft_columns = draft_columns.const_data_ptr<int64_t>();
+  p.draft_probs = draft_probs.const_data_ptr<float>();
+  p.seeds = seeds.const_data_ptr<int64_t>();
+  p.offsets = offsets.const_data_ptr<int64_t>();
+  p.streams = streams.const_data_ptr<int64_t>();
+  p.temps = temps.const_data_ptr<float>();
+  p.seed_stride = seeds.stride(0);
+  p.offset_stride = offsets.stride(0);
+  p.stream_stride = streams.stride(0);
+  p.temp_stride = temps.stride(0);
+  const at::TensorOptions int64_options = seeds.options().dtype(at::kLong);
+  at::Tensor num_accepted = at::empty({batch}, int64_options);
+  at::Tensor residual = at::empty({batch}, int64_options.dtype(at::kBool));
+  at::Tensor sample_temps = at::empty({batch}, int64_options.dtype(at::kFloat));
+  at::Tensor sample_offsets = at::empty({batch}, int64_options);
+  p.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
+  p.residual = residual.mutable_data_ptr<bool>();
+  p.sample_temps = sample_temps.mutable_data_ptr<float>();
+  p.sample_offsets = sample_offsets.mutable_data_ptr<int64_t>();
+  check_cuda_launch(launch_accept_drafts(p, c10::cuda::getCurrentCUDAStream()), kOp);
+  return {num_accepted, residual, sample_temps, sample_offsets};
+}
+
+std::tuple<at::Tensor, at::Tensor> draft_tokens_cuda(const at::Tensor& draft_token_ids, const at::Tensor& emitted,
+                                                     const std::optional<at::Tensor>& num_accepted) {
+  constexpr const char* kOp = "flashsampling._draft_tokens";
+  TORCH_CHECK(draft_token_ids.dim() == 2 && draft_token_ids.is_cuda(), kOp,
+              ": draft_token_ids must be [B, n] on CUDA, got ", draft_token_ids.sizes());
+  const int64_t batch = draft_token_ids.size(0), drafts = draft_token_ids.size(1);
+  const at::Device device = draft_token_ids.device();
+  check_operand(kOp, "draft_token_ids", draft_token_ids, {batch, drafts}, at::kLong, device);
+  TORCH_CHECK(emitted.dim() == 2 && (emitted.size(1) == drafts + 1 || (num_accepted.has_value() && emitted.size(1) == 1)),
+              kOp, ": emitted must be [B, n + 1], or [B, 1] with num_accepted, got ", emitted.sizes());
+  check_operand(kOp, "emitted", emitted, {batch, emitted.size(1)}, at::kLong, device);
+  if (num_accepted.has_value()) check_operand(kOp, "num_accepted", *num_accepted, {batch}, at::kLong, device);
+  const c10::cuda::CUDAGuard guard(device);
+  DraftTokensParams p;
+  p.batch = batch;
+  p.drafts = drafts;
+  p.emitted_width = emitted.size(1);
+  p.draft_token_ids = draft_token_ids.const_data_ptr<int64_t>();
+  p.emitted = emitted.const_data_ptr<int64_t>();
+  p.num_accepted = num_accepted.has_value() ? num_accepted->const_data_ptr<int64_t>() : nullptr;
+  at::Tensor tokens = at::empty({batch, drafts + 1}, emitted.options());
+  at::Tensor counts = at::empty({batch}, emitted.options());
+  p.tokens = tokens.mutable_data_ptr<int64_t>();
+  p.num_accepted_out = counts.mutable_data_ptr<int64_t>();
+  check_cuda_launch(launch_draft_tokens(p, c10::cuda::getCurrentCUDAStream()), kOp);
+  return {tokens, counts};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(flashsampling, CUDA, m) {
   m.impl("_draft_position_stats", &draft_position_stats_cuda);
   m.impl("_stop_row_logits", &stop_row_logits_cuda);
+  m.impl("_accept_drafts", &accept_drafts_cuda);
+  m.impl("_draft_tokens", &draft_tokens_cuda);
 }
 
 }  // namespace flashsampling

@@ -187,6 +187,17 @@ TORCH_LIBRARY(flashsampling, m) {
         "-> (Tensor lse, Tensor argmax, Tensor y_draft)");
   m.def("_stop_row_logits(Tensor logits, Tensor draft_probs, Tensor stop, Tensor scales, Tensor lse, "
         "Tensor residual, Tensor? allowed=None) -> Tensor");
+  // Then the acceptance walk (flashsampling/draft_rows_launch.h, AcceptDraftsParams): from the
+  // stats, draft_columns [B, n] (local, -1: none), draft_probs float32 [B, n, V] and the step's
+  // seeds, offsets, streams (int64 [B]) and temperatures (float32 [B]), each row's accepted count,
+  // whether its sample is the residual's, and that sample's temperature and offset. And for either
+  // kind of draft the step's tokens [B, n + 1] (DraftTokensParams): emitted [B, 1] with
+  // num_accepted (sampled drafts), or each position's token [B, n + 1] without (one-hot drafts).
+  m.def("_accept_drafts(Tensor lse, Tensor argmax, Tensor y_draft, Tensor draft_columns, Tensor draft_probs, "
+        "Tensor seeds, Tensor offsets, Tensor streams, Tensor temps) -> (Tensor num_accepted, Tensor residual, "
+        "Tensor sample_temps, Tensor sample_offsets)");
+  m.def("_draft_tokens(Tensor draft_token_ids, Tensor emitted, Tensor? num_accepted=None) -> (Tensor tokens, "
+        "Tensor num_accepted)");
   // The model-side transforms of fp32 raw logits (any shape), elementwise: fl(l * logit_scale),
   // then fl(cap * tanh(fl(l * fl(1 / cap)))) with philox_gumbel.h's tanh (fs_model_logit), the
   // bits the fused op computes in its epilogue; the logits route applies them with this op.
