@@ -615,9 +615,12 @@ def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs:
     else:
         x, _, allowed = target(hidden, weight, logit_bias, allowed_mask, step)
         allowed = allowed.contiguous()
-    scales = temperature_scales(step.batch, 0.0, step.temps, device)  # y = fl32(x * scale_b)
-    safe, inside = draft_columns(draft_token_ids, vocab_start, vocab)
-    columns = torch.where(inside, safe, -1)
+    # y = fl32(x * scale_b); one fill for a temperature given as a number
+    scalar = step.scalar_temperature
+    scales = temperature_scales(step.batch, 0.0 if scalar is None else scalar, None if scalar is not None else step.temps,
+                                device)
+    # local columns; the kernels take a column outside [0, V) for none (a draft another shard holds)
+    columns = (draft_token_ids if vocab_start == 0 else draft_token_ids - vocab_start).contiguous()
     # with log-probabilities the bonus position's log-sum-exp too
     stats_columns = torch.cat([columns, columns.new_full((batch, 1), -1)], dim=1) if return_logprobs else columns
     lse, argmax, y_draft = torch.ops.flashsampling._draft_position_stats(x, scales, stats_columns, allowed)
@@ -646,6 +649,7 @@ def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs:
     at = (rows * positions + stop) * vocab + torch.where(found, local, 0)
     y_token = x.reshape(-1)[at] * scales
     emitted_logp = torch.where(found, y_token - lse[rows, stop], torch.nan).double()
+    inside = (columns >= 0) & (columns < vocab)
     draft_logp = torch.where(inside, y_draft[:, :n] - lse_n, torch.nan).double()
     return step_output(draft_token_ids, token, num_accepted, draft_logp, emitted_logp[:, None].expand(batch, positions))
 

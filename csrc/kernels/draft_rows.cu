@@ -16,10 +16,22 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// A (row, position)'s vocabulary in chunks of this many tokens, a block each: many blocks a row,
-// so a few rows still spread over the GPU (a block a row left a row's pass latency-bound).
-constexpr int64_t kChunk = 4096;
 constexpr int kUnroll = 4;  // loads in flight per thread
+// A (row, position)'s vocabulary in chunks, a block each: many blocks a row, so that a few rows
+// still spread over the GPU (a block a row left a row's pass latency-bound), but no more blocks
+// than about kTargetBlocks in all, so that many rows amortise each block's merge of its warps
+// (chunks of kMinChunk tokens at B = 64, n = 4 spent more on the merges than on their 16 tokens a
+// thread). A function of the shapes: the workspace holds a partial per block.
+constexpr int64_t kMinChunk = 4096;
+constexpr int64_t kTargetBlocks = 1024;
+
+int64_t position_chunk_tokens(int64_t items, int64_t vocab) {
+  int64_t const most_chunks = (vocab + kMinChunk - 1) / kMinChunk;
+  int64_t chunks = (kTargetBlocks + items - 1) / items;
+  chunks = chunks < 1 ? 1 : chunks > most_chunks ? most_chunks : chunks;
+  int64_t const step = int64_t{kThreads} * kUnroll;
+  return ((vocab + chunks - 1) / chunks + step - 1) / step * step;
+}
 
 // A running log-sum-exp: m the largest term so far, s the sum of exp(term - m).
 struct LogSumExp {
@@ -104,14 +116,14 @@ __device__ __forceinline__ void merge_over_warp(Partial& part) {
 // Block (item r = b * J + j, chunk c): the chunk's terms, kUnroll loads in flight per thread, then
 // the warps, then the block; its partial to the workspace [items, chunks].
 __global__ void __launch_bounds__(kThreads) draft_position_partials_kernel(DraftPositionStatsParams p,
-                                                                            Partial* partials) {
+                                                                            Partial* partials, int64_t chunk) {
   int64_t const chunks = gridDim.y, item = blockIdx.x, c = blockIdx.y;
   int64_t const b = item / p.columns, j = item % p.columns;
   int64_t const base = (b * p.positions + j) * p.vocab;
   float const scale = p.scales[b];
-  int64_t const end = min(p.vocab, (c + 1) * kChunk);
+  int64_t const end = min(p.vocab, (c + 1) * chunk);
   Partial part;
-  for (int64_t v0 = c * kChunk + threadIdx.x; v0 < end; v0 += kThreads * kUnroll) {
+  for (int64_t v0 = c * chunk + threadIdx.x; v0 < end; v0 += kThreads * kUnroll) {
     float y[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -218,7 +230,8 @@ __global__ void draft_tokens_kernel(DraftTokensParams p) {
 }
 
 // Elementwise: block (row b, chunk of kThreads * kUnroll tokens). A residual row marks
-// has_mass[b] where one of its values is above -inf (every such thread writes 1).
+// has_mass[b] where one of its values is above -inf (every such thread writes 1). A thread's loads
+// all go out before its arithmetic and stores (the stores may alias them for the compiler).
 __global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogitsParams p, uint8_t* has_mass) {
   int64_t const b = blockIdx.x;
   int64_t const s = min(max(p.stop[b], int64_t{0}), p.positions - 1);
@@ -228,19 +241,30 @@ __global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogits
   float const lse = residual ? p.lse[b * p.drafts + s] : 0.0f;
   float const* q = residual ? p.draft_probs + (b * p.drafts + s) * p.vocab : nullptr;
   float* out = p.out + b * p.vocab;
+  int64_t const first = static_cast<int64_t>(blockIdx.y) * kUnroll * kThreads + threadIdx.x;
+  float x[kUnroll], qv[kUnroll];
+  bool allowed[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    int64_t const v = first + u * kThreads;
+    bool const in = v < p.vocab;
+    x[u] = in ? __ldg(p.logits + base + v) : 0.0f;
+    allowed[u] = in && (p.allowed == nullptr || p.allowed[base + v]);
+    qv[u] = in && residual ? __ldg(q + v) : 0.0f;
+  }
   bool mass = false;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    int64_t const v = (static_cast<int64_t>(blockIdx.y) * kUnroll + u) * kThreads + threadIdx.x;
+    int64_t const v = first + u * kThreads;
     if (v >= p.vocab) break;
-    float const y = scaled_logit(p.logits, p.allowed, base + v, scale);
+    float const y = allowed[u] ? __fmul_rn(x[u], scale) : -INFINITY;  // scaled_logit's
     if (residual) {
       // fmaxf maps NaN to 0: no mass (the CPU kernel's nan_to_num)
-      float const value = logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), __ldg(q + v)), 0.0f));
+      float const value = logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), qv[u]), 0.0f));
       mass |= value > -INFINITY;
       out[v] = value;
     } else {
-      out[v] = target_logit(p.logits, base + v, y);
+      out[v] = y > -INFINITY ? x[u] : -INFINITY;  // target_logit's
     }
   }
   if (mass) has_mass[b] = 1;
@@ -264,20 +288,27 @@ __global__ void __launch_bounds__(kThreads) stop_row_fallback_kernel(StopRowLogi
   }
 }
 
+// Chunks a (row, position) of the stats pass takes, and their tokens.
+int64_t position_chunks(DraftPositionStatsParams const& p, int64_t& chunk) {
+  chunk = position_chunk_tokens(p.batch * p.columns, p.vocab);
+  return (p.vocab + chunk - 1) / chunk;
+}
+
 }  // namespace
 
 size_t draft_position_stats_workspace_bytes(DraftPositionStatsParams const& p) {
-  int64_t const chunks = (p.vocab + kChunk - 1) / kChunk;
-  return static_cast<size_t>(p.batch * p.columns * chunks) * sizeof(Partial);
+  int64_t chunk = 0;
+  return static_cast<size_t>(p.batch * p.columns * position_chunks(p, chunk)) * sizeof(Partial);
 }
 
 cudaError_t launch_draft_position_stats(DraftPositionStatsParams const& p, void* workspace, cudaStream_t stream) {
   int64_t const items = p.batch * p.columns;
   if (items == 0) return cudaSuccess;
-  int64_t const chunks = (p.vocab + kChunk - 1) / kChunk;
+  int64_t chunk = 0;
+  int64_t const chunks = position_chunks(p, chunk);
   auto* partials = static_cast<Partial*>(workspace);
   draft_position_partials_kernel<<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(chunks)), kThreads, 0,
-                                   stream>>>(p, partials);
+                                   stream>>>(p, partials, chunk);
   draft_position_finish_kernel<<<static_cast<unsigned>((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
       p, partials, chunks);
   return cudaGetLastError();
