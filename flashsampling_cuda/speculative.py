@@ -617,8 +617,8 @@ def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs:
         allowed = allowed.contiguous()
     # y = fl32(x * scale_b); one fill for a temperature given as a number
     scalar = step.scalar_temperature
-    scales = temperature_scales(step.batch, 0.0 if scalar is None else scalar, None if scalar is not None else step.temps,
-                                device)
+    scales = (temperature_scales(step.batch, 0.0, step.temps, device) if scalar is None
+              else temperature_scales(step.batch, scalar, None, device))
     # local columns; the kernels take a column outside [0, V) for none (a draft another shard holds)
     columns = (draft_token_ids if vocab_start == 0 else draft_token_ids - vocab_start).contiguous()
     # with log-probabilities the bonus position's log-sum-exp too
@@ -690,6 +690,11 @@ def _stop_row_logits_cpu(logits, draft_probs, stop, scales, lse, residual, allow
 @torch.library.register_kernel("flashsampling::_accept_drafts", "cpu")
 def _accept_drafts_cpu(lse, argmax, y_draft, draft_columns, draft_probs, seeds, offsets, streams, temps):
     """``_accept_drafts`` in torch ops (the CPU's; the CUDA kernel's reference)."""
+    if draft_probs.dim() != 3 or lse.dim() != 2 or lse.shape[1] < draft_probs.shape[1] or tuple(
+            draft_columns.shape) != tuple(draft_probs.shape[:2]):
+        raise RuntimeError(f"flashsampling._accept_drafts: draft_probs must be [B, n, V], draft_columns [B, n] and "
+                           f"the stats [B, J >= n], got {list(draft_probs.shape)}, {list(draft_columns.shape)}, "
+                           f"{list(lse.shape)}")
     n, vocab = draft_probs.shape[1], draft_probs.shape[2]
     inside = (draft_columns >= 0) & (draft_columns < vocab)
     safe = torch.where(inside, draft_columns, 0)
@@ -708,8 +713,14 @@ def _accept_drafts_cpu(lse, argmax, y_draft, draft_columns, draft_probs, seeds, 
 def _draft_tokens_cpu(draft_token_ids, emitted, num_accepted=None):
     """``_draft_tokens`` in torch ops (the CPU's; the CUDA kernel's reference)."""
     batch, n = draft_token_ids.shape
+    if emitted.dim() != 2 or emitted.shape[0] != batch or not (
+            emitted.shape[1] == n + 1 or (num_accepted is not None and emitted.shape[1] == 1)):
+        raise RuntimeError(f"flashsampling._draft_tokens: emitted must be [B, n + 1], or [B, 1] with num_accepted, "
+                           f"got {list(emitted.shape)}")
     if num_accepted is None:
         num_accepted = accepted_while_equal(draft_token_ids, emitted)
+    else:
+        num_accepted = num_accepted.clamp(0, n)  # (callers give [0, n]; the CUDA kernel clamps alike)
     final = emitted[:, :1] if emitted.shape[1] == 1 else emitted.gather(1, num_accepted[:, None])
     slot = torch.arange(n + 1, device=emitted.device)[None, :]
     drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)

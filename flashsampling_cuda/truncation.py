@@ -343,8 +343,9 @@ def temperature_scales(batch: int, temperature: float, temperatures: Tensor | No
     """float32 ``[B]``: the factor :func:`scaled_logits` applies to each row, ``fl32(1 / T_b)``,
     1 on a greedy row (``fl32(x * 1) = x``)."""
     if temperatures is None:
-        scale = 1.0 if temperature == 0 else float(torch.ones((), dtype=torch.float32) /
-                                                    torch.tensor(temperature, dtype=torch.float32))
+        # greedy where T rounds to 0 in float32, as the kernels read it (fs_inv_temperature)
+        t = torch.tensor(temperature, dtype=torch.float32)
+        scale = float(torch.where(t == 0, torch.ones(()), torch.ones((), dtype=torch.float32) / t))
         return torch.full((batch,), scale, dtype=torch.float32, device=device)
     temperatures = temperatures.to(device)
     return torch.where(temperatures == 0, 1.0, torch.ones_like(temperatures) / temperatures)

@@ -128,6 +128,24 @@ def test_bonus_token_is_the_plain_sample():
     assert torch.equal(out.tokens, greedy_path)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampled_drafts_edge_steps(device):
+    """Sampled drafts with n = 0 (no draft position: the op's stats have no rows) emit sample()'s
+    token; a temperature that rounds to 0 in float32 verifies greedily, as T = 0 does."""
+    hidden, weight = exact_problem(6, 1, 300, 16, device, seed=3)
+    none = torch.zeros(6, 0, dtype=torch.int64, device=device)
+    out = fs.speculative_sample(hidden, weight, none, torch.zeros(6, 0, 300, device=device), seed=4, offset=10)
+    assert torch.equal(out.tokens[:, 0], fs.sample(hidden[:, 0], weight, seed=4, offset=10)[:, 0])
+    assert (out.num_accepted == 0).all()
+    hidden, weight = exact_problem(4, 4, 300, 16, device, seed=8)
+    path = (hidden.double() @ weight.double().T).argmax(2)
+    q = torch.softmax(torch.randn(4, 3, 300, generator=torch.Generator().manual_seed(3)), -1).to(device)
+    steps = [fs.speculative_sample(hidden, weight, path[:, :3].contiguous(), q, temperature=t, seed=2)
+             for t in (0.0, 1e-46)]
+    assert (steps[0].num_accepted == 3).all()
+    assert torch.equal(steps[0].tokens, steps[1].tokens) and torch.equal(steps[0].num_accepted, steps[1].num_accepted)
+
+
 def test_greedy_rejection_emits_the_argmax():
     hidden, weight = problem(4, 4, 300, 32, "cpu", seed=7)
     path = (hidden.float() @ weight.float().T).argmax(2)
@@ -363,7 +381,7 @@ def test_sampled_draft_ops(device, masked):
     (scale 1), ties of the largest logit (the first index), drafts outside the shard (-1), a row
     position that allows nothing, residual and target rows."""
     g = torch.Generator().manual_seed(21)
-    batch, positions, vocab = 6, 4, 1000
+    batch, positions, vocab = 6, 4, 9000  # several vocabulary chunks a position on CUDA
     logits = (torch.randint(-40, 40, (batch, positions, vocab), generator=g) / 8).float()
     logits[0, 1, 10] = logits[0, 1, 20] = logits[0, 1].max() + 1  # a tie: index 10
     scales = torch.tensor([1.0, 1.25, 0.5, 2.0, 1.0, 0.75])

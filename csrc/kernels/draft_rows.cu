@@ -27,7 +27,7 @@ constexpr int64_t kTargetBlocks = 1024;
 
 int64_t position_chunk_tokens(int64_t items, int64_t vocab) {
   int64_t const most_chunks = (vocab + kMinChunk - 1) / kMinChunk;
-  int64_t chunks = (kTargetBlocks + items - 1) / items;
+  int64_t chunks = items < 1 ? 1 : (kTargetBlocks + items - 1) / items;  // no items (n = 0): any size
   chunks = chunks < 1 ? 1 : chunks > most_chunks ? most_chunks : chunks;
   int64_t const step = int64_t{kThreads} * kUnroll;
   return ((vocab + chunks - 1) / chunks + step - 1) / step * step;
@@ -219,7 +219,7 @@ __global__ void draft_tokens_kernel(DraftTokensParams p) {
   int64_t const* emitted = p.emitted + b * p.emitted_width;
   int64_t accepted = 0;
   if (p.num_accepted != nullptr) {
-    accepted = p.num_accepted[b];
+    accepted = min(max(p.num_accepted[b], int64_t{0}), p.drafts);  // (callers give [0, n]; the CPU kernel clamps alike)
   } else {
     while (accepted < p.drafts && emitted[accepted] == drafts[accepted] && emitted[accepted] >= 0) ++accepted;
   }

@@ -178,8 +178,9 @@ std::tuple<at::Tensor, at::Tensor> draft_tokens_cuda(const at::Tensor& draft_tok
   const int64_t batch = draft_token_ids.size(0), drafts = draft_token_ids.size(1);
   const at::Device device = draft_token_ids.device();
   check_operand(kOp, "draft_token_ids", draft_token_ids, {batch, drafts}, at::kLong, device);
-  TORCH_CHECK(emitted.dim() == 2 && (emitted.size(1) == drafts + 1 || (num_accepted.has_value() && emitted.size(1) == 1)),
-              kOp, ": emitted must be [B, n + 1], or [B, 1] with num_accepted, got ", emitted.sizes());
+  const bool width_ok = emitted.dim() == 2 && (emitted.size(1) == drafts + 1 ||
+                                                (num_accepted.has_value() && emitted.size(1) == 1));
+  TORCH_CHECK(width_ok, kOp, ": emitted must be [B, n + 1], or [B, 1] with num_accepted, got ", emitted.sizes());
   check_operand(kOp, "emitted", emitted, {batch, emitted.size(1)}, at::kLong, device);
   if (num_accepted.has_value()) check_operand(kOp, "num_accepted", *num_accepted, {batch}, at::kLong, device);
   const c10::cuda::CUDAGuard guard(device);

@@ -180,7 +180,7 @@ TORCH_LIBRARY(flashsampling, m) {
   // Speculative verification with sampled drafts (flashsampling_cuda/speculative.py, verify;
   // flashsampling/draft_rows_launch.h): per row b and draft position j < J of the target's fp32
   // logits [B, P, V], with y = fl(x * scales[b]) and -inf outside `allowed`, the log-sum-exp, the
-  // argmax and y at draft_columns[b, j] (-1: none); and the logits [B, V] of each row's emitted
+  // argmax and y at draft_columns[b, j] (outside [0, V): none); and the logits [B, V] of each row's emitted
   // sample at position stop[b] (the residual log max(0, exp(y - lse) - q) where residual[b], else
   // x over the allowed tokens). CUDA; the CPU kernels are speculative.py's torch ops.
   m.def("_draft_position_stats(Tensor logits, Tensor scales, Tensor draft_columns, Tensor? allowed=None) "
@@ -188,7 +188,7 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_stop_row_logits(Tensor logits, Tensor draft_probs, Tensor stop, Tensor scales, Tensor lse, "
         "Tensor residual, Tensor? allowed=None) -> Tensor");
   // Then the acceptance walk (flashsampling/draft_rows_launch.h, AcceptDraftsParams): from the
-  // stats, draft_columns [B, n] (local, -1: none), draft_probs float32 [B, n, V] and the step's
+  // stats, draft_columns [B, n] (local; outside [0, V): none), draft_probs float32 [B, n, V] and the step's
   // seeds, offsets, streams (int64 [B]) and temperatures (float32 [B]), each row's accepted count,
   // whether its sample is the residual's, and that sample's temperature and offset. And for either
   // kind of draft the step's tokens [B, n + 1] (DraftTokensParams): emitted [B, 1] with

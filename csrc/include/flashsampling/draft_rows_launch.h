@@ -88,7 +88,7 @@ struct DraftTokensParams {
   int64_t batch = 0, drafts = 0, emitted_width = 0;  // B, n, E (1 or n + 1)
   const int64_t* draft_token_ids = nullptr;  // [B, n]
   const int64_t* emitted = nullptr;          // [B, E]
-  const int64_t* num_accepted = nullptr;     // [B] or null
+  const int64_t* num_accepted = nullptr;     // [B] or null; clamped to [0, n]
   int64_t* tokens = nullptr;                 // [B, n + 1]
   int64_t* num_accepted_out = nullptr;       // [B]
 };
