@@ -520,21 +520,25 @@ def empty_output(hidden: Tensor, n: int, return_logprobs: bool) -> SpeculativeOu
     return SpeculativeOutput(tokens, tokens.new_empty(0), logprobs)
 
 
+def accepted_then_emitted(drafted: Tensor, final: Tensor, num_accepted: Tensor, after) -> Tensor:
+    """``[B, n + 1]``: ``drafted [B, n]`` before each row's ``num_accepted``, ``final [B, 1]`` at
+    it, ``after`` past it (a step's tokens or their log-probabilities)."""
+    slot = torch.arange(drafted.shape[1] + 1, device=drafted.device)[None, :]
+    padded = torch.cat([drafted, drafted.new_full((drafted.shape[0], 1), after)], dim=1)
+    return torch.where(slot < num_accepted[:, None], padded, torch.where(slot == num_accepted[:, None], final, after))
+
+
 def step_output(draft_token_ids: Tensor, emitted: Tensor, num_accepted: Tensor, draft_logp: Tensor | None,
                 emitted_logp: Tensor | None) -> SpeculativeOutput:
     """The accepted drafts, then the emitted token (``emitted [B, 1]``, or ``[B, n + 1]`` read at
     ``num_accepted``), -1 after; with ``draft_logp [B, n]`` / ``emitted_logp [B, n + 1]``
     (float64, NaN where the token is none) their log-probabilities."""
-    batch, positions = draft_token_ids.shape[0], draft_token_ids.shape[1] + 1
     tokens, _ = torch.ops.flashsampling._draft_tokens(draft_token_ids.contiguous(), emitted.contiguous(),
                                                       num_accepted)
     logprobs = None
     if draft_logp is not None:
-        slot = torch.arange(positions, device=draft_logp.device)[None, :]
-        drafted = torch.cat([draft_logp, draft_logp.new_full((batch, 1), torch.nan)], dim=1)
         final_logp = emitted_logp.gather(1, num_accepted[:, None])
-        logprobs = torch.where(slot < num_accepted[:, None], drafted,
-                               torch.where(slot == num_accepted[:, None], final_logp, torch.nan)).float()
+        logprobs = accepted_then_emitted(draft_logp, final_logp, num_accepted, torch.nan).float()
     return SpeculativeOutput(tokens, num_accepted, logprobs)
 
 
@@ -649,7 +653,7 @@ def verify(hidden: Tensor, weight: Tensor, draft_token_ids: Tensor, draft_probs:
     at = (rows * positions + stop) * vocab + torch.where(found, local, 0)
     y_token = x.reshape(-1)[at] * scales
     emitted_logp = torch.where(found, y_token - lse[rows, stop], torch.nan).double()
-    inside = (columns >= 0) & (columns < vocab)
+    _, inside = draft_columns(draft_token_ids, vocab_start, vocab)
     draft_logp = torch.where(inside, y_draft[:, :n] - lse_n, torch.nan).double()
     return step_output(draft_token_ids, token, num_accepted, draft_logp, emitted_logp[:, None].expand(batch, positions))
 
@@ -688,16 +692,16 @@ def _stop_row_logits_cpu(logits, draft_probs, stop, scales, lse, residual, allow
 
 
 @torch.library.register_kernel("flashsampling::_accept_drafts", "cpu")
-def _accept_drafts_cpu(lse, argmax, y_draft, draft_columns, draft_probs, seeds, offsets, streams, temps):
-    """``_accept_drafts`` in torch ops (the CPU's; the CUDA kernel's reference)."""
+def _accept_drafts_cpu(lse, argmax, y_draft, columns, draft_probs, seeds, offsets, streams, temps):
+    """``_accept_drafts`` in torch ops (the CPU's; the CUDA kernel's reference); ``columns`` is the
+    schema's ``draft_columns``."""
     if draft_probs.dim() != 3 or lse.dim() != 2 or lse.shape[1] < draft_probs.shape[1] or tuple(
-            draft_columns.shape) != tuple(draft_probs.shape[:2]):
+            columns.shape) != tuple(draft_probs.shape[:2]):
         raise RuntimeError(f"flashsampling._accept_drafts: draft_probs must be [B, n, V], draft_columns [B, n] and "
-                           f"the stats [B, J >= n], got {list(draft_probs.shape)}, {list(draft_columns.shape)}, "
+                           f"the stats [B, J >= n], got {list(draft_probs.shape)}, {list(columns.shape)}, "
                            f"{list(lse.shape)}")
     n, vocab = draft_probs.shape[1], draft_probs.shape[2]
-    inside = (draft_columns >= 0) & (draft_columns < vocab)
-    safe = torch.where(inside, draft_columns, 0)
+    safe, inside = draft_columns(columns, 0, vocab)
     y_n = y_draft[:, :n]
     p_draft = torch.where(inside, (y_n - lse[:, :n]).double().exp(), 0.0)
     q_draft = draft_probs.gather(2, safe[:, :, None])[:, :, 0].double()
@@ -722,10 +726,7 @@ def _draft_tokens_cpu(draft_token_ids, emitted, num_accepted=None):
     else:
         num_accepted = num_accepted.clamp(0, n)  # (callers give [0, n]; the CUDA kernel clamps alike)
     final = emitted[:, :1] if emitted.shape[1] == 1 else emitted.gather(1, num_accepted[:, None])
-    slot = torch.arange(n + 1, device=emitted.device)[None, :]
-    drafts = torch.cat([draft_token_ids, draft_token_ids.new_full((batch, 1), -1)], dim=1)
-    tokens = torch.where(slot < num_accepted[:, None], drafts, torch.where(slot == num_accepted[:, None], final, -1))
-    return tokens, num_accepted.clone()
+    return accepted_then_emitted(draft_token_ids, final, num_accepted, -1), num_accepted.clone()
 
 
 @torch.library.register_fake("flashsampling::_accept_drafts")

@@ -32,6 +32,14 @@ void check_rows(const char* op, const at::Tensor& logits, const at::Tensor& scal
               op, ": allowed must be contiguous bool ", logits.sizes(), " on ", logits.device());
 }
 
+// t is a contiguous `dtype` tensor of `sizes` on `device` (op: the error's prefix).
+void check_operand(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype,
+                   const at::Device& device) {
+  TORCH_CHECK(t.sizes() == sizes && t.scalar_type() == dtype && t.is_contiguous() && t.device() == device, op, ": ",
+              name, " must be contiguous ", dtype, " ", sizes, " on ", device, ", got ", t.scalar_type(), " ",
+              t.sizes(), " on ", t.device());
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_position_stats_cuda(const at::Tensor& logits,
                                                                          const at::Tensor& scales,
                                                                          const at::Tensor& draft_columns,
@@ -77,14 +85,9 @@ at::Tensor stop_row_logits_cuda(const at::Tensor& logits, const at::Tensor& draf
                   draft_probs.is_contiguous() && draft_probs.device() == logits.device(),
               kOp, ": draft_probs must be contiguous float32 [B, n, V] with n < P, got ", draft_probs.scalar_type(),
               " ", draft_probs.sizes());
-  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == batch && lse.size(1) == draft_probs.size(1) &&
-                  lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.device() == logits.device(),
-              kOp, ": lse must be contiguous float32 [B, n]");
-  for (auto [name, t, dtype] : {std::tuple{"stop", &stop, at::kLong}, std::tuple{"residual", &residual, at::kBool}}) {
-    TORCH_CHECK(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == dtype && t->is_contiguous() &&
-                    t->device() == logits.device(),
-                kOp, ": ", name, " must be contiguous [", batch, "] of ", dtype, " on ", logits.device());
-  }
+  check_operand(kOp, "lse", lse, {batch, draft_probs.size(1)}, at::kFloat, logits.device());
+  check_operand(kOp, "stop", stop, {batch}, at::kLong, logits.device());
+  check_operand(kOp, "residual", residual, {batch}, at::kBool, logits.device());
   const c10::cuda::CUDAGuard guard(logits.device());
   StopRowLogitsParams p;
   p.batch = batch;
@@ -104,14 +107,6 @@ at::Tensor stop_row_logits_cuda(const at::Tensor& logits, const at::Tensor& draf
       at::empty({static_cast<int64_t>(stop_row_logits_workspace_bytes(p))}, logits.options().dtype(at::kByte));
   check_cuda_launch(launch_stop_row_logits(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()), kOp);
   return out;
-}
-
-// t is a contiguous `dtype` tensor of `sizes` on `device` (op: the error's prefix).
-void check_operand(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype,
-                   const at::Device& device) {
-  TORCH_CHECK(t.sizes() == sizes && t.scalar_type() == dtype && t.is_contiguous() && t.device() == device, op, ": ",
-              name, " must be contiguous ", dtype, " ", sizes, " on ", device, ", got ", t.scalar_type(), " ",
-              t.sizes(), " on ", t.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> accept_drafts_cuda(

@@ -1,7 +1,7 @@
 // Zeroes a device buffer on a stream with a kernel. The samplers zero their small workspaces
 // (counters, flags, row lists) this way rather than with cudaMemsetAsync: captured in a CUDA
-// graph, a memset node's hand-over to the next kernel took 3-5 µs on an H200 where a kernel's took
-// under 1 (benchmarks/probes/profile_truncation.py --timeline).
+// graph, a memset node hands over to the next kernel several times more slowly than a kernel does
+// (benchmarks/probes/profile_truncation.py --timeline shows the gaps; CHANGELOG has the numbers).
 #pragma once
 
 #include <cuda_runtime.h>
