@@ -113,6 +113,42 @@ __device__ __forceinline__ void merge_over_warp(Partial& part) {
   }
 }
 
+// A thread's step is ordinary when its y are finite or -inf (positions past the chunk are -inf)
+// and its terms so far hold no +inf or NaN: the usual case, which add_ordinary_step takes without
+// LogSumExp::add's and Best::take's per-element tests of inf and NaN.
+__device__ __forceinline__ bool ordinary_step(Partial const& part, float const (&y)[kUnroll]) {
+  bool ordinary = part.lse.m != INFINITY && !isnan(part.lse.s);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) ordinary = ordinary && y[u] < INFINITY;  // false for NaN and +inf
+  return ordinary;
+}
+
+// An ordinary step's terms: the running log-sum-exp rescaled once to the step's largest term
+// (exp(-inf - m) = 0 adds nothing), and the best y by `>` in index order (the earlier index keeps a
+// tie, as Best::take; a -inf y takes nothing here, where Best::take would record its index: that
+// index only ever ends up the argmax of a row whose every y is -inf, whose argmax is index 0 both
+// ways, the finish kernel's default).
+__device__ __forceinline__ void add_ordinary_step(Partial& part, float const (&y)[kUnroll], int64_t v0) {
+  float step_max = y[0];
+#pragma unroll
+  for (int u = 1; u < kUnroll; ++u) step_max = fmaxf(step_max, y[u]);
+  float const m = fmaxf(part.lse.m, step_max);
+  if (m != -INFINITY) {
+    float s = part.lse.s * expf(part.lse.m - m);  // 0 * 0 while nothing had mass
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) s += expf(y[u] - m);
+    part.lse.m = m;
+    part.lse.s = s;
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (y[u] > part.best.v) {
+      part.best.v = y[u];
+      part.best.i = v0 + u * kThreads;
+    }
+  }
+}
+
 // Block (item r = b * J + j, chunk c): the chunk's terms, kUnroll loads in flight per thread, then
 // the warps, then the block; its partial to the workspace [items, chunks].
 __global__ void __launch_bounds__(kThreads) draft_position_partials_kernel(DraftPositionStatsParams p,
@@ -125,10 +161,19 @@ __global__ void __launch_bounds__(kThreads) draft_position_partials_kernel(Draft
   Partial part;
   for (int64_t v0 = c * chunk + threadIdx.x; v0 < end; v0 += kThreads * kUnroll) {
     float y[kUnroll];
+    if (p.allowed == nullptr && v0 + (kUnroll - 1) * kThreads < end) {  // the loads without a branch
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      int64_t const v = v0 + u * kThreads;
-      y[u] = v < end ? scaled_logit(p.logits, p.allowed, base + v, scale) : -INFINITY;
+      for (int u = 0; u < kUnroll; ++u) y[u] = __fmul_rn(__ldg(p.logits + base + v0 + u * kThreads), scale);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        int64_t const v = v0 + u * kThreads;
+        y[u] = v < end ? scaled_logit(p.logits, p.allowed, base + v, scale) : -INFINITY;
+      }
+    }
+    if (ordinary_step(part, y)) {
+      add_ordinary_step(part, y, v0);
+      continue;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
