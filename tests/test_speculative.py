@@ -375,13 +375,14 @@ def test_sample_positions_op(device, per_row):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("masked", [False, True])
-def test_sampled_draft_ops(device, masked):
+@pytest.mark.parametrize("vocab", [9000, 9001])  # the stop-row kernel's four-token groups, and single tokens
+def test_sampled_draft_ops(device, masked, vocab):
     """_draft_position_stats and _stop_row_logits (the sampled drafts' route): opcheck, and on
     CUDA the kernels against their CPU kernels (torch ops) on the same inputs: greedy rows
     (scale 1), ties of the largest logit (the first index), drafts outside the shard (-1), a row
     position that allows nothing, residual and target rows."""
     g = torch.Generator().manual_seed(21)
-    batch, positions, vocab = 6, 4, 9000  # several vocabulary chunks a position on CUDA
+    batch, positions = 6, 4  # several vocabulary chunks a position on CUDA
     logits = (torch.randint(-40, 40, (batch, positions, vocab), generator=g) / 8).float()
     logits[0, 1, 10] = logits[0, 1, 20] = logits[0, 1].max() + 1  # a tie: index 10
     scales = torch.tensor([1.0, 1.25, 0.5, 2.0, 1.0, 0.75])

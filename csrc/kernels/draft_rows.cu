@@ -277,6 +277,25 @@ __global__ void draft_tokens_kernel(DraftTokensParams p) {
 // Elementwise: block (row b, chunk of kThreads * kUnroll tokens). A residual row marks
 // has_mass[b] where one of its values is above -inf (every such thread writes 1). A thread's loads
 // all go out before its arithmetic and stores (the stores may alias them for the compiler).
+// One element of a stop row: the residual's logit log(max(0, p - q)) on a residual row, else the
+// target's logit (-inf where not allowed). Returns whether it has mass.
+__device__ __forceinline__ bool stop_row_value(float x, bool allowed, float q, float scale, float lse, bool residual,
+                                               float& out) {
+  float const y = allowed ? __fmul_rn(x, scale) : -INFINITY;  // scaled_logit's
+  if (residual) {
+    // fmaxf maps NaN to 0: no mass (the CPU kernel's nan_to_num)
+    out = logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), q), 0.0f));
+    return out > -INFINITY;
+  }
+  out = y > -INFINITY ? x : -INFINITY;  // target_logit's
+  return false;
+}
+
+// Block (row b, a slice of kUnroll * kThreads * kWidth tokens): row b's stop-row logits. kWidth = 4
+// (launch_stop_row_logits: V a multiple of 4 and 16-byte aligned logits, q and out, 4-byte aligned
+// mask) loads and stores four tokens at a time, so that a thread has 4 * kWidth of each operand's
+// elements in flight with few instructions; kWidth = 1 takes any layout.
+template <int kWidth>
 __global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogitsParams p, uint8_t* has_mass) {
   int64_t const b = blockIdx.x;
   int64_t const s = min(max(p.stop[b], int64_t{0}), p.positions - 1);
@@ -286,30 +305,43 @@ __global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogits
   float const lse = residual ? p.lse[b * p.drafts + s] : 0.0f;
   float const* q = residual ? p.draft_probs + (b * p.drafts + s) * p.vocab : nullptr;
   float* out = p.out + b * p.vocab;
-  int64_t const first = static_cast<int64_t>(blockIdx.y) * kUnroll * kThreads + threadIdx.x;
-  float x[kUnroll], qv[kUnroll];
-  bool allowed[kUnroll];
+  int64_t const first = (static_cast<int64_t>(blockIdx.y) * kUnroll * kThreads + threadIdx.x) * kWidth;
+  float x[kUnroll][kWidth], qv[kUnroll][kWidth];
+  bool allowed[kUnroll][kWidth];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    int64_t const v = first + u * kThreads;
-    bool const in = v < p.vocab;
-    x[u] = in ? __ldg(p.logits + base + v) : 0.0f;
-    allowed[u] = in && (p.allowed == nullptr || p.allowed[base + v]);
-    qv[u] = in && residual ? __ldg(q + v) : 0.0f;
+    int64_t const v = first + u * kThreads * kWidth;
+    bool const in = v < p.vocab;  // kWidth = 4: the whole group (V a multiple of 4)
+    if constexpr (kWidth == 4) {
+      float4 const xs = in ? __ldg(reinterpret_cast<float4 const*>(p.logits + base + v)) : float4{};
+      float4 const qs = in && residual ? __ldg(reinterpret_cast<float4 const*>(q + v)) : float4{};
+      uint32_t const mask = !in ? 0u
+                            : p.allowed == nullptr ? 0x01010101u
+                                                   : __ldg(reinterpret_cast<unsigned int const*>(p.allowed + base + v));
+      x[u][0] = xs.x, x[u][1] = xs.y, x[u][2] = xs.z, x[u][3] = xs.w;
+      qv[u][0] = qs.x, qv[u][1] = qs.y, qv[u][2] = qs.z, qv[u][3] = qs.w;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) allowed[u][w] = (mask >> (8 * w)) & 0xffu;
+    } else {
+      x[u][0] = in ? __ldg(p.logits + base + v) : 0.0f;
+      allowed[u][0] = in && (p.allowed == nullptr || p.allowed[base + v]);
+      qv[u][0] = in && residual ? __ldg(q + v) : 0.0f;
+    }
   }
   bool mass = false;
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    int64_t const v = first + u * kThreads;
+    int64_t const v = first + u * kThreads * kWidth;
     if (v >= p.vocab) break;
-    float const y = allowed[u] ? __fmul_rn(x[u], scale) : -INFINITY;  // scaled_logit's
-    if (residual) {
-      // fmaxf maps NaN to 0: no mass (the CPU kernel's nan_to_num)
-      float const value = logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), qv[u]), 0.0f));
-      mass |= value > -INFINITY;
-      out[v] = value;
+    float value[kWidth];
+#pragma unroll
+    for (int w = 0; w < kWidth; ++w) {
+      mass |= stop_row_value(x[u][w], allowed[u][w], qv[u][w], scale, lse, residual, value[w]);
+    }
+    if constexpr (kWidth == 4) {
+      *reinterpret_cast<float4*>(out + v) = float4{value[0], value[1], value[2], value[3]};
     } else {
-      out[v] = y > -INFINITY ? x[u] : -INFINITY;  // target_logit's
+      out[v] = value[0];
     }
   }
   if (mass) has_mass[b] = 1;
@@ -366,10 +398,20 @@ cudaError_t launch_stop_row_logits(StopRowLogitsParams const& p, void* workspace
   auto* has_mass = static_cast<uint8_t*>(workspace);
   cudaError_t const err = launch_zero_bytes(has_mass, static_cast<size_t>(p.batch), stream);
   if (err != cudaSuccess) return err;
-  int64_t const blocks = (p.vocab + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-  dim3 const grid(static_cast<unsigned>(p.batch), static_cast<unsigned>(blocks));
-  stop_row_logits_kernel<<<grid, kThreads, 0, stream>>>(p, has_mass);
-  stop_row_fallback_kernel<<<grid, kThreads, 0, stream>>>(p, has_mass);
+  auto aligned = [](void const* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
+  bool const vectors = p.vocab % 4 == 0 && aligned(p.logits, 16) && aligned(p.draft_probs, 16) && aligned(p.out, 16) &&
+                       (p.allowed == nullptr || aligned(p.allowed, 4));
+  int64_t const width = vectors ? 4 : 1;
+  int64_t const slice = kThreads * kUnroll * width;
+  dim3 const grid(static_cast<unsigned>(p.batch), static_cast<unsigned>((p.vocab + slice - 1) / slice));
+  if (vectors) {
+    stop_row_logits_kernel<4><<<grid, kThreads, 0, stream>>>(p, has_mass);
+  } else {
+    stop_row_logits_kernel<1><<<grid, kThreads, 0, stream>>>(p, has_mass);
+  }
+  int64_t const fallback_blocks = (p.vocab + kThreads * kUnroll - 1) / (kThreads * kUnroll);
+  stop_row_fallback_kernel<<<dim3(static_cast<unsigned>(p.batch), static_cast<unsigned>(fallback_blocks)), kThreads, 0,
+                             stream>>>(p, has_mass);
   return cudaGetLastError();
 }
 
