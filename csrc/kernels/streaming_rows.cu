@@ -235,8 +235,8 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
 // tokens need, are drawn from the warp's queue in one place. kMinPRows: the launch has
 // streamed_first_y, whose min_p rows' survivors also pass min_p.
 template <bool kMinPRows>
-__global__ void __launch_bounds__(kThreads, 3) streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws,
-                                                                    int64_t chunk_tokens, int chunks) {
+__global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
+    streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int64_t chunk_tokens, int chunks) {
   __shared__ QuadRow quad[kQuad];
   __shared__ bool quad_noise;         // the quad's rows that draw noise share their Philox blocks ...
   __shared__ RowNoiseKey lead_noise;  // ... those of this key
