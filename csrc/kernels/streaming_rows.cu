@@ -48,7 +48,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kQuad = 4;    // rows a CTA
-constexpr int kCtasPerSm = 3;  // streaming_sample_kernel's (its registers: 80 a thread)
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 // What a CTA knows of one of its quad's rows.
@@ -236,7 +235,7 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
 // tokens need, are drawn from the warp's queue in one place. kMinPRows: the launch has
 // streamed_first_y, whose min_p rows' survivors also pass min_p.
 template <bool kMinPRows>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm)
+__global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
     streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int64_t chunk_tokens, int chunks) {
   __shared__ QuadRow quad[kQuad];
   __shared__ bool quad_noise;         // the quad's rows that draw noise share their Philox blocks ...
@@ -968,13 +967,13 @@ bool streams_min_p_rows(LogitsSamplerParams const& p) {
 }
 
 // The chunks of a launch. Its min_p rows (flat rows, which stage 2 hands on: the same work in
-// every chunk) take at most one wave of the kernel's kCtasPerSm CTAs an SM, whose last partial
-// wave would cost a whole chunk's time more. The other launches' rows can differ in work by far
+// every chunk) take at most one wave of the kernel's CTAs (kStreamingCtasPerSm an SM), whose last
+// partial wave would cost a whole chunk's time more. The other launches' rows can differ in work by far
 // (LLM-like top_p rows: a few tokens within reach of the noise, or thousands), so they take more,
 // smaller chunks, about four CTAs an SM, which spread a heavy quad over more of them: one wave
 // made those slower (CHANGELOG).
 int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, int64_t& chunk_tokens) {
-  chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count, streams_min_p_rows(p) ? kCtasPerSm : 4);
+  chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count, streams_min_p_rows(p));
   return (p.vocab_size + chunk_tokens - 1) / chunk_tokens;
 }
 
