@@ -8,41 +8,11 @@ import argparse
 
 import torch
 
-from torch.profiler import ProfilerActivity, profile
-
-
-def graph_timeline(call) -> str:
-    """One replay under the profiler: each kernel or memset as name +gap/time us."""
-    graph = capture(call)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        graph.replay()
-        torch.cuda.synchronize()
-    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                    key=lambda e: e.time_range.start)
-    parts, end = [], None
-    for e in events:
-        parts.append(f"{e.name[:36]} +{0.0 if end is None else e.time_range.start - end:.1f}/{e.device_time:.1f}")
-        end = e.time_range.end
-    return ", ".join(parts)
-
-
-def capture(call):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    return graph
+from stage2_share import captured_graph, graph_timeline  # benchmarks/probes/ (torch alone)
 
 
 def replay_us(call, reps=50) -> float:
-    graph = capture(call)
+    graph = captured_graph(call)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

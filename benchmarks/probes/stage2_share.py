@@ -16,8 +16,6 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import flashsampling_cuda
-
 
 def kernel_times_us(fn, calls: int = 20) -> dict[str, float]:
     """Mean device time per call of each CUDA kernel fn launches, by kernel name."""
@@ -53,14 +51,13 @@ def kernel_times(call, calls: int) -> dict[str, float]:
     return dict(totals)
 
 
-def graph_timeline(call) -> str:
-    """One CUDA-graph replay of call: its span (first kernel's start to last kernel's end), the
-    sum of its kernels' device times, and each kernel (memsets and copies too) as
-    name +gap/time µs, gap being the idle time since the previous one ended."""
+def captured_graph(call) -> torch.cuda.CUDAGraph:
+    """call captured as a CUDA graph (after a warm-up outside the capture: allocations, cached
+    workspaces), replayed three times."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        call()  # warm-up outside the capture (allocations, cached workspaces)
+        call()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -68,6 +65,14 @@ def graph_timeline(call) -> str:
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def graph_timeline(call) -> str:
+    """One CUDA-graph replay of call: its span (first kernel's start to last kernel's end), the
+    sum of its kernels' device times, and each kernel (memsets and copies too) as
+    name +gap/time µs, gap being the idle time since the previous one ended."""
+    graph = captured_graph(call)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()
@@ -86,6 +91,8 @@ def graph_timeline(call) -> str:
 
 
 def main() -> None:
+    import flashsampling_cuda  # (the helpers above need only torch)
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="4096x151936,8192x128256")
     parser.add_argument("--batches", default="1,64,256")
