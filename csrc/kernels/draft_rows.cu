@@ -274,9 +274,6 @@ __global__ void draft_tokens_kernel(DraftTokensParams p) {
   p.num_accepted_out[b] = accepted;
 }
 
-// Elementwise: block (row b, chunk of kThreads * kUnroll tokens). A residual row marks
-// has_mass[b] where one of its values is above -inf (every such thread writes 1). A thread's loads
-// all go out before its arithmetic and stores (the stores may alias them for the compiler).
 // One element of a stop row: the residual's logit log(max(0, p - q)) on a residual row, else the
 // target's logit (-inf where not allowed). Returns whether it has mass.
 __device__ __forceinline__ bool stop_row_value(float x, bool allowed, float q, float scale, float lse, bool residual,
@@ -294,7 +291,9 @@ __device__ __forceinline__ bool stop_row_value(float x, bool allowed, float q, f
 // Block (row b, a slice of kUnroll * kThreads * kWidth tokens): row b's stop-row logits. kWidth = 4
 // (launch_stop_row_logits: V a multiple of 4 and 16-byte aligned logits, q and out, 4-byte aligned
 // mask) loads and stores four tokens at a time, so that a thread has 4 * kWidth of each operand's
-// elements in flight with few instructions; kWidth = 1 takes any layout.
+// elements in flight with few instructions; kWidth = 1 takes any layout. A residual row marks
+// has_mass[b] where one of its values is above -inf (every such thread writes 1). A thread's loads
+// all go out before its arithmetic and stores (the stores may alias them for the compiler).
 template <int kWidth>
 __global__ void __launch_bounds__(kThreads) stop_row_logits_kernel(StopRowLogitsParams p, uint8_t* has_mass) {
   int64_t const b = blockIdx.x;

@@ -968,8 +968,8 @@ bool streams_min_p_rows(LogitsSamplerParams const& p) {
 
 // The chunks of a launch. Its min_p rows (flat rows, which stage 2 hands on: the same work in
 // every chunk) take at most one wave of the kernel's CTAs (kStreamingCtasPerSm an SM), whose last
-// partial wave would cost a whole chunk's time more. The other launches' rows can differ in work by far
-// (LLM-like top_p rows: a few tokens within reach of the noise, or thousands), so they take more,
+// partial wave would cost a whole chunk's time more. The other launches' rows can differ in work by
+// far (LLM-like top_p rows: a few tokens within reach of the noise, or thousands), so they take more,
 // smaller chunks, about four CTAs an SM, which spread a heavy quad over more of them: one wave
 // made those slower (CHANGELOG).
 int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, int64_t& chunk_tokens) {
@@ -980,8 +980,13 @@ int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, int64_t& ch
 }  // namespace
 
 size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& p, int sm_count) {
-  int64_t chunk_tokens = 0;
-  int64_t const chunks = streaming_chunks(p, sm_count, chunk_tokens);
+  // The more chunks of either sizing: a caller may size the workspace before it knows what picks
+  // the launch's (streamed_first_y, streaming_chunks).
+  int64_t chunks = 0;
+  for (bool const one_wave : {false, true}) {
+    int64_t const chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count, one_wave);
+    chunks = std::max(chunks, (p.vocab_size + chunk_tokens - 1) / chunk_tokens);
+  }
   return WorkspaceLayout(p.batch_size, p.num_samples, chunks, p.vocab_size, streams_top_p_rows(p)).total;
 }
 
