@@ -380,7 +380,8 @@ def test_sampled_draft_ops(device, masked, vocab):
     """_draft_position_stats and _stop_row_logits (the sampled drafts' route): opcheck, and on
     CUDA the kernels against their CPU kernels (torch ops) on the same inputs: greedy rows
     (scale 1), ties of the largest logit (the first index), drafts outside the shard (-1), a row
-    position that allows nothing, residual and target rows."""
+    position that allows nothing, +inf and NaN logits (alone and together), residual and target
+    rows."""
     g = torch.Generator().manual_seed(21)
     batch, positions = 6, 4  # several vocabulary chunks a position on CUDA
     logits = (torch.randint(-40, 40, (batch, positions, vocab), generator=g) / 8).float()
@@ -393,6 +394,11 @@ def test_sampled_draft_ops(device, masked, vocab):
         allowed[2, 0] = False  # nothing allowed: lse -inf
     logits[3, 0, 7] = torch.inf  # lse +inf (torch.logsumexp's), argmax 7
     logits[5, 2, 9] = torch.nan  # lse NaN, argmax 9
+    # the same past a thread's first steps (on CUDA after steps without +inf or NaN), and both in a
+    # row (lse NaN)
+    logits[1, 0, 3000] = torch.inf
+    logits[4, 2, 2500] = torch.nan
+    logits[0, 2, 100], logits[0, 2, 2600] = torch.inf, torch.nan
     q = torch.softmax(torch.randn(batch, positions - 1, vocab, generator=g), dim=2)
     stop = torch.tensor([0, 1, 2, 3, 1, 0])
     on = lambda t: None if t is None else t.to(device)  # noqa: E731

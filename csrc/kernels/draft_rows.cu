@@ -40,8 +40,9 @@ struct LogSumExp {
 
   __device__ void add(float y) {
     if (y == -INFINITY) return;  // no mass (and exp(-inf - -inf) would be NaN)
-    if (y == INFINITY || m == INFINITY) {  // +inf terms: lse +inf, as torch.logsumexp (no inf - inf)
-      s = m == INFINITY ? s + (y == INFINITY ? 1.0f : 0.0f) : 1.0f;
+    if (y == INFINITY || m == INFINITY) {  // +inf terms: lse +inf, as torch.logsumexp (no inf - inf) ...
+      bool const nan = isnan(s) || isnan(y);  // ... but NaN where any term is NaN
+      s = nan ? NAN : m == INFINITY ? s + (y == INFINITY ? 1.0f : 0.0f) : 1.0f;
       m = INFINITY;
       return;
     }
@@ -59,7 +60,8 @@ struct LogSumExp {
       return;
     }
     if (m == INFINITY || o.m == INFINITY) {
-      s = m == INFINITY ? (o.m == INFINITY ? s + o.s : s) : o.s;
+      bool const nan = isnan(s) || isnan(o.s);
+      s = nan ? NAN : m == INFINITY ? (o.m == INFINITY ? s + o.s : s) : o.s;
       m = INFINITY;
       return;
     }
