@@ -444,7 +444,8 @@ def position_tokens_truncated_fused(hidden: Tensor, weight: Tensor, logit_bias: 
     base = packed_mask(allowed_mask, device)
     token, _, token_logp, _ = torch.ops.flashsampling.sample_top_k(
         rows, weight, **_position_temperature_args(step, positions), num_samples=1,
-        **_position_noise_args(step, positions, device), generator=None, logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32),
+        **_position_noise_args(step, positions, device), generator=None,
+        logit_bias=None if logit_bias is None else logit_bias.to(device, torch.float32),
         allowed_mask=None if base is None else base.repeat(positions, 1), empty_mask_token=-1,
         vocab_start=vocab_start, return_logprobs=return_logprobs,
         **fused_top_k_args(_repeated_truncation(step.truncation, batch, positions, device), rows, weight))

@@ -97,12 +97,6 @@ __device__ __forceinline__ float scaled_logit(float const* x, bool const* allowe
   return __fmul_rn(__ldg(x + at), scale);
 }
 
-// A target row's logit for the sampler: x where its y is above -inf, -inf elsewhere (the sampler
-// applies the temperature).
-__device__ __forceinline__ float target_logit(float const* x, int64_t at, float y) {
-  return y > -INFINITY ? __ldg(x + at) : -INFINITY;
-}
-
 __device__ __forceinline__ void merge_over_warp(Partial& part) {
   for (int delta = 16; delta > 0; delta /= 2) {
     LogSumExp other;
@@ -286,7 +280,7 @@ __device__ __forceinline__ bool stop_row_value(float x, bool allowed, float q, f
     out = logf(fmaxf(__fsub_rn(expf(__fsub_rn(y, lse)), q), 0.0f));
     return out > -INFINITY;
   }
-  out = y > -INFINITY ? x : -INFINITY;  // target_logit's
+  out = y > -INFINITY ? x : -INFINITY;  // the sampler applies the temperature
   return false;
 }
 
@@ -361,8 +355,8 @@ __global__ void __launch_bounds__(kThreads) stop_row_fallback_kernel(StopRowLogi
   for (int u = 0; u < kUnroll; ++u) {
     int64_t const v = (static_cast<int64_t>(blockIdx.y) * kUnroll + u) * kThreads + threadIdx.x;
     if (v >= p.vocab) break;
-    float const y = scaled_logit(p.logits, p.allowed, base + v, scale);
-    p.out[b * p.vocab + v] = target_logit(p.logits, base + v, y);
+    bool const allowed = p.allowed == nullptr || p.allowed[base + v];
+    stop_row_value(__ldg(p.logits + base + v), allowed, 0.0f, scale, 0.0f, /*residual=*/false, p.out[b * p.vocab + v]);
   }
 }
 

@@ -966,14 +966,15 @@ bool streams_min_p_rows(LogitsSamplerParams const& p) {
   return p.streamed_winners == nullptr && p.streamed_first_y != nullptr && (p.min_ps != nullptr || p.min_p > 0.0);
 }
 
-// The chunks of a launch. Its min_p rows (flat rows, which stage 2 hands on: the same work in
-// every chunk) take at most one wave of the kernel's CTAs (kStreamingCtasPerSm an SM), whose last
-// partial wave would cost a whole chunk's time more. The other launches' rows can differ in work by
-// far (LLM-like top_p rows: a few tokens within reach of the noise, or thousands), so they take more,
-// smaller chunks, about four CTAs an SM, which spread a heavy quad over more of them: one wave
-// made those slower (CHANGELOG).
-int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, int64_t& chunk_tokens) {
-  chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count, streams_min_p_rows(p));
+// The chunks of a launch, and their tokens: with one_wave at most one wave of the kernel's CTAs
+// (kStreamingCtasPerSm an SM), else about four CTAs an SM. launch_streaming_rows takes one wave for
+// the min_p instance, whose flat rows (stage 2 hands them on) do the same work in every chunk, so
+// that a last partial wave would cost a whole chunk's time more. The other launches' rows can
+// differ in work by far (LLM-like top_p rows: a few tokens within reach of the noise, or
+// thousands), and their smaller chunks spread a heavy quad over more CTAs: one wave made those
+// slower (CHANGELOG).
+int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, bool one_wave, int64_t& chunk_tokens) {
+  chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count, one_wave);
   return (p.vocab_size + chunk_tokens - 1) / chunk_tokens;
 }
 
@@ -981,18 +982,16 @@ int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, int64_t& ch
 
 size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& p, int sm_count) {
   // The more chunks of either sizing: a caller may size the workspace before it knows what picks
-  // the launch's (streamed_first_y, streaming_chunks).
-  int64_t chunks = 0;
-  for (bool const one_wave : {false, true}) {
-    int64_t const chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count, one_wave);
-    chunks = std::max(chunks, (p.vocab_size + chunk_tokens - 1) / chunk_tokens);
-  }
+  // the launch's (streamed_first_y: streams_min_p_rows).
+  int64_t four_a_sm = 0, one_wave = 0;
+  int64_t const chunks =
+      std::max(streaming_chunks(p, sm_count, false, four_a_sm), streaming_chunks(p, sm_count, true, one_wave));
   return WorkspaceLayout(p.batch_size, p.num_samples, chunks, p.vocab_size, streams_top_p_rows(p)).total;
 }
 
 cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace, int sm_count, cudaStream_t stream) {
   int64_t chunk_tokens = 0;
-  int64_t const chunks = streaming_chunks(p, sm_count, chunk_tokens);
+  int64_t const chunks = streaming_chunks(p, sm_count, streams_min_p_rows(p), chunk_tokens);
   bool const rounds = streams_top_p_rows(p) && p.streamed_first_y != nullptr && p.rows != nullptr;
   WorkspaceLayout const layout(p.batch_size, p.num_samples, chunks, p.vocab_size, rounds);
   Workspace const ws = layout.carve(workspace);

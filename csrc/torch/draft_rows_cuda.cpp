@@ -32,12 +32,14 @@ void check_rows(const char* op, const at::Tensor& logits, const at::Tensor& scal
               op, ": allowed must be contiguous bool ", logits.sizes(), " on ", logits.device());
 }
 
-// t is a contiguous `dtype` tensor of `sizes` on `device` (op: the error's prefix).
+// t is a `dtype` tensor of `sizes` on `device`, contiguous unless `contiguous` is false (op: the
+// error's prefix).
 void check_operand(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef sizes, at::ScalarType dtype,
-                   const at::Device& device) {
-  TORCH_CHECK(t.sizes() == sizes && t.scalar_type() == dtype && t.is_contiguous() && t.device() == device, op, ": ",
-              name, " must be contiguous ", dtype, " ", sizes, " on ", device, ", got ", t.scalar_type(), " ",
-              t.sizes(), " on ", t.device());
+                   const at::Device& device, bool contiguous = true) {
+  TORCH_CHECK(t.sizes() == sizes && t.scalar_type() == dtype && (!contiguous || t.is_contiguous()) &&
+                  t.device() == device,
+              op, ": ", name, " must be ", contiguous ? "contiguous " : "", dtype, " ", sizes, " on ", device, ", got ",
+              t.scalar_type(), " ", t.sizes(), " on ", t.device());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> draft_position_stats_cuda(const at::Tensor& logits,
@@ -127,12 +129,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> accept_drafts_cuda(
   check_operand(kOp, "y_draft", y_draft, {batch, width}, at::kFloat, device);
   check_operand(kOp, "draft_columns", draft_columns, {batch, drafts}, at::kLong, device);
   // [B] operands may be expanded views of one value (stride 0), as speculative.py's step holds them.
-  for (auto [name, t, dtype] : {std::tuple{"seeds", &seeds, at::kLong}, std::tuple{"offsets", &offsets, at::kLong},
-                                std::tuple{"streams", &streams, at::kLong}, std::tuple{"temps", &temps, at::kFloat}}) {
-    TORCH_CHECK(t->dim() == 1 && t->size(0) == batch && t->scalar_type() == dtype && t->device() == device, kOp, ": ",
-                name, " must be ", dtype, " [", batch, "] on ", device, ", got ", t->scalar_type(), " ", t->sizes(),
-                " on ", t->device());
-  }
+  check_operand(kOp, "seeds", seeds, {batch}, at::kLong, device, /*contiguous=*/false);
+  check_operand(kOp, "offsets", offsets, {batch}, at::kLong, device, /*contiguous=*/false);
+  check_operand(kOp, "streams", streams, {batch}, at::kLong, device, /*contiguous=*/false);
+  check_operand(kOp, "temps", temps, {batch}, at::kFloat, device, /*contiguous=*/false);
   const c10::cuda::CUDAGuard guard(device);
   AcceptDraftsParams p;
   p.batch = batch;
