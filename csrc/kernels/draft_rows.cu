@@ -109,13 +109,21 @@ __device__ __forceinline__ void merge_over_warp(Partial& part) {
   }
 }
 
+// A thread's step: kUnroll loads of kWidth consecutive tokens (draft_position_partials_kernel),
+// term k at this offset from the step's first token: in index order.
+template <int kWidth>
+__device__ __forceinline__ int64_t term_offset(int k) {
+  return int64_t{k / kWidth} * kThreads * kWidth + k % kWidth;
+}
+
 // A thread's step is ordinary when its y are finite or -inf (positions past the chunk are -inf)
 // and its terms so far hold no +inf or NaN: the usual case, which add_ordinary_step takes without
 // LogSumExp::add's and Best::take's per-element tests of inf and NaN.
-__device__ __forceinline__ bool ordinary_step(Partial const& part, float const (&y)[kUnroll]) {
+template <int kTerms>
+__device__ __forceinline__ bool ordinary_step(Partial const& part, float const (&y)[kTerms]) {
   bool ordinary = part.lse.m != INFINITY && !isnan(part.lse.s);
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) ordinary = ordinary && y[u] < INFINITY;  // false for NaN and +inf
+  for (int k = 0; k < kTerms; ++k) ordinary = ordinary && y[k] < INFINITY;  // false for NaN and +inf
   return ordinary;
 }
 
@@ -124,40 +132,58 @@ __device__ __forceinline__ bool ordinary_step(Partial const& part, float const (
 // tie, as Best::take; a -inf y takes nothing here, where Best::take would record its index: that
 // index only ever ends up the argmax of a row whose every y is -inf, whose argmax is index 0 both
 // ways, the finish kernel's default).
-__device__ __forceinline__ void add_ordinary_step(Partial& part, float const (&y)[kUnroll], int64_t v0) {
+template <int kWidth, int kTerms>
+__device__ __forceinline__ void add_ordinary_step(Partial& part, float const (&y)[kTerms], int64_t v0) {
   float step_max = y[0];
 #pragma unroll
-  for (int u = 1; u < kUnroll; ++u) step_max = fmaxf(step_max, y[u]);
+  for (int k = 1; k < kTerms; ++k) step_max = fmaxf(step_max, y[k]);
   float const m = fmaxf(part.lse.m, step_max);
   if (m != -INFINITY) {
     float s = part.lse.s * expf(part.lse.m - m);  // 0 * 0 while nothing had mass
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) s += expf(y[u] - m);
+    for (int k = 0; k < kTerms; ++k) s += expf(y[k] - m);
     part.lse.m = m;
     part.lse.s = s;
   }
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (y[u] > part.best.v) {
-      part.best.v = y[u];
-      part.best.i = v0 + u * kThreads;
+  for (int k = 0; k < kTerms; ++k) {
+    if (y[k] > part.best.v) {
+      part.best.v = y[k];
+      part.best.i = v0 + term_offset<kWidth>(k);
     }
   }
 }
 
 // Block (item r = b * J + j, chunk c): the chunk's terms, kUnroll loads in flight per thread, then
-// the warps, then the block; its partial to the workspace [items, chunks].
+// the warps, then the block; its partial to the workspace [items, chunks]. kWidth = 4 (no mask, V
+// a multiple of 4, 16-byte aligned logits: launch_draft_position_stats) loads four consecutive
+// tokens at a time, so that a thread has four times the bytes in flight; a group of four then
+// lies wholly inside the chunk or past its end (the chunk is a multiple of 1024 tokens).
+template <int kWidth>
 __global__ void __launch_bounds__(kThreads) draft_position_partials_kernel(DraftPositionStatsParams p,
                                                                             Partial* partials, int64_t chunk) {
+  constexpr int kTerms = kUnroll * kWidth;
+  constexpr int64_t kStep = int64_t{kThreads} * kUnroll * kWidth;
   int64_t const chunks = gridDim.y, item = blockIdx.x, c = blockIdx.y;
   int64_t const b = item / p.columns, j = item % p.columns;
   int64_t const base = (b * p.positions + j) * p.vocab;
   float const scale = p.scales[b];
   int64_t const end = min(p.vocab, (c + 1) * chunk);
   Partial part;
-  for (int64_t v0 = c * chunk + threadIdx.x; v0 < end; v0 += kThreads * kUnroll) {
-    float y[kUnroll];
-    if (p.allowed == nullptr && v0 + (kUnroll - 1) * kThreads < end) {  // the loads without a branch
+  for (int64_t v0 = c * chunk + int64_t{threadIdx.x} * kWidth; v0 < end; v0 += kStep) {
+    float y[kTerms];
+    if constexpr (kWidth == 4) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        int64_t const v = v0 + term_offset<kWidth>(u * kWidth);
+        bool const in = v < end;
+        float4 const x = in ? __ldg(reinterpret_cast<float4 const*>(p.logits + base + v)) : float4{};
+        y[u * 4 + 0] = in ? __fmul_rn(x.x, scale) : -INFINITY;
+        y[u * 4 + 1] = in ? __fmul_rn(x.y, scale) : -INFINITY;
+        y[u * 4 + 2] = in ? __fmul_rn(x.z, scale) : -INFINITY;
+        y[u * 4 + 3] = in ? __fmul_rn(x.w, scale) : -INFINITY;
+      }
+    } else if (p.allowed == nullptr && v0 + (kUnroll - 1) * kThreads < end) {  // the loads without a branch
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) y[u] = __fmul_rn(__ldg(p.logits + base + v0 + u * kThreads), scale);
     } else {
@@ -168,15 +194,15 @@ __global__ void __launch_bounds__(kThreads) draft_position_partials_kernel(Draft
       }
     }
     if (ordinary_step(part, y)) {
-      add_ordinary_step(part, y, v0);
+      add_ordinary_step<kWidth>(part, y, v0);
       continue;
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      int64_t const v = v0 + u * kThreads;
+    for (int k = 0; k < kTerms; ++k) {
+      int64_t const v = v0 + term_offset<kWidth>(k);
       if (v < end) {
-        part.lse.add(y[u]);
-        part.best.take(y[u], v);
+        part.lse.add(y[k]);
+        part.best.take(y[k], v);
       }
     }
   }
@@ -379,8 +405,12 @@ cudaError_t launch_draft_position_stats(DraftPositionStatsParams const& p, void*
   int64_t chunk = 0;
   int64_t const chunks = position_chunks(p, chunk);
   auto* partials = static_cast<Partial*>(workspace);
-  draft_position_partials_kernel<<<dim3(static_cast<unsigned>(items), static_cast<unsigned>(chunks)), kThreads, 0,
-                                   stream>>>(p, partials, chunk);
+  dim3 const grid(static_cast<unsigned>(items), static_cast<unsigned>(chunks));
+  if (p.allowed == nullptr && p.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0) {
+    draft_position_partials_kernel<4><<<grid, kThreads, 0, stream>>>(p, partials, chunk);
+  } else {
+    draft_position_partials_kernel<1><<<grid, kThreads, 0, stream>>>(p, partials, chunk);
+  }
   draft_position_finish_kernel<<<static_cast<unsigned>((items + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
       p, partials, chunks);
   return cudaGetLastError();
