@@ -20,9 +20,10 @@ UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels(
 
 
 def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True,
-           plain_loop_extras=False):
+           plain_loop_extras=False, narrow_ragged_columns=True):
     return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
-                                                  top_candidates_epilogue_warpgroups, plain_loop_extras)
+                                                  top_candidates_epilogue_warpgroups, plain_loop_extras,
+                                                  narrow_ragged_columns)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -33,7 +34,9 @@ def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
                 for bf16 in (True, False):
                     for clusters in (True, False):
                         for top_ewg in (True, False):
-                            chosen.add(choice(arch, loop, columns, bf16, clusters, top_ewg))
+                            for narrow in (True, False):
+                                chosen.add(choice(arch, loop, columns, bf16, clusters, top_ewg,
+                                                  narrow_ragged_columns=narrow))
     assert chosen <= UNITS, f"chosen but not generated: {sorted(chosen - UNITS)}"
     assert UNITS <= chosen, f"generated but never chosen: {sorted(UNITS - chosen)}"
 
@@ -42,11 +45,28 @@ def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
     (1, "n16_plain_pingpong"), (16, "n16_plain_pingpong"), (17, "n32_plain_pingpong_cluster_m2"),
     (33, "n64_plain_pingpong_cluster_m2"), (64, "n64_plain_pingpong_cluster_m2"),
     (65, "n128_plain_epilogue_warpgroups"), (128, "n128_plain_epilogue_warpgroups"),
-    (129, "n128_plain_epilogue_warpgroups_cluster_n2"), (256, "n128_plain_epilogue_warpgroups_cluster_n2"),
+    (129, "n64_plain_epilogue_warpgroups"), (192, "n64_plain_epilogue_warpgroups"),
+    (193, "n128_plain_epilogue_warpgroups_cluster_n2"), (256, "n128_plain_epilogue_warpgroups_cluster_n2"),
     (257, "n128_plain_epilogue_warpgroups"),  # three column tiles: no pairs
+    (320, "n128_plain_epilogue_warpgroups"), (576, "n128_plain_epilogue_warpgroups"),
 ])
 def test_plain_table_sm90(columns, unit):
     assert choice(90, "plain", columns) == f"sampler_bf16_{unit}_sm90"
+
+
+def test_plain_passes_of_129_to_192_columns_take_narrow_tiles():
+    """Plain passes of 129-192 columns run three 64-wide column tiles instead of two 128-wide
+    ones, the second at most half full; narrow_ragged_columns = false keeps the 128-wide tiles (the
+    A/B). Other loops, more columns and sm100 keep the 128-wide tiles."""
+    for columns in (129, 144, 160, 192):
+        assert choice(90, "plain", columns) == "sampler_bf16_n64_plain_epilogue_warpgroups_sm90", columns
+        assert choice(90, "plain", columns, plain_loop_extras=True) == choice(90, "plain", columns)
+        assert "_n128_" in choice(90, "plain", columns, narrow_ragged_columns=False), columns
+        for loop in ("common_controls", "all_controls", "top_candidates"):
+            assert "_n128_" in choice(90, loop, columns), (loop, columns)
+        assert choice(100, "plain", columns) == "sampler_bf16_n128_plain_sm100"
+    for columns in (65, 128, 193, 256, 320, 576):
+        assert "_n64_" not in choice(90, "plain", columns), columns
 
 
 def test_controls_sm90():

@@ -239,6 +239,42 @@ def test_epilogue_warpgroup_clusters_change_no_token():
         assert not any(column_pairs.search(n) for n in controls_kernel_names(256))
 
 
+def ragged_columns_probe():
+    op = torch.ops.flashsampling.sample_with_scores
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    out = []
+    # 129-192 columns (three 64-wide tiles on the plain loop, two 128-wide ones on the controls')
+    for batch, vocab, dtype in ((144, 30011, torch.bfloat16), (192, 20000, torch.float16),
+                                (129, 9001, torch.bfloat16)):
+        hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
+        weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
+        temps = torch.rand(batch, device="cuda", generator=gen) * 1.5 + 0.05
+        temps[::5] = 0.0  # greedy rows
+        for kwargs in (dict(temperature=0.7), dict(temperatures=temps, return_logprobs=True),
+                       dict(temperature=0.0), dict(temperature=0.8, logit_softcap=20.0)):
+            result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), **kwargs)
+            out.extend(t for t in result if isinstance(t, torch.Tensor))
+        # several samples of row quads (speculative verification's positions): 4 x 36 = 144 columns
+        result = op(hidden[:36], weight, seed=torch.tensor(13), offset=torch.tensor(2), num_samples=4)
+        out.extend(t for t in result if isinstance(t, torch.Tensor))
+    return [t.cpu() for t in out]
+
+
+def test_narrow_ragged_column_tiles_change_no_token():
+    """Plain passes of 129-192 columns run three 64-wide column tiles of the epilogue-warpgroup
+    kernel (DispatchOptions::narrow_ragged_columns = false: two 128-wide ones): the same tokens
+    and scores, bit for bit (plain, greedy, soft-capped, several samples; bf16 and fp16; per-row
+    temperatures with logprobs take the controls' 128-wide tiles either way); and the default
+    really runs the plain loop's 64-wide tiles at 144 columns."""
+    narrow = ragged_columns_probe()
+    with dispatch_options(narrow_ragged_columns=False):
+        wide = ragged_columns_probe()
+    assert_bitwise_equal(narrow, wide)
+    assert runs_controls_on_epilogue_warpgroups(plain_kernel_names(144), 64, loop=0)
+    with dispatch_options(narrow_ragged_columns=False):
+        assert runs_controls_on_epilogue_warpgroups(plain_kernel_names(144), 128, loop=0)
+
+
 def test_default_generator_reproducible_and_advancing():
     hidden, weight = lm_head(64, 32000, 256, torch.bfloat16, seed=4)
     torch.manual_seed(0)
@@ -459,19 +495,24 @@ def test_common_controls_variants(dtype, batch, variant):
         assert out.logsumexp[torch.arange(batch, device="cuda") != 1].isfinite().all()
 
 
-def controls_kernel_names(batch):
+def controls_kernel_names(batch, per_row_temperatures=True):
     """Names of the CUDA kernels one common-controls sample() call (bf16, per-row temperatures)
-    runs."""
+    runs; with per_row_temperatures=False, one plain call's."""
     from torch.profiler import ProfilerActivity, profile
 
     hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
     weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
-    kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda"))  # per-row T: the common controls
+    # per-row T: the common controls
+    kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda") if per_row_temperatures else 0.7)
     flashsampling_cuda.sample(hidden, weight, **kwargs)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         flashsampling_cuda.sample(hidden, weight, **kwargs)
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def plain_kernel_names(batch):
+    return controls_kernel_names(batch, per_row_temperatures=False)
 
 
 def runs_controls_on_epilogue_warpgroups(names, tile_n, loop=1):

@@ -144,6 +144,7 @@ def sm90_kernels(dtype: str) -> list[Kernel]:
         # The kernel with epilogue warpgroups of its own: plain passes of more than 64 columns,
         # controls passes (and those needing every control) of more than 16; an even number of
         # 128-wide column tiles runs in clusters of two along N.
+        k(64, "plain", "epilogue_warpgroups"),
         k(128, "plain", "epilogue_warpgroups"),
         k(128, "plain", "epilogue_warpgroups", cluster_n=2),
         k(32, "common_controls", "epilogue_warpgroups"),

@@ -80,6 +80,7 @@ ConfigEntry sm90_config(KernelChoice const& c) {
                                 : sm90_top_candidates_epilogue_warpgroups_entry<Element>();
       }
       if (c.loop == L::kPlain) {
+        if (c.tile_n == 64) return sm90_epilogue_warpgroups_entry<Element, 64, L::kPlain>();
         return c.cluster_n == 2 ? sm90_epilogue_warpgroups_entry<Element, 128, L::kPlain, 1, 2>()
                                 : sm90_epilogue_warpgroups_entry<Element, 128, L::kPlain>();
       }
@@ -161,7 +162,8 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   KernelChoice const choice =
       choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
                     options.top_candidates_epilogue_warpgroups,
-                    !p.fused_truncation && needs_only_plain_loop_extras(needs, p.batch_size));
+                    !p.fused_truncation && needs_only_plain_loop_extras(needs, p.batch_size),
+                    options.narrow_ragged_columns);
   return p.element_type == ElementType::kBFloat16 ? config_for<cutlass::bfloat16_t>(choice)
                                                   : config_for<cutlass::half_t>(choice);
 }
@@ -170,7 +172,9 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 // box would reach far past the last hidden row: a ragged box (the TMA unit filling the rows past
 // the tensor with zeros) is slower than reading zero rows from memory when the last tile is
 // mostly empty, and no faster when it is nearly full (docs/kernel.md has the A/B). So: one N
-// tile, always; several, when the last one is at most half full. The padding costs a copy and a
+// tile, always; several, when the last one is at most half full, or when they are the plain
+// loop's three 64-wide tiles (narrow_ragged_column_tiles: there a ragged last tile 3/4 full
+// made the call slower than 192 whole columns, docs/kernel.md). The padding costs a copy and a
 // memset node.
 //
 // And the exact skip of the epilogue-warpgroup kernels (docs/noise.md): elements that cannot
@@ -189,7 +193,8 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;
-  bool const ragged = last_tile_rows != 0 && (columns < tile || 2 * last_tile_rows <= tile);
+  bool const narrow_tiles = tile == 64 && columns > 64;  // only narrow_ragged_column_tiles' choice
+  bool const ragged = last_tile_rows != 0 && (columns < tile || 2 * last_tile_rows <= tile || narrow_tiles);
   p.padded_columns = options.pad_columns && ragged ? (columns + tile - 1) / tile * tile : 0;
   return p;
 }
@@ -216,7 +221,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
   g_disabled_options.store((options.column_clusters ? 0u : 1u) | (options.pad_columns ? 0u : 2u) |
                                (options.noise_skip ? 0u : 4u) | (options.lse_references ? 0u : 8u) |
                                (options.top_candidates_epilogue_warpgroups ? 0u : 16u) |
-                               (options.top_p_tile_winners ? 0u : 32u),
+                               (options.top_p_tile_winners ? 0u : 32u) |
+                               (options.narrow_ragged_columns ? 0u : 64u),
                            std::memory_order_relaxed);
 }
 
@@ -229,6 +235,7 @@ DispatchOptions sampler_dispatch_options() {
   o.lse_references = !(off & 8u);
   o.top_candidates_epilogue_warpgroups = !(off & 16u);
   o.top_p_tile_winners = !(off & 32u);
+  o.narrow_ragged_columns = !(off & 64u);
   return o;
 }
 

@@ -15,7 +15,8 @@ namespace {
 // file stem in csrc/kernels/instantiations/, "" for an architecture without kernels. A pure
 // function, so CPU builds answer it too (tests/test_kernel_choice.py).
 std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters,
-                          bool top_candidates_epilogue_warpgroups, bool plain_loop_extras) {
+                          bool top_candidates_epilogue_warpgroups, bool plain_loop_extras,
+                          bool narrow_ragged_columns) {
   using flashsampling::SamplerLoop;
   SamplerLoop kind = static_cast<SamplerLoop>(-1);
   for (int i = 0; i < flashsampling::kSamplerLoops; ++i) {
@@ -26,7 +27,7 @@ std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns
   TORCH_CHECK(columns >= 1, "flashsampling._kernel_choice: columns must be >= 1, got ", columns);
   return flashsampling::kernel_unit_name(
       flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters,
-                                   top_candidates_epilogue_warpgroups, plain_loop_extras),
+                                   top_candidates_epilogue_warpgroups, plain_loop_extras, narrow_ragged_columns),
       bf16);
 }
 
@@ -228,7 +229,8 @@ TORCH_LIBRARY(flashsampling, m) {
   m.def("_gumbel_upper_bound(Tensor bits) -> Tensor");
   // The dispatch's kernel choice (above).
   m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True, "
-        "bool top_candidates_epilogue_warpgroups=True, bool plain_loop_extras=False) -> str",
+        "bool top_candidates_epilogue_warpgroups=True, bool plain_loop_extras=False, "
+        "bool narrow_ragged_columns=True) -> str",
         &kernel_choice);
   m.def("_sampler_loop(*, bool model_transform=False, bool penalties=False, bool per_row_temperatures=False, "
         "bool logit_bias=False, bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "

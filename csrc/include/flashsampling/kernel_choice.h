@@ -34,6 +34,14 @@ inline int sampler_tile_n_for_batch(int64_t columns) {
   return columns <= 16 ? 16 : columns <= 32 ? 32 : columns <= 64 ? 64 : 128;
 }
 
+// Plain passes of 129-192 columns run three 64-wide column tiles instead of two 128-wide ones
+// (the second at most half full, padded to 128): every tile costs its whole width in MMA and
+// epilogue work, and the narrow tiles pad to 192 columns instead of 256 (144 columns: speculative
+// verification's 16 x (8 + 1) rows). Where more 64-wide tiles would share each W tile (320 = 5 x 64
+// columns) they were slower than 128-wide ones, and so was the common controls' loop at D = 4096
+// (docs/kernel.md has the A/B).
+inline bool narrow_ragged_column_tiles(int64_t columns) { return columns > 128 && columns <= 192; }
+
 // `loop`: sampler_loop_for's loop of the call, or kTopCandidates for the fused top-k pass;
 // `columns`: its GEMM columns before padding. `column_clusters` = false gives the one-CTA
 // variant of a column-clustered choice (the same tiles; tests compare the two).
@@ -42,9 +50,11 @@ inline int sampler_tile_n_for_batch(int64_t columns) {
 // bit; tests and benchmarks compare the two). `plain_loop_extras`: the call needs nothing but
 // what the plain epilogue-warpgroup loop also applies (sampler_loop.h's
 // needs_only_plain_loop_extras: logit_scale / logit_softcap and / or the penalties, or several
-// samples on row quads).
+// samples on row quads). `narrow_ragged_columns` = false keeps the 128-wide tiles where
+// narrow_ragged_column_tiles would take 64-wide ones (the same tokens; tests compare the two).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
-                                  bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false) {
+                                  bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false,
+                                  bool narrow_ragged_columns = true) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -101,10 +111,10 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   bool const wide_plain = c.loop == SamplerLoop::kPlain && tile_n == 128;
   bool const wide_controls = c.loop == SamplerLoop::kCommonControls && tile_n >= 32;
   if (wide_plain || wide_controls) {
-    c.tile_n = tile_n;
+    c.tile_n = wide_plain && narrow_ragged_columns && narrow_ragged_column_tiles(columns) ? 64 : tile_n;
     c.schedule = SamplerSchedule::kEpilogueWarpGroups;
-    int64_t const column_tiles = (columns + tile_n - 1) / tile_n;
-    c.cluster_n = tile_n == 128 && column_tiles % 2 == 0 && column_clusters ? 2 : 1;
+    int64_t const column_tiles = (columns + c.tile_n - 1) / c.tile_n;
+    c.cluster_n = c.tile_n == 128 && column_tiles % 2 == 0 && column_clusters ? 2 : 1;
     return c;
   }
   // Otherwise one N tile on the pingpong schedule, in clusters of two along M from N = 32 on

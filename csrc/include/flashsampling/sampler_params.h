@@ -301,6 +301,9 @@ struct DispatchOptions {
   // the fused truncation's top_p calls draw each tile's winner in the top-k scan where they may
   // (fused_truncation_draws_tile_winners; else the streaming pass samples those rows)
   bool top_p_tile_winners = true;
+  // plain passes of 129-192 columns on three 64-wide column tiles (kernel_choice.h's
+  // narrow_ragged_column_tiles; else two 128-wide tiles)
+  bool narrow_ragged_columns = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);
