@@ -60,10 +60,12 @@ def test_plain_passes_of_129_to_192_columns_take_narrow_tiles():
     A/B). Other loops, more columns and sm100 keep the 128-wide tiles."""
     for columns in (129, 144, 160, 192):
         assert choice(90, "plain", columns) == "sampler_bf16_n64_plain_epilogue_warpgroups_sm90", columns
-        assert choice(90, "plain", columns, plain_loop_extras=True) == choice(90, "plain", columns)
+        # the scale / soft-cap or penalties alone, and several samples alone: the plain loop's choice
+        assert choice(90, "common_controls", columns, plain_loop_extras=True) == choice(90, "plain", columns)
+        assert choice(90, loop(num_samples=2), columns, plain_loop_extras=True) == choice(90, "plain", columns)
         assert "_n128_" in choice(90, "plain", columns, narrow_ragged_columns=False), columns
-        for loop in ("common_controls", "all_controls", "top_candidates"):
-            assert "_n128_" in choice(90, loop, columns), (loop, columns)
+        for other in ("common_controls", "all_controls", "top_candidates"):
+            assert "_n128_" in choice(90, other, columns), (other, columns)
         assert choice(100, "plain", columns) == "sampler_bf16_n128_plain_sm100"
     for columns in (65, 128, 193, 256, 320, 576):
         assert "_n64_" not in choice(90, "plain", columns), columns

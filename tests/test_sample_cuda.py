@@ -23,7 +23,7 @@ pytestmark = pytest.mark.requires_cuda
 # float64 sum; 1e-4 of the largest |logit| scale covers D = 8192 with margin.
 GPU_RTOL = 1e-4
 
-BATCHES = [1, 3, 17, 64, 255, 256, 257, 1000]
+BATCHES = [1, 3, 17, 64, 176, 255, 256, 257, 1000]  # 176: three 64-wide tiles, padded
 VOCABS = [1000, 32000, 151936, 151937]
 DIMS = [64, 2880, 4096, 8192]
 DTYPES = [torch.bfloat16, torch.float16]
@@ -240,18 +240,19 @@ def test_epilogue_warpgroup_clusters_change_no_token():
 
 
 def ragged_columns_probe():
-    op = torch.ops.flashsampling.sample_with_scores
+    op = flashsampling_cuda.sample_with_scores
     gen = torch.Generator(device="cuda").manual_seed(8)
     out = []
-    # 129-192 columns (three 64-wide tiles on the plain loop, two 128-wide ones on the controls')
+    # 129-192 columns (three 64-wide tiles on the plain loop, padded to 192 columns; 176 only by
+    # the rule for these tiles)
     for batch, vocab, dtype in ((144, 30011, torch.bfloat16), (192, 20000, torch.float16),
-                                (129, 9001, torch.bfloat16)):
+                                (129, 9001, torch.bfloat16), (176, 9001, torch.bfloat16)):
         hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
         weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
-        temps = torch.rand(batch, device="cuda", generator=gen) * 1.5 + 0.05
-        temps[::5] = 0.0  # greedy rows
-        for kwargs in (dict(temperature=0.7), dict(temperatures=temps, return_logprobs=True),
-                       dict(temperature=0.0), dict(temperature=0.8, logit_softcap=20.0)):
+        for kwargs in (dict(temperature=0.7), dict(temperature=0.0), dict(temperature=0.8, logit_softcap=20.0),
+                       dict(temperature=0.0, logit_scale=0.5, frequency_penalty=0.5, presence_penalty=0.3,
+                            penalty_state=flashsampling_cuda.PenaltyState(
+                                torch.randint(0, vocab, (batch, 8), device="cuda", generator=gen)))):
             result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), **kwargs)
             out.extend(t for t in result if isinstance(t, torch.Tensor))
         # several samples of row quads (speculative verification's positions): 4 x 36 = 144 columns
@@ -263,9 +264,9 @@ def ragged_columns_probe():
 def test_narrow_ragged_column_tiles_change_no_token():
     """Plain passes of 129-192 columns run three 64-wide column tiles of the epilogue-warpgroup
     kernel (DispatchOptions::narrow_ragged_columns = false: two 128-wide ones): the same tokens
-    and scores, bit for bit (plain, greedy, soft-capped, several samples; bf16 and fp16; per-row
-    temperatures with logprobs take the controls' 128-wide tiles either way); and the default
-    really runs the plain loop's 64-wide tiles at 144 columns."""
+    and scores, bit for bit (plain, greedy, soft-capped, scaled with penalties, several samples;
+    bf16 and fp16); and the default really runs the plain loop's 64-wide tiles at 144 columns.
+    (The CPU op checks them too: 176 in BATCHES, 144 in COMMON_CONTROL_BATCHES.)"""
     narrow = ragged_columns_probe()
     with dispatch_options(narrow_ragged_columns=False):
         wide = ragged_columns_probe()
@@ -434,7 +435,9 @@ def test_every_control_on_every_tile_config(batch, seeding):
 # The common controls' loop (per-row T with greedy rows, dense bias, mask, logprobs; one
 # sample, batch-wide seed): up to 16 columns on the CUTLASS pingpong tile, then on the
 # epilogue-warpgroup kernel's 32-, 64- and 128-wide tiles (300: three of them, the last partial).
-COMMON_CONTROL_BATCHES = [1, 20, 50, 100, 200, 300]
+# 144: the tests' calls that the plain loop takes (scale / soft-cap or penalties alone) run its
+# three 64-wide tiles there.
+COMMON_CONTROL_BATCHES = [1, 20, 50, 100, 144, 200, 300]
 
 
 @pytest.mark.parametrize("batch", COMMON_CONTROL_BATCHES)

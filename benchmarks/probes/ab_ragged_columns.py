@@ -1,9 +1,9 @@
 """Same-run A/B of the column tiles beyond 128 GEMM columns (kernel_choice.h's
 narrow_ragged_column_tiles): 64-wide tiles where the last 128-wide tile would be at most half
 full, against 128-wide tiles (DispatchOptions::narrow_ragged_columns = false), with cuBLAS's
-matmul beside them; plain sampling and per-row temperatures (the common controls' loop), the
-two settings timed alternately, CUDA-graph replays, median µs. Checks that both give the same
-tokens and scores.
+matmul beside them; plain sampling and per-row temperatures (the common controls' loop, which
+keeps 128-wide tiles either way: a control of the run-to-run spread), the two settings timed
+alternately, CUDA-graph replays, median µs. Checks that both give the same tokens and scores.
 
   python benchmarks/probes/ab_ragged_columns.py [--shapes 4096x151936,8192x128256]
       [--columns 128,129,144,160,176,192,200]

@@ -6,7 +6,8 @@ common controls (per-row temperatures with greedy rows, logit bias, bitmask, log
 kernels, on epilogue warpgroups beyond 16 columns; B = 17 the 32-wide tile) and with every control on (per-row temperatures, logit bias, sparse bias,
 bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the epilogue-warpgroup
 kernels many tiles per SM, so their exact skip (global floors, atomics) runs too; B = 100,
-V = 32000 (a multiple of 4) the kernels' four-token loads and the min_p rows' one-wave grid. Each shape also
+V = 32000 (a multiple of 4) the kernels' four-token loads and the min_p rows' one-wave grid; B = 144 the
+plain loop's three 64-wide column tiles (hidden rows padded to 192). Each shape also
 takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
@@ -26,6 +27,7 @@ SHAPES = [  # (B, V, D, dtype)
     (65, 129, 2880, torch.float16),
     (200, 151937, 64, torch.bfloat16),
     (100, 32000, 128, torch.bfloat16),  # V % 4 == 0: the four-token loads (stop rows, stored rows' rounds)
+    (144, 9001, 96, torch.bfloat16),  # plain, greedy, soft-capped: three 64-wide column tiles, padded
 ]
 
 for batch, vocab, dim, dtype in SHAPES:

@@ -143,7 +143,8 @@ def sm90_kernels(dtype: str) -> list[Kernel]:
         k(16, "all_controls", "pingpong"),
         # The kernel with epilogue warpgroups of its own: plain passes of more than 64 columns,
         # controls passes (and those needing every control) of more than 16; an even number of
-        # 128-wide column tiles runs in clusters of two along N.
+        # 128-wide column tiles runs in clusters of two along N; plain passes of 129-192 columns
+        # run three 64-wide tiles (kernel_choice.h's narrow_ragged_column_tiles).
         k(64, "plain", "epilogue_warpgroups"),
         k(128, "plain", "epilogue_warpgroups"),
         k(128, "plain", "epilogue_warpgroups", cluster_n=2),

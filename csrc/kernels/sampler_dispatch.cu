@@ -193,7 +193,7 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;
-  bool const narrow_tiles = tile == 64 && columns > 64;  // only narrow_ragged_column_tiles' choice
+  bool const narrow_tiles = tile == 64 && narrow_ragged_column_tiles(columns);
   bool const ragged = last_tile_rows != 0 && (columns < tile || 2 * last_tile_rows <= tile || narrow_tiles);
   p.padded_columns = options.pad_columns && ragged ? (columns + tile - 1) / tile * tile : 0;
   return p;
