@@ -28,14 +28,15 @@ def time_build(args) -> None:
 
     from bench_controls import VARIANTS, variant_kwargs
     from bench_sampler import median_us
+    from flashsampling_cuda.problems import lm_head_weight
+    from harness import shape_list
 
     device = torch.device("cuda")
     op = torch.ops.flashsampling.sample_with_scores
     records = []
-    for shape in args.shapes.split(","):
-        dim, vocab = (int(x) for x in shape.split("x"))
-        torch.manual_seed(0)
-        weight = torch.randn(vocab, dim, device=device, dtype=torch.bfloat16) * dim**-0.5
+    for dim, vocab in shape_list(args.shapes):
+        weight = lm_head_weight(vocab, dim, device=device)
+        torch.manual_seed(0)  # the same hidden rows in every build's process
         for batch in (int(b) for b in args.batches.split(",")):
             hidden = torch.randn(batch, dim, device=device, dtype=torch.bfloat16)
             for name in VARIANTS:

@@ -19,8 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*
 
 import torch  # noqa: E402
 
-import flashsampling_cuda  # noqa: E402,F401
 from bench_sampler import median_us  # noqa: E402
+from harness import shape_list  # noqa: E402
+
+from flashsampling_cuda.problems import lm_head_weight  # noqa: E402
 
 
 def main() -> None:
@@ -33,10 +35,9 @@ def main() -> None:
     op = torch.ops.flashsampling.sample_with_scores
     set_options = torch.ops.flashsampling._set_dispatch_options
     print(f"# {torch.cuda.get_device_name()}; D x V, columns, variant: mm / narrow / wide µs, wide / narrow")
-    for shape in args.shapes.split(","):
-        dim, vocab = (int(x) for x in shape.split("x"))
+    for dim, vocab in shape_list(args.shapes):
+        weight = lm_head_weight(vocab, dim, device=device)
         torch.manual_seed(0)
-        weight = torch.randn(vocab, dim, device=device, dtype=torch.bfloat16) * dim**-0.5
         for columns in (int(c) for c in args.columns.split(",")):
             hidden = torch.randn(columns, dim, device=device, dtype=torch.bfloat16)
             temps = torch.rand(columns, device=device) + 0.5

@@ -548,7 +548,8 @@ static void set_dispatch_options(bool column_clusters, bool pad_columns, bool no
 
 TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
   m.def("_set_dispatch_options(bool column_clusters=True, bool pad_columns=True, bool noise_skip=True, "
-        "bool lse_references=True, bool top_candidates_epilogue_warpgroups=True, bool top_p_tile_winners=True, bool narrow_ragged_columns=True) -> ()",
+        "bool lse_references=True, bool top_candidates_epilogue_warpgroups=True, bool top_p_tile_winners=True, "
+        "bool narrow_ragged_columns=True) -> ()",
         &set_dispatch_options);
 }
 
