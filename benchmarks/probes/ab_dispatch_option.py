@@ -1,0 +1,79 @@
+"""Same-run A/B of one DispatchOptions switch (sampler_params.h) on the truncation forms of
+bench_truncation.py and plain sampling: the switch on and off timed alternately in one process
+(CUDA-graph replays, median µs; the best of the rounds), with a check that both give the same
+tokens and scores. Prints on / off per cell and the ratio off / on (> 1: the switch helps).
+
+  python benchmarks/probes/ab_dispatch_option.py --option top_p_tile_winners
+      [--shapes 4096x151936] [--batches 1,16,64,256] [--regimes flat,llm] [--forms "p0.9 [B],..."]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*
+
+import torch  # noqa: E402
+
+from bench_sampler import median_us  # noqa: E402
+from bench_truncation import FORMS, form_arguments  # noqa: E402
+from harness import shape_list  # noqa: E402
+
+import flashsampling_cuda  # noqa: E402
+from flashsampling_cuda.problems import hidden_states, lm_head_weight  # noqa: E402
+
+
+def same_results(a, b) -> bool:
+    return all(torch.equal(x.view(torch.int32) if x.is_floating_point() else x,
+                           y.view(torch.int32) if y.is_floating_point() else y)
+               for x, y in zip(a, b) if isinstance(x, torch.Tensor))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--option", required=True, help="a DispatchOptions field, e.g. top_p_tile_winners")
+    parser.add_argument("--shapes", default="4096x151936")
+    parser.add_argument("--batches", default="1,16,64,256")
+    parser.add_argument("--regimes", default="flat,llm")
+    parser.add_argument("--forms", default=None, help="comma-separated bench_truncation FORMS (default: all)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    set_options = torch.ops.flashsampling._set_dispatch_options
+    forms = {"plain": (0.8, {})} | {f: FORMS[f] for f in (args.forms.split(",") if args.forms else FORMS)}
+    print(f"# {torch.cuda.get_device_name()}; {args.option}: on / off µs, off / on")
+    ratios = []
+    for dim, vocab in shape_list(args.shapes):
+        weight = lm_head_weight(vocab, dim)
+        for regime in args.regimes.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                hidden = hidden_states(weight, batch, regime, seed=batch)
+                for form, (temperature, spec) in forms.items():
+                    kwargs = dict(temperature=temperature, seed=torch.tensor(7, device="cuda"),
+                                  offset=torch.tensor(0, device="cuda"), **form_arguments(spec, batch))
+
+                    def call(kwargs=kwargs):
+                        return flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+
+                    times = {True: [], False: []}
+                    outputs = {}
+                    for _ in range(args.rounds):
+                        for on in (True, False):
+                            set_options(**{args.option: on})
+                            outputs[on] = call()
+                            times[on].append(median_us(call, graph=True))
+                    set_options()
+                    on_us, off_us = min(times[True]), min(times[False])
+                    ratios.append(off_us / on_us)
+                    same = same_results(outputs[True], outputs[False])
+                    print(f"{dim}x{vocab} {regime:4s} B={batch:<4d} {form:26s}: {on_us:8.1f} / {off_us:8.1f} µs,"
+                          f" {off_us / on_us:.3f}{'' if same else '  RESULTS DIFFER'}", flush=True)
+        del weight
+    print(f"# off / on over {len(ratios)} cells: median {statistics.median(ratios):.3f}, "
+          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()
