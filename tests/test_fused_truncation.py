@@ -346,6 +346,37 @@ def test_min_p_call_rows_without_a_finite_first_y_equal_cpu_op():
 
 
 @requires_sm90
+@pytest.mark.parametrize("vocab", [V, V - 3], ids=["whole_rows", "ragged_row_end"])
+@pytest.mark.parametrize("batch", [8, 44])
+@pytest.mark.parametrize("num_samples, return_logprobs", [(1, False), (2, True)])
+def test_streamed_min_p_rows_equal_cpu_op(vocab, batch, num_samples, return_logprobs):
+    """min_p on flat rows (their 64th token passes it): stage 2 hands every row to the streaming
+    pass, whose quads of min_p rows (every row noisy, no bias or mask) take the sparse pass, a row
+    at a time in float4 loads (with V - 3, the rows' last tokens one a thread); per-row min_p and
+    temperatures, per-row seeds in one call and the batch-wide seed in another. Tokens and scores
+    as the CPU op's, bit for bit."""
+    hidden, weight, logits = exact_problem(batch, "flat", seed=batch + vocab, vocab=vocab)
+    g = torch.Generator().manual_seed(batch)
+    min_ps = torch.rand(batch, generator=g, dtype=torch.float64) * 0.05 + 0.01
+    temperatures = torch.rand(batch, generator=g) * 1.5 + 0.5
+    for seeds in (dict(seed=torch.tensor(7), offset=torch.tensor(2)),
+                  dict(seed=torch.arange(batch) + 5, offset=torch.arange(batch) % 3)):
+        kwargs = dict(num_samples=num_samples, return_logprobs=return_logprobs, **seeds)
+        on = {name: value.cuda() for name, value in kwargs.items() if isinstance(value, torch.Tensor)}
+        got, kernels = sample_with_dispatch_options(
+            hidden.cuda(), weight.cuda(), dict(kwargs, **on, temperature=temperatures.cuda(), min_p=min_ps.cuda(),
+                                               truncation_path="fused_top_k"))
+        assert any("streaming_sample_kernel" in name for name in kernels)
+        expected = torch.ops.flashsampling.sample_from_logits(logits, temperatures=temperatures, min_ps=min_ps,
+                                                              **kwargs)
+        assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
+        assert torch.equal(got.scores.cpu(), expected[1])
+        if return_logprobs:
+            torch.testing.assert_close(got.token_logprobs.cpu(), expected[2], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got.logsumexp.cpu(), expected[3], rtol=1e-5, atol=1e-5)
+
+
+@requires_sm90
 @pytest.mark.parametrize("truncation, temperature", [(dict(top_p=0.8), 1.0), (dict(min_p=0.1), 0.7),
                                                      (dict(top_k="k20", top_p=0.9), 1.2)])
 def test_fused_truncation_chi_square(truncation, temperature):

@@ -139,6 +139,11 @@ for batch, vocab, dim, dtype in SHAPES:
                                                truncation_path="fused_top_k", **truncation)
             torch.cuda.synchronize()
             assert bool(allowed.gather(1, tokens.view(batch, 1)).all())
+        # min_p alone without a mask: the streamed rows' quads take the sparse pass (float4 loads).
+        out = flashsampling_cuda.sample(hidden, weight, temperature=0.9, seed=7, min_p=min_p, return_logprobs=True,
+                                        truncation_path="fused_top_k")
+        torch.cuda.synchronize()
+        assert bool(((out.tokens >= 0) & (out.tokens < vocab)).all())
         print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, fused path)")
         if batch <= 64:
             # Top-N logprobs on the fused route: stage 2's rows, the logits sampler's and the top-N

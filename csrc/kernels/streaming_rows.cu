@@ -122,6 +122,8 @@ struct QueuedDraw {
   int row;  // of the quad
 };
 constexpr int kQueue = 160;  // 32 drawn at a time: up to 31 left plus 4 rows x 32 added
+// The min_p rows' pass (sparse quads): float4 loads a thread has in flight.
+constexpr int kSparseLoads = 4;
 
 size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
@@ -200,6 +202,164 @@ __device__ __forceinline__ void add_mass(float& max, float& sum, bool& has_nan, 
   }
 }
 
+// A warp's results of one sample, per row of the quad: its best candidate and (sample 0) its
+// statistics; the CTA merges its warps' after the pass.
+struct WarpResults {
+  PackedCandidate best[kWarps][kQuad];
+  PackedCandidate first[kWarps][kQuad];
+  uint32_t allowed[kWarps][kQuad], nan[kWarps][kQuad];
+  float mass[kWarps][kQuad][2];
+};
+
+// Row r's results of the calling warp (every lane calls; lane 0 writes them).
+__device__ __forceinline__ void publish_warp_row(WarpResults& results, int r, bool stats, float best_score,
+                                                 int32_t best_index, PackedCandidate first, uint32_t allowed,
+                                                 bool has_nan, float mass_max, float mass_sum) {
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  PackedCandidate const best = warp_max(pack_candidate(best_score, best_index));
+  if (lane == 0) results.best[warp][r] = best;
+  if (!stats) return;
+  PackedCandidate const f = warp_max(first);
+  uint32_t const a = warp_sum(allowed);
+  uint32_t const n = warp_sum(has_nan ? 1u : 0u);
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    float const om = __shfl_xor_sync(kFullMask, mass_max, d), os = __shfl_xor_sync(kFullMask, mass_sum, d);
+    merge_mass(mass_max, mass_sum, om, os);
+  }
+  if (lane == 0) {
+    results.first[warp][r] = f;
+    results.allowed[warp][r] = a;
+    results.nan[warp][r] = n;
+    results.mass[warp][r][0] = mass_max;
+    results.mass[warp][r][1] = mass_sum;
+  }
+}
+
+// The logarithms of the tokens in a warp's queue (draw_bits: and their Philox bits, which they were
+// queued without), 32 at a time, one a lane, and the rest too where `last`; each drawn score goes
+// to keep(row of the quad, score, index).
+template <class Keep>
+__device__ __forceinline__ void drain_queue(QueuedDraw const* queue, int& head, int& queued, bool last, bool draw_bits,
+                                            QuadRow const (&quad)[kQuad], int sample, Keep&& keep) {
+  int const lane = threadIdx.x % 32;
+  while (queued >= 32 || (last && queued > 0)) {
+    __syncwarp();
+    int const count = queued < 32 ? queued : 32;
+    if (lane < count) {
+      QueuedDraw const d = queue[(head + lane) % kQueue];
+      QuadRow const& q = quad[d.row];
+      uint32_t bits = d.bits;
+      if (draw_bits) {
+        bits = fs_philox_lane(fs_noise_block(q.noise.seed, q.noise.offset + sample, d.index, q.noise.stream >> 2),
+                              q.noise.stream & 3u);
+      }
+      keep(d.row, fs_perturbed_score(d.x, q.in.inv_t, fs_gumbel_from_bits(bits)), static_cast<int32_t>(d.index));
+    }
+    head = (head + count) % kQueue;
+    queued -= count;
+    __syncwarp();
+  }
+}
+
+// MinP::keeps for a y within 1e-8 of the threshold, or NaN (rare): out of line, so that the sparse
+// pass's loop stays small in the instruction cache.
+__device__ __noinline__ bool min_p_keeps_out_of_line(MinP const& min_p, float y) { return min_p.keeps(y); }
+
+// One sample's pass over a quad of min_p rows whose first y stage 2 knows, every counted row drawing
+// noise, no bias or mask (streaming_sample_kernel's sparse quads). A token
+// survives if it passes min_p (mostly one comparison; a NaN y never does); only survivors are
+// counted (the finish needs a nonzero count, and the first token survives) and draw noise, each
+// its own Philox block from the warp's queue (no floor: the few survivors of a flat row lie within
+// a few units of y of each other, far inside the noise's reach). With so little work a token the
+// pass is bound by its loads and the instructions around them, so it takes one row at a time, four
+// tokens a load with the next kSparseLoads loads in flight, and a warp queues tokens only in the
+// steps where a lane holds one near the threshold. Its state is its own (the general loops' per-row arrays are
+// dead here), so it runs without spills at the kernel's register bound.
+__device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], QueuedDraw* queue, WarpResults& results,
+                                               int64_t begin, int64_t end, uint32_t vocab_start, int sample,
+                                               bool stats, bool with_mass) {
+  int const lane = threadIdx.x % 32;
+  bool const draws = stats && with_mass;
+#pragma unroll 1
+  for (int r = 0; r < kQuad; ++r) {
+    QuadRow const& q = quad[r];
+    if (!q.counted) continue;
+    float const* const row = q.in.logits;
+    float const inv_t = q.in.inv_t, surely_below = q.min_p.surely_below, surely_above = q.min_p.surely_above;
+    float best_score = -INFINITY, mass_max = -INFINITY, mass_sum = 0.0f;
+    int32_t best_index = kNoCandidate;
+    uint32_t allowed = 0;
+    bool has_nan = false;
+    int head = 0, queued = 0;  // the warp's queue (warp-uniform)
+    auto keep = [&](int, float score, int32_t index) {
+      if (fs_candidate_better(score, index, best_score, best_index)) {
+        best_score = score;
+        best_index = index;
+      }
+    };
+    // Tokens first .. first + 3 of the row, those below `limit`: survivors counted and queued.
+    auto visit4 = [&](float4 const x4, int64_t first, int64_t limit) {
+      float const x[4] = {x4.x, x4.y, x4.z, x4.w};
+      float y[4];
+      bool near[4];  // not below the threshold by a margin: MinP::keeps decides
+      bool any_near = false;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        y[e] = fs_mul(x[e], inv_t);
+        near[e] = first + e < limit && !(y[e] < surely_below);
+        any_near |= near[e];
+      }
+      if (!__any_sync(kFullMask, any_near)) return;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        bool const survivor = near[e] && (y[e] >= surely_above || min_p_keeps_out_of_line(q.min_p, y[e]));
+        if (survivor && stats) allowed += 1;
+        if (survivor && draws) add_mass(mass_max, mass_sum, has_nan, y[e]);
+        unsigned const lanes = __ballot_sync(kFullMask, survivor);
+        if (survivor) {
+          queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) % kQueue] = {
+              x[e], 0u, vocab_start + static_cast<uint32_t>(first + e), r};
+        }
+        queued += __popc(lanes);
+      }
+      drain_queue(queue, head, queued, false, true, quad, sample, keep);
+    };
+    // The chunk's tokens before its first 16-byte boundary and after its last, one a thread (threads
+    // 0-3 and 4-7), then the aligned middle as float4.
+    int64_t const misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(row + begin) & 15u) / sizeof(float));
+    int64_t const head_end = misaligned == 0 ? begin : (begin + 4 - misaligned < end ? begin + 4 - misaligned : end);
+    int64_t const body_end = head_end + (end - head_end) / 4 * 4;
+    {
+      int64_t const t = threadIdx.x < 4 ? head_end - 4 + threadIdx.x : body_end + threadIdx.x - 4;
+      bool const in_range = threadIdx.x < 4 ? t >= begin : t < end;
+      float const x = in_range ? __ldg(row + t) : 0.0f;
+      visit4(make_float4(x, 0.0f, 0.0f, 0.0f), t, in_range ? t + 1 : t);
+    }
+    // One visit4 in the loop (its code, with the queue's drain, is large), the loads of the next
+    // kSparseLoads steps in flight.
+    float4 const* const body = reinterpret_cast<float4 const*>(row + head_end);
+    int64_t const vectors = (body_end - head_end) / 4;
+    float4 ahead[kSparseLoads];
+#pragma unroll
+    for (int j = 0; j < kSparseLoads; ++j) {
+      int64_t const i = threadIdx.x + int64_t{j} * kThreads;
+      ahead[j] = i < vectors ? __ldg(body + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (int64_t i = threadIdx.x; i - threadIdx.x < vectors; i += kThreads) {
+      float4 const x4 = ahead[0];
+#pragma unroll
+      for (int j = 0; j + 1 < kSparseLoads; ++j) ahead[j] = ahead[j + 1];
+      int64_t const later = i + int64_t{kSparseLoads} * kThreads;
+      ahead[kSparseLoads - 1] = later < vectors ? __ldg(body + later) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      visit4(x4, head_end + 4 * i, i < vectors ? body_end : head_end);
+    }
+    drain_queue(queue, head, queued, true, true, quad, sample, keep);
+    PackedCandidate const first = pack_top_candidate(static_cast<float>(q.min_p.y0), 0);
+    publish_warp_row(results, r, stats, best_score, best_index, first, allowed, has_nan, mass_max, mass_sum);
+  }
+}
+
 // The CTA's quad is the batch rows 4 * blockIdx.y .. + 3 (streams 4q .. 4q + 3, which share
 // their Philox blocks); thread r < 4 fills row r. Returns whether any row of the quad streams (the
 // same in every thread).
@@ -241,11 +401,8 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
   __shared__ bool quad_noise;         // the quad's rows that draw noise share their Philox blocks ...
   __shared__ RowNoiseKey lead_noise;  // ... those of this key
   __shared__ bool quad_lean;          // the lean loop's quad: every counted row noisy, shared blocks, no bias or mask
-  __shared__ bool quad_sparse;        // kMinPRows: as lean, but every counted row a min_p row (few survivors)
-  __shared__ PackedCandidate warp_best[kWarps][kQuad];
-  __shared__ PackedCandidate warp_first[kWarps][kQuad];
-  __shared__ uint32_t warp_allowed[kWarps][kQuad], warp_nan[kWarps][kQuad];
-  __shared__ float warp_mass[kWarps][kQuad][2];
+  __shared__ bool quad_sparse;        // kMinPRows: every counted row a noisy min_p row, no bias or mask (few survivors)
+  __shared__ WarpResults results;
   __shared__ QueuedDraw draw_queue[kWarps][kQueue];
   if (!load_quad(p, quad)) return;
   uint64_t batch_seed = 0, batch_offset = 0;
@@ -366,44 +523,17 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
         queued += __popc(lanes);
       }
     };
-    // sparse: the tokens whose rows want their noise, queued without their bits.
-    auto queue_survivors = [&](uint32_t index, float const (&x)[kQuad], bool const (&wants_noise)[kQuad]) {
-#pragma unroll
-      for (int r = 0; r < kQuad; ++r) {
-        unsigned const lanes = __ballot_sync(kFullMask, wants_noise[r]);
-        if (wants_noise[r]) queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) % kQueue] = {x[r], 0u, index, r};
-        queued += __popc(lanes);
-      }
-    };
-    // The logarithms of the queued tokens (sparse: and their bits), 32 at a time (the rest after
-    // the chunk), one a lane.
+    // The logarithms of the queued tokens, 32 at a time (the rest after the chunk).
     auto draw_queued = [&](bool last) {
-      while (queued >= 32 || (last && queued > 0)) {
-        __syncwarp();
-        int const count = queued < 32 ? queued : 32;
-        if (lane < count) {
-          QueuedDraw const d = queue[(head + lane) % kQueue];
-          float t = inv_t[0];
+      drain_queue(queue, head, queued, last, false, quad, s, [&](int row, float score, int32_t index) {
 #pragma unroll
-          for (int r = 1; r < kQuad; ++r) t = d.row == r ? inv_t[r] : t;
-          uint32_t bits = d.bits;
-          if (sparse) {
-            RowNoiseKey const& key = quad[d.row].noise;
-            bits = fs_philox_lane(fs_noise_block(key.seed, key.offset + s, d.index, key.stream >> 2), key.stream & 3u);
-          }
-          float const drawn = fs_perturbed_score(d.x, t, fs_gumbel_from_bits(bits));
-#pragma unroll
-          for (int r = 0; r < kQuad; ++r) {
-            if (d.row == r && fs_candidate_better(drawn, static_cast<int32_t>(d.index), best_score[r], best_index[r])) {
-              best_score[r] = drawn;
-              best_index[r] = static_cast<int32_t>(d.index);
-            }
+        for (int r = 0; r < kQuad; ++r) {
+          if (row == r && fs_candidate_better(score, index, best_score[r], best_index[r])) {
+            best_score[r] = score;
+            best_index[r] = index;
           }
         }
-        head = (head + count) % kQueue;
-        queued -= count;
-        __syncwarp();
-      }
+      });
     };
     // The floors: the best score drawn for each row so far, by this warp or (through the
     // workspace) any CTA of the row; every lane skips below them.
@@ -439,54 +569,7 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
       }
     };
     if (sparse) {
-      // Every counted row a min_p row, whose first y stage 2 knows: a token survives if it passes
-      // min_p (mostly one comparison; a NaN y never does), and only survivors are counted (the
-      // finish needs a nonzero count, and the first token survives) and draw noise. The queue
-      // draws every survivor (no floor: the few survivors of a flat row lie within a few units
-      // of y of each other, far inside the noise's reach), and with so little work a token the
-      // pass is bound by its loads: two steps' are in flight.
-      bool const draws = stats && with_mass;
-      float ahead[kQuad];
-#pragma unroll
-      for (int r = 0; r < kQuad; ++r) ahead[r] = counted[r] && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
-      for (; v - threadIdx.x < end; v += kThreads) {
-        bool const in_range = v < end;
-        float x[kQuad];
-#pragma unroll
-        for (int r = 0; r < kQuad; ++r) {
-          x[r] = next[r];
-          next[r] = ahead[r];
-          ahead[r] = counted[r] && v + 2 * kThreads < end ? __ldg(logits[r] + v + 2 * kThreads) : 0.0f;
-        }
-        uint32_t const index = vocab_start + static_cast<uint32_t>(v);
-        float y[kQuad];
-        bool near[kQuad];  // not below the row's threshold by a margin: the full test decides
-        bool any_near = false;
-#pragma unroll
-        for (int r = 0; r < kQuad; ++r) {
-          y[r] = fs_mul(x[r], inv_t[r]);
-          near[r] = counted[r] && in_range && !(y[r] < surely_below[r]);
-          any_near |= near[r];
-        }
-        bool survivor[kQuad] = {false, false, false, false};
-        if (any_near) {
-#pragma unroll
-          for (int r = 0; r < kQuad; ++r) {
-            if (!near[r] || !quad[r].min_p.keeps(y[r])) continue;
-            survivor[r] = true;
-            if (stats) allowed[r] += 1;
-            if (draws) add_mass(mass_max[r], mass_sum[r], has_nan[r], y[r]);
-          }
-        }
-        queue_survivors(index, x, survivor);
-        draw_queued(v - threadIdx.x + kThreads >= end);
-      }
-      if (stats) {
-#pragma unroll
-        for (int r = 0; r < kQuad; ++r) {
-          first[r] = counted[r] ? pack_top_candidate(static_cast<float>(quad[r].min_p.y0), 0) : PackedCandidate{0};
-        }
-      }
+      sparse_min_p_pass(quad, queue, results, begin, end, vocab_start, s, stats, with_mass);
     } else if (lean) {
       // Every counted row draws noise with the shared blocks; no bias, no mask. Sample 0's first
       // key is kept as the largest y (fmaxf passes NaN by) and whether any y was a number.
@@ -568,28 +651,13 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
         if ((step & 7) == 0 || last) refresh_floors();
       }
     }
-    // The CTA's best per row, and (sample 0) its statistics.
+    // The warps' results per row (the sparse pass published its own), then the CTA's.
+    if (!sparse) {
 #pragma unroll
-    for (int r = 0; r < kQuad; ++r) {
-      if (!counted[r]) continue;
-      PackedCandidate const best = warp_max(pack_candidate(best_score[r], best_index[r]));
-      if (lane == 0) warp_best[warp][r] = best;
-      if (stats) {
-        PackedCandidate const f = warp_max(first[r]);
-        uint32_t const a = warp_sum(allowed[r]);
-        uint32_t const n = warp_sum(has_nan[r] ? 1u : 0u);
-        float m = mass_max[r], sum = mass_sum[r];
-#pragma unroll
-        for (int d = 16; d > 0; d >>= 1) {
-          float const om = __shfl_xor_sync(kFullMask, m, d), os = __shfl_xor_sync(kFullMask, sum, d);
-          merge_mass(m, sum, om, os);
-        }
-        if (lane == 0) {
-          warp_first[warp][r] = f;
-          warp_allowed[warp][r] = a;
-          warp_nan[warp][r] = n;
-          warp_mass[warp][r][0] = m;
-          warp_mass[warp][r][1] = sum;
+      for (int r = 0; r < kQuad; ++r) {
+        if (counted[r]) {
+          publish_warp_row(results, r, stats, best_score[r], best_index[r], first[r], allowed[r], has_nan[r],
+                           mass_max[r], mass_sum[r]);
         }
       }
     }
@@ -598,15 +666,15 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
       int const r = threadIdx.x;
       int64_t const row = int64_t{blockIdx.y} * kQuad + r;
       PackedCandidate best = 0;
-      for (int w = 0; w < kWarps; ++w) best = warp_best[w][r] > best ? warp_best[w][r] : best;
+      for (int w = 0; w < kWarps; ++w) best = results.best[w][r] > best ? results.best[w][r] : best;
       ws.candidates[(row * p.num_samples + s) * chunks + blockIdx.x] = best;
       if (stats) {
         ChunkPartial out{0, 0, 0, -INFINITY, 0.0f};
         for (int w = 0; w < kWarps; ++w) {
-          out.first = warp_first[w][r] > out.first ? warp_first[w][r] : out.first;
-          out.allowed += warp_allowed[w][r];
-          out.has_nan |= warp_nan[w][r];
-          merge_mass(out.mass_max, out.mass_sum, warp_mass[w][r][0], warp_mass[w][r][1]);
+          out.first = results.first[w][r] > out.first ? results.first[w][r] : out.first;
+          out.allowed += results.allowed[w][r];
+          out.has_nan |= results.nan[w][r];
+          merge_mass(out.mass_max, out.mass_sum, results.mass[w][r][0], results.mass[w][r][1]);
         }
         ws.partials[row * chunks + blockIdx.x] = out;
       }
