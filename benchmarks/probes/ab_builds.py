@@ -7,13 +7,22 @@ alternating between the builds; then a table of after / before per cell.
   PYTHONPATH=<tree> python benchmarks/probes/ab_builds.py time --label before --round 0 --out DIR
   python benchmarks/probes/ab_builds.py compare --out DIR --stem ab_<what>_<gpu>_<date>
 
-ab_builds.sh runs the whole A/B on the GPU machine (two builds, alternating rounds, table).
+A kernel after the GEMM (truncation, logprobs) is compared by its own device time instead:
+profile_truncation.py's output with each build, then
+
+  python benchmarks/probes/ab_builds.py compare-profiles BEFORE.log AFTER.log
+
+prints each call's total and every kernel whose time moved, before -> after.
+
+ab_builds.sh runs the whole A/B on the GPU machine (two builds, alternating rounds, table;
+PROFILE_ARGS: also profile_truncation.py with each build and compare-profiles).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -92,6 +101,35 @@ def compare(args) -> None:
     print(table)
 
 
+def profile_lines(path: str) -> dict[str, tuple[float, dict[str, float]]]:
+    """profile_truncation.py's lines "[call] total T us: kernel t, kernel t, ..." by call."""
+    calls = {}
+    for line in Path(path).read_text().splitlines():
+        match = re.match(r"\[(.*?)\] total ([\d.]+) us: (.*)", line)
+        if match:
+            kernels = {}
+            for part in match.group(3).split(", "):
+                name, _, us = part.rpartition(" ")
+                kernels[name] = float(us)
+            calls[match.group(1)] = (float(match.group(2)), kernels)
+    return calls
+
+
+def compare_profiles(args) -> None:
+    before, after = profile_lines(args.before_log), profile_lines(args.after_log)
+    for call, (total_before, kernels_before) in before.items():
+        if call not in after:
+            continue
+        total_after, kernels_after = after[call]
+        moved = []
+        for name in dict.fromkeys([*kernels_before, *kernels_after]):
+            a, b = kernels_before.get(name, 0.0), kernels_after.get(name, 0.0)
+            if abs(b - a) >= args.min_us:
+                moved.append(f"{name} {a:.1f} -> {b:.1f}")
+        print(f"{call:40s} total {total_before:7.1f} -> {total_after:7.1f} us ({total_after / total_before:.3f})"
+              + ("; " + ", ".join(moved) if moved else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="mode", required=True)
@@ -108,8 +146,12 @@ def main() -> None:
     c.add_argument("--after", default="after")
     c.add_argument("--before-desc", default="before")
     c.add_argument("--after-desc", default="after")
+    p = sub.add_parser("compare-profiles")
+    p.add_argument("before_log")
+    p.add_argument("after_log")
+    p.add_argument("--min-us", type=float, default=0.5, help="list the kernels that moved by at least this")
     args = parser.parse_args()
-    time_build(args) if args.mode == "time" else compare(args)
+    {"time": time_build, "compare": compare, "compare-profiles": compare_profiles}[args.mode](args)
 
 
 if __name__ == "__main__":

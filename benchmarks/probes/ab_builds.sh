@@ -4,6 +4,8 @@
 # tree side by side, times them in ROUNDS alternating rounds, writes the after/before table.
 #   carry: .whl (nvidia-cutlass wheel), the BASE folder
 #   usage: bash benchmarks/probes/ab_builds.sh BASE STEM "before description" "after description"
+#   PROFILE_ARGS: also profile_truncation.py with these options on each build, compared per kernel
+#   (ab_builds.py compare-profiles); ROUNDS=0 skips the kernel benchmark's rounds
 set -uo pipefail
 BASE=$1 STEM=$2
 OUT=${OUT:-/tmp/ab_out}
@@ -29,4 +31,15 @@ for round in $(seq 0 $(( ROUNDS - 1 ))); do
       --out "$OUT/ab" ${AB_ARGS:-} || exit 1
   done
 done
-python3 benchmarks/probes/ab_builds.py compare --out "$OUT/ab" --stem "$STEM" --before-desc "$3" --after-desc "$4"
+if [ "$ROUNDS" -gt 0 ]; then
+  python3 benchmarks/probes/ab_builds.py compare --out "$OUT/ab" --stem "$STEM" --before-desc "$3" --after-desc "$4"
+fi
+if [ -n "${PROFILE_ARGS:-}" ]; then
+  for label in before after; do
+    tree=.; [ $label = before ] && tree=$BASE
+    eval "PYTHONPATH=\"$tree:/tmp/site\" python3 benchmarks/probes/profile_truncation.py $PROFILE_ARGS" \
+      > "$OUT/ab/profile_$label.log" 2>&1 || { tail -20 "$OUT/ab/profile_$label.log"; exit 1; }
+  done
+  python3 benchmarks/probes/ab_builds.py compare-profiles "$OUT/ab/profile_before.log" "$OUT/ab/profile_after.log" \
+    | tee "$OUT/ab/${STEM}_profiles.txt"
+fi
