@@ -262,8 +262,9 @@ __device__ __forceinline__ void drain_queue(QueuedDraw const* queue, int& head, 
   }
 }
 
-// MinP::keeps for a y within 1e-8 of the threshold, or NaN (rare): out of line, so that the sparse
-// pass's loop stays small in the instruction cache.
+// MinP::keeps for a y within 1e-8 of the threshold or NaN (rare), and for every token of a row whose
+// threshold has no float margin (a first y of magnitude 1e6 or more): out of line, so that the
+// sparse pass's loop stays small in the instruction cache.
 __device__ __noinline__ bool min_p_keeps_out_of_line(MinP const& min_p, float y) { return min_p.keeps(y); }
 
 // One sample's pass over a quad of min_p rows whose first y stage 2 knows, every counted row drawing
@@ -275,7 +276,7 @@ __device__ __noinline__ bool min_p_keeps_out_of_line(MinP const& min_p, float y)
 // pass is bound by its loads and the instructions around them, so it takes one row at a time, four
 // tokens a load with the next kSparseLoads loads in flight, and a warp queues tokens only in the
 // steps where a lane holds one near the threshold. Its state is its own (the general loops' per-row arrays are
-// dead here), so it runs without spills at the kernel's register bound.
+// dead here), so its loop runs without spills at the kernel's register bound.
 __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], QueuedDraw* queue, WarpResults& results,
                                                int64_t begin, int64_t end, uint32_t vocab_start, int sample,
                                                bool stats, bool with_mass) {
@@ -326,7 +327,9 @@ __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], 
       drain_queue(queue, head, queued, false, true, quad, sample, keep);
     };
     // The chunk's tokens before its first 16-byte boundary and after its last, one a thread (threads
-    // 0-3 and 4-7), then the aligned middle as float4.
+    // 0-3 and 4-7), then the aligned middle as float4. The fused pass's stored rows and the chunks
+    // start on 16-byte boundaries, so today only a row's last tokens take this step (V not a
+    // multiple of four); the head keeps the pass right for any row start.
     int64_t const misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(row + begin) & 15u) / sizeof(float));
     int64_t const head_end = misaligned == 0 ? begin : (begin + 4 - misaligned < end ? begin + 4 - misaligned : end);
     int64_t const body_end = head_end + (end - head_end) / 4 * 4;
@@ -390,10 +393,11 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
 }
 
 // 1. Per sample the best candidate of each row's chunk; sample 0 also the chunk's statistics.
-// A thread takes one token of the four rows a step (the next step's loads in flight), so the
-// loop is one compact body: its code is inlined for the four rows, and the logarithms, which few
-// tokens need, are drawn from the warp's queue in one place. kMinPRows: the launch has
-// streamed_first_y, whose min_p rows' survivors also pass min_p.
+// In the general loops a thread takes one token of the four rows a step (the next step's loads in
+// flight), so the loop is one compact body: its code is inlined for the four rows, and the
+// logarithms, which few tokens need, are drawn from the warp's queue in one place. kMinPRows: the
+// launch has streamed_first_y, whose min_p rows' survivors also pass min_p; a quad of such rows
+// alone (sparse) takes sparse_min_p_pass instead.
 template <bool kMinPRows>
 __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
     streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int64_t chunk_tokens, int chunks) {
