@@ -115,13 +115,15 @@ struct Workspace {
 
 // A token whose logarithms are due, waiting in its warp's queue: drawn where they lie, the
 // logarithms would cost the whole warp a step for every step in which any lane needs them.
-struct QueuedDraw {
+struct alignas(16) QueuedDraw {  // one 16-byte store
   float x;
   uint32_t bits;
   uint32_t index;
   int row;  // of the quad
 };
-constexpr int kQueue = 160;  // 32 drawn at a time: up to 31 left plus 4 rows x 32 added
+// 32 drawn at a time: up to 31 left plus 4 x 32 added; a power of two, so that the ring's index is a mask
+constexpr int kQueue = 256;
+static_assert((kQueue & (kQueue - 1)) == 0 && kQueue >= 31 + 4 * 32, "kQueue: a power of two that holds a step");
 // The min_p rows' pass (sparse quads): float4 loads a thread has in flight.
 constexpr int kSparseLoads = 4;
 
@@ -247,7 +249,7 @@ __device__ __forceinline__ void drain_queue(QueuedDraw const* queue, int& head, 
     __syncwarp();
     int const count = queued < 32 ? queued : 32;
     if (lane < count) {
-      QueuedDraw const d = queue[(head + lane) % kQueue];
+      QueuedDraw const d = queue[(head + lane) & (kQueue - 1)];
       QuadRow const& q = quad[d.row];
       uint32_t bits = d.bits;
       if (draw_bits) {
@@ -256,7 +258,7 @@ __device__ __forceinline__ void drain_queue(QueuedDraw const* queue, int& head, 
       }
       keep(d.row, fs_perturbed_score(d.x, q.in.inv_t, fs_gumbel_from_bits(bits)), static_cast<int32_t>(d.index));
     }
-    head = (head + count) % kQueue;
+    head = (head + count) & (kQueue - 1);
     queued -= count;
     __syncwarp();
   }
@@ -299,31 +301,48 @@ __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], 
         best_index = index;
       }
     };
-    // Tokens first .. first + 3 of the row, those below `limit`: survivors counted and queued.
-    auto visit4 = [&](float4 const x4, int64_t first, int64_t limit) {
+    // The first `valid` of four tokens from `first`: survivors counted and queued. A warp step with
+    // a survivor (nearly every step of a flat row) places them with one scan of the lanes' counts.
+    auto visit4 = [&](float4 const x4, int64_t first, int valid) {
       float const x[4] = {x4.x, x4.y, x4.z, x4.w};
       float y[4];
-      bool near[4];  // not below the threshold by a margin: MinP::keeps decides
-      bool any_near = false;
+      unsigned near_bits = 0, sure_bits = 0;  // not below the threshold by a margin; above it by one
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         y[e] = fs_mul(x[e], inv_t);
-        near[e] = first + e < limit && !(y[e] < surely_below);
-        any_near |= near[e];
+        bool const near = e < valid && !(y[e] < surely_below);
+        near_bits |= near ? 1u << e : 0u;
+        sure_bits |= near && y[e] >= surely_above ? 1u << e : 0u;
       }
-      if (!__any_sync(kFullMask, any_near)) return;
+      if (!__any_sync(kFullMask, near_bits != 0)) return;
+      unsigned keep_bits = sure_bits;
+      if (near_bits != sure_bits) {  // within 1e-8 of the threshold, or NaN: MinP::keeps decides
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (((near_bits & ~sure_bits) >> e & 1u) && min_p_keeps_out_of_line(q.min_p, y[e])) keep_bits |= 1u << e;
+        }
+      }
+      int const mine = __popc(keep_bits);
+      if (stats) allowed += mine;
+      if (draws && keep_bits != 0) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (keep_bits >> e & 1u) add_mass(mass_max, mass_sum, has_nan, y[e]);
+        }
+      }
+      int inclusive = mine;  // the warp's inclusive scan of the counts
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        int const other = __shfl_up_sync(kFullMask, inclusive, d);
+        inclusive += lane >= d ? other : 0;
+      }
+      int slot = head + queued + inclusive - mine;
+      uint32_t const index = vocab_start + static_cast<uint32_t>(first);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        bool const survivor = near[e] && (y[e] >= surely_above || min_p_keeps_out_of_line(q.min_p, y[e]));
-        if (survivor && stats) allowed += 1;
-        if (survivor && draws) add_mass(mass_max, mass_sum, has_nan, y[e]);
-        unsigned const lanes = __ballot_sync(kFullMask, survivor);
-        if (survivor) {
-          queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) % kQueue] = {
-              x[e], 0u, vocab_start + static_cast<uint32_t>(first + e), r};
-        }
-        queued += __popc(lanes);
+        if (keep_bits >> e & 1u) queue[slot++ & (kQueue - 1)] = {x[e], 0u, index + e, r};
       }
+      queued += __shfl_sync(kFullMask, inclusive, 31);
       drain_queue(queue, head, queued, false, true, quad, sample, keep);
     };
     // The chunk's tokens before its first 16-byte boundary and after its last, one a thread (threads
@@ -337,7 +356,7 @@ __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], 
       int64_t const t = threadIdx.x < 4 ? head_end - 4 + threadIdx.x : body_end + threadIdx.x - 4;
       bool const in_range = threadIdx.x < 4 ? t >= begin : t < end;
       float const x = in_range ? __ldg(row + t) : 0.0f;
-      visit4(make_float4(x, 0.0f, 0.0f, 0.0f), t, in_range ? t + 1 : t);
+      visit4(make_float4(x, 0.0f, 0.0f, 0.0f), t, in_range ? 1 : 0);
     }
     // One visit4 in the loop (its code, with the queue's drain, is large), the loads of the next
     // kSparseLoads steps in flight.
@@ -355,7 +374,7 @@ __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], 
       for (int j = 0; j + 1 < kSparseLoads; ++j) ahead[j] = ahead[j + 1];
       int64_t const later = i + int64_t{kSparseLoads} * kThreads;
       ahead[kSparseLoads - 1] = later < vectors ? __ldg(body + later) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      visit4(x4, head_end + 4 * i, i < vectors ? body_end : head_end);
+      visit4(x4, head_end + 4 * i, i < vectors ? 4 : 0);
     }
     drain_queue(queue, head, queued, true, true, quad, sample, keep);
     PackedCandidate const first = pack_top_candidate(static_cast<float>(q.min_p.y0), 0);
@@ -523,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
           due = !(fs_perturbed_score(x[r], inv_t[r], fs_gumbel_upper_bound_from_bits(bits)) < floor[r]);
         }
         unsigned const lanes = __ballot_sync(kFullMask, due);
-        if (due) queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) % kQueue] = {x[r], bits, index, r};
+        if (due) queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) & (kQueue - 1)] = {x[r], bits, index, r};
         queued += __popc(lanes);
       }
     };
