@@ -579,10 +579,10 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
         floor[r] = published < 2u ? -INFINITY : from_order_bits(published);
       }
     };
-    float next[kQuad];
+    float next[kQuad];  // the general loops' first step (the sparse pass loads its own)
     int64_t v = begin + threadIdx.x;
 #pragma unroll
-    for (int r = 0; r < kQuad; ++r) next[r] = counted[r] && v < end ? __ldg(logits[r] + v) : 0.0f;
+    for (int r = 0; r < kQuad; ++r) next[r] = !sparse && counted[r] && v < end ? __ldg(logits[r] + v) : 0.0f;
     // This step's logits of the quad's rows into `current`, the next step's loads in flight.
     auto advance = [&](float (&current)[kQuad]) {
 #pragma unroll
