@@ -85,6 +85,7 @@ struct RoundPartial {
 // verify it and draw the next in the same pass. A row undecided after them takes the cut path.
 constexpr int kRounds = 4;
 constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a round's pass
+constexpr int kRoundCtasPerSm = 4;         // the grid's CTAs an SM (launch_streaming_rows), resident at once
 // A round's item is a chunk of a row, a multiple of kRoundChunkTokens (16 tokens a thread) long,
 // sized on the device from the round's row count so that the items about fill one wave of the
 // grid: an item's setup (its row's parameters, then the merge of its partial through a fence and
@@ -924,11 +925,40 @@ struct RoundChunk {
     }
   }
 
-  // run<true> without a draw, four tokens a thread and load: the masses of every key and of the
-  // keys strictly ahead of t.
+  // run<true> without a draw (round 0: with_total), four tokens a thread and load: the masses of
+  // every key and of the keys strictly ahead of t. Steps wholly inside the chunk test no bounds,
+  // and "ahead of t" compares the key's two 32-bit halves (its order bits, then the index) rather
+  // than building the 64-bit key: the loop's cost is its instructions an element.
   __device__ __forceinline__ void run_verify_vectorized(int64_t begin, int64_t end, float inv_t) {
     constexpr int64_t kStep = int64_t{kRoundUnroll} * kThreads * 4;
-    for (int64_t base = begin; base < end; base += kStep) {
+    uint32_t const t_order = static_cast<uint32_t>(t_key >> 32);
+    uint32_t const t_index = top_candidate_index(t_key);
+    FixedMass every = 0;  // the whole steps' masses, the row's total where with_total
+    int64_t base = begin;
+    for (; base + kStep <= end; base += kStep) {
+      float4 raw[kRoundUnroll];
+#pragma unroll
+      for (int j = 0; j < kRoundUnroll; ++j) {
+        raw[j] = __ldg(reinterpret_cast<float4 const*>(in.logits + base + (int64_t{j} * kThreads + threadIdx.x) * 4));
+      }
+#pragma unroll
+      for (int j = 0; j < kRoundUnroll; ++j) {
+        uint32_t const index = in.vocab_start + static_cast<uint32_t>(base + (int64_t{j} * kThreads + threadIdx.x) * 4);
+        float const xs[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float const y = fs_mul(xs[e], inv_t);
+          uint32_t const order = order_bits(y);  // pack_top_candidate's high half
+          bool const is_ahead = order > t_order || (order == t_order && index + e < t_index);
+          FixedMass const m = fixed_mass(y, y0);
+          every += m;
+          ahead += is_ahead ? m : 0ull;
+        }
+      }
+    }
+    total += with_total ? every : 0ull;
+    // The chunk's last partial step, bounds tested.
+    for (; base < end; base += kStep) {
       float4 raw[kRoundUnroll];
 #pragma unroll
       for (int j = 0; j < kRoundUnroll; ++j) {
@@ -974,7 +1004,7 @@ struct RoundChunk {
 };
 
 template <bool kVerify, bool kDraw>
-__global__ void __launch_bounds__(kThreads) top_p_round_kernel(LogitsSamplerParams const p, Workspace ws,
+__global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(LogitsSamplerParams const p, Workspace ws,
                                                                int round) {
   __shared__ RoundPartial warp_partial[kWarps];
   __shared__ bool last_cta;
@@ -1105,7 +1135,7 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
     // small too).
     int const chunks_a_row = static_cast<int>(round_chunks(p.vocab_size));
     int64_t const most_items = p.batch_size * chunks_a_row;
-    int const items_grid = static_cast<int>(std::min<int64_t>(4 * (sm_count < 1 ? 1 : sm_count), most_items));
+    int const items_grid = static_cast<int>(std::min<int64_t>(kRoundCtasPerSm * (sm_count < 1 ? 1 : sm_count), most_items));
     top_p_round_kernel<true, false><<<items_grid, kThreads, 0, stream>>>(p, ws, 0);
     top_p_round_kernel<false, true><<<items_grid, kThreads, 0, stream>>>(p, ws, 1);
     for (int round = 2; round < kRounds; ++round) {
