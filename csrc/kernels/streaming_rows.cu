@@ -9,7 +9,7 @@
 //     online (max, sum) pair;
 //  2. streaming_finish_kernel: a warp a row merges the chunks and writes the row's outputs as the
 //     cut path writes them (logits_rows.cuh);
-//  3. (top_p rows of streamed_first_y) top_p_round_kernel, four launches: the winner of step 1
+//  3. (top_p rows of streamed_first_y) top_p_round_kernel, kRounds launches: the winner of step 1
 //     verified against the row's top_p, and where it fails the next winner ahead of it (below).
 //
 // Where the fused truncation's GEMM drew every streamed row's winner (streamed_winners: a top_p
@@ -81,9 +81,12 @@ struct RoundPartial {
   FixedMass total;        // mass of every allowed key (round 0)
   PackedCandidate best;   // the best candidate strictly ahead of t (pack_candidate)
 };
-// The rounds: 0 verifies every row's t; 1 draws the next t of the rows that failed; 2 and 3
-// verify it and draw the next in the same pass. A row undecided after them takes the cut path.
-constexpr int kRounds = 4;
+// The rounds alternate: the even ones verify their rows' t (no noise), the odd ones draw the next
+// t of the rows that failed. A verified t is kept by most rows (a flat row's first t at top_p =
+// 0.9 about nine times in ten, the next one about 29 times in 30), so a round that also drew the
+// next t for every row it verifies would draw mostly for nothing. A row still undecided after
+// the last round (its third t failed) takes the cut path.
+constexpr int kRounds = 5;
 constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a round's pass
 constexpr int kRoundCtasPerSm = 4;         // the grid's CTAs an SM (launch_streaming_rows), resident at once
 // A round's item is a chunk of a row, a multiple of kRoundChunkTokens (16 tokens a thread) long,
@@ -815,26 +818,28 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
 // (top_p_reached, the cut path's rule on the same fixed-point integers). Else every survivor lies
 // strictly ahead of t, and the best candidate strictly ahead of it is the next t (the cut path's
 // winner-first passes, here over many CTAs a row). t passed min_p (the pass's survivors did), and
-// so does every key ahead of it. Round 0 verifies every row's t (no noise: most rows are decided
-// there), round 1 draws the next t of the rows that failed, rounds 2 and 3 verify it and draw the
-// next in the same pass. Each round takes the rows of its list (the finish kernel's, then the
+// so does every key ahead of it. Round 0 verifies every row's t (most rows are decided there),
+// round 1 draws the next t of the rows that failed, round 2 verifies it, and so on (kRounds). Each
+// round takes the rows of its list (the finish kernel's, then the
 // previous round's), as (row, chunk) items spread over the grid (round_chunk_tokens), so that a
 // few rows left for the later rounds still spread over every multiprocessor; the last CTA to finish
 // a row's chunks (a ticket) merges them, decides, and puts the row on the next round's list, or
 // after the last round hands it to the cut path (NaN in streamed_first_y, appended to `rows`).
 
-// A round's decision for a row, from the merged chunks (one thread): t stays the sample, or the
-// best candidate ahead of it becomes the next t (written as the row's sample; none, from NaN
-// scores only: token -1, as on the cut path's winner-first passes), or (verified and failed, not
-// drawn) the next round draws it. Puts the row on the next round's list or, after the last,
-// hands it to the cut path.
+// A round's decision for a row, from the merged chunks (one thread): a verifying round keeps t
+// as the sample or (it failed) lists the row for the next round, which draws; a drawing round
+// writes the best candidate ahead of t as the row's sample and next t (none, from NaN scores
+// only: token -1, as on the cut path's winner-first passes) and lists the row for the next
+// round, which verifies it. After the last round (a verifying one) a failed row goes to the cut
+// path.
+static_assert(kRounds % 2 == 1, "kRounds: the last round verifies what the one before drew");
 __device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, int round, int64_t row,
                              RowInput const& in, RowNoiseKey const& noise, double y0, FixedMass ahead, FixedMass total,
-                             PackedCandidate best, bool verified, bool drawn) {
+                             PackedCandidate best, bool drawn) {
   RoundRow& state = ws.round_rows[row];
   if (round == 0) state.total = total;
   double const top_p = row_top_p(p, row);
-  if (verified && !top_p_reached(ahead, state.total, top_p)) return;  // t is the sample, already written
+  if (!drawn && !top_p_reached(ahead, state.total, top_p)) return;  // t is the sample, already written
   bool pending = true;  // on the next round's list
   if (drawn) {
     int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
@@ -855,12 +860,13 @@ __device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, 
   append_row(next, row);
 }
 
-// One (row, chunk) item of a round: the mass of the allowed keys strictly ahead of t (and, round
-// 0, of every allowed key) and the best candidate strictly ahead of t. The draw skips what cannot
+// One (row, chunk) item of a round: verifying (!kDraw), the mass of the allowed keys strictly
+// ahead of t (and, round 0, of every allowed key); drawing, the best candidate strictly ahead of
+// t. The draw skips what cannot
 // win as the streaming pass does: a token whose score with the largest noise any bits give stays
 // below the warp's best so far draws no Philox block, and one whose bits bound its noise below it
 // no logarithms (the skips are exact: strictly below a score already drawn).
-template <bool kVerify, bool kDraw>
+template <bool kDraw>
 struct RoundChunk {
   PackedCandidate t_key;
   double y0;
@@ -877,7 +883,7 @@ struct RoundChunk {
     float const inv_t = in.greedy ? 1.0f : in.inv_t;  // fs_mul(x, 1) == x: a greedy row's y
     float const max_noise = fs_gumbel_upper_bound_from_bits(kFullMask);
     float floor = -INFINITY;
-    if constexpr (kLean && kVerify && !kDraw) {
+    if constexpr (kLean && !kDraw) {
       // Round 0 (no draw): four tokens a load where the row's chunk is 16-byte aligned (the fused
       // truncation's stored rows are), so that four times the bytes are in flight; the integer
       // sums do not depend on which thread adds which token.
@@ -907,7 +913,7 @@ struct RoundChunk {
           key = in.key(v, v < end, raw[j], x, y);
         }
         bool const is_ahead = key > t_key;  // t_key > 0: excluded keys (0) are never ahead
-        if constexpr (kVerify) add_masses(key, y);
+        if constexpr (!kDraw) add_masses(key, y);
         if (kDraw && is_ahead) {
           uint32_t const index = top_candidate_index(key);
           if (in.greedy) {
@@ -1003,7 +1009,7 @@ struct RoundChunk {
   }
 };
 
-template <bool kVerify, bool kDraw>
+template <bool kDraw>
 __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(LogitsSamplerParams const p, Workspace ws,
                                                                int round) {
   __shared__ RoundPartial warp_partial[kWarps];
@@ -1026,7 +1032,7 @@ __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(
     PackedCandidate const t_key = __ldcg(&ws.round_rows[row].t_key);
     int64_t const begin = int64_t{chunk} * chunk_tokens;
     int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
-    RoundChunk<kVerify, kDraw> part{t_key, y0, round == 0, in, noise};
+    RoundChunk<kDraw> part{t_key, y0, round == 0, in, noise};
     // Without bias and mask (the fused truncation's stored x, when the call has no mask) the
     // element's arithmetic has no branch on them.
     if (in.bias == nullptr && in.mask == nullptr) {
@@ -1075,7 +1081,7 @@ __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(
         row_total += __shfl_xor_sync(kFullMask, row_total, d);
       }
       row_best = warp_max(row_best);
-      if (lane == 0) decide_round(p, ws, round, row, in, noise, y0, row_ahead, row_total, row_best, kVerify, kDraw);
+      if (lane == 0) decide_round(p, ws, round, row, in, noise, y0, row_ahead, row_total, row_best, kDraw);
     }
     __syncthreads();  // warp_partial and last_cta are written again for the next item
   }
@@ -1136,10 +1142,12 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
     int const chunks_a_row = static_cast<int>(round_chunks(p.vocab_size));
     int64_t const most_items = p.batch_size * chunks_a_row;
     int const items_grid = static_cast<int>(std::min<int64_t>(kRoundCtasPerSm * (sm_count < 1 ? 1 : sm_count), most_items));
-    top_p_round_kernel<true, false><<<items_grid, kThreads, 0, stream>>>(p, ws, 0);
-    top_p_round_kernel<false, true><<<items_grid, kThreads, 0, stream>>>(p, ws, 1);
-    for (int round = 2; round < kRounds; ++round) {
-      top_p_round_kernel<true, true><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
+    for (int round = 0; round < kRounds; ++round) {
+      if (round % 2 == 0) {
+        top_p_round_kernel<false><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
+      } else {
+        top_p_round_kernel<true><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
+      }
     }
   }
   return cudaGetLastError();
