@@ -211,7 +211,7 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
     and leave a row still undecided after the last round to the cut kernel (with a top_k tensor
     such rows take the row list). Tokens and scores as the CPU op's, bit for bit; the profiler
     checks that the rounds ran where they should. V - 3: a row's last chunk ends inside a group of
-    four tokens (round 0's vector loads)."""
+    four tokens (the verifying rounds' vector loads)."""
     from torch.profiler import ProfilerActivity, profile
 
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 7 * len(truncation), vocab=vocab)

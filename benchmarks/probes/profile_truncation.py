@@ -2,7 +2,7 @@
 the logits GEMM, the selection kernel and anything else each form launches.
 
   python3 benchmarks/probes/profile_truncation.py --batches 1,16,64,256 --regimes flat,llm
-  (--launches: also each launch of one call in order, e.g. the four top_p rounds apart;
+  (--launches: also each launch of one call in order, e.g. the top_p rounds apart;
    --timeline: one CUDA-graph replay of the call, each kernel with the idle time before it, and
    the replay's span against the sum of its kernels' times: what the launches between kernels cost;
    --dispatch noise_skip=0,...: DispatchOptions for an A/B in one process, e.g. the exact skip off)

@@ -884,7 +884,7 @@ struct RoundChunk {
     float const max_noise = fs_gumbel_upper_bound_from_bits(kFullMask);
     float floor = -INFINITY;
     if constexpr (kLean && !kDraw) {
-      // Round 0 (no draw): four tokens a load where the row's chunk is 16-byte aligned (the fused
+      // A verifying round: four tokens a load where the row's chunk is 16-byte aligned (the fused
       // truncation's stored rows are), so that four times the bytes are in flight; the integer
       // sums do not depend on which thread adds which token.
       if (reinterpret_cast<uintptr_t>(in.logits + begin) % 16 == 0) {
@@ -931,7 +931,7 @@ struct RoundChunk {
     }
   }
 
-  // run<true> without a draw (round 0: with_total), four tokens a thread and load: the masses of
+  // run<true> of a verifying round (with_total in round 0), four tokens a thread and load: the masses of
   // every key and of the keys strictly ahead of t. Steps wholly inside the chunk test no bounds,
   // and "ahead of t" compares the key's two 32-bit halves (its order bits, then the index) rather
   // than building the 64-bit key: the loop's cost is its instructions an element.
