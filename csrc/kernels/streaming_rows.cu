@@ -932,63 +932,53 @@ struct RoundChunk {
   }
 
   // run<true> of a verifying round (with_total in round 0), four tokens a thread and load: the masses of
-  // every key and of the keys strictly ahead of t. Steps wholly inside the chunk test no bounds,
-  // and "ahead of t" compares the key's two 32-bit halves (its order bits, then the index) rather
-  // than building the 64-bit key: the loop's cost is its instructions an element.
+  // every key and of the keys strictly ahead of t. The chunk's whole steps test no bounds (its last
+  // partial step, if any, does), and "ahead of t" compares the key's two 32-bit halves (its order
+  // bits, then the index) rather than building the 64-bit key: the loop's cost is its
+  // instructions an element.
   __device__ __forceinline__ void run_verify_vectorized(int64_t begin, int64_t end, float inv_t) {
     constexpr int64_t kStep = int64_t{kRoundUnroll} * kThreads * 4;
     uint32_t const t_order = static_cast<uint32_t>(t_key >> 32);
     uint32_t const t_index = top_candidate_index(t_key);
-    FixedMass every = 0;  // the whole steps' masses, the row's total where with_total
+    FixedMass every = 0;  // the masses of every key, the row's total where with_total
     int64_t base = begin;
-    for (; base + kStep <= end; base += kStep) {
-      float4 raw[kRoundUnroll];
+    for (; base + kStep <= end; base += kStep) verify_step<false>(base, end, inv_t, t_order, t_index, every);
+    if (base < end) verify_step<true>(base, end, inv_t, t_order, t_index, every);
+    total += with_total ? every : 0ull;
+  }
+
+  // One step of run_verify_vectorized: kRoundUnroll float4 loads a thread from `base`; kBounded
+  // for a step that reaches past `end` (its tokens there load nothing and add no mass).
+  template <bool kBounded>
+  __device__ __forceinline__ void verify_step(int64_t base, int64_t end, float inv_t, uint32_t t_order,
+                                              uint32_t t_index, FixedMass& every) {
+    float4 raw[kRoundUnroll];
 #pragma unroll
-      for (int j = 0; j < kRoundUnroll; ++j) {
-        raw[j] = __ldg(reinterpret_cast<float4 const*>(in.logits + base + (int64_t{j} * kThreads + threadIdx.x) * 4));
-      }
-#pragma unroll
-      for (int j = 0; j < kRoundUnroll; ++j) {
-        uint32_t const index = in.vocab_start + static_cast<uint32_t>(base + (int64_t{j} * kThreads + threadIdx.x) * 4);
-        float const xs[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float const y = fs_mul(xs[e], inv_t);
-          uint32_t const order = order_bits(y);  // pack_top_candidate's high half
-          bool const is_ahead = order > t_order || (order == t_order && index + e < t_index);
-          FixedMass const m = fixed_mass(y, y0);
-          every += m;
-          ahead += is_ahead ? m : 0ull;
-        }
+    for (int j = 0; j < kRoundUnroll; ++j) {
+      int64_t const v = base + (int64_t{j} * kThreads + threadIdx.x) * 4;
+      if (!kBounded || v + 3 < end) {
+        raw[j] = __ldg(reinterpret_cast<float4 const*>(in.logits + v));
+      } else {
+        raw[j].x = v < end ? __ldg(in.logits + v) : 0.0f;
+        raw[j].y = v + 1 < end ? __ldg(in.logits + v + 1) : 0.0f;
+        raw[j].z = v + 2 < end ? __ldg(in.logits + v + 2) : 0.0f;
+        raw[j].w = 0.0f;  // v + 3 >= end
       }
     }
-    total += with_total ? every : 0ull;
-    // The chunk's last partial step, bounds tested.
-    for (; base < end; base += kStep) {
-      float4 raw[kRoundUnroll];
 #pragma unroll
-      for (int j = 0; j < kRoundUnroll; ++j) {
-        int64_t const v = base + (int64_t{j} * kThreads + threadIdx.x) * 4;
-        if (v + 3 < end) {
-          raw[j] = __ldg(reinterpret_cast<float4 const*>(in.logits + v));
-        } else {
-          raw[j].x = v < end ? __ldg(in.logits + v) : 0.0f;
-          raw[j].y = v + 1 < end ? __ldg(in.logits + v + 1) : 0.0f;
-          raw[j].z = v + 2 < end ? __ldg(in.logits + v + 2) : 0.0f;
-          raw[j].w = 0.0f;  // v + 3 >= end
-        }
-      }
+    for (int j = 0; j < kRoundUnroll; ++j) {
+      int64_t const v = base + (int64_t{j} * kThreads + threadIdx.x) * 4;
+      uint32_t const index = in.vocab_start + static_cast<uint32_t>(v);
+      float const xs[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
 #pragma unroll
-      for (int j = 0; j < kRoundUnroll; ++j) {
-        int64_t const v = base + (int64_t{j} * kThreads + threadIdx.x) * 4;
-        float const xs[4] = {raw[j].x, raw[j].y, raw[j].z, raw[j].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float const y = fs_mul(xs[e], inv_t);
-          add_masses(v + e < end ? pack_top_candidate(y, in.vocab_start + static_cast<uint32_t>(v + e))
-                                 : PackedCandidate{0},
-                     y);
-        }
+      for (int e = 0; e < 4; ++e) {
+        float const y = fs_mul(xs[e], inv_t);
+        uint32_t const order = order_bits(y);  // pack_top_candidate's high half
+        bool const is_ahead = order > t_order || (order == t_order && index + e < t_index);
+        FixedMass m = fixed_mass(y, y0);
+        if constexpr (kBounded) m = v + e < end ? m : 0ull;
+        every += m;
+        ahead += is_ahead ? m : 0ull;
       }
     }
   }
