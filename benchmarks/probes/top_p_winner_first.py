@@ -50,7 +50,7 @@ def winner_first(y: torch.Tensor, scores: torch.Tensor, top_p: float,
     batch, vocab = y.shape
     rank = truncation_rank(y, None)
     order = torch.sort(rank, dim=1, stable=True).indices
-    position = torch.empty_like(order).scatter_(1, order, torch.arange(vocab).expand(batch, vocab))
+    position = torch.empty_like(order).scatter_(1, order, torch.arange(vocab, device=y.device).expand(batch, vocab))
     y64 = y.double()
     y0 = y64.gather(1, order[:, :1])
     ratio = torch.exp(y64 - y0)
@@ -61,8 +61,8 @@ def winner_first(y: torch.Tensor, scores: torch.Tensor, top_p: float,
     passes_min_p = torch.ones_like(ratio, dtype=torch.bool) if min_p is None else ratio >= min_p
     candidates = torch.ones_like(ratio, dtype=torch.bool)
     tokens = torch.where(candidates, scores, -torch.inf).argmax(dim=1)  # pass 1
-    passes = torch.ones(batch, dtype=torch.int64)
-    done = torch.zeros(batch, dtype=torch.bool)
+    passes = torch.ones(batch, dtype=torch.int64, device=y.device)
+    done = torch.zeros(batch, dtype=torch.bool, device=y.device)
     while not bool(done.all()):
         live = ~done
         passes += live.long()  # this pass: the mass ahead of t and the best strictly ahead
