@@ -550,6 +550,32 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
         queued += __popc(lanes);
       }
     };
+    // draw_bits in the lean loop: the quad's rows share the lead's block, each row taking its word
+    // of it (row_word), and a step in which no lane leaves a token within reach of its row's floor
+    // (most steps once the floors have risen) costs one vote instead of a ballot a row.
+    auto draw_bits_lean = [&](uint32_t index, float const (&x)[kQuad], bool const (&wants_noise)[kQuad],
+                              uint32_t const (&row_word)[kQuad]) {
+      Philox4 const block = fs_noise_block(lead.seed, lead.offset + s, index, lead.stream >> 2);
+      uint32_t bits[kQuad];
+      bool due[kQuad];
+      bool any_due = false;
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        bits[r] = fs_philox_lane(block, row_word[r]);
+        due[r] = wants_noise[r] &&
+                 !(fs_perturbed_score(x[r], inv_t[r], fs_gumbel_upper_bound_from_bits(bits[r])) < floor[r]);
+        any_due |= due[r];
+      }
+      if (!__any_sync(kFullMask, any_due)) return;
+#pragma unroll
+      for (int r = 0; r < kQuad; ++r) {
+        unsigned const lanes = __ballot_sync(kFullMask, due[r]);
+        if (due[r]) {
+          queue[(head + queued + __popc(lanes & ((1u << lane) - 1u))) & (kQueue - 1)] = {x[r], bits[r], index, r};
+        }
+        queued += __popc(lanes);
+      }
+    };
     // The logarithms of the queued tokens, 32 at a time (the rest after the chunk).
     auto draw_queued = [&](bool last) {
       drain_queue(queue, head, queued, last, false, quad, s, [&](int row, float score, int32_t index) {
@@ -602,10 +628,12 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
       // key is kept as the largest y (fmaxf passes NaN by) and whether any y was a number.
       float y_max[kQuad];
       bool any_number[kQuad];
+      uint32_t row_word[kQuad];  // the word of the shared block that row r's stream takes
 #pragma unroll
       for (int r = 0; r < kQuad; ++r) {
         y_max[r] = -INFINITY;
         any_number[r] = false;
+        row_word[r] = quad[r].noise.stream & 3u;
       }
       for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
         bool const in_range = v < end;
@@ -628,7 +656,7 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
           wants_noise[r] = survivor && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
           any_noise |= wants_noise[r];
         }
-        if (__any_sync(kFullMask, any_noise)) draw_bits(index, x, wants_noise, any_noise);
+        if (__any_sync(kFullMask, any_noise)) draw_bits_lean(index, x, wants_noise, row_word);
         bool const last = v - threadIdx.x + kThreads >= end;
         draw_queued(last);
         if ((step & 7) == 0 || last) refresh_floors();
