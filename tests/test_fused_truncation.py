@@ -392,6 +392,46 @@ def test_fused_truncation_chi_square(truncation, temperature):
 
 
 @requires_sm90
+@pytest.mark.parametrize("batch", [16, 100])
+def test_top_p_rounds_graph_replay(batch):
+    """top_p alone on flat rows, one sample: the top_p rounds (launches that read their rows'
+    count on the device) run inside a captured CUDA graph. Each replay with a new offset gives the
+    eager call's tokens and scores (top_p = 0.5 fails many first winners, so the drawing rounds and
+    later rounds find rows), and the replays differ. Up to 64 rows the GEMM draws the winners;
+    beyond, the streaming pass does."""
+    from torch.profiler import ProfilerActivity, profile
+
+    hidden, weight, _ = exact_problem(batch, "flat", seed=batch)
+    hidden, weight = hidden.cuda(), weight.cuda()
+    top_p = torch.full((batch,), 0.5, dtype=torch.float64, device="cuda")
+    offset = torch.tensor(0, device="cuda")
+    seed = torch.tensor(17, device="cuda")
+
+    def step(o):
+        return fs.sample_with_scores(hidden, weight, temperature=0.8, seed=seed, offset=o, top_p=top_p,
+                                     truncation_path="fused_top_k")
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(offset)  # warm up outside the capture
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    assert any("top_p_round_kernel" in n for n in names), names
+    assert any("streaming_sample_kernel" in n for n in names) == (batch > 64), names
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(offset)
+    seen = []
+    for replay in range(3):
+        offset.fill_(replay * 3 + 1)
+        graph.replay()
+        eager = step(torch.tensor(replay * 3 + 1, device="cuda"))
+        assert torch.equal(captured.tokens, eager.tokens)
+        assert torch.equal(captured.scores, eager.scores)
+        seen.append(captured.tokens.clone())
+    assert not torch.equal(seen[0], seen[1])
+
+
+@requires_sm90
 def test_fused_truncation_graph_replay_and_compile():
     batch = 16
     weight = lm_head_weight(V, D, seed=4)
