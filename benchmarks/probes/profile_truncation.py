@@ -2,7 +2,8 @@
 the logits GEMM, the selection kernel and anything else each form launches.
 
   python3 benchmarks/probes/profile_truncation.py --batches 1,16,64,256 --regimes flat,llm
-  (--launches: also each launch of one call in order, e.g. the top_p rounds apart;
+  (--launches: also each launch of a call in order, the mean of --calls calls and where one took
+   longer the largest, e.g. the top_p rounds apart;
    --timeline: one CUDA-graph replay of the call, each kernel with the idle time before it, and
    the replay's span against the sum of its kernels' times: what the launches between kernels cost;
    --dispatch noise_skip=0,...: DispatchOptions for an A/B in one process, e.g. the exact skip off)
@@ -31,7 +32,8 @@ def main() -> None:
     parser.add_argument("--forms", default=None)
     parser.add_argument("--path", default="auto")
     parser.add_argument("--calls", type=int, default=10)
-    parser.add_argument("--launches", action="store_true", help="also each kernel launch of one call, in order")
+    parser.add_argument("--launches", action="store_true",
+                        help="also each kernel launch of a call, in order (mean of --calls calls)")
     parser.add_argument("--timeline", action="store_true",
                         help="also one CUDA-graph replay: each kernel with the idle gap before it")
     parser.add_argument("--dispatch", default="", help="DispatchOptions to set, e.g. noise_skip=0,top_p_tile_winners=0")
@@ -61,20 +63,33 @@ def main() -> None:
                     print("    graph replay: " + graph_timeline(lambda: flashsampling_cuda.sample(  # noqa: B023
                         hidden, weight, temperature=temperature, truncation_path=path, **kwargs)), flush=True)
                 if args.launches:
-                    print("    launches: " + launch_times(lambda: flashsampling_cuda.sample(  # noqa: B023
-                        hidden, weight, temperature=temperature, truncation_path=path, **kwargs)), flush=True)
+                    times = launch_times(lambda: flashsampling_cuda.sample(  # noqa: B023
+                        hidden, weight, temperature=temperature, truncation_path=path, **kwargs), args.calls)
+                    print(f"    launches (mean of {args.calls} calls): {times}", flush=True)
 
 
-def launch_times(call) -> str:
-    """Each CUDA kernel of one call, in launch order, with its device time (µs)."""
+def launch_times(call, calls: int = 1) -> str:
+    """Each CUDA kernel of a call, in launch order, with its device time (µs): the mean over
+    `calls` calls and, where one took more than 1 µs longer, the largest (a round's rows, and so
+    its time, vary from call to call). One call's times where the calls' launches differ."""
     call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        call()
+        for _ in range(calls):
+            call()
         torch.cuda.synchronize()
     events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
                     key=lambda e: e.time_range.start)
-    return ", ".join(f"{kernel_label(e.name)[:48]} {e.device_time:.1f}" for e in events)
+    names = [kernel_label(e.name)[:48] for e in events]
+    per_call = len(events) // calls
+    if per_call * calls != len(events) or any(names[i] != names[i % per_call] for i in range(len(names))):
+        return launch_times(call, 1) + " (one call: the calls' launches differ)" if calls > 1 else ""
+    parts = []
+    for i in range(per_call):
+        times = [events[c * per_call + i].device_time for c in range(calls)]
+        mean, most = sum(times) / calls, max(times)
+        parts.append(f"{names[i]} {mean:.1f}" + (f" (max {most:.1f})" if most - mean > 1.0 else ""))
+    return ", ".join(parts)
 
 
 if __name__ == "__main__":
