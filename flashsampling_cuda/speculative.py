@@ -415,7 +415,7 @@ def _position_noise_args(step: _Step, positions: int, device) -> dict:
 def fused_top_k_takes_positions(hidden: Tensor, weight: Tensor, step: _Step) -> bool:
     """Whether :func:`position_tokens_truncated_fused` takes this step: the fused top-k pass takes
     its ``B * (n + 1)`` rows as ``sample`` takes a batch of them with these seeds and offsets
-    ("auto": docs/truncation.md; per-row offsets keep a host top_k above 64 on the logits path),
+    ("auto": docs/truncation.md; per-row offsets keep a host top_k above 1024 on the logits path),
     without the model-side transforms (which that pass does not apply)."""
     if step.truncation is None or step.logit_scale != 1.0 or step.logit_softcap is not None:
         return False

@@ -1,7 +1,8 @@
 """The fused top-k pass with every truncation form (issue #33, sm90): ``[B]`` top_k / top_p /
 min_p, top_p or min_p alone, top_k above 64, per-row mixes with rows whose truncation is off.
-Stage 2 decides the rows the GEMM's candidates settle (top_k <= 64, or a top_p / min_p cut
-within the first 64 tokens); the others are sampled from the logits the same GEMM pass stored.
+Stage 2 decides the rows the GEMM's candidates settle (top_k <= 64, top_k <= 1024 without top_p,
+or a top_p / min_p cut within the first 64 tokens); the others are sampled from the logits the
+same GEMM pass stored.
 
 On logits that are exact in fp32 (small multiples of powers of two: every summation order
 gives the same bits) the fused path returns the CPU op's tokens and scores on the same logits,
@@ -50,6 +51,8 @@ def per_row(kind, batch):
         "k": [50, 0, 1, -1, V + 5, 7, 2000, 64, 65, 20],
         "p": [0.9, 1.0, 0.5, 0.0, 0.999, float("nan"), 0.95, 1.5, 0.3, 0.8],
         "m": [0.05, 0.0, 0.3, 1.0, 1.5, -0.5, float("nan"), 0.01, 0.1, 0.0],
+        # around the limits of stage 2's selections (64 with top_p, 1024 without)
+        "k_large": [1000, 65, 0, 1024, 1025, 200, 5000, 64, 700, 3],
     }[kind]
     dtype = torch.int64 if kind == "k" else torch.float64
     return torch.tensor([values[b % len(values)] for b in range(batch)], dtype=dtype)
@@ -63,6 +66,9 @@ FORMS = {
     "p_scalar": dict(top_p=0.9),
     "min_p_scalar": dict(min_p=0.05),
     "k1000": dict(top_k=1000),
+    "k300_min_p_rows": dict(top_k=300, min_p="m"),
+    "k_large_rows": dict(top_k="k_large"),
+    "k_large_rows_min_p_scalar": dict(top_k="k_large", min_p=0.02),
     "k_rows_p_scalar": dict(top_k="k", top_p=0.95),
 }
 
@@ -293,10 +299,10 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
 @requires_sm90
 @pytest.mark.parametrize("batch", [3, 40, 64])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
-@pytest.mark.parametrize("top_k", [100, 1000])
+@pytest.mark.parametrize("top_k", [1500, 5000])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
 def test_large_top_k_rows_decided_by_their_winner_equal_cpu_op(top_k, regime, batch, controls):
-    """A host top_k above 64 alone, one sample, the batch-wide seed: the GEMM draws the tile
+    """A host top_k above 1024 alone, one sample, the batch-wide seed: the GEMM draws the tile
     winners, and stage 2 gives a row plain sampling's token when it lies among the row's first 64
     tokens (peaked rows), else the logits sampler samples it (flat rows). The CPU op's tokens and
     scores on the same logits bit for bit, and the same as without the winners (every row on the
@@ -378,7 +384,7 @@ def test_streamed_min_p_rows_equal_cpu_op(vocab, batch, num_samples, return_logp
 
 @requires_sm90
 @pytest.mark.parametrize("truncation, temperature", [(dict(top_p=0.8), 1.0), (dict(min_p=0.1), 0.7),
-                                                     (dict(top_k="k20", top_p=0.9), 1.2)])
+                                                     (dict(top_k="k20", top_p=0.9), 1.2), (dict(top_k=200), 1.5)])
 def test_fused_truncation_chi_square(truncation, temperature):
     batch, samples, vocab = 4, 20_000, 8192
     weight = lm_head_weight(vocab, 64, seed=1)

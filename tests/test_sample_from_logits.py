@@ -416,27 +416,30 @@ def test_path_choice_on_cuda(monkeypatch):
 
 def test_path_choice_on_sm90(monkeypatch):
     """On sm90 the fused pass takes every form (its GEMM stores the logits of the rows stage 2
-    leaves); elsewhere a host top_k <= 64 only. A host top_k above 64 takes it where the GEMM draws
-    the tile winners and the measurements favour it (up to 4 rows, alone, one sample, a batch-wide
-    seed and offset), else the logits path."""
+    leaves); elsewhere a host top_k <= 64 only. A host top_k up to 1024 without top_p is selected
+    in stage 2 at every batch; a larger one takes the fused pass where the GEMM draws the tile
+    winners and the measurements favour it (up to 4 rows, alone, one sample, a batch-wide seed and
+    offset), else the logits path, as does a top_k above 64 with top_p."""
     kwargs = dict(sparse_bias_ids=None, seed=torch.tensor(1), offset=None, num_samples=1)
     shapes = (_CudaShape(4, 16), _CudaShape(32768, 16))
     forms = [truncation.Truncation(None, 0.9, None), truncation.Truncation(None, None, 0.05),
-             truncation.Truncation(torch.full((4,), 20), 0.9, None), truncation.Truncation(1000, None, None)]
+             truncation.Truncation(torch.full((4,), 20), 0.9, None), truncation.Truncation(1000, None, None),
+             truncation.Truncation(1024, None, 0.05), truncation.Truncation(5000, None, None)]
     monkeypatch.setattr(truncation, "cuda_arch", lambda device: 90)
     choose = truncation.choose_truncation_path
-    assert [choose("auto", t, *shapes, kwargs) for t in forms] == ["fused_top_k"] * 4
+    assert [choose("auto", t, *shapes, kwargs) for t in forms] == ["fused_top_k"] * 6
     for batch in (16, 64, 256):
         large = (_CudaShape(batch, 16), shapes[1])
-        assert [choose("auto", t, *large, kwargs) for t in forms] == ["fused_top_k"] * 3 + ["logits"]
-    assert choose("fused_top_k", forms[3], *large, kwargs) == "fused_top_k"
-    for no_winners in (dict(kwargs, num_samples=2), dict(kwargs, seed=torch.arange(4)),
-                       dict(kwargs, offset=torch.arange(4))):
-        assert choose("auto", forms[3], *shapes, no_winners) == "logits"
+        assert [choose("auto", t, *large, kwargs) for t in forms] == ["fused_top_k"] * 5 + ["logits"]
+    assert choose("fused_top_k", forms[5], *large, kwargs) == "fused_top_k"
+    for per_call in (dict(kwargs, num_samples=2), dict(kwargs, seed=torch.arange(4)),
+                     dict(kwargs, offset=torch.arange(4))):
+        assert choose("auto", forms[3], *shapes, per_call) == "fused_top_k"
+        assert choose("auto", forms[5], *shapes, per_call) == "logits"
     assert choose("auto", truncation.Truncation(1000, 0.9, None), *shapes, kwargs) == "logits"
-    assert choose("auto", truncation.Truncation(1000, None, 0.05), *shapes, kwargs) == "logits"
+    assert choose("auto", truncation.Truncation(5000, None, 0.05), *shapes, kwargs) == "logits"
     monkeypatch.setattr(truncation, "cuda_arch", lambda device: 100)
-    assert [truncation.choose_truncation_path("auto", t, *shapes, kwargs) for t in forms] == ["logits"] * 4
+    assert [truncation.choose_truncation_path("auto", t, *shapes, kwargs) for t in forms] == ["logits"] * 6
     with pytest.raises(ValueError, match="unless the GPU is sm90"):
         truncation.choose_truncation_path("fused_top_k", forms[0], *shapes, kwargs)
 

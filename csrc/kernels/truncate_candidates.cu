@@ -55,8 +55,6 @@ constexpr size_t kMaxDynamicSmem = 216 * 1024;
 struct Stage2Shared {
   unsigned hist[256];
   PackedCandidate group_max[kMaxFusedTopK];
-  PackedCandidate survivor_key[kMaxFusedTopK];
-  float survivor_x[kMaxFusedTopK];
   PackedCandidate sorted_key[kMaxFusedTopK];
   float sorted_x[kMaxFusedTopK];
   int repair_tiles[kThreads];
@@ -68,6 +66,8 @@ struct Stage2Shared {
   int tiles_ahead;        // tiles whose first y is above the winner's (a row with a large top_k)
   int count, survivors, repair_count, digit;
   unsigned remaining;
+  unsigned long long kept_mass_fixed;  // finish_large_top_k_row
+  int nan_mass;
 };
 
 // The truncation key of a stage-1 key: x -> y = fl(x * inv_t) (greedy rows: y = x), index kept.
@@ -87,9 +87,14 @@ __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n,
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) sh.hist[i] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      PackedCandidate const key = keys[i];
-      if ((key & prefix_mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
+    for (int base = 0; base < n; base += kThreads) {
+      int const i = base + threadIdx.x;
+      PackedCandidate const key = i < n ? keys[i] : 0;
+      unsigned const digit = i < n && (key & prefix_mask) == prefix ? static_cast<unsigned>((key >> shift) & 255u) : 256u;
+      // One atomic a digit and warp: the first digits (the sign and exponent of y) are shared by
+      // most keys, whose atomics on one counter would run one after another.
+      unsigned const peers = __match_any_sync(0xFFFFFFFFu, digit);
+      if (digit < 256u && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&sh.hist[digit], __popc(peers));
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -130,30 +135,28 @@ __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n,
   return prefix;
 }
 
-// Keeps the entries of keys/xs[0, n) with key >= threshold and not `excluded`, at the front
-// (through the survivor arrays: at most kMaxFusedTopK of them). Returns their count.
+// Keeps the entries of keys/xs[0, n) with key >= threshold and not `excluded` at the front, in
+// place and in any order: each chunk of kThreads entries is read before its survivors are
+// written, and the survivors so far never outnumber the entries read. Returns their count.
 template <class Excluded>
 __device__ int block_keep_at_least(PackedCandidate* keys, float* xs, int n, PackedCandidate threshold,
                                    Excluded const& excluded, Stage2Shared& sh) {
   if (threadIdx.x == 0) sh.survivors = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    PackedCandidate const key = keys[i];
-    if (key != 0 && key >= threshold && !excluded(key)) {
+  for (int base = 0; base < n; base += kThreads) {
+    int const i = base + threadIdx.x;
+    PackedCandidate const key = i < n ? keys[i] : 0;
+    float const x = i < n ? xs[i] : 0.0f;
+    bool const keep = key != 0 && key >= threshold && !excluded(key);
+    __syncthreads();  // the chunk is read (and the count zeroed) before survivors are written
+    if (keep) {
       int const at = atomicAdd(&sh.survivors, 1);
-      if (at < kMaxFusedTopK) {
-        sh.survivor_key[at] = key;
-        sh.survivor_x[at] = xs[i];
-      }
+      keys[at] = key;
+      xs[at] = x;
     }
   }
   __syncthreads();
-  int const kept = min(sh.survivors, kMaxFusedTopK);
-  for (int i = threadIdx.x; i < kept; i += kThreads) {
-    keys[i] = sh.survivor_key[i];
-    xs[i] = sh.survivor_x[i];
-  }
-  __syncthreads();
+  int const kept = sh.survivors;
+  __syncthreads();  // read before the next call zeroes it
   return kept;
 }
 
@@ -432,6 +435,99 @@ __device__ void decide_by_winner(SamplerParams const& p, int64_t row, Stage2Shar
   }
 }
 
+// A row with a top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] and no top_p (block-wide): its m
+// survivors of top_k in keys / xs[0, m), in any order. min_p keeps those within min_p of the
+// first token's probability (and the first), then each sample is the Gumbel-Max winner among the
+// kept ones with the noise of plain sampling, as the warp-wide finish below. The kept mass
+// (exp(y - y0) <= 1 each) is summed as fixed-point integers of 2^-52, so that the entries' order,
+// which the atomics set, moves no bit of the log-probabilities.
+__device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, PackedCandidate const* keys,
+                                       float const* xs, int m, bool min_p_on, double min_p, float inv_t,
+                                       Stage2Shared& sh) {
+  bool const greedy = inv_t == 0.0f;
+  bool const invalid_temperature = inv_t != inv_t;
+  PackedCandidate first = 0;
+  for (int i = threadIdx.x; i < m; i += kThreads) first = max_key(first, keys[i]);
+  first = block_max_key(first, sh);
+  auto key_y = [](PackedCandidate key) {
+    uint32_t const hi = static_cast<uint32_t>(key >> 32);
+    return hi <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi));  // NaN y: no mass
+  };
+  double const y0 = key_y(first);
+  auto kept = [&](PackedCandidate key, double ratio) { return !min_p_on || ratio >= min_p || key == first; };
+  if (threadIdx.x == 0) {
+    sh.kept_mass_fixed = 0;
+    sh.nan_mass = 0;
+  }
+  __syncthreads();
+  unsigned long long mass_fixed = 0;
+  bool nan_mass = false;
+  for (int i = threadIdx.x; i < m; i += kThreads) {
+    double const ratio = exp(key_y(keys[i]) - y0);  // NaN when y0 is +-inf
+    if (!kept(keys[i], ratio)) continue;
+    if (ratio != ratio) {
+      nan_mass = true;
+    } else {
+      mass_fixed += static_cast<unsigned long long>(__double2ll_rn(ratio * 0x1p52));
+    }
+  }
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) mass_fixed += __shfl_xor_sync(0xFFFFFFFFu, mass_fixed, delta);
+  nan_mass = __any_sync(0xFFFFFFFFu, nan_mass);
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(&sh.kept_mass_fixed, mass_fixed);
+    if (nan_mass) sh.nan_mass = 1;
+  }
+  __syncthreads();
+  double const kept_mass = sh.nan_mass ? NAN : static_cast<double>(sh.kept_mass_fixed) * 0x1p-52;
+  double const lse = m == 0 ? -INFINITY : y0 + log(kept_mass);
+
+  NoiseSource const& src = p.noise;
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(src, batch_seed, batch_offset);
+  RowNoiseKey const key = row_noise_key(src, batch_seed, batch_offset, static_cast<uint32_t>(row), /*sample=*/0);
+  for (int s = 0; s < p.num_samples; ++s) {
+    // Each thread's best, then the block's as a packed (score, index): unsigned order is
+    // fs_candidate_better's, NaN scores 0 (no sample); the thread holding it writes it.
+    float best_score = -INFINITY;
+    int32_t best_index = kNoCandidate;
+    double best_y = 0.0;
+    for (int i = threadIdx.x; i < m && !invalid_temperature; i += kThreads) {
+      PackedCandidate const entry = keys[i];
+      double const y = key_y(entry);
+      if (!kept(entry, exp(y - y0))) continue;
+      uint32_t const index = top_candidate_index(entry);
+      float const x = xs[i];
+      float const score =
+          greedy ? x
+                 : fs_perturbed_score(
+                       x, inv_t, fs_gumbel_noise(key.seed, key.offset, key.stream, static_cast<uint32_t>(s), index));
+      if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
+        best_score = score;
+        best_index = static_cast<int32_t>(index);
+        best_y = y;
+      }
+    }
+    PackedCandidate const mine = best_index == kNoCandidate ? PackedCandidate{0} : pack_candidate(best_score, best_index);
+    PackedCandidate const winner = block_max_key(mine, sh);
+    __syncthreads();  // every thread has read the warps' maxima before the next sample's
+    bool const found = winner != 0 && static_cast<uint32_t>(winner >> 32) != 0u;
+    int64_t const out = row * p.num_samples + s;
+    if (found && mine == winner) {
+      p.tokens[out] = best_index;
+      if (p.scores) p.scores[out] = best_score;
+      if (p.logprobs) p.token_logprobs[out] = static_cast<float>(best_y - lse);
+    } else if (!found && threadIdx.x == 0) {
+      p.tokens[out] = (m == 0 && p.controls.allowed_mask) ? p.empty_mask_token : -1;
+      if (p.scores) p.scores[out] = -INFINITY;
+      if (p.logprobs) p.token_logprobs[out] = __uint_as_float(0x7fc00000u);
+    }
+  }
+  if (threadIdx.x == 0 && p.logprobs) {
+    p.logsumexp[row] = invalid_temperature ? __uint_as_float(0x7fc00000u) : static_cast<float>(lse);
+  }
+}
+
 // tile_winners / streamed_winners (draw_tile_winners, else null): the GEMM's tile winners, and
 // where stage 2 puts the winner of each row it streams.
 __global__ void __launch_bounds__(kThreads, 1)
@@ -460,10 +556,15 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // A row without top_k the candidates cannot decide may be left to the logits sampler's
   // streaming kernels with its first y (below); every other row's entry stays NaN.
   if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
-  // A row with a top_k above kMaxFusedTopK alone, where the GEMM drew the tile winners: selected
-  // as a row without top_k, then decide_by_winner.
-  bool const large_top_k_row = given_k > kMaxFusedTopK && !top_p_on && !min_p_on && tile_winners != nullptr;
-  if (!certify && !top_logprob_row && !large_top_k_row && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
+  // A row with a top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] without top_p: its top_k selected
+  // from the candidates in shared memory, then finish_large_top_k_row.
+  bool const large_top_k_row = given_k > kMaxFusedTopK && given_k <= kMaxFusedLargeTopK && !top_p_on;
+  // A row with a larger top_k alone, where the GEMM drew the tile winners: selected as a row
+  // without top_k, then decide_by_winner.
+  bool const winner_top_k_row =
+      given_k > kMaxFusedLargeTopK && !top_p_on && !min_p_on && tile_winners != nullptr;
+  if (!certify && !top_logprob_row && !large_top_k_row && !winner_top_k_row &&
+      !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
     // A larger top_k, or nothing on. Where the GEMM drew the tile winners (a call of one sample
     // without log-probabilities) a row without a cut has its sample: the best of them.
     PackedCandidate const winner =
@@ -479,7 +580,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
     return;
   }
-  bool const first_tokens = certify || top_logprob_row || large_top_k_row;  // the row's first kMaxFusedTopK
+  bool const first_tokens = certify || top_logprob_row || winner_top_k_row;  // the row's first kMaxFusedTopK
   int const k = first_tokens ? kMaxFusedTopK : static_cast<int>(given_k);
   SamplingControls const& controls = p.controls;
   float const inv_t = row_inv_temperature(controls, static_cast<uint32_t>(row), p.inv_temperature);
@@ -491,7 +592,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   auto row_y_key = [&](PackedCandidate x_key) { return y_key(x_key, inv_t, greedy); };
 
   PackedCandidate* keys = reinterpret_cast<PackedCandidate*>(dynamic_smem);
-  int64_t const capacity = max(num_tiles * C, int64_t{kMaxFusedTopK} + int64_t{kRepairTiles} * vocab_tile);
+  int64_t const capacity = max(num_tiles * C, int64_t{kMaxFusedLargeTopK} + int64_t{kRepairTiles} * vocab_tile);
   PackedCandidate* tile_last = keys + capacity;
   float* xs = reinterpret_cast<float*>(tile_last + num_tiles);
   uint32_t* tile_first_y = reinterpret_cast<uint32_t*>(xs + capacity);
@@ -500,11 +601,11 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // top_k its first y (the largest of the tiles' first: x -> y is monotone) and how many tiles
   // hold a token, and for its top_p the tiles' log-masses (copied into xs, free until the keys
   // >= tau fill it) and their winners.
-  bool const bounded = num_tiles >= 2 * int64_t{k};
+  bool const bounded = k <= kMaxFusedTopK && num_tiles >= 2 * int64_t{k};
   bool const wants_mass = ((certify && top_p_on) || top_logprob_row) && tile_log_masses != nullptr;
-  bool const wants_winner = ((certify && top_p_on) || top_logprob_row || large_top_k_row) && tile_winners != nullptr;
+  bool const wants_winner = ((certify && top_p_on) || top_logprob_row || winner_top_k_row) && tile_winners != nullptr;
   float2* const log_mass_copy = reinterpret_cast<float2*>(xs);  // capacity >= 4 num_tiles floats
-  for (int g = threadIdx.x; g < k; g += kThreads) sh.group_max[g] = 0;
+  for (int g = threadIdx.x; g < k && bounded; g += kThreads) sh.group_max[g] = 0;
   if (threadIdx.x == 0) {
     sh.count = sh.tiles_with_token = sh.min_p_tiles = sh.tiles_ahead = 0;
     sh.first_y_bits = 0;
@@ -544,7 +645,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   bool const raw_top_logprob_row = top_logprob_row && p.top_logprobs.raw_logsumexp != nullptr;
   bool row_usable = false;  // a finite first y and the GEMM's log-masses
   PackedCandidate const row_winner = wants_winner ? block_max_key(winner_part, sh) : PackedCandidate{0};
-  if (large_top_k_row && row_winner != 0 && !invalid_temperature) {
+  if (winner_top_k_row && row_winner != 0 && !invalid_temperature) {
     // The winner ranks past the first kMaxFusedTopK tokens when that many tiles' first tokens have
     // a larger y (a flat row, usually): it goes to the logits sampler now, without the selection,
     // which could only find that out.
@@ -624,7 +725,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
 
   // 2. kappa: by ranking every entry when there are few (the top k land sorted in
   // sh.sorted_key), else by radix select.
-  bool const ranked = n <= kRankDirectly;
+  bool const ranked = n <= kRankDirectly && k <= kMaxFusedTopK;  // sh.sorted_key holds kMaxFusedTopK
   if (ranked) {
     for (int i = threadIdx.x; i < n; i += kThreads) {
       PackedCandidate const key = keys[i];
@@ -655,7 +756,9 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   for (int64_t t = threadIdx.x; t < num_tiles && !any_hidden; t += kThreads) any_hidden = tile_may_hide(t);
   bool const repaired = __syncthreads_or(any_hidden);
   if (repaired) {
-    // Keep the entries >= kappa outside the tiles to recompute (<= k), then add those tiles.
+    // Keep the entries >= kappa outside the tiles to recompute (<= k), then add those tiles, as
+    // many a round as fit beside k entries, keeping the k best after each round.
+    int const round_tiles = static_cast<int>(max(int64_t{kRepairTiles}, (capacity - k) / vocab_tile));
     n = block_keep_at_least(keys, xs, n, kappa,
                             [&](PackedCandidate key) {
                               return tile_may_hide((top_candidate_index(key) - p.vocab_start) / vocab_tile);
@@ -668,8 +771,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
       if (t < num_tiles && tile_may_hide(t)) sh.repair_tiles[atomicAdd(&sh.repair_count, 1)] = static_cast<int>(t);
       __syncthreads();
       int const repair_count = sh.repair_count;
-      for (int first = 0; first < repair_count; first += kRepairTiles) {
-        int const tiles = min(kRepairTiles, repair_count - first);
+      for (int first = 0; first < repair_count; first += round_tiles) {
+        int const tiles = min(round_tiles, repair_count - first);
         if (threadIdx.x == 0) sh.count = n;
         __syncthreads();
         auto add_token = [&](int64_t v, float x) {
@@ -708,11 +811,16 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
   }
 
-  // 4. The survivors of top_k (<= k keys), sorted: already, when ranked and not repaired.
+  // 4. The survivors of top_k (<= k keys): the last repair round kept them; sorted (up to
+  // kMaxFusedTopK) already, when ranked and not repaired.
   int m = min(n, k);
   if (repaired || !ranked) {
-    PackedCandidate const kappa_final = block_kth_largest(keys, n, k, sh);
-    m = block_keep_at_least(keys, xs, n, kappa_final, [](PackedCandidate) { return false; }, sh);
+    if (!repaired) n = block_keep_at_least(keys, xs, n, kappa, [](PackedCandidate) { return false; }, sh);
+    m = n;
+    if (large_top_k_row) {
+      finish_large_top_k_row(p, row, keys, xs, m, min_p_on, min_p, inv_t, sh);
+      return;
+    }
     if (warp == 0) {
       for (int i = lane; i < m; i += 32) {
         PackedCandidate const key = keys[i];
@@ -728,7 +836,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     if (warp == 0) finish_top_logprob_row(p, row, sh, m, row_usable, row_mass, raw_lse, row_winner, inv_t);
     return;
   }
-  if (large_top_k_row) {
+  if (winner_top_k_row) {
     if (warp == 0) decide_by_winner(p, row, sh, m, invalid_temperature ? PackedCandidate{0} : row_winner);
     return;
   }
@@ -861,7 +969,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
 }  // namespace
 
 size_t truncate_candidates_smem_bytes(int64_t num_tiles, int vocab_tile) {
-  int64_t const capacity = std::max(num_tiles * C, int64_t{kMaxFusedTopK} + int64_t{kRepairTiles} * vocab_tile);
+  int64_t const capacity = std::max(num_tiles * C, int64_t{kMaxFusedLargeTopK} + int64_t{kRepairTiles} * vocab_tile);
   size_t const smem = static_cast<size_t>(capacity) * kBytesPerEntry + static_cast<size_t>(num_tiles) * kBytesPerTile;
   return smem > kMaxDynamicSmem ? 0 : smem;
 }

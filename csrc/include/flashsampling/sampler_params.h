@@ -114,9 +114,13 @@ inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& nois
 // row where some tile may hold more than these of the row's top-k is repaired in stage 2
 // (truncate_candidates.cu recomputes that tile's logits).
 constexpr int kTopCandidatesPerTile = 4;
-// Largest top_k stage 2 of the fused truncation decides (it keeps the survivors in one warp's
-// registers); rows with larger k go to the logits sampler.
+// Largest top_k stage 2 of the fused truncation decides with top_p (it keeps the survivors in
+// one warp's registers, sorted); rows with larger k go to the logits sampler, but for those below.
 constexpr int kMaxFusedTopK = 64;
+// Largest top_k stage 2 selects without top_p (in shared memory, in any order: min_p and the
+// Gumbel-Max winner need no order). Its flat rows' top 1024 of ~150K logits hold more than 4 of
+// one 128-token tile in ~1% of tiles, which stage 2 recomputes from the stored logits.
+constexpr int kMaxFusedLargeTopK = 1024;
 
 inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const& noise, int num_samples,
                                     bool logprobs) {
@@ -171,9 +175,10 @@ struct SamplerParams {
   // from them: top_k (<= 0: off), then top_p and min_p (off: top_p >= 1, min_p <= 0), then
   // samples the survivors with the noise of plain sampling. Per-row [B] device arrays (int64
   // top_ks, float64 top_ps / min_ps) win over the scalars. Stage 2 decides a row with top_k in
-  // [1, kMaxFusedTopK], and a row without top_k whose top_p / min_p cut falls within its first
-  // kMaxFusedTopK tokens; it leaves the others (top_k above that, nothing on, or a cut past
-  // them) to the logits sampler, which needs row_logits and fallback_rows.
+  // [1, kMaxFusedTopK], a row with top_k up to kMaxFusedLargeTopK and no top_p, and a row
+  // without top_k whose top_p / min_p cut falls within its first kMaxFusedTopK tokens; it leaves
+  // the others (a larger top_k, nothing on, or a cut past them) to the logits sampler, which
+  // needs row_logits and fallback_rows.
   bool fused_truncation = false;
   int64_t top_k = 0;
   double top_p = 1.0;
@@ -264,7 +269,7 @@ inline bool fused_truncation_streams_rows(SamplerParams const& p) {
 
 // Whether the fused truncation's GEMM may draw the tile winners (SamplerParams::draw_tile_winners)
 // for a call: rows handed on by top_p alone (no top_k, no min_p: the winner over every allowed
-// token is then the first winner the rounds verify), a host top_k above kMaxFusedTopK alone (one
+// token is then the first winner the rounds verify), a host top_k above kMaxFusedLargeTopK alone (one
 // sample, no log-probabilities: the winner is the sample when it lies among the row's first
 // tokens, which stage 2 selects), or the plain sample of a top-N logprobs call (one sample), and
 // the batch-wide noise key of plain sampling, whose Philox block serves four neighbouring rows.
@@ -275,7 +280,7 @@ inline bool fused_truncation_draws_tile_winners(SamplerParams const& p) {
   bool const per_row_keys =
       p.noise.row_seeds != nullptr || p.noise.row_offsets != nullptr || p.noise.row_streams != nullptr;
   bool const top_logprobs = p.top_logprobs.top_n >= 0 && p.num_samples == 1;
-  bool const large_top_k_alone = p.top_ks == nullptr && p.top_k > kMaxFusedTopK && !call_may_cut_top_p(p) &&
+  bool const large_top_k_alone = p.top_ks == nullptr && p.top_k > kMaxFusedLargeTopK && !call_may_cut_top_p(p) &&
                                  !min_p && p.num_samples == 1 && !p.logprobs;
   return ((fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !min_p) || top_logprobs ||
           large_top_k_alone) &&
