@@ -54,7 +54,7 @@ def per_row(kind, batch):
         # around the limits of stage 2's selections (64 with top_p, 1024 without)
         "k_large": [1000, 65, 0, 1024, 1025, 200, 5000, 64, 700, 3],
     }[kind]
-    dtype = torch.int64 if kind == "k" else torch.float64
+    dtype = torch.int64 if kind.startswith("k") else torch.float64
     return torch.tensor([values[b % len(values)] for b in range(batch)], dtype=dtype)
 
 

@@ -78,6 +78,17 @@ __device__ __forceinline__ PackedCandidate y_key(PackedCandidate x_key, float in
   return (static_cast<PackedCandidate>(order_bits(y)) << 32) | static_cast<uint32_t>(x_key);
 }
 
+// A slot of `counter` for each lane of the warp that wants one, with one atomic a warp (a
+// shared counter takes its atomics one after another). Every lane of the warp calls it.
+__device__ __forceinline__ int warp_claim_slot(int* counter, bool wants) {
+  unsigned const wanting = __ballot_sync(0xFFFFFFFFu, wants);
+  int const lane = threadIdx.x % 32, leader = __ffs(wanting) - 1;
+  int first = 0;
+  if (lane == leader) first = atomicAdd(counter, __popc(wanting));
+  first = __shfl_sync(0xFFFFFFFFu, first, leader < 0 ? 0 : leader);
+  return first + __popc(wanting & ((1u << lane) - 1u));
+}
+
 // The k-th largest of keys[0, n) (block-wide; 0 when n < k): eight passes of an 8-bit digit
 // histogram, each narrowing the prefix of the k-th key.
 __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n, int k, Stage2Shared& sh) {
@@ -90,11 +101,20 @@ __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n,
     for (int base = 0; base < n; base += kThreads) {
       int const i = base + threadIdx.x;
       PackedCandidate const key = i < n ? keys[i] : 0;
-      unsigned const digit = i < n && (key & prefix_mask) == prefix ? static_cast<unsigned>((key >> shift) & 255u) : 256u;
-      // One atomic a digit and warp: the first digits (the sign and exponent of y) are shared by
-      // most keys, whose atomics on one counter would run one after another.
-      unsigned const peers = __match_any_sync(0xFFFFFFFFu, digit);
-      if (digit < 256u && static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) atomicAdd(&sh.hist[digit], __popc(peers));
+      bool const counted = i < n && (key & prefix_mask) == prefix;
+      unsigned const digit = static_cast<unsigned>((key >> shift) & 255u);
+      // One atomic a warp where its counted keys share the digit (the first digits, the sign and
+      // exponent of y, are shared by most keys, whose atomics on one counter would run one after
+      // another), else one a key.
+      unsigned const counting = __ballot_sync(0xFFFFFFFFu, counted);
+      if (counting == 0u) continue;
+      int const leader = __ffs(counting) - 1;
+      unsigned const leader_digit = __shfl_sync(0xFFFFFFFFu, digit, leader);
+      if (__all_sync(0xFFFFFFFFu, !counted || digit == leader_digit)) {
+        if (static_cast<int>(threadIdx.x % 32) == leader) atomicAdd(&sh.hist[leader_digit], __popc(counting));
+      } else if (counted) {
+        atomicAdd(&sh.hist[digit], 1u);
+      }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -148,8 +168,8 @@ __device__ int block_keep_at_least(PackedCandidate* keys, float* xs, int n, Pack
     float const x = i < n ? xs[i] : 0.0f;
     bool const keep = key != 0 && key >= threshold && !excluded(key);
     __syncthreads();  // the chunk is read (and the count zeroed) before survivors are written
+    int const at = warp_claim_slot(&sh.survivors, keep);
     if (keep) {
-      int const at = atomicAdd(&sh.survivors, 1);
       keys[at] = key;
       xs[at] = x;
     }
@@ -706,8 +726,17 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   }
   uint32_t const tau_y = static_cast<uint32_t>(tau >> 32);
 
-  // The keys >= tau, with their x. A tile's keys have y <= its first key's y.
-  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+  // The keys >= tau, with their x. A tile's keys have y <= its first key's y. A row with a large
+  // top_k has no bound: every key, at its own place (0 where a tile has fewer tokens).
+  if (large_top_k_row) {
+    for (int64_t e = threadIdx.x; e < num_tiles * C; e += kThreads) {
+      PackedCandidate const x_key = candidates[((e / C) * columns + row) * C + e % C];
+      keys[e] = row_y_key(x_key);
+      xs[e] = from_order_bits(static_cast<uint32_t>(x_key >> 32));
+    }
+    if (threadIdx.x == 0) sh.count = static_cast<int>(num_tiles * C);
+  }
+  for (int64_t t = threadIdx.x; t < num_tiles && !large_top_k_row; t += kThreads) {
     if (tile_first_y[t] < tau_y) continue;
 #pragma unroll
     for (int j = 0; j < C; ++j) {
@@ -782,11 +811,18 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
         };
         if (p.row_logits != nullptr) {
           // The GEMM's own x, as it stored them (bias added, excluded tokens marked).
-          for (int e = threadIdx.x; e < tiles * vocab_tile; e += kThreads) {
-            int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
-            if (v >= p.vocab_size) continue;
-            float const x = p.row_logits[row * p.row_logits_stride + v];
-            if (__float_as_uint(x) != kExcludedLogitBits) add_token(v, x);
+          for (int base = 0; base < tiles * vocab_tile; base += kThreads) {
+            int const e = base + threadIdx.x;
+            int64_t const v = e < tiles * vocab_tile
+                                  ? int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile
+                                  : p.vocab_size;
+            float const x = v < p.vocab_size ? p.row_logits[row * p.row_logits_stride + v] : 0.0f;
+            bool const wanted = v < p.vocab_size && __float_as_uint(x) != kExcludedLogitBits;
+            int const at = warp_claim_slot(&sh.count, wanted);
+            if (wanted) {
+              keys[at] = row_y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)));
+              xs[at] = x;
+            }
           }
         } else {
           for (int e = warp; e < tiles * vocab_tile; e += kWarps) {
