@@ -1,8 +1,8 @@
 """The fused top-k pass with every truncation form (issue #33, sm90): ``[B]`` top_k / top_p /
 min_p, top_p or min_p alone, top_k above 64, per-row mixes with rows whose truncation is off.
-Stage 2 decides the rows the GEMM's candidates settle (top_k <= 64, top_k <= 1024 without top_p,
-or a top_p / min_p cut within the first 64 tokens); the others are sampled from the logits the
-same GEMM pass stored.
+Stage 2 decides the rows the GEMM's candidates settle (top_k <= 64, a host top_k <= 1024 without
+top_p, or a top_p / min_p cut within the first 64 tokens); the others are sampled from the logits
+the same GEMM pass stored.
 
 On logits that are exact in fp32 (small multiples of powers of two: every summation order
 gives the same bits) the fused path returns the CPU op's tokens and scores on the same logits,
@@ -51,7 +51,7 @@ def per_row(kind, batch):
         "k": [50, 0, 1, -1, V + 5, 7, 2000, 64, 65, 20],
         "p": [0.9, 1.0, 0.5, 0.0, 0.999, float("nan"), 0.95, 1.5, 0.3, 0.8],
         "m": [0.05, 0.0, 0.3, 1.0, 1.5, -0.5, float("nan"), 0.01, 0.1, 0.0],
-        # around the limits of stage 2's selections (64 with top_p, 1024 without)
+        # around the limits of stage 2's selections (64; a host top_k up to 1024 without top_p)
         "k_large": [1000, 65, 0, 1024, 1025, 200, 5000, 64, 700, 3],
     }[kind]
     dtype = torch.int64 if kind.startswith("k") else torch.float64

@@ -55,6 +55,8 @@ constexpr size_t kMaxDynamicSmem = 216 * 1024;
 struct Stage2Shared {
   unsigned hist[256];
   PackedCandidate group_max[kMaxFusedTopK];
+  PackedCandidate survivor_key[kMaxFusedTopK];
+  float survivor_x[kMaxFusedTopK];
   PackedCandidate sorted_key[kMaxFusedTopK];
   float sorted_x[kMaxFusedTopK];
   int repair_tiles[kThreads];
@@ -66,8 +68,6 @@ struct Stage2Shared {
   int tiles_ahead;        // tiles whose first y is above the winner's (a row with a large top_k)
   int count, survivors, repair_count, digit;
   unsigned remaining;
-  unsigned long long kept_mass_fixed;  // finish_large_top_k_row
-  int nan_mass;
 };
 
 // The truncation key of a stage-1 key: x -> y = fl(x * inv_t) (greedy rows: y = x), index kept.
@@ -90,7 +90,10 @@ __device__ __forceinline__ int warp_claim_slot(int* counter, bool wants) {
 }
 
 // The k-th largest of keys[0, n) (block-wide; 0 when n < k): eight passes of an 8-bit digit
-// histogram, each narrowing the prefix of the k-th key.
+// histogram, each narrowing the prefix of the k-th key. kVoteDigits: a warp whose counted keys
+// share the digit counts them with one atomic (thousands of keys, whose first digits, the sign
+// and exponent of y, most share: one counter's atomics run one after another); else one a key.
+template <bool kVoteDigits = false>
 __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n, int k, Stage2Shared& sh) {
   if (n < k) return 0;
   PackedCandidate prefix = 0, prefix_mask = 0;
@@ -98,22 +101,26 @@ __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n,
   for (int shift = 56; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) sh.hist[i] = 0;
     __syncthreads();
-    for (int base = 0; base < n; base += kThreads) {
-      int const i = base + threadIdx.x;
-      PackedCandidate const key = i < n ? keys[i] : 0;
-      bool const counted = i < n && (key & prefix_mask) == prefix;
-      unsigned const digit = static_cast<unsigned>((key >> shift) & 255u);
-      // One atomic a warp where its counted keys share the digit (the first digits, the sign and
-      // exponent of y, are shared by most keys, whose atomics on one counter would run one after
-      // another), else one a key.
-      unsigned const counting = __ballot_sync(0xFFFFFFFFu, counted);
-      if (counting == 0u) continue;
-      int const leader = __ffs(counting) - 1;
-      unsigned const leader_digit = __shfl_sync(0xFFFFFFFFu, digit, leader);
-      if (__all_sync(0xFFFFFFFFu, !counted || digit == leader_digit)) {
-        if (static_cast<int>(threadIdx.x % 32) == leader) atomicAdd(&sh.hist[leader_digit], __popc(counting));
-      } else if (counted) {
-        atomicAdd(&sh.hist[digit], 1u);
+    if constexpr (kVoteDigits) {
+      for (int base = 0; base < n; base += kThreads) {
+        int const i = base + threadIdx.x;
+        PackedCandidate const key = i < n ? keys[i] : 0;
+        bool const counted = i < n && (key & prefix_mask) == prefix;
+        unsigned const digit = static_cast<unsigned>((key >> shift) & 255u);
+        unsigned const counting = __ballot_sync(0xFFFFFFFFu, counted);
+        if (counting == 0u) continue;
+        int const leader = __ffs(counting) - 1;
+        unsigned const leader_digit = __shfl_sync(0xFFFFFFFFu, digit, leader);
+        if (__all_sync(0xFFFFFFFFu, !counted || digit == leader_digit)) {
+          if (static_cast<int>(threadIdx.x % 32) == leader) atomicAdd(&sh.hist[leader_digit], __popc(counting));
+        } else if (counted) {
+          atomicAdd(&sh.hist[digit], 1u);
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < n; i += kThreads) {
+        PackedCandidate const key = keys[i];
+        if ((key & prefix_mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], 1u);
       }
     }
     __syncthreads();
@@ -155,12 +162,40 @@ __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n,
   return prefix;
 }
 
-// Keeps the entries of keys/xs[0, n) with key >= threshold and not `excluded` at the front, in
-// place and in any order: each chunk of kThreads entries is read before its survivors are
-// written, and the survivors so far never outnumber the entries read. Returns their count.
+// Keeps the entries of keys/xs[0, n) with key >= threshold and not `excluded`, at the front
+// (through the survivor arrays: at most kMaxFusedTopK of them). Returns their count.
 template <class Excluded>
 __device__ int block_keep_at_least(PackedCandidate* keys, float* xs, int n, PackedCandidate threshold,
                                    Excluded const& excluded, Stage2Shared& sh) {
+  if (threadIdx.x == 0) sh.survivors = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    PackedCandidate const key = keys[i];
+    if (key != 0 && key >= threshold && !excluded(key)) {
+      int const at = atomicAdd(&sh.survivors, 1);
+      if (at < kMaxFusedTopK) {
+        sh.survivor_key[at] = key;
+        sh.survivor_x[at] = xs[i];
+      }
+    }
+  }
+  __syncthreads();
+  int const kept = min(sh.survivors, kMaxFusedTopK);
+  for (int i = threadIdx.x; i < kept; i += kThreads) {
+    keys[i] = sh.survivor_key[i];
+    xs[i] = sh.survivor_x[i];
+  }
+  __syncthreads();
+  return kept;
+}
+
+// Keeps the entries of keys/xs[0, n) with key >= threshold and not `excluded` at the front, in
+// place and in any order (a row with a large top_k: up to kMaxFusedLargeTopK of them): each
+// chunk of kThreads entries is read before its survivors are written, and the survivors so far
+// never outnumber the entries read. Returns their count.
+template <class Excluded>
+__device__ int block_compact_at_least(PackedCandidate* keys, float* xs, int n, PackedCandidate threshold,
+                                      Excluded const& excluded, Stage2Shared& sh) {
   if (threadIdx.x == 0) sh.survivors = 0;
   for (int base = 0; base < n; base += kThreads) {
     int const i = base + threadIdx.x;
@@ -178,6 +213,20 @@ __device__ int block_keep_at_least(PackedCandidate* keys, float* xs, int n, Pack
   int const kept = sh.survivors;
   __syncthreads();  // read before the next call zeroes it
   return kept;
+}
+
+// Whether a tile whose list's C-th key is `last` may hide more keys >= kappa than its list: it
+// has C tokens and the C-th reaches kappa, or ties kappa's y where the scale x -> y can merge
+// neighbouring x (a token past the list with x below the C-th, y equal to kappa's and a smaller
+// index than kappa's; the tile's tokens start at global id `tile_start`).
+__device__ __forceinline__ bool tile_may_hide_more(PackedCandidate last, PackedCandidate kappa, bool scale_exact,
+                                                   uint32_t tile_start) {
+  if (last == 0) return false;  // fewer than C tokens: the tile's list is complete
+  if (kappa == 0 || last >= kappa) return true;
+  if (!scale_exact && static_cast<uint32_t>(last >> 32) == static_cast<uint32_t>(kappa >> 32)) {
+    return tile_start < top_candidate_index(kappa);
+  }
+  return false;
 }
 
 __device__ __forceinline__ float element_to_float(uint16_t bits, ElementType type) {
@@ -475,9 +524,11 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
   };
   double const y0 = key_y(first);
   auto kept = [&](PackedCandidate key, double ratio) { return !min_p_on || ratio >= min_p || key == first; };
+  __shared__ unsigned long long kept_mass_fixed;
+  __shared__ int nan_kept_mass;
   if (threadIdx.x == 0) {
-    sh.kept_mass_fixed = 0;
-    sh.nan_mass = 0;
+    kept_mass_fixed = 0;
+    nan_kept_mass = 0;
   }
   __syncthreads();
   unsigned long long mass_fixed = 0;
@@ -495,11 +546,11 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
   for (int delta = 16; delta > 0; delta >>= 1) mass_fixed += __shfl_xor_sync(0xFFFFFFFFu, mass_fixed, delta);
   nan_mass = __any_sync(0xFFFFFFFFu, nan_mass);
   if (threadIdx.x % 32 == 0) {
-    atomicAdd(&sh.kept_mass_fixed, mass_fixed);
-    if (nan_mass) sh.nan_mass = 1;
+    atomicAdd(&kept_mass_fixed, mass_fixed);
+    if (nan_mass) nan_kept_mass = 1;
   }
   __syncthreads();
-  double const kept_mass = sh.nan_mass ? NAN : static_cast<double>(sh.kept_mass_fixed) * 0x1p-52;
+  double const kept_mass = nan_kept_mass ? NAN : static_cast<double>(kept_mass_fixed) * 0x1p-52;
   double const lse = m == 0 ? -INFINITY : y0 + log(kept_mass);
 
   NoiseSource const& src = p.noise;
@@ -576,15 +627,10 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // A row without top_k the candidates cannot decide may be left to the logits sampler's
   // streaming kernels with its first y (below); every other row's entry stays NaN.
   if (threadIdx.x == 0 && streamed_first_y != nullptr) streamed_first_y[row] = __uint_as_float(0x7fc00000u);
-  // A row with a top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] without top_p: its top_k selected
-  // from the candidates in shared memory, then finish_large_top_k_row.
-  bool const large_top_k_row = given_k > kMaxFusedTopK && given_k <= kMaxFusedLargeTopK && !top_p_on;
-  // A row with a larger top_k alone, where the GEMM drew the tile winners: selected as a row
-  // without top_k, then decide_by_winner.
-  bool const winner_top_k_row =
-      given_k > kMaxFusedLargeTopK && !top_p_on && !min_p_on && tile_winners != nullptr;
-  if (!certify && !top_logprob_row && !large_top_k_row && !winner_top_k_row &&
-      !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
+  // A row with a top_k above kMaxFusedTopK alone, where the GEMM drew the tile winners: selected
+  // as a row without top_k, then decide_by_winner.
+  bool const large_top_k_row = given_k > kMaxFusedTopK && !top_p_on && !min_p_on && tile_winners != nullptr;
+  if (!certify && !top_logprob_row && !large_top_k_row && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
     // A larger top_k, or nothing on. Where the GEMM drew the tile winners (a call of one sample
     // without log-probabilities) a row without a cut has its sample: the best of them.
     PackedCandidate const winner =
@@ -600,7 +646,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
     return;
   }
-  bool const first_tokens = certify || top_logprob_row || winner_top_k_row;  // the row's first kMaxFusedTopK
+  bool const first_tokens = certify || top_logprob_row || large_top_k_row;  // the row's first kMaxFusedTopK
   int const k = first_tokens ? kMaxFusedTopK : static_cast<int>(given_k);
   SamplingControls const& controls = p.controls;
   float const inv_t = row_inv_temperature(controls, static_cast<uint32_t>(row), p.inv_temperature);
@@ -612,7 +658,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   auto row_y_key = [&](PackedCandidate x_key) { return y_key(x_key, inv_t, greedy); };
 
   PackedCandidate* keys = reinterpret_cast<PackedCandidate*>(dynamic_smem);
-  int64_t const capacity = max(num_tiles * C, int64_t{kMaxFusedLargeTopK} + int64_t{kRepairTiles} * vocab_tile);
+  int64_t const capacity = max(num_tiles * C, int64_t{kMaxFusedTopK} + int64_t{kRepairTiles} * vocab_tile);
   PackedCandidate* tile_last = keys + capacity;
   float* xs = reinterpret_cast<float*>(tile_last + num_tiles);
   uint32_t* tile_first_y = reinterpret_cast<uint32_t*>(xs + capacity);
@@ -621,11 +667,11 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // top_k its first y (the largest of the tiles' first: x -> y is monotone) and how many tiles
   // hold a token, and for its top_p the tiles' log-masses (copied into xs, free until the keys
   // >= tau fill it) and their winners.
-  bool const bounded = k <= kMaxFusedTopK && num_tiles >= 2 * int64_t{k};
+  bool const bounded = num_tiles >= 2 * int64_t{k};
   bool const wants_mass = ((certify && top_p_on) || top_logprob_row) && tile_log_masses != nullptr;
-  bool const wants_winner = ((certify && top_p_on) || top_logprob_row || winner_top_k_row) && tile_winners != nullptr;
+  bool const wants_winner = ((certify && top_p_on) || top_logprob_row || large_top_k_row) && tile_winners != nullptr;
   float2* const log_mass_copy = reinterpret_cast<float2*>(xs);  // capacity >= 4 num_tiles floats
-  for (int g = threadIdx.x; g < k && bounded; g += kThreads) sh.group_max[g] = 0;
+  for (int g = threadIdx.x; g < k; g += kThreads) sh.group_max[g] = 0;
   if (threadIdx.x == 0) {
     sh.count = sh.tiles_with_token = sh.min_p_tiles = sh.tiles_ahead = 0;
     sh.first_y_bits = 0;
@@ -665,7 +711,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   bool const raw_top_logprob_row = top_logprob_row && p.top_logprobs.raw_logsumexp != nullptr;
   bool row_usable = false;  // a finite first y and the GEMM's log-masses
   PackedCandidate const row_winner = wants_winner ? block_max_key(winner_part, sh) : PackedCandidate{0};
-  if (winner_top_k_row && row_winner != 0 && !invalid_temperature) {
+  if (large_top_k_row && row_winner != 0 && !invalid_temperature) {
     // The winner ranks past the first kMaxFusedTopK tokens when that many tiles' first tokens have
     // a larger y (a flat row, usually): it goes to the logits sampler now, without the selection,
     // which could only find that out.
@@ -726,17 +772,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   }
   uint32_t const tau_y = static_cast<uint32_t>(tau >> 32);
 
-  // The keys >= tau, with their x. A tile's keys have y <= its first key's y. A row with a large
-  // top_k has no bound: every key, at its own place (0 where a tile has fewer tokens).
-  if (large_top_k_row) {
-    for (int64_t e = threadIdx.x; e < num_tiles * C; e += kThreads) {
-      PackedCandidate const x_key = candidates[((e / C) * columns + row) * C + e % C];
-      keys[e] = row_y_key(x_key);
-      xs[e] = from_order_bits(static_cast<uint32_t>(x_key >> 32));
-    }
-    if (threadIdx.x == 0) sh.count = static_cast<int>(num_tiles * C);
-  }
-  for (int64_t t = threadIdx.x; t < num_tiles && !large_top_k_row; t += kThreads) {
+  // The keys >= tau, with their x. A tile's keys have y <= its first key's y.
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
     if (tile_first_y[t] < tau_y) continue;
 #pragma unroll
     for (int j = 0; j < C; ++j) {
@@ -754,7 +791,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
 
   // 2. kappa: by ranking every entry when there are few (the top k land sorted in
   // sh.sorted_key), else by radix select.
-  bool const ranked = n <= kRankDirectly && k <= kMaxFusedTopK;  // sh.sorted_key holds kMaxFusedTopK
+  bool const ranked = n <= kRankDirectly;
   if (ranked) {
     for (int i = threadIdx.x; i < n; i += kThreads) {
       PackedCandidate const key = keys[i];
@@ -785,9 +822,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   for (int64_t t = threadIdx.x; t < num_tiles && !any_hidden; t += kThreads) any_hidden = tile_may_hide(t);
   bool const repaired = __syncthreads_or(any_hidden);
   if (repaired) {
-    // Keep the entries >= kappa outside the tiles to recompute (<= k), then add those tiles, as
-    // many a round as fit beside k entries, keeping the k best after each round.
-    int const round_tiles = static_cast<int>(max(int64_t{kRepairTiles}, (capacity - k) / vocab_tile));
+    // Keep the entries >= kappa outside the tiles to recompute (<= k), then add those tiles.
     n = block_keep_at_least(keys, xs, n, kappa,
                             [&](PackedCandidate key) {
                               return tile_may_hide((top_candidate_index(key) - p.vocab_start) / vocab_tile);
@@ -800,8 +835,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
       if (t < num_tiles && tile_may_hide(t)) sh.repair_tiles[atomicAdd(&sh.repair_count, 1)] = static_cast<int>(t);
       __syncthreads();
       int const repair_count = sh.repair_count;
-      for (int first = 0; first < repair_count; first += round_tiles) {
-        int const tiles = min(round_tiles, repair_count - first);
+      for (int first = 0; first < repair_count; first += kRepairTiles) {
+        int const tiles = min(kRepairTiles, repair_count - first);
         if (threadIdx.x == 0) sh.count = n;
         __syncthreads();
         auto add_token = [&](int64_t v, float x) {
@@ -811,18 +846,11 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
         };
         if (p.row_logits != nullptr) {
           // The GEMM's own x, as it stored them (bias added, excluded tokens marked).
-          for (int base = 0; base < tiles * vocab_tile; base += kThreads) {
-            int const e = base + threadIdx.x;
-            int64_t const v = e < tiles * vocab_tile
-                                  ? int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile
-                                  : p.vocab_size;
-            float const x = v < p.vocab_size ? p.row_logits[row * p.row_logits_stride + v] : 0.0f;
-            bool const wanted = v < p.vocab_size && __float_as_uint(x) != kExcludedLogitBits;
-            int const at = warp_claim_slot(&sh.count, wanted);
-            if (wanted) {
-              keys[at] = row_y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)));
-              xs[at] = x;
-            }
+          for (int e = threadIdx.x; e < tiles * vocab_tile; e += kThreads) {
+            int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
+            if (v >= p.vocab_size) continue;
+            float const x = p.row_logits[row * p.row_logits_stride + v];
+            if (__float_as_uint(x) != kExcludedLogitBits) add_token(v, x);
           }
         } else {
           for (int e = warp; e < tiles * vocab_tile; e += kWarps) {
@@ -847,16 +875,11 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     }
   }
 
-  // 4. The survivors of top_k (<= k keys): the last repair round kept them; sorted (up to
-  // kMaxFusedTopK) already, when ranked and not repaired.
+  // 4. The survivors of top_k (<= k keys), sorted: already, when ranked and not repaired.
   int m = min(n, k);
   if (repaired || !ranked) {
-    if (!repaired) n = block_keep_at_least(keys, xs, n, kappa, [](PackedCandidate) { return false; }, sh);
-    m = n;
-    if (large_top_k_row) {
-      finish_large_top_k_row(p, row, keys, xs, m, min_p_on, min_p, inv_t, sh);
-      return;
-    }
+    PackedCandidate const kappa_final = block_kth_largest(keys, n, k, sh);
+    m = block_keep_at_least(keys, xs, n, kappa_final, [](PackedCandidate) { return false; }, sh);
     if (warp == 0) {
       for (int i = lane; i < m; i += 32) {
         PackedCandidate const key = keys[i];
@@ -872,7 +895,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
     if (warp == 0) finish_top_logprob_row(p, row, sh, m, row_usable, row_mass, raw_lse, row_winner, inv_t);
     return;
   }
-  if (winner_top_k_row) {
+  if (large_top_k_row) {
     if (warp == 0) decide_by_winner(p, row, sh, m, invalid_temperature ? PackedCandidate{0} : row_winner);
     return;
   }
@@ -1002,24 +1025,142 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   }
 }
 
+// Entries of select_large_top_k_kernel's key list: every key of the tiles' lists, and room for k
+// kept keys beside a repair round of kRepairTiles tiles or more.
+__host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int vocab_tile) {
+  int64_t const round = int64_t{kMaxFusedLargeTopK} + int64_t{kRepairTiles} * vocab_tile;
+  return num_tiles * C > round ? num_tiles * C : round;
+}
+
+// Stage 2 of a call with a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] and no top_p
+// (fused_truncation_selects_large_top_k), one block a row: every key of the tiles' lists at its
+// own place (no bound: the k-th key of ~1K-15K lists is not among few of them), their k-th largest
+// kappa, the tiles whose list may hide more of the top k recomputed from the logits the GEMM
+// stored (about 1% of a flat row's tiles at k = 1024, V = 152K), in rounds as wide as fit beside
+// k entries with the k best kept after each, then finish_large_top_k_row. Exact whatever the data,
+// as the kernel above; it decides every row.
+__global__ void __launch_bounds__(kThreads, 1)
+select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates, int64_t num_tiles,
+                          int vocab_tile) {
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  __shared__ Stage2Shared sh;
+  int64_t const row = blockIdx.x;
+  int64_t const columns = sampler_gemm_columns(p);  // tiles are `columns` apart
+  int const k = static_cast<int>(p.top_k);
+  double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+  float const inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
+  bool const greedy = inv_t == 0.0f;
+  bool const scale_exact = greedy || inv_t == 1.0f;
+  int64_t const capacity = large_top_k_capacity(num_tiles, vocab_tile);
+  PackedCandidate* const keys = reinterpret_cast<PackedCandidate*>(dynamic_smem);
+  PackedCandidate* const tile_last = keys + capacity;
+  float* const xs = reinterpret_cast<float*>(tile_last + num_tiles);
+
+  // 1. Every key (0 where a tile has fewer tokens), and each tile's last.
+  int n = static_cast<int>(num_tiles * C);
+  for (int e = threadIdx.x; e < n; e += kThreads) {
+    PackedCandidate const x_key = candidates[((e / C) * columns + row) * C + e % C];
+    PackedCandidate const key = y_key(x_key, inv_t, greedy);
+    keys[e] = key;
+    xs[e] = from_order_bits(static_cast<uint32_t>(x_key >> 32));
+    if (e % C == C - 1) tile_last[e / C] = key;
+  }
+  __syncthreads();
+
+  // 2. kappa, and 3. the tiles it does not certify, recomputed.
+  PackedCandidate const kappa = block_kth_largest<true>(keys, n, k, sh);
+  auto tile_may_hide = [&](int64_t t) {
+    return tile_may_hide_more(tile_last[t], kappa, scale_exact, static_cast<uint32_t>(p.vocab_start + t * vocab_tile));
+  };
+  int any_hidden = 0;
+  for (int64_t t = threadIdx.x; t < num_tiles && !any_hidden; t += kThreads) any_hidden = tile_may_hide(t);
+  if (!__syncthreads_or(any_hidden)) {
+    n = block_compact_at_least(keys, xs, n, kappa, [](PackedCandidate) { return false; }, sh);
+  } else {
+    n = block_compact_at_least(keys, xs, n, kappa,
+                               [&](PackedCandidate key) {
+                                 return tile_may_hide((top_candidate_index(key) - p.vocab_start) / vocab_tile);
+                               },
+                               sh);
+    int const round_tiles = static_cast<int>(max(int64_t{kRepairTiles}, (capacity - k) / vocab_tile));
+    for (int64_t base = 0; base < num_tiles; base += kThreads) {
+      if (threadIdx.x == 0) sh.repair_count = 0;
+      __syncthreads();
+      int64_t const t = base + threadIdx.x;
+      bool const hidden = t < num_tiles && tile_may_hide(t);
+      int const slot = warp_claim_slot(&sh.repair_count, hidden);
+      if (hidden) sh.repair_tiles[slot] = static_cast<int>(t);
+      __syncthreads();
+      int const repair_count = sh.repair_count;
+      for (int first = 0; first < repair_count; first += round_tiles) {
+        // The GEMM's own x of the round's tiles, as it stored them (bias added, excluded tokens
+        // marked), beside the n <= k entries kept so far.
+        int const elements = min(round_tiles, repair_count - first) * vocab_tile;
+        if (threadIdx.x == 0) sh.count = n;
+        __syncthreads();
+        for (int chunk = 0; chunk < elements; chunk += kThreads) {
+          int const e = chunk + threadIdx.x;
+          int64_t const v =
+              e < elements ? int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile : p.vocab_size;
+          float const x = v < p.vocab_size ? p.row_logits[row * p.row_logits_stride + v] : 0.0f;
+          bool const token = v < p.vocab_size && __float_as_uint(x) != kExcludedLogitBits;
+          int const at = warp_claim_slot(&sh.count, token);
+          if (token) {
+            keys[at] = y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)), inv_t, greedy);
+            xs[at] = x;
+          }
+        }
+        __syncthreads();
+        n = sh.count;
+        PackedCandidate const kappa_now = block_kth_largest<true>(keys, n, k, sh);
+        n = block_compact_at_least(keys, xs, n, kappa_now, [](PackedCandidate) { return false; }, sh);
+      }
+      __syncthreads();  // every thread has read repair_count before the next chunk zeroes it
+    }
+  }
+
+  // 4. min_p and the samples.
+  finish_large_top_k_row(p, row, keys, xs, n, !(min_p <= 0.0), min_p, inv_t, sh);
+}
+
 }  // namespace
 
+// Dynamic shared memory of select_large_top_k_kernel: its key list and each tile's last key.
+static size_t large_top_k_smem_bytes(int64_t num_tiles, int vocab_tile) {
+  return static_cast<size_t>(large_top_k_capacity(num_tiles, vocab_tile)) * kBytesPerEntry +
+         static_cast<size_t>(num_tiles) * sizeof(PackedCandidate);
+}
+
+// Dynamic shared memory of truncate_candidates_kernel.
+static size_t candidates_smem_bytes(int64_t num_tiles, int vocab_tile) {
+  int64_t const capacity = std::max(num_tiles * C, int64_t{kMaxFusedTopK} + int64_t{kRepairTiles} * vocab_tile);
+  return static_cast<size_t>(capacity) * kBytesPerEntry + static_cast<size_t>(num_tiles) * kBytesPerTile;
+}
+
 size_t truncate_candidates_smem_bytes(int64_t num_tiles, int vocab_tile) {
-  int64_t const capacity = std::max(num_tiles * C, int64_t{kMaxFusedLargeTopK} + int64_t{kRepairTiles} * vocab_tile);
-  size_t const smem = static_cast<size_t>(capacity) * kBytesPerEntry + static_cast<size_t>(num_tiles) * kBytesPerTile;
+  size_t const smem = std::max(candidates_smem_bytes(num_tiles, vocab_tile), large_top_k_smem_bytes(num_tiles, vocab_tile));
   return smem > kMaxDynamicSmem ? 0 : smem;
 }
 
 cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
                                        int vocab_tile, cudaStream_t stream) {
   if (p.batch_size == 0) return cudaSuccess;
+  if (!p.fused_truncation || truncate_candidates_smem_bytes(num_tiles, vocab_tile) == 0) return cudaErrorInvalidValue;
+  if (fused_truncation_selects_large_top_k(p)) {
+    if (p.row_logits == nullptr) return cudaErrorInvalidValue;  // its repairs read them
+    size_t const smem = large_top_k_smem_bytes(num_tiles, vocab_tile);
+    cudaError_t const err = cudaFuncSetAttribute(select_large_top_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    select_large_top_k_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(p, buffers.candidates,
+                                                                                                num_tiles, vocab_tile);
+    return cudaGetLastError();
+  }
   // Without the logits, every row must be one stage 2 decides.
-  if (!p.fused_truncation ||
-      (!fused_truncation_decides_every_row(p) && (p.row_logits == nullptr || p.fallback_rows == nullptr))) {
+  if (!fused_truncation_decides_every_row(p) && (p.row_logits == nullptr || p.fallback_rows == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  size_t const smem = truncate_candidates_smem_bytes(num_tiles, vocab_tile);
-  if (smem == 0) return cudaErrorInvalidValue;
+  size_t const smem = candidates_smem_bytes(num_tiles, vocab_tile);
   cudaError_t err =
       cudaFuncSetAttribute(truncate_candidates_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;

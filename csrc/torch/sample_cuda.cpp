@@ -309,12 +309,14 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
                                   "GPU is sm_", arch, "); flashsampling_cuda.sample takes the logits path there");
       const int64_t stride = (vocab + 127) / 128 * 128;
       const at::Tensor row_logits = at::empty({batch, stride}, float_options);
-      const at::Tensor fallback_rows = at::zeros({batch + 1}, hidden.options().dtype(at::kInt));
       keep_alive.push_back(row_logits);
-      keep_alive.push_back(fallback_rows);
       p.row_logits = row_logits.data_ptr<float>();
       p.row_logits_stride = stride;
-      p.fallback_rows = fallback_rows.data_ptr<int32_t>();
+      if (!fused_truncation_selects_large_top_k(p)) {  // which decides every row from the logits too
+        const at::Tensor fallback_rows = at::zeros({batch + 1}, hidden.options().dtype(at::kInt));
+        keep_alive.push_back(fallback_rows);
+        p.fallback_rows = fallback_rows.data_ptr<int32_t>();
+      }
       if (top_n >= 0) {
         result.top_values = at::empty({batch, top_n}, float_options);
         result.top_ids = at::empty({batch, top_n}, hidden.options().dtype(at::kLong));
