@@ -92,9 +92,12 @@ __device__ __forceinline__ int warp_claim_slot(int* counter, bool wants) {
 // The k-th largest of keys[0, n) (block-wide; 0 when n < k): eight passes of an 8-bit digit
 // histogram, each narrowing the prefix of the k-th key. kVoteDigits: a warp whose counted keys
 // share the digit counts them with one atomic (thousands of keys, whose first digits, the sign
-// and exponent of y, most share: one counter's atomics run one after another); else one a key.
+// and exponent of y, most share: one counter's atomics run one after another); else one a key;
+// and once one key is left with the prefix (usually after y's 32 bits), it is found in one pass.
 template <bool kVoteDigits = false>
 __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n, int k, Stage2Shared& sh) {
+  __shared__ unsigned digit_keys;    // kVoteDigits: keys with the prefix and the k-th key's digit
+  __shared__ PackedCandidate found;  // kVoteDigits: the one key left
   if (n < k) return 0;
   PackedCandidate prefix = 0, prefix_mask = 0;
   unsigned remaining = static_cast<unsigned>(k);
@@ -147,6 +150,7 @@ __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n,
           if (before + count[j] >= remaining) {
             sh.digit = 255 - 8 * lane - j;
             sh.remaining = remaining - before;
+            if constexpr (kVoteDigits) digit_keys = count[j];
             break;
           }
           before += count[j];
@@ -157,6 +161,17 @@ __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n,
     prefix |= static_cast<PackedCandidate>(sh.digit) << shift;
     prefix_mask |= PackedCandidate{0xFF} << shift;
     remaining = sh.remaining;
+    if constexpr (kVoteDigits) {
+      if (digit_keys == 1u && shift > 0) {
+        for (int i = threadIdx.x; i < n; i += kThreads) {
+          if ((keys[i] & prefix_mask) == prefix) found = keys[i];
+        }
+        __syncthreads();
+        PackedCandidate const kth = found;
+        __syncthreads();  // read before a later call writes it
+        return kth;
+      }
+    }
     __syncthreads();
   }
   return prefix;
