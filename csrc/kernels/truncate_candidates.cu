@@ -1071,14 +1071,20 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
   PackedCandidate* const tile_last = keys + capacity;
   float* const xs = reinterpret_cast<float*>(tile_last + num_tiles);
 
-  // 1. Every key (0 where a tile has fewer tokens), and each tile's last.
+  // 1. Every key (0 where a tile has fewer tokens), and each tile's last; a tile's C keys a
+  // thread, two tiles' loads in flight.
   int n = static_cast<int>(num_tiles * C);
-  for (int e = threadIdx.x; e < n; e += kThreads) {
-    PackedCandidate const x_key = candidates[((e / C) * columns + row) * C + e % C];
-    PackedCandidate const key = y_key(x_key, inv_t, greedy);
-    keys[e] = key;
-    xs[e] = from_order_bits(static_cast<uint32_t>(x_key >> 32));
-    if (e % C == C - 1) tile_last[e / C] = key;
+#pragma unroll 2
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
+    PackedCandidate x_keys[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) x_keys[j] = candidates[(t * columns + row) * C + j];
+#pragma unroll
+    for (int j = 0; j < C; ++j) {
+      keys[t * C + j] = y_key(x_keys[j], inv_t, greedy);
+      xs[t * C + j] = from_order_bits(static_cast<uint32_t>(x_keys[j] >> 32));
+    }
+    tile_last[t] = keys[t * C + C - 1];
   }
   __syncthreads();
 
@@ -1097,14 +1103,20 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
                                  return tile_may_hide((top_candidate_index(key) - p.vocab_start) / vocab_tile);
                                },
                                sh);
+    // Only a recomputed token >= the k-th key so far can be among the top k (the k-th key of a
+    // subset is at most the row's): the rounds add those, usually a few a tile.
     int const round_tiles = static_cast<int>(max(int64_t{kRepairTiles}, (capacity - k) / vocab_tile));
-    for (int64_t base = 0; base < num_tiles; base += kThreads) {
+    PackedCandidate kappa_now = kappa;
+    constexpr int kListedTiles = 2048;  // tiles listed at once (a row's, up to V = 262144)
+    __shared__ int repair_tiles[kListedTiles];
+    for (int64_t base = 0; base < num_tiles; base += kListedTiles) {
       if (threadIdx.x == 0) sh.repair_count = 0;
       __syncthreads();
-      int64_t const t = base + threadIdx.x;
-      bool const hidden = t < num_tiles && tile_may_hide(t);
-      int const slot = warp_claim_slot(&sh.repair_count, hidden);
-      if (hidden) sh.repair_tiles[slot] = static_cast<int>(t);
+      for (int64_t t = base + threadIdx.x; t < base + kListedTiles; t += kThreads) {  // as a warp
+        bool const hidden = t < num_tiles && tile_may_hide(t);
+        int const slot = warp_claim_slot(&sh.repair_count, hidden);
+        if (hidden) repair_tiles[slot] = static_cast<int>(t);
+      }
       __syncthreads();
       int const repair_count = sh.repair_count;
       for (int first = 0; first < repair_count; first += round_tiles) {
@@ -1113,21 +1125,32 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
         int const elements = min(round_tiles, repair_count - first) * vocab_tile;
         if (threadIdx.x == 0) sh.count = n;
         __syncthreads();
-        for (int chunk = 0; chunk < elements; chunk += kThreads) {
-          int const e = chunk + threadIdx.x;
-          int64_t const v =
-              e < elements ? int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile : p.vocab_size;
-          float const x = v < p.vocab_size ? p.row_logits[row * p.row_logits_stride + v] : 0.0f;
-          bool const token = v < p.vocab_size && __float_as_uint(x) != kExcludedLogitBits;
-          int const at = warp_claim_slot(&sh.count, token);
-          if (token) {
-            keys[at] = y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)), inv_t, greedy);
-            xs[at] = x;
+        constexpr int kLoads = 4;  // loads a thread has in flight
+        for (int chunk = 0; chunk < elements; chunk += kLoads * kThreads) {
+          int64_t v[kLoads];
+          float x[kLoads];
+#pragma unroll
+          for (int u = 0; u < kLoads; ++u) {
+            int const e = chunk + u * kThreads + threadIdx.x;
+            v[u] = e < elements ? int64_t{repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile
+                                : p.vocab_size;
+            x[u] = v[u] < p.vocab_size ? p.row_logits[row * p.row_logits_stride + v[u]] : 0.0f;
+          }
+#pragma unroll
+          for (int u = 0; u < kLoads; ++u) {
+            PackedCandidate const key =
+                y_key(pack_top_candidate(x[u], static_cast<uint32_t>(p.vocab_start + v[u])), inv_t, greedy);
+            bool const wanted = v[u] < p.vocab_size && __float_as_uint(x[u]) != kExcludedLogitBits && key >= kappa_now;
+            int const at = warp_claim_slot(&sh.count, wanted);
+            if (wanted) {
+              keys[at] = key;
+              xs[at] = x[u];
+            }
           }
         }
         __syncthreads();
         n = sh.count;
-        PackedCandidate const kappa_now = block_kth_largest<true>(keys, n, k, sh);
+        kappa_now = block_kth_largest<true>(keys, n, k, sh);
         n = block_compact_at_least(keys, xs, n, kappa_now, [](PackedCandidate) { return false; }, sh);
       }
       __syncthreads();  // every thread has read repair_count before the next chunk zeroes it
