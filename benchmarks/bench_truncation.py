@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -218,9 +219,16 @@ def main() -> None:
     else:
         results = run(args)
     table = markdown_table(results)
-    write_results(args.out, f"truncation_{results['device'].replace(' ', '_')}_{results['date']}", results, table,
-                  plot)
+    write_results(args.out, results_name(results), results, table, plot)
     print(table)
+
+
+def results_name(results: dict) -> str:
+    """truncation_<gpu>_<date>, with the forms' names after "truncation" where a run measured only
+    some of FORMS (--forms): a run of every form and a later one of a changed form sit side by side."""
+    forms = sorted({record["form"] for record in results["records"]}, key=list(FORMS).index)
+    tag = "" if len(forms) == len(FORMS) else "_" + "_".join(re.sub(r"[^0-9A-Za-z.]+", "_", f).strip("_") for f in forms)
+    return f"truncation{tag}_{results['device'].replace(' ', '_')}_{results['date']}"
 
 
 if __name__ == "__main__":
