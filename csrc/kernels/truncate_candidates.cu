@@ -321,6 +321,14 @@ __device__ double block_row_log_sum_exp(float2 const* tile_log_masses, int64_t n
   return ref2 * 0.6931471805599453 + log(mass);
 }
 
+// The noise coordinates of a row's samples: the batch-wide seed (stream = row) or the row's own
+// (stream 0); sample s draws token v's noise at (key.seed, key.offset, key.stream, s, v).
+__device__ __forceinline__ RowNoiseKey sample_noise_key(SamplerParams const& p, int64_t row) {
+  uint64_t batch_seed = 0, batch_offset = 0;
+  resolve_noise_source(p.noise, batch_seed, batch_offset);
+  return row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), /*sample=*/0);
+}
+
 // The perturbed score of token `index` (global) in sample 0, from the x the GEMM stored, as plain
 // sampling computes it (bit for bit: a packed candidate's score folds -0 into +0).
 __device__ float stored_score(SamplerParams const& p, int64_t row, uint32_t index) {
@@ -568,10 +576,7 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
   double const kept_mass = nan_kept_mass ? NAN : static_cast<double>(kept_mass_fixed) * 0x1p-52;
   double const lse = m == 0 ? -INFINITY : y0 + log(kept_mass);
 
-  NoiseSource const& src = p.noise;
-  uint64_t batch_seed = 0, batch_offset = 0;
-  resolve_noise_source(src, batch_seed, batch_offset);
-  RowNoiseKey const key = row_noise_key(src, batch_seed, batch_offset, static_cast<uint32_t>(row), /*sample=*/0);
+  RowNoiseKey const key = sample_noise_key(p, row);
   for (int s = 0; s < p.num_samples; ++s) {
     // Each thread's best, then the block's as a packed (score, index): unsigned order is
     // fs_candidate_better's, NaN scores 0 (no sample); the thread holding it writes it.
@@ -991,11 +996,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   for (int delta = 16; delta > 0; delta >>= 1) kept_mass += __shfl_xor_sync(0xFFFFFFFFu, kept_mass, delta);
   double const lse = m == 0 ? -INFINITY : y0 + log(kept_mass);
 
-  // Noise coordinates: batch-wide seed (stream = row) or the row's own (stream 0).
-  NoiseSource const& src = p.noise;
-  uint64_t batch_seed = 0, batch_offset = 0;
-  resolve_noise_source(src, batch_seed, batch_offset);
-  RowNoiseKey const key = row_noise_key(src, batch_seed, batch_offset, static_cast<uint32_t>(row), /*sample=*/0);
+  RowNoiseKey const key = sample_noise_key(p, row);
 
   for (int s = 0; s < p.num_samples; ++s) {
     float best_score = -INFINITY;
