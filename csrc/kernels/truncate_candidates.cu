@@ -329,6 +329,26 @@ __device__ __forceinline__ RowNoiseKey sample_noise_key(SamplerParams const& p, 
   return row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), /*sample=*/0);
 }
 
+// The best of the survivors a thread offers to one sample: the perturbed score (x where greedy),
+// the token and its y.
+struct SampleBest {
+  float score = -INFINITY;
+  int32_t index = kNoCandidate;
+  double y = 0.0;
+  __device__ __forceinline__ void offer(uint32_t token, float x, double token_y, int sample, bool greedy, float inv_t,
+                                        RowNoiseKey const& key) {
+    float const token_score =
+        greedy ? x
+               : fs_perturbed_score(
+                     x, inv_t, fs_gumbel_noise(key.seed, key.offset, key.stream, static_cast<uint32_t>(sample), token));
+    if (fs_candidate_better(token_score, static_cast<int32_t>(token), score, index)) {
+      score = token_score;
+      index = static_cast<int32_t>(token);
+      y = token_y;
+    }
+  }
+};
+
 // The perturbed score of token `index` (global) in sample 0, from the x the GEMM stored, as plain
 // sampling computes it (bit for bit: a packed candidate's score folds -0 into +0).
 __device__ float stored_score(SamplerParams const& p, int64_t row, uint32_t index) {
@@ -580,34 +600,21 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
   for (int s = 0; s < p.num_samples; ++s) {
     // Each thread's best, then the block's as a packed (score, index): unsigned order is
     // fs_candidate_better's, NaN scores 0 (no sample); the thread holding it writes it.
-    float best_score = -INFINITY;
-    int32_t best_index = kNoCandidate;
-    double best_y = 0.0;
+    SampleBest best;
     for (int i = threadIdx.x; i < m && !invalid_temperature; i += kThreads) {
       PackedCandidate const entry = keys[i];
       double const y = key_y(entry);
-      if (!kept(entry, exp(y - y0))) continue;
-      uint32_t const index = top_candidate_index(entry);
-      float const x = xs[i];
-      float const score =
-          greedy ? x
-                 : fs_perturbed_score(
-                       x, inv_t, fs_gumbel_noise(key.seed, key.offset, key.stream, static_cast<uint32_t>(s), index));
-      if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
-        best_score = score;
-        best_index = static_cast<int32_t>(index);
-        best_y = y;
-      }
+      if (kept(entry, exp(y - y0))) best.offer(top_candidate_index(entry), xs[i], y, s, greedy, inv_t, key);
     }
-    PackedCandidate const mine = best_index == kNoCandidate ? PackedCandidate{0} : pack_candidate(best_score, best_index);
+    PackedCandidate const mine = best.index == kNoCandidate ? PackedCandidate{0} : pack_candidate(best.score, best.index);
     PackedCandidate const winner = block_max_key(mine, sh);
     __syncthreads();  // every thread has read the warps' maxima before the next sample's
     bool const found = winner != 0 && static_cast<uint32_t>(winner >> 32) != 0u;
     int64_t const out = row * p.num_samples + s;
     if (found && mine == winner) {
-      p.tokens[out] = best_index;
-      if (p.scores) p.scores[out] = best_score;
-      if (p.logprobs) p.token_logprobs[out] = static_cast<float>(best_y - lse);
+      p.tokens[out] = best.index;
+      if (p.scores) p.scores[out] = best.score;
+      if (p.logprobs) p.token_logprobs[out] = static_cast<float>(best.y - lse);
     } else if (!found && threadIdx.x == 0) {
       p.tokens[out] = (m == 0 && p.controls.allowed_mask) ? p.empty_mask_token : -1;
       if (p.scores) p.scores[out] = -INFINITY;
@@ -999,42 +1006,30 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   RowNoiseKey const key = sample_noise_key(p, row);
 
   for (int s = 0; s < p.num_samples; ++s) {
-    float best_score = -INFINITY;
-    int32_t best_index = kNoCandidate;
-    double best_y = 0.0;
+    SampleBest best;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       int const i = lane + 32 * h;
       if (i >= n_keep || invalid_temperature) continue;
-      uint32_t const index = top_candidate_index(sh.sorted_key[i]);
-      float const x = sh.sorted_x[i];
-      float const score =
-          greedy ? x
-                 : fs_perturbed_score(
-                       x, inv_t, fs_gumbel_noise(key.seed, key.offset, key.stream, static_cast<uint32_t>(s), index));
-      if (fs_candidate_better(score, static_cast<int32_t>(index), best_score, best_index)) {
-        best_score = score;
-        best_index = static_cast<int32_t>(index);
-        best_y = y[h];
-      }
+      best.offer(top_candidate_index(sh.sorted_key[i]), sh.sorted_x[i], y[h], s, greedy, inv_t, key);
     }
 #pragma unroll
     for (int delta = 16; delta > 0; delta >>= 1) {
-      float const other_score = __shfl_xor_sync(0xFFFFFFFFu, best_score, delta);
-      int32_t const other_index = __shfl_xor_sync(0xFFFFFFFFu, best_index, delta);
-      double const other_y = __shfl_xor_sync(0xFFFFFFFFu, best_y, delta);
-      if (fs_candidate_better(other_score, other_index, best_score, best_index)) {
-        best_score = other_score;
-        best_index = other_index;
-        best_y = other_y;
+      float const other_score = __shfl_xor_sync(0xFFFFFFFFu, best.score, delta);
+      int32_t const other_index = __shfl_xor_sync(0xFFFFFFFFu, best.index, delta);
+      double const other_y = __shfl_xor_sync(0xFFFFFFFFu, best.y, delta);
+      if (fs_candidate_better(other_score, other_index, best.score, best.index)) {
+        best.score = other_score;
+        best.index = other_index;
+        best.y = other_y;
       }
     }
     if (lane != 0) continue;
-    bool const found = best_index != kNoCandidate;
+    bool const found = best.index != kNoCandidate;
     int64_t const out = row * p.num_samples + s;
-    p.tokens[out] = found ? best_index : (m == 0 && controls.allowed_mask) ? p.empty_mask_token : -1;
-    if (p.scores) p.scores[out] = found ? best_score : -INFINITY;
-    if (p.logprobs) p.token_logprobs[out] = found ? static_cast<float>(best_y - lse) : __uint_as_float(0x7fc00000u);
+    p.tokens[out] = found ? best.index : (m == 0 && controls.allowed_mask) ? p.empty_mask_token : -1;
+    if (p.scores) p.scores[out] = found ? best.score : -INFINITY;
+    if (p.logprobs) p.token_logprobs[out] = found ? static_cast<float>(best.y - lse) : __uint_as_float(0x7fc00000u);
   }
   if (lane == 0 && p.logprobs) {
     p.logsumexp[row] = invalid_temperature ? __uint_as_float(0x7fc00000u) : static_cast<float>(lse);
