@@ -289,7 +289,8 @@ def test_fused_one_hot_route_equals_the_logits_route(device, masked, per_row_see
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("form", ["top_k_int", "top_k_rows", "top_p_rows", "min_p", "mixed_rows", "zero_dim"])
+@pytest.mark.parametrize("form", ["top_k_int", "top_k_rows", "top_p_rows", "min_p", "mixed_rows", "zero_dim",
+                                  "top_k_large_int_min_p"])
 @pytest.mark.parametrize("per_row_seed", [False, True])
 @pytest.mark.parametrize("per_row_offset", [False, True])
 @pytest.mark.parametrize("masked", [False, True])
@@ -312,6 +313,8 @@ def test_fused_truncated_route_equals_the_logits_route(device, form, per_row_see
     rows = torch.arange(batch, device=device)
     truncation = {
         "top_k_int": dict(top_k=20),
+        # a host top_k above 64 without top_p: stage 2's large selection (sm90), every tile recomputed
+        "top_k_large_int_min_p": dict(top_k=300, min_p=0.05),
         "top_k_rows": dict(top_k=(rows * 13) % 90 + 1),
         "top_p_rows": dict(top_p=torch.linspace(0.3, 0.95, batch, device=device)),
         "min_p": dict(min_p=0.2),
