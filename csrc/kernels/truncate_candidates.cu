@@ -1,4 +1,9 @@
-// Stage 2 of the fused top-k pass (SamplerLoop::kTopCandidates): one block per batch row.
+// Stage 2 of the fused top-k pass (SamplerLoop::kTopCandidates): one block per batch row, in one
+// of two kernels. truncate_candidates_kernel (below) takes every call but one with a host top_k
+// in (kMaxFusedTopK, kMaxFusedLargeTopK] and no top_p, which select_large_top_k_kernel (at the
+// end) takes: the same steps 2-3 over every key with the survivors kept in shared memory, then
+// min_p and the samples. Two kernels, because the second's code in the first made the first's
+// other rows slower (docs/truncation.md).
 //
 // Stage 1 left, per (vocabulary tile, row), the tile's kTopCandidatesPerTile (C) largest
 // transformed logits x as keys (candidate_math.cuh, pack_top_candidate). The row's top_k by
