@@ -194,7 +194,8 @@ cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers cons
 // Stage 2 of the fused truncation (truncate_candidates.cu): per row, the top_k of the
 // candidates (tiles that may hide more are recomputed), top-p / min-p, then the samples of
 // Gumbel-Max over the survivors, with the noise of plain sampling; the rows it cannot decide
-// go to fallback_rows. vocab_tile: M of a tile.
+// go to fallback_rows (none where fused_truncation_selects_large_top_k: then it needs only
+// row_logits). vocab_tile: M of a tile.
 // Dynamic shared memory stage 2 needs for these tiles (0: more than it may use).
 size_t truncate_candidates_smem_bytes(int64_t num_tiles, int vocab_tile);
 
