@@ -118,7 +118,7 @@ def parse_truncation(top_k, top_p, min_p, hidden: Tensor, op: str = "flashsampli
 
 # The fused top-k pass (csrc/kernels/truncate_candidates.cu): stage 2 decides rows with k up to
 # kMaxFusedTopK (and rows without top_k whose cut lies within that many tokens; on sm90 also rows
-# with k up to kMaxFusedLargeTopK and no top_p), for
+# with k up to kMaxFusedLargeTopK), for
 # vocabularies whose candidates fit its shared memory (4 per 64-token tile, 12 bytes each, plus
 # 12 per tile, in 216 KiB: V <= 229376 on 64-token tiles) and are large enough for the tiles to
 # matter. Every other row is sampled from logits the GEMM stores in the same pass (sm90).
@@ -175,12 +175,12 @@ FUSED_LARGE_TOP_K_MAX_BATCH = 4
 
 def fused_pass_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
     """Where both can take a call, whether "auto" prefers the fused pass to the logits path: every
-    form but a host top_k above 64 with top_p, and above FUSED_LARGE_TOP_K_MAX, which takes it
+    form but a host top_k above FUSED_LARGE_TOP_K_MAX, which takes it
     only up to FUSED_LARGE_TOP_K_MAX_BATCH rows, alone, of one sample and with a batch-wide seed
     and offset (the GEMM then draws the tile winners): stage 2 decides such a row only when plain
     sampling's token lies among the row's first 64 tokens (a peaked row, usually), and without
-    the winners it decides none. A host top_k up to FUSED_LARGE_TOP_K_MAX without top_p is
-    selected in stage 2 at every batch. top_p / min_p without top_k take it at every batch: on
+    the winners it decides none. A host top_k up to FUSED_LARGE_TOP_K_MAX is selected in stage 2
+    at every batch. top_p / min_p without top_k take it at every batch: on
     LLM-like rows (few survivors) stage 2 decides nearly every row, and the rows it leaves stream
     (min_p) or take the logits kernel from the stored logits; only flat top_p rows at B >= 128 cost
     a little more than on the logits path (docs/truncation.md)."""
@@ -188,7 +188,7 @@ def fused_pass_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor,
     if not isinstance(k, int) or _stage2_decides_every_row(k):
         return True
     if k <= FUSED_LARGE_TOP_K_MAX:
-        return truncation.top_p is None
+        return True
     seed, offset = op_kwargs["seed"], op_kwargs["offset"]
     return (hidden.shape[0] <= FUSED_LARGE_TOP_K_MAX_BATCH and truncation.top_p is None and truncation.min_p is None
             and op_kwargs["num_samples"] == 1 and (seed is None or seed.dim() == 0)

@@ -67,6 +67,8 @@ FORMS = {
     "min_p_scalar": dict(min_p=0.05),
     "k1000": dict(top_k=1000),
     "k300_min_p_rows": dict(top_k=300, min_p="m"),
+    "k300_p_rows_min_p_scalar": dict(top_k=300, top_p="p", min_p=0.02),
+    "k1000_p0.9": dict(top_k=1000, top_p=0.9),
     "k_large_rows": dict(top_k="k_large"),
     "k_large_rows_min_p_scalar": dict(top_k="k_large", min_p=0.02),
     "k_rows_p_scalar": dict(top_k="k", top_p=0.95),
@@ -384,7 +386,8 @@ def test_streamed_min_p_rows_equal_cpu_op(vocab, batch, num_samples, return_logp
 
 @requires_sm90
 @pytest.mark.parametrize("truncation, temperature", [(dict(top_p=0.8), 1.0), (dict(min_p=0.1), 0.7),
-                                                     (dict(top_k="k20", top_p=0.9), 1.2), (dict(top_k=200), 1.5)])
+                                                     (dict(top_k="k20", top_p=0.9), 1.2), (dict(top_k=200), 1.5),
+                                                     (dict(top_k=200, top_p=0.9), 1.5)])
 def test_fused_truncation_chi_square(truncation, temperature):
     batch, samples, vocab = 4, 20_000, 8192
     weight = lm_head_weight(vocab, 64, seed=1)

@@ -416,10 +416,10 @@ def test_path_choice_on_cuda(monkeypatch):
 
 def test_path_choice_on_sm90(monkeypatch):
     """On sm90 the fused pass takes every form (its GEMM stores the logits of the rows stage 2
-    leaves); elsewhere a host top_k <= 64 only. A host top_k up to 1024 without top_p is selected
-    in stage 2 at every batch; a larger one takes the fused pass where the GEMM draws the tile
-    winners and the measurements favour it (up to 4 rows, alone, one sample, a batch-wide seed and
-    offset), else the logits path, as does a top_k above 64 with top_p."""
+    leaves); elsewhere a host top_k <= 64 only. A host top_k up to 1024 is selected
+    in stage 2 at every batch, with or without top_p; a larger one takes the fused pass where the
+    GEMM draws the tile winners and the measurements favour it (up to 4 rows, alone, one sample, a
+    batch-wide seed and offset), else the logits path."""
     kwargs = dict(sparse_bias_ids=None, seed=torch.tensor(1), offset=None, num_samples=1)
     shapes = (_CudaShape(4, 16), _CudaShape(32768, 16))
     forms = [truncation.Truncation(None, 0.9, None), truncation.Truncation(None, None, 0.05),
@@ -436,7 +436,8 @@ def test_path_choice_on_sm90(monkeypatch):
                      dict(kwargs, offset=torch.arange(4))):
         assert choose("auto", forms[3], *shapes, per_call) == "fused_top_k"
         assert choose("auto", forms[5], *shapes, per_call) == "logits"
-    assert choose("auto", truncation.Truncation(1000, 0.9, None), *shapes, kwargs) == "logits"
+    assert choose("auto", truncation.Truncation(1000, 0.9, None), *shapes, kwargs) == "fused_top_k"
+    assert choose("auto", truncation.Truncation(5000, 0.9, None), *shapes, kwargs) == "logits"
     assert choose("auto", truncation.Truncation(5000, None, 0.05), *shapes, kwargs) == "logits"
     monkeypatch.setattr(truncation, "cuda_arch", lambda device: 100)
     assert [truncation.choose_truncation_path("auto", t, *shapes, kwargs) for t in forms] == ["logits"] * 6

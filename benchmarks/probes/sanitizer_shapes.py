@@ -125,11 +125,12 @@ for batch, vocab, dim, dtype in SHAPES:
     if 4096 <= vocab <= 229376 and torch.cuda.get_device_capability() == (9, 0):
         # The fused pass with every form: stage 2's rows, its row list, the stored logits and the
         # logits kernel's two launches over the rows it leaves (per-row k up to 300: both kinds).
-        # Per-row k up to 1100 without top_p and a host k = 1000 with min_p: stage 2's selection in
-        # shared memory and its repair rounds (k above 1024: the logits kernel).
+        # Per-row k up to 1100 without top_p, a host k = 1000 with min_p and a host k = 300 with top_p:
+        # stage 2's selection in shared memory, its repair rounds and its sort (per-row k above 64:
+        # the logits kernel).
         large_k = torch.randint(-1, 1100, (batch,), device="cuda")
         for truncation in (dict(top_k=top_k, top_p=top_p, min_p=min_p), dict(top_p=top_p), dict(min_p=min_p),
-                           dict(top_k=large_k), dict(top_k=1000, min_p=min_p)):
+                           dict(top_k=large_k), dict(top_k=1000, min_p=min_p), dict(top_k=300, top_p=top_p, min_p=min_p)):
             out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, num_samples=2,
                                             allowed_mask=allowed, return_logprobs=True,
                                             truncation_path="fused_top_k", **truncation)

@@ -1,8 +1,8 @@
 // Stage 2 of the fused top-k pass (SamplerLoop::kTopCandidates): one block per batch row, in one
 // of two kernels. truncate_candidates_kernel (below) takes every call but one with a host top_k
-// in (kMaxFusedTopK, kMaxFusedLargeTopK] and no top_p, which select_large_top_k_kernel (at the
-// end) takes: the same steps 2-3 over every key with the survivors kept in shared memory, then
-// min_p and the samples. Two kernels, because the second's code in the first made the first's
+// in (kMaxFusedTopK, kMaxFusedLargeTopK], which select_large_top_k_kernel (at the end) takes: the
+// same steps 2-3 over every key with the survivors kept in shared memory (sorted for top_p), then
+// step 4. Two kernels, because the second's code in the first made the first's
 // other rows slower (docs/truncation.md).
 //
 // Stage 1 left, per (vocabulary tile, row), the tile's kTopCandidatesPerTile (C) largest
@@ -552,14 +552,100 @@ __device__ void decide_by_winner(SamplerParams const& p, int64_t row, Stage2Shar
   }
 }
 
-// A row with a top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] and no top_p (block-wide): its m
-// survivors of top_k in keys / xs[0, m), in any order. min_p keeps those within min_p of the
-// first token's probability (and the first), then each sample is the Gumbel-Max winner among the
-// kept ones with the noise of plain sampling, as the warp-wide finish below. The kept mass
-// (exp(y - y0) <= 1 each) is summed as fixed-point integers of 2^-52, so that the entries' order,
-// which the atomics set, moves no bit of the log-probabilities.
-__device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, PackedCandidate const* keys,
-                                       float const* xs, int m, bool min_p_on, double min_p, float inv_t,
+// The mass of the entries [0, m) that `counted(i, ratio)` keeps, sum of ratio(i) = exp(y - y0)
+// <= 1, as fixed-point integers of 2^-52 (order-independent: deterministic); NaN where a counted
+// ratio is NaN. Block-wide; every thread gets it.
+template <class Counted, class Ratio>
+__device__ double block_mass(int m, Counted const& counted, Ratio const& ratio, Stage2Shared& sh) {
+  __shared__ unsigned long long mass_fixed;
+  __shared__ int nan_mass;
+  if (threadIdx.x == 0) {
+    mass_fixed = 0;
+    nan_mass = 0;
+  }
+  __syncthreads();
+  unsigned long long mine = 0;
+  bool nan_seen = false;
+  for (int i = threadIdx.x; i < m; i += kThreads) {
+    double const r = ratio(i);
+    if (!counted(i, r)) continue;
+    if (r != r) {
+      nan_seen = true;
+    } else {
+      mine += static_cast<unsigned long long>(__double2ll_rn(r * 0x1p52));
+    }
+  }
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) mine += __shfl_xor_sync(0xFFFFFFFFu, mine, delta);
+  nan_seen = __any_sync(0xFFFFFFFFu, nan_seen);
+  if (threadIdx.x % 32 == 0) {
+    atomicAdd(&mass_fixed, mine);
+    if (nan_seen) nan_mass = 1;
+  }
+  __syncthreads();
+  double const mass = nan_mass ? NAN : static_cast<double>(mass_fixed) * 0x1p-52;
+  __syncthreads();  // read before a later call zeroes it
+  return mass;
+}
+
+// The sum of `value` over the threads before this one (block-wide, threads in order; every
+// thread's additions in the same order whatever the data).
+__device__ double block_exclusive_sum(double value, Stage2Shared& sh) {
+  int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  double inclusive = value;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    double const other = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
+    if (lane >= d) inclusive += other;
+  }
+  if (lane == 31) sh.warp_mass[warp] = inclusive;
+  __syncthreads();
+  double before = 0.0;
+  for (int w = 0; w < warp; ++w) before += sh.warp_mass[w];
+  __syncthreads();  // read before a later use overwrites them
+  return before + inclusive - value;
+}
+
+// Sorts keys / xs[0, m) by key, descending (block-wide bitonic sort over the next power of two,
+// the entries past m zeroed first: 0 is no key, last; the capacity holds kMaxFusedLargeTopK).
+__device__ void block_sort_descending(PackedCandidate* keys, float* xs, int m) {
+  int size = 1;
+  while (size < m) size <<= 1;
+  for (int i = m + threadIdx.x; i < size; i += kThreads) {
+    keys[i] = 0;
+    xs[i] = 0.0f;
+  }
+  __syncthreads();
+  for (int merged = 2; merged <= size; merged <<= 1) {
+    for (int stride = merged / 2; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < size / 2; t += kThreads) {
+        int const i = 2 * stride * (t / stride) + t % stride, j = i + stride;
+        bool const descending = (i & merged) == 0;
+        PackedCandidate const a = keys[i], b = keys[j];
+        if ((a < b) == descending) {
+          keys[i] = b;
+          keys[j] = a;
+          float const x = xs[i];
+          xs[i] = xs[j];
+          xs[j] = x;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// A row with a top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] (block-wide): its m survivors of
+// top_k in keys / xs[0, m), in any order. With top_p they are sorted first and top_p keeps the
+// prefix whose probability before each (of the m survivors' mass, an exclusive sum in the order,
+// two entries a thread, in a fixed order of additions) stays below top_p; min_p keeps those
+// within min_p of the first token's probability; both keep the first, and the kept ones are the
+// prefix before the first entry either drops, as the warp-wide finish below. Then each sample is
+// the Gumbel-Max winner among the kept ones with the noise of plain sampling. The masses
+// (exp(y - y0) <= 1 each) are summed as fixed-point integers of 2^-52, so that the entries'
+// order, which the atomics set, moves no bit of the log-probabilities.
+__device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, PackedCandidate* keys, float* xs, int m,
+                                       bool top_p_on, double top_p, bool min_p_on, double min_p, float inv_t,
                                        Stage2Shared& sh) {
   bool const greedy = inv_t == 0.0f;
   bool const invalid_temperature = inv_t != inv_t;
@@ -571,34 +657,28 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
     return hi <= 1u ? -INFINITY : static_cast<double>(from_order_bits(hi));  // NaN y: no mass
   };
   double const y0 = key_y(first);
-  auto kept = [&](PackedCandidate key, double ratio) { return !min_p_on || ratio >= min_p || key == first; };
-  __shared__ unsigned long long kept_mass_fixed;
-  __shared__ int nan_kept_mass;
-  if (threadIdx.x == 0) {
-    kept_mass_fixed = 0;
-    nan_kept_mass = 0;
+  auto ratio_of = [&](int i) { return exp(key_y(keys[i]) - y0); };  // NaN when y0 is +-inf
+  auto passes_min_p = [&](int i, double ratio) { return !min_p_on || ratio >= min_p || keys[i] == first; };
+  // The kept entries: with top_p the prefix [0, kept_prefix) of the sorted survivors, else those
+  // min_p passes.
+  __shared__ int kept_prefix;
+  if (top_p_on) {
+    block_sort_descending(keys, xs, m);
+    double const total = block_mass(m, [](int, double) { return true; }, ratio_of, sh);
+    if (threadIdx.x == 0) kept_prefix = m;
+    __syncthreads();
+    // Thread t holds entries 2t and 2t + 1 (m <= 2 * kThreads).
+    int const i0 = 2 * static_cast<int>(threadIdx.x), i1 = i0 + 1;
+    double const prob0 = i0 < m ? ratio_of(i0) / total : 0.0, prob1 = i1 < m ? ratio_of(i1) / total : 0.0;
+    double const before0 = block_exclusive_sum(prob0 + prob1, sh), before1 = before0 + prob0;
+    bool const keep0 = (before0 < top_p || top_p >= 1.0 || i0 == 0) && passes_min_p(i0, i0 < m ? ratio_of(i0) : 0.0);
+    bool const keep1 = (before1 < top_p || top_p >= 1.0) && passes_min_p(i1, i1 < m ? ratio_of(i1) : 0.0);
+    if (i0 < m && !keep0) atomicMin(&kept_prefix, i0);
+    if (i1 < m && !keep1) atomicMin(&kept_prefix, i1);
+    __syncthreads();
   }
-  __syncthreads();
-  unsigned long long mass_fixed = 0;
-  bool nan_mass = false;
-  for (int i = threadIdx.x; i < m; i += kThreads) {
-    double const ratio = exp(key_y(keys[i]) - y0);  // NaN when y0 is +-inf
-    if (!kept(keys[i], ratio)) continue;
-    if (ratio != ratio) {
-      nan_mass = true;
-    } else {
-      mass_fixed += static_cast<unsigned long long>(__double2ll_rn(ratio * 0x1p52));
-    }
-  }
-#pragma unroll
-  for (int delta = 16; delta > 0; delta >>= 1) mass_fixed += __shfl_xor_sync(0xFFFFFFFFu, mass_fixed, delta);
-  nan_mass = __any_sync(0xFFFFFFFFu, nan_mass);
-  if (threadIdx.x % 32 == 0) {
-    atomicAdd(&kept_mass_fixed, mass_fixed);
-    if (nan_mass) nan_kept_mass = 1;
-  }
-  __syncthreads();
-  double const kept_mass = nan_kept_mass ? NAN : static_cast<double>(kept_mass_fixed) * 0x1p-52;
+  auto kept = [&](int i, double ratio) { return top_p_on ? i < kept_prefix : passes_min_p(i, ratio); };
+  double const kept_mass = block_mass(m, kept, ratio_of, sh);
   double const lse = m == 0 ? -INFINITY : y0 + log(kept_mass);
 
   RowNoiseKey const key = sample_noise_key(p, row);
@@ -609,7 +689,7 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
     for (int i = threadIdx.x; i < m && !invalid_temperature; i += kThreads) {
       PackedCandidate const entry = keys[i];
       double const y = key_y(entry);
-      if (kept(entry, exp(y - y0))) best.offer(top_candidate_index(entry), xs[i], y, s, greedy, inv_t, key);
+      if (kept(i, exp(y - y0))) best.offer(top_candidate_index(entry), xs[i], y, s, greedy, inv_t, key);
     }
     PackedCandidate const mine = best.index == kNoCandidate ? PackedCandidate{0} : pack_candidate(best.score, best.index);
     PackedCandidate const winner = block_max_key(mine, sh);
@@ -1048,7 +1128,7 @@ __host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int v
   return num_tiles * C > round ? num_tiles * C : round;
 }
 
-// Stage 2 of a call with a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] and no top_p
+// Stage 2 of a call with a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK]
 // (fused_truncation_selects_large_top_k), one block a row: every key of the tiles' lists at its
 // own place (no bound: the k-th key of ~1K-15K lists is not among few of them), their k-th largest
 // kappa, the tiles whose list may hide more of the top k recomputed from the logits the GEMM
@@ -1158,8 +1238,9 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
     }
   }
 
-  // 4. min_p and the samples.
-  finish_large_top_k_row(p, row, keys, xs, n, !(min_p <= 0.0), min_p, inv_t, sh);
+  // 4. top_p, min_p and the samples.
+  double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+  finish_large_top_k_row(p, row, keys, xs, n, !(top_p >= 1.0), top_p, !(min_p <= 0.0), min_p, inv_t, sh);
 }
 
 }  // namespace

@@ -117,10 +117,10 @@ constexpr int kTopCandidatesPerTile = 4;
 // Largest top_k stage 2 of the fused truncation decides with top_p (it keeps the survivors in
 // one warp's registers, sorted); rows with larger k go to the logits sampler, but for those below.
 constexpr int kMaxFusedTopK = 64;
-// Largest host top_k stage 2 selects without top_p (in shared memory, in any order: min_p and
-// the Gumbel-Max winner need no order; fused_truncation_selects_large_top_k). A flat row's top
-// 1024 of ~150K logits hold more than 4 of one 128-token tile in ~1% of tiles, which stage 2
-// recomputes from the stored logits.
+// Largest host top_k stage 2 selects in shared memory (fused_truncation_selects_large_top_k;
+// sorted only for top_p, whose prefix needs the order). A flat row's top 1024 of ~150K logits
+// hold more than 4 of one 128-token tile in ~1% of tiles, which stage 2 recomputes from the
+// stored logits.
 constexpr int kMaxFusedLargeTopK = 1024;
 
 inline SamplerLoop sampler_loop_for(SamplingControls const& c, NoiseSource const& noise, int num_samples,
@@ -176,8 +176,7 @@ struct SamplerParams {
   // from them: top_k (<= 0: off), then top_p and min_p (off: top_p >= 1, min_p <= 0), then
   // samples the survivors with the noise of plain sampling. Per-row [B] device arrays (int64
   // top_ks, float64 top_ps / min_ps) win over the scalars. Stage 2 decides a row with top_k in
-  // [1, kMaxFusedTopK], every row of a call with a host top_k up to kMaxFusedLargeTopK and no
-  // top_p, and a row without top_k whose top_p / min_p cut falls within its first kMaxFusedTopK
+  // [1, kMaxFusedTopK], every row of a call with a host top_k up to kMaxFusedLargeTopK, and a row without top_k whose top_p / min_p cut falls within its first kMaxFusedTopK
   // tokens; it leaves the others (a larger top_k, nothing on, or a cut past them) to the logits
   // sampler, which needs row_logits and fallback_rows.
   bool fused_truncation = false;
@@ -248,11 +247,11 @@ inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
 inline bool call_may_cut_top_p(SamplerParams const& p) { return p.top_ps != nullptr || p.top_p < 1.0; }
 inline bool call_may_cut_min_p(SamplerParams const& p) { return p.min_ps != nullptr || p.min_p > 0.0; }
 
-// Whether stage 2 selects a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] without top_p in
-// shared memory (truncate_candidates.cu: select_large_top_k_kernel), deciding every row: its
-// repairs read the stored logits (row_logits), and no row is left to the logits sampler.
+// Whether stage 2 selects a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] in shared memory
+// (truncate_candidates.cu: select_large_top_k_kernel), deciding every row: its repairs read the
+// stored logits (row_logits), and no row is left to the logits sampler.
 inline bool fused_truncation_selects_large_top_k(SamplerParams const& p) {
-  return p.top_ks == nullptr && p.top_k > kMaxFusedTopK && p.top_k <= kMaxFusedLargeTopK && !call_may_cut_top_p(p);
+  return p.top_ks == nullptr && p.top_k > kMaxFusedTopK && p.top_k <= kMaxFusedLargeTopK;
 }
 
 // Whether the fused truncation's stage 2 hands the top_p rows it cannot decide to the logits
