@@ -589,7 +589,8 @@ __device__ double block_mass(int m, Counted const& counted, Ratio const& ratio, 
 }
 
 // The sum of `value` over the threads before this one (block-wide, threads in order; every
-// thread's additions in the same order whatever the data).
+// thread's additions in the same order whatever the data), built without a subtraction: the
+// warps before this one's, then the lanes before this one's (the previous lane's inclusive sum).
 __device__ double block_exclusive_sum(double value, Stage2Shared& sh) {
   int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   double inclusive = value;
@@ -598,17 +599,19 @@ __device__ double block_exclusive_sum(double value, Stage2Shared& sh) {
     double const other = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
     if (lane >= d) inclusive += other;
   }
+  double const lanes_before = __shfl_up_sync(0xFFFFFFFFu, inclusive, 1);
   if (lane == 31) sh.warp_mass[warp] = inclusive;
   __syncthreads();
   double before = 0.0;
   for (int w = 0; w < warp; ++w) before += sh.warp_mass[w];
   __syncthreads();  // read before a later use overwrites them
-  return before + inclusive - value;
+  return lane == 0 ? before : before + lanes_before;
 }
 
 // Sorts keys / xs[0, m) by key, descending (block-wide bitonic sort over the next power of two,
 // the entries past m zeroed first: 0 is no key, last; the capacity holds kMaxFusedLargeTopK).
 __device__ void block_sort_descending(PackedCandidate* keys, float* xs, int m) {
+  static_assert(kMaxFusedLargeTopK <= 2 * kThreads, "finish_large_top_k_row: two survivors a thread");
   int size = 1;
   while (size < m) size <<= 1;
   for (int i = m + threadIdx.x; i < size; i += kThreads) {
