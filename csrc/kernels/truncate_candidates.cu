@@ -1050,7 +1050,7 @@ __host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int v
 
 // Stage 2 of a call with a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] and no top_p
 // (fused_truncation_selects_large_top_k), one block a row: every key of the tiles' lists at its
-// own place (no bound: the k-th key of ~1K-15K lists is not among few of them), their k-th largest
+// own place, those at or above the k-th of the tiles' first two keys kept, their k-th largest
 // kappa, the tiles whose list may hide more of the top k recomputed from the logits the GEMM
 // stored (about 1% of a flat row's tiles at k = 1024, V = 152K), in rounds as wide as fit beside
 // k entries with the k best kept after each, then finish_large_top_k_row. Exact whatever the data,
@@ -1072,8 +1072,8 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
   PackedCandidate* const tile_last = keys + capacity;
   float* const xs = reinterpret_cast<float*>(tile_last + num_tiles);
 
-  // 1. Every key (0 where a tile has fewer tokens), and each tile's last; a tile's C keys a
-  // thread, two tiles' loads in flight.
+  // 1. Every key (0 where a tile has fewer tokens), the tiles' j-th keys at [j * tiles, (j + 1) *
+  // tiles), and each tile's last; a tile's C keys a thread, two tiles' loads in flight.
   int n = static_cast<int>(num_tiles * C);
 #pragma unroll 2
   for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
@@ -1082,14 +1082,20 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
     for (int j = 0; j < C; ++j) x_keys[j] = candidates[(t * columns + row) * C + j];
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      keys[t * C + j] = y_key(x_keys[j], inv_t, greedy);
-      xs[t * C + j] = from_order_bits(static_cast<uint32_t>(x_keys[j] >> 32));
+      keys[j * num_tiles + t] = y_key(x_keys[j], inv_t, greedy);
+      xs[j * num_tiles + t] = from_order_bits(static_cast<uint32_t>(x_keys[j] >> 32));
     }
-    tile_last[t] = keys[t * C + C - 1];
+    tile_last[t] = keys[(C - 1) * num_tiles + t];
   }
   __syncthreads();
 
-  // 2. kappa, and 3. the tiles it does not certify, recomputed.
+  // 2. A lower bound on kappa, the k-th of the tiles' first two keys (a subset's k-th key is at
+  // most the whole list's), keeps the keys that can reach it (a flat row's 3rd and 4th keys
+  // mostly cannot), then kappa among those, and 3. the tiles it does not certify, recomputed.
+  if (2 * num_tiles >= k) {
+    PackedCandidate const bound = block_kth_largest<true>(keys, static_cast<int>(2 * num_tiles), k, sh);
+    n = block_compact_at_least(keys, xs, n, bound, [](PackedCandidate) { return false; }, sh);
+  }
   PackedCandidate const kappa = block_kth_largest<true>(keys, n, k, sh);
   auto tile_may_hide = [&](int64_t t) {
     return tile_may_hide_more(tile_last[t], kappa, scale_exact, static_cast<uint32_t>(p.vocab_start + t * vocab_tile));
