@@ -1133,7 +1133,7 @@ __host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int v
 
 // Stage 2 of a call with a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK]
 // (fused_truncation_selects_large_top_k), one block a row: every key of the tiles' lists at its
-// own place (no bound: the k-th key of ~1K-15K lists is not among few of them), their k-th largest
+// own place, those at or above the k-th of the tiles' first (two) keys kept, their k-th largest
 // kappa, the tiles whose list may hide more of the top k recomputed from the logits the GEMM
 // stored (about 1% of a flat row's tiles at k = 1024, V = 152K), in rounds as wide as fit beside
 // k entries with the k best kept after each, then finish_large_top_k_row. Exact whatever the data,
@@ -1155,8 +1155,8 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
   PackedCandidate* const tile_last = keys + capacity;
   float* const xs = reinterpret_cast<float*>(tile_last + num_tiles);
 
-  // 1. Every key (0 where a tile has fewer tokens), and each tile's last; a tile's C keys a
-  // thread, two tiles' loads in flight.
+  // 1. Every key (0 where a tile has fewer tokens), the tiles' j-th keys at [j * tiles, (j + 1) *
+  // tiles), and each tile's last; a tile's C keys a thread, two tiles' loads in flight.
   int n = static_cast<int>(num_tiles * C);
 #pragma unroll 2
   for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
@@ -1165,79 +1165,98 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
     for (int j = 0; j < C; ++j) x_keys[j] = candidates[(t * columns + row) * C + j];
 #pragma unroll
     for (int j = 0; j < C; ++j) {
-      keys[t * C + j] = y_key(x_keys[j], inv_t, greedy);
-      xs[t * C + j] = from_order_bits(static_cast<uint32_t>(x_keys[j] >> 32));
+      keys[j * num_tiles + t] = y_key(x_keys[j], inv_t, greedy);
+      xs[j * num_tiles + t] = from_order_bits(static_cast<uint32_t>(x_keys[j] >> 32));
     }
-    tile_last[t] = keys[t * C + C - 1];
+    tile_last[t] = keys[(C - 1) * num_tiles + t];
   }
   __syncthreads();
 
-  // 2. kappa, and 3. the tiles it does not certify, recomputed.
-  PackedCandidate const kappa = block_kth_largest<true>(keys, n, k, sh);
-  auto tile_may_hide = [&](int64_t t) {
-    return tile_may_hide_more(tile_last[t], kappa, scale_exact, static_cast<uint32_t>(p.vocab_start + t * vocab_tile));
-  };
-  int any_hidden = 0;
-  for (int64_t t = threadIdx.x; t < num_tiles && !any_hidden; t += kThreads) any_hidden = tile_may_hide(t);
-  if (!__syncthreads_or(any_hidden)) {
-    n = block_compact_at_least(keys, xs, n, kappa, [](PackedCandidate) { return false; }, sh);
+  if (inv_t != inv_t) {
+    // An invalid temperature gives no sample whatever the keys (finish_large_top_k_row): only
+    // whether the row has a token matters (an empty mask's token), not its top k, whose
+    // certificate would recompute most tiles (every key ties at NaN).
+    int has_token = 0;
+    for (int e = threadIdx.x; e < n; e += kThreads) has_token |= keys[e] != 0;
+    n = __syncthreads_or(has_token);
   } else {
-    n = block_compact_at_least(keys, xs, n, kappa,
-                               [&](PackedCandidate key) {
-                                 return tile_may_hide((top_candidate_index(key) - p.vocab_start) / vocab_tile);
-                               },
-                               sh);
-    // Only a recomputed token >= the k-th key so far can be among the top k (the k-th key of a
-    // subset is at most the row's): the rounds add those, usually a few a tile.
-    int const round_tiles = static_cast<int>(max(int64_t{kRepairTiles}, (capacity - k) / vocab_tile));
-    PackedCandidate kappa_now = kappa;
-    constexpr int kListedTiles = 2048;  // tiles listed at once (a row's, up to V = 262144)
-    __shared__ int repair_tiles[kListedTiles];
-    for (int64_t base = 0; base < num_tiles; base += kListedTiles) {
-      if (threadIdx.x == 0) sh.repair_count = 0;
-      __syncthreads();
-      for (int64_t t = base + threadIdx.x; t < base + kListedTiles; t += kThreads) {  // as a warp
-        bool const hidden = t < num_tiles && tile_may_hide(t);
-        int const slot = warp_claim_slot(&sh.repair_count, hidden);
-        if (hidden) repair_tiles[slot] = static_cast<int>(t);
-      }
-      __syncthreads();
-      int const repair_count = sh.repair_count;
-      for (int first = 0; first < repair_count; first += round_tiles) {
-        // The GEMM's own x of the round's tiles, as it stored them (bias added, excluded tokens
-        // marked), beside the n <= k entries kept so far.
-        int const elements = min(round_tiles, repair_count - first) * vocab_tile;
-        if (threadIdx.x == 0) sh.count = n;
+    // 2. A lower bound on kappa, the k-th of the tiles' first keys, or of their first two where
+    // there are fewer than 2k tiles (a subset's k-th key is at most the whole list's), keeps the
+    // keys that can reach it: on independent logits at V = 152K, k = 1000, about 1100-1300 of
+    // 4748 / 9496 (a CPU simulation). Then kappa among those, and 3. the tiles it does not
+    // certify, recomputed.
+    int const bounding_keys = static_cast<int>((num_tiles >= 2 * int64_t{k} ? 1 : 2) * num_tiles);
+    if (bounding_keys >= k) {
+      PackedCandidate const bound = block_kth_largest<true>(keys, bounding_keys, k, sh);
+      n = block_compact_at_least(keys, xs, n, bound, [](PackedCandidate) { return false; }, sh);
+    }
+    PackedCandidate const kappa = block_kth_largest<true>(keys, n, k, sh);
+    auto tile_may_hide = [&](int64_t t) {
+      return tile_may_hide_more(tile_last[t], kappa, scale_exact, static_cast<uint32_t>(p.vocab_start + t * vocab_tile));
+    };
+    int any_hidden = 0;
+    for (int64_t t = threadIdx.x; t < num_tiles && !any_hidden; t += kThreads) any_hidden = tile_may_hide(t);
+    if (!__syncthreads_or(any_hidden)) {
+      n = block_compact_at_least(keys, xs, n, kappa, [](PackedCandidate) { return false; }, sh);
+    } else {
+      n = block_compact_at_least(keys, xs, n, kappa,
+                                 [&](PackedCandidate key) {
+                                   return tile_may_hide((top_candidate_index(key) - p.vocab_start) / vocab_tile);
+                                 },
+                                 sh);
+      // Only a recomputed token >= the k-th key so far can be among the top k (the k-th key of a
+      // subset is at most the row's): the rounds add those, usually a few a tile.
+      int const round_tiles = static_cast<int>(max(int64_t{kRepairTiles}, (capacity - k) / vocab_tile));
+      PackedCandidate kappa_now = kappa;
+      constexpr int kListedTiles = 2048;  // tiles listed at once (a row's, up to V = 262144)
+      __shared__ int repair_tiles[kListedTiles];
+      for (int64_t base = 0; base < num_tiles; base += kListedTiles) {
+        if (threadIdx.x == 0) sh.repair_count = 0;
         __syncthreads();
-        constexpr int kLoads = 4;  // loads a thread has in flight
-        for (int chunk = 0; chunk < elements; chunk += kLoads * kThreads) {
-          int64_t v[kLoads];
-          float x[kLoads];
-#pragma unroll
-          for (int u = 0; u < kLoads; ++u) {
-            int const e = chunk + u * kThreads + threadIdx.x;
-            v[u] = e < elements ? int64_t{repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile
-                                : p.vocab_size;
-            x[u] = v[u] < p.vocab_size ? p.row_logits[row * p.row_logits_stride + v[u]] : 0.0f;
-          }
-#pragma unroll
-          for (int u = 0; u < kLoads; ++u) {
-            PackedCandidate const key =
-                y_key(pack_top_candidate(x[u], static_cast<uint32_t>(p.vocab_start + v[u])), inv_t, greedy);
-            bool const wanted = v[u] < p.vocab_size && __float_as_uint(x[u]) != kExcludedLogitBits && key >= kappa_now;
-            int const at = warp_claim_slot(&sh.count, wanted);
-            if (wanted) {
-              keys[at] = key;
-              xs[at] = x[u];
-            }
-          }
+        for (int64_t t = base + threadIdx.x; t < base + kListedTiles; t += kThreads) {  // as a warp
+          bool const hidden = t < num_tiles && tile_may_hide(t);
+          int const slot = warp_claim_slot(&sh.repair_count, hidden);
+          if (hidden) repair_tiles[slot] = static_cast<int>(t);
         }
         __syncthreads();
-        n = sh.count;
-        kappa_now = block_kth_largest<true>(keys, n, k, sh);
-        n = block_compact_at_least(keys, xs, n, kappa_now, [](PackedCandidate) { return false; }, sh);
+        int const repair_count = sh.repair_count;
+        for (int first = 0; first < repair_count; first += round_tiles) {
+          // The GEMM's own x of the round's tiles, as it stored them (bias added, excluded tokens
+          // marked), beside the n <= k entries kept so far.
+          int const elements = min(round_tiles, repair_count - first) * vocab_tile;
+          if (threadIdx.x == 0) sh.count = n;
+          __syncthreads();
+          constexpr int kLoads = 4;  // loads a thread has in flight
+          for (int chunk = 0; chunk < elements; chunk += kLoads * kThreads) {
+            int64_t v[kLoads];
+            float x[kLoads];
+  #pragma unroll
+            for (int u = 0; u < kLoads; ++u) {
+              int const e = chunk + u * kThreads + threadIdx.x;
+              v[u] = e < elements ? int64_t{repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile
+                                  : p.vocab_size;
+              x[u] = v[u] < p.vocab_size ? p.row_logits[row * p.row_logits_stride + v[u]] : 0.0f;
+            }
+  #pragma unroll
+            for (int u = 0; u < kLoads; ++u) {
+              PackedCandidate const key =
+                  y_key(pack_top_candidate(x[u], static_cast<uint32_t>(p.vocab_start + v[u])), inv_t, greedy);
+              bool const wanted = v[u] < p.vocab_size && __float_as_uint(x[u]) != kExcludedLogitBits && key >= kappa_now;
+              int const at = warp_claim_slot(&sh.count, wanted);
+              if (wanted) {
+                keys[at] = key;
+                xs[at] = x[u];
+              }
+            }
+          }
+          __syncthreads();
+          n = sh.count;
+          // kappa bounds the row's k-th key from below too, where fewer than k entries are held yet
+          kappa_now = max_key(block_kth_largest<true>(keys, n, k, sh), kappa);
+          n = block_compact_at_least(keys, xs, n, kappa_now, [](PackedCandidate) { return false; }, sh);
+        }
+        __syncthreads();  // every thread has read repair_count before the next chunk zeroes it
       }
-      __syncthreads();  // every thread has read repair_count before the next chunk zeroes it
     }
   }
 
