@@ -822,6 +822,9 @@ _C10_DTYPE_NAMES = {
     torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
 }
 _MAX_INT32_EXTENT = 2**31 - 1
+# A positive temperature the op takes lies in [_FLOAT32_TINY, _FLOAT32_MAX] (checks.cpp: a normal float32).
+_FLOAT32_TINY = torch.finfo(torch.float32).tiny
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def _c10(dtype: torch.dtype) -> str:
@@ -868,9 +871,9 @@ def _check_fake_args(
                      f"vocab_start={vocab_start} and V={vocab}")
     torch._check(1 <= num_samples <= _MAX_INT32_EXTENT, lambda: f"{prefix} num_samples must be >= 1, got {num_samples}")
     if isinstance(temperature, (int, float)):
-        torch._check(math.isfinite(temperature) and temperature >= 0,
-                     lambda: f"{prefix} temperature must be finite and >= 0 (0 = greedy), got "
-                     f"{_c10_double(temperature)}")
+        torch._check(temperature == 0 or _FLOAT32_TINY <= temperature <= _FLOAT32_MAX,
+                     lambda: f"{prefix} temperature must be finite and >= 0 (0 = greedy; a positive one at least "
+                     f"1.17549435e-38, a normal float32), got {_c10_double(temperature)}")
 
     def check(name, t, dtypes, dtype_text, shapes, shape_text, cpu_ok=False):
         torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be {dtype_text}, got {_c10(t.dtype)}")
