@@ -31,14 +31,18 @@ void check_seed_like(const char* name, const at::Tensor& t, const at::Tensor& hi
               t.device());
 }
 
-// A temperature the op takes: 0 (greedy), or positive, finite and at least FLT_MIN, so that it
-// is a normal float32 once rounded and its reciprocal (fs_inv_temperature) stays finite. The
-// kernels treat any other value as invalid (the row gets no candidate), which is what a device
-// tensor's entry, not read on the host, gets.
-static bool valid_temperature(double t) {
-  return t == 0.0 || (t >= static_cast<double>(std::numeric_limits<float>::min()) &&
-                      t <= static_cast<double>(std::numeric_limits<float>::max()));
+// Whether a host value, rounded to float32, is a positive normal number, so that neither it nor
+// its reciprocal rounds to 0 or overflows: logit_scale / logit_softcap, and a temperature other
+// than 0.
+static bool positive_normal_float(double value) {
+  const float f = static_cast<float>(value);
+  return std::isfinite(f) && f >= std::numeric_limits<float>::min();
 }
+
+// A temperature the op takes: 0 (greedy) or a positive normal float32 once rounded, whose
+// reciprocal (fs_inv_temperature) stays finite. The kernels treat any other value as invalid
+// (the row gets no candidate), which is what a device tensor's entry, not read on the host, gets.
+static bool valid_temperature(double t) { return t == 0.0 || positive_normal_float(t); }
 static constexpr const char* kTemperatureRule = "finite and >= 0 (0 = greedy; a positive one at least 1.17549435e-38, "
                                                 "a normal float32)";
 
@@ -81,9 +85,7 @@ namespace {
 // A host value of logit_scale / logit_softcap as the kernels take it: a positive normal float32,
 // so that neither it nor its reciprocal rounds to 0 or overflows.
 void check_model_value(const char* op, const char* name, double value) {
-  const float f = static_cast<float>(value);
-  TORCH_CHECK(std::isfinite(f) && f >= 1.17549435e-38f, op, ": ", name,
-              " must be finite and > 0 (a normal float32), got ", value);
+  TORCH_CHECK(positive_normal_float(value), op, ": ", name, " must be finite and > 0 (a normal float32), got ", value);
 }
 }  // namespace
 
