@@ -137,10 +137,10 @@ class LogitTransforms(NamedTuple):
     output_token_ids: object = None
 
 
-def _model_transform_ok(value: float) -> bool:
-    """Whether a host logit_scale / logit_softcap is what the op takes (checks.cpp): rounded to
-    float32, a positive normal number, so that neither it nor its reciprocal rounds to 0 or
-    overflows."""
+def _positive_normal_float32(value: float) -> bool:
+    """Whether a host value is, rounded to float32, a positive normal number, so that neither it
+    nor its reciprocal rounds to 0 or overflows: what the op takes as logit_scale /
+    logit_softcap, and as a temperature other than 0 (checks.cpp: positive_normal_float)."""
     try:
         rounded = struct.unpack("f", struct.pack("f", value))[0]
     except OverflowError:  # beyond float32's range
@@ -154,7 +154,7 @@ def _model_transform_args(logit_scale, logit_softcap, op: str = "flashsampling.s
             continue
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{op}: {name} must be a float, got {type(value).__name__}")
-        if not _model_transform_ok(float(value)):
+        if not _positive_normal_float32(float(value)):
             raise ValueError(f"{op}: {name} must be finite and > 0 (a normal float32), got {value}")
     return float(logit_scale), None if logit_softcap is None else float(logit_softcap)
 
@@ -868,9 +868,9 @@ def _check_fake_args(
                      f"vocab_start={vocab_start} and V={vocab}")
     torch._check(1 <= num_samples <= _MAX_INT32_EXTENT, lambda: f"{prefix} num_samples must be >= 1, got {num_samples}")
     if isinstance(temperature, (int, float)):
-        torch._check(math.isfinite(temperature) and temperature >= 0,
-                     lambda: f"{prefix} temperature must be finite and >= 0 (0 = greedy), got "
-                     f"{_c10_double(temperature)}")
+        torch._check(temperature == 0 or _positive_normal_float32(float(temperature)),
+                     lambda: f"{prefix} temperature must be finite and >= 0 (0 = greedy; a positive one at least "
+                     f"1.17549435e-38, a normal float32), got {_c10_double(temperature)}")
 
     def check(name, t, dtypes, dtype_text, shapes, shape_text, cpu_ok=False):
         torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be {dtype_text}, got {_c10(t.dtype)}")
@@ -947,7 +947,7 @@ def _check_model_transform_fake(prefix: str, logit_scale, logit_softcap) -> None
     """checks.cpp's check_model_transform_args, its messages."""
     for name, value in (("logit_scale", logit_scale), ("logit_softcap", logit_softcap)):
         if isinstance(value, (int, float)):
-            torch._check(_model_transform_ok(float(value)),
+            torch._check(_positive_normal_float32(float(value)),
                          lambda: f"{prefix} {name} must be finite and > 0 (a normal float32), got "
                          f"{_c10_double(float(value))}")
 

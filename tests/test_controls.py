@@ -447,7 +447,9 @@ def test_bad_host_temperature_values_raise():
                            (torch.tensor([1.0, math.nan, 1.0]), r"temperatures must be finite and >= 0"),
                            (torch.tensor(-2.0), r"temperatures must be finite and >= 0"),
                            (-0.5, r"temperature must be finite and >= 0"),
-                           (math.nan, r"temperature must be finite and >= 0")]:
+                           (math.nan, r"temperature must be finite and >= 0"),
+                           (1e-40, r"temperature must be finite and >= 0"),
+                           (torch.tensor([1.0, 1e-39, 1.0]), r"temperatures must be finite and >= 0")]:
         with pytest.raises(RuntimeError, match=message):
             fs.sample(hidden, weight, temperature=temps, seed=0)
 

@@ -277,6 +277,8 @@ BAD_ARGS = [
     (dict(temperature=-0.5), r"temperature must be finite and >= 0"),
     (dict(temperature=math.nan), r"temperature must be finite and >= 0"),
     (dict(temperature=math.inf), r"temperature must be finite and >= 0"),
+    (dict(temperature=1e-40), r"temperature must be finite and >= 0 \(0 = greedy; a positive one at least"),
+    (dict(temperatures=torch.tensor([1.0, 1e-40, 1.0])), r"temperatures must be finite and >= 0"),
     (dict(temperatures=torch.tensor([1.0, -1.0, 1.0])), r"temperatures must be finite and >= 0"),
     (dict(temperatures=torch.tensor([1.0, math.nan, 1.0])), r"temperatures must be finite and >= 0"),
     (dict(temperatures=torch.ones(4)), r"temperatures must have shape \[B\] = \[3\]"),

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <string>
 
 namespace flashsampling {
@@ -30,6 +31,21 @@ void check_seed_like(const char* name, const at::Tensor& t, const at::Tensor& hi
               t.device());
 }
 
+// Whether a host value, rounded to float32, is a positive normal number, so that neither it nor
+// its reciprocal rounds to 0 or overflows: logit_scale / logit_softcap, and a temperature other
+// than 0.
+static bool positive_normal_float(double value) {
+  const float f = static_cast<float>(value);
+  return std::isfinite(f) && f >= std::numeric_limits<float>::min();
+}
+
+// A temperature the op takes: 0 (greedy) or a positive normal float32 once rounded, whose
+// reciprocal (fs_inv_temperature) stays finite. The kernels treat any other value as invalid
+// (the row gets no candidate), which is what a device tensor's entry, not read on the host, gets.
+static bool valid_temperature(double t) { return t == 0.0 || positive_normal_float(t); }
+static constexpr const char* kTemperatureRule = "finite and >= 0 (0 = greedy; a positive one at least 1.17549435e-38, "
+                                                "a normal float32)";
+
 void check_temperatures(const at::Tensor& temperatures, const at::Tensor& hidden) {
   const int64_t batch = hidden.size(0);
   TORCH_CHECK(temperatures.scalar_type() == at::kFloat,
@@ -45,9 +61,8 @@ void check_temperatures(const at::Tensor& temperatures, const at::Tensor& hidden
   const at::Tensor t = temperatures.contiguous();
   const float* values = t.const_data_ptr<float>();
   for (int64_t row = 0; row < batch; ++row) {
-    TORCH_CHECK(std::isfinite(values[row]) && values[row] >= 0.0f,
-                "flashsampling.sample: temperatures must be finite and >= 0 (0 = greedy), got ",
-                values[row], " in row ", row);
+    TORCH_CHECK(valid_temperature(values[row]), "flashsampling.sample: temperatures must be ", kTemperatureRule,
+                ", got ", values[row], " in row ", row);
   }
 }
 
@@ -70,9 +85,7 @@ namespace {
 // A host value of logit_scale / logit_softcap as the kernels take it: a positive normal float32,
 // so that neither it nor its reciprocal rounds to 0 or overflows.
 void check_model_value(const char* op, const char* name, double value) {
-  const float f = static_cast<float>(value);
-  TORCH_CHECK(std::isfinite(f) && f >= 1.17549435e-38f, op, ": ", name,
-              " must be finite and > 0 (a normal float32), got ", value);
+  TORCH_CHECK(positive_normal_float(value), op, ": ", name, " must be finite and > 0 (a normal float32), got ", value);
 }
 }  // namespace
 
@@ -172,9 +185,8 @@ void check_control_args(const at::Tensor& hidden, int64_t vocab, const SampleArg
               args.vocab_start, " and V=", vocab);
   TORCH_CHECK(args.num_samples >= 1 && args.num_samples <= kMaxInt32Extent,
               "flashsampling.sample: num_samples must be >= 1, got ", args.num_samples);
-  TORCH_CHECK(std::isfinite(args.temperature) && args.temperature >= 0.0,
-              "flashsampling.sample: temperature must be finite and >= 0 (0 = greedy), got ",
-              args.temperature);
+  TORCH_CHECK(valid_temperature(args.temperature), "flashsampling.sample: temperature must be ", kTemperatureRule,
+              ", got ", args.temperature);
   if (args.temperatures.has_value()) check_temperatures(*args.temperatures, hidden);
   check_model_transform_args("flashsampling.sample", args.logit_scale, args.logit_softcap);
   if (args.seed.has_value()) {

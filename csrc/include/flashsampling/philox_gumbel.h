@@ -342,10 +342,11 @@ FS_HOST_DEVICE float fs_perturbed_score(float logit, float inv_temperature, floa
 }
 
 // The scale of a row's logits, fl32(1 / T): 0 marks greedy (T == 0, no noise) and NaN an
-// invalid temperature (negative, NaN or infinite), which gives the row no candidate.
+// invalid temperature (negative, NaN, infinite, or subnormal: 1 / T may overflow, and x / T
+// would not be monotone in x), which gives the row no candidate.
 FS_HOST_DEVICE float fs_inv_temperature(float temperature) {
   if (temperature == 0.0f) return 0.0f;
-  const bool finite_positive = temperature > 0.0f && temperature <= 3.40282347e+38f;
+  const bool finite_positive = temperature >= 1.17549435e-38f && temperature <= 3.40282347e+38f;
   if (!finite_positive) return fs_uint_as_float(0x7fc00000u);
   return fs_div(1.0f, temperature);
 }
