@@ -1,8 +1,8 @@
 // The logits sampler's streaming rows (logits_rows.cuh: is_streaming_row): rows without top_k,
 // top_p or min_p, whose survivors are every allowed token (and min_p rows, below). Their sample is
 // Gumbel-Max over one pass of the row, so they need none of the cut path's histograms; here a CTA
-// takes a quad of rows and a chunk of the vocabulary (streaming_chunk_tokens), so that a row is
-// read by many CTAs at once:
+// takes a quad of rows and a chunk of the vocabulary (QuadChunks), so that a row is read by many
+// CTAs at once:
 //
 //  1. streaming_sample_kernel: each (quad, chunk) per sample the best candidate of each row's
 //     chunk, and (sample 0) the chunk's largest key, allowed tokens and the survivors' mass as an
@@ -98,6 +98,43 @@ constexpr int64_t kRoundChunkTokens = 4096;
 // The most chunks a row can have (the workspace's partials and the tickets' count).
 int64_t round_chunks(int64_t vocab) { return (vocab + kRoundChunkTokens - 1) / kRoundChunkTokens; }
 
+// streaming_sample_kernel's CTAs an SM (its __launch_bounds__: its registers).
+constexpr int kStreamingCtasPerSm = 3;
+
+// The chunks of a streaming launch. Its items are (listed quad, chunk) pairs: the listed quads are
+// those with a streaming row (is_streaming_row), in batch order, and each has `chunks` chunks of
+// `tokens` tokens, a multiple of 1024. The kernel sizes them on the device from the listed count,
+// so that the few rows the fused truncation hands over (LLM-like top_p rows beyond 64, whose work
+// differs by far from row to row) spread over the GPU as a whole batch's do. With `one_wave` the
+// items are at most one wave of the kernel's CTAs; else about four CTAs an SM. The min_p instance
+// takes one wave: its flat rows do the same work in every chunk, so a last partial wave would cost
+// a whole chunk's time more. The other rows can differ in work by far (LLM-like top_p rows: a few
+// tokens within reach of the noise, or thousands), and smaller chunks spread a heavy quad over more
+// CTAs: one wave made those slower (CHANGELOG).
+struct QuadChunks {
+  int64_t chunks, tokens;
+  __host__ __device__ QuadChunks(int64_t listed_quads, int64_t vocab, int sm_count, bool one_wave) {
+    int64_t const quads = listed_quads < 1 ? 1 : listed_quads;
+    int64_t const sms = sm_count < 1 ? 1 : sm_count;
+    int64_t const wave = kStreamingCtasPerSm * sms / quads;
+    int64_t const wanted = one_wave ? (wave < 1 ? 1 : wave) : (4 * sms + quads - 1) / quads;
+    int64_t const chunk = (vocab + wanted - 1) / wanted;
+    tokens = (chunk + 1023) / 1024 * 1024;  // rounding up only lowers the count
+    chunks = (vocab + tokens - 1) / tokens;
+  }
+};
+
+// The most items of a launch of `quads` quads, for any count of them listed: listed * chunks is
+// at most 4 * sms + listed - 1 (about four CTAs an SM) or the larger of kStreamingCtasPerSm * sms
+// and listed (one wave); the workspace holds that many items' results and the grid has that many
+// CTAs.
+int64_t most_streaming_items(int64_t quads, int64_t vocab, int sm_count) {
+  int64_t const sms = sm_count < 1 ? 1 : sm_count;
+  int64_t const bound = 4 * sms + quads;
+  int64_t const every_chunk = quads * ((vocab + 1023) / 1024);
+  return bound < every_chunk ? bound : every_chunk;
+}
+
 // A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike).
 __device__ __forceinline__ int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
   int64_t const tokens_a_cta = (rows * vocab + ctas - 1) / ctas;
@@ -106,8 +143,10 @@ __device__ __forceinline__ int64_t round_chunk_tokens(int64_t rows, int64_t voca
 }
 
 struct Workspace {
-  ChunkPartial* partials;        // [B, chunks]
-  PackedCandidate* candidates;   // [B, S, chunks]
+  ChunkPartial* partials;        // [items, 4]: item = listed quad's slot * chunks + chunk, then the quad's row
+  PackedCandidate* candidates;   // [items, 4, S]
+  int32_t* quad_slots;           // [quads]: a listed quad's place in the list (written by its chunk 0's CTA)
+  int64_t* listed_chunks;        // [1]: each listed quad's chunks (written by CTA 0)
   RoundRow* round_rows;          // [B] (streams_top_p_rows)
   RoundPartial* round_partials;  // [B, round_chunks(V)] (streams_top_p_rows); a round uses [B, its chunks]
   uint32_t* floors;              // [B, S]: number_order_bits of the best score drawn so far (0: none), zeroed
@@ -135,11 +174,14 @@ size_t round_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct WorkspaceLayout {
   // floors and the rounds' tickets and lists last: the launch zeroes [floors, total)
-  size_t candidates, round_rows, round_partials, floors, round_tickets, round_lists, total;
-  WorkspaceLayout(int64_t batch, int64_t samples, int64_t chunks, int64_t vocab, bool rounds) {
+  size_t candidates, quad_slots, listed_chunks, round_rows, round_partials, floors, round_tickets, round_lists, total;
+  WorkspaceLayout(int64_t batch, int64_t samples, int64_t items, int64_t vocab, bool rounds) {
     size_t const b = static_cast<size_t>(batch);
-    candidates = round_up(b * chunks * sizeof(ChunkPartial));
-    round_rows = candidates + round_up(b * samples * chunks * sizeof(PackedCandidate));
+    size_t const rows = static_cast<size_t>(items) * kQuad;
+    candidates = round_up(rows * sizeof(ChunkPartial));
+    quad_slots = candidates + round_up(rows * samples * sizeof(PackedCandidate));
+    listed_chunks = quad_slots + round_up((b + kQuad - 1) / kQuad * sizeof(int32_t));
+    round_rows = listed_chunks + round_up(sizeof(int64_t));
     round_partials = round_rows + (rounds ? round_up(b * sizeof(RoundRow)) : 0);
     floors = round_partials + (rounds ? round_up(b * round_chunks(vocab) * sizeof(RoundPartial)) : 0);
     round_tickets = floors + round_up(b * samples * sizeof(uint32_t));
@@ -151,6 +193,8 @@ struct WorkspaceLayout {
     bool const rounds = total > round_lists;
     return {reinterpret_cast<ChunkPartial*>(base),
             reinterpret_cast<PackedCandidate*>(base + candidates),
+            reinterpret_cast<int32_t*>(base + quad_slots),
+            reinterpret_cast<int64_t*>(base + listed_chunks),
             rounds ? reinterpret_cast<RoundRow*>(base + round_rows) : nullptr,
             rounds ? reinterpret_cast<RoundPartial*>(base + round_partials) : nullptr,
             reinterpret_cast<uint32_t*>(base + floors),
@@ -386,15 +430,62 @@ __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], 
   }
 }
 
-// The CTA's quad is the batch rows 4 * blockIdx.y .. + 3 (streams 4q .. 4q + 3, which share
-// their Philox blocks); thread r < 4 fills row r. Returns whether any row of the quad streams (the
-// same in every thread).
-__device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) {
+// Whether batch quad `quad` (rows 4 * quad .. + 3) has a streaming row.
+__device__ __forceinline__ bool quad_streams(LogitsSamplerParams const& p, int64_t quad) {
+  bool any = false;
+#pragma unroll
+  for (int r = 0; r < kQuad; ++r) {
+    int64_t const row = quad * kQuad + r;
+    any |= row < p.batch_size && is_streaming_row(p, row);
+  }
+  return any;
+}
+
+// How many of the launch's quads have a streaming row (every thread alike).
+__device__ int64_t count_listed_quads(LogitsSamplerParams const& p, int64_t quads) {
+  int64_t listed = 0;
+  for (int64_t base = 0; base < quads; base += kThreads) {
+    int64_t const quad = base + threadIdx.x;
+    listed += __syncthreads_count(quad < quads && quad_streams(p, quad));
+  }
+  return listed;
+}
+
+// The batch quad in place `slot` of the list of quads with a streaming row (every thread alike).
+__device__ int64_t listed_quad(LogitsSamplerParams const& p, int64_t quads, int64_t slot) {
+  __shared__ int warp_listed[kWarps];
+  __shared__ int64_t found;
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int64_t before = 0;  // listed quads in the blocks already scanned
+  for (int64_t base = 0; base < quads; base += kThreads) {
+    int64_t const quad = base + threadIdx.x;
+    bool const listed = quad < quads && quad_streams(p, quad);
+    unsigned const ballot = __ballot_sync(kFullMask, listed);
+    if (lane == 0) warp_listed[warp] = __popc(ballot);
+    __syncthreads();
+    int64_t place = before + __popc(ballot & ((1u << lane) - 1u));
+    int block_listed = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      place += w < warp ? warp_listed[w] : 0;
+      block_listed += warp_listed[w];
+    }
+    if (listed && place == slot) found = quad;
+    __syncthreads();  // found is written; warp_listed is read before the next block writes it
+    before += block_listed;
+    if (before > slot) break;
+  }
+  return found;
+}
+
+// The CTA's quad is the batch rows 4 * quad_index .. + 3 (streams 4q .. 4q + 3, which share their
+// Philox blocks); thread r < 4 fills row r. Returns whether any row of the quad streams (the same
+// in every thread).
+__device__ bool load_quad(LogitsSamplerParams const& p, int64_t quad_index, QuadRow (&quad)[kQuad]) {
   if (threadIdx.x < kQuad) {
     int const r = threadIdx.x;
     QuadRow& q = quad[r];
     q = QuadRow{};
-    q.row = int64_t{blockIdx.y} * kQuad + r;
+    q.row = quad_index * kQuad + r;
     if (q.row < p.batch_size && is_streaming_row(p, q.row)) {
       q.counted = true;
       float const inv_t = row_inv_t(p, q.row);
@@ -420,10 +511,16 @@ __device__ bool load_quad(LogitsSamplerParams const& p, QuadRow (&quad)[kQuad]) 
 // flight), so the loop is one compact body: its code is inlined for the four rows, and the
 // logarithms, which few tokens need, are drawn from the warp's queue in one place. kMinPRows: the
 // launch has streamed_first_y, whose min_p rows' survivors also pass min_p; a quad of such rows
-// alone (sparse) takes sparse_min_p_pass instead.
+// alone (sparse) takes sparse_min_p_pass instead. The CTA's item: tokens [begin, end) of batch
+// quad `quad_index` (in shared memory, read where needed rather than held in registers through
+// the loops, which are at their limit).
+struct StreamingItem {
+  int64_t item, quad_index, begin, end;
+};
+
 template <bool kMinPRows>
-__global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
-    streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int64_t chunk_tokens, int chunks) {
+__device__ __forceinline__ void sample_quad_chunk(LogitsSamplerParams const& p, Workspace const& ws,
+                                                  StreamingItem const& at) {
   __shared__ QuadRow quad[kQuad];
   __shared__ bool quad_noise;         // the quad's rows that draw noise share their Philox blocks ...
   __shared__ RowNoiseKey lead_noise;  // ... those of this key
@@ -431,7 +528,7 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
   __shared__ bool quad_sparse;        // kMinPRows: every counted row a noisy min_p row, no bias or mask (few survivors)
   __shared__ WarpResults results;
   __shared__ QueuedDraw draw_queue[kWarps][kQueue];
-  if (!load_quad(p, quad)) return;
+  if (!load_quad(p, at.quad_index, quad)) return;
   uint64_t batch_seed = 0, batch_offset = 0;
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   if (threadIdx.x < kQuad) {
@@ -491,8 +588,7 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
   };
 
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int64_t const begin = int64_t{blockIdx.x} * chunk_tokens;
-  int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
+  int64_t const begin = at.begin, end = at.end;
   bool const shared_noise = quad_noise;
   bool const lean = quad_lean;
   // A quad of min_p rows draws no Philox block for a step: few of its tokens survive (a few
@@ -527,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
       mass_sum[r] = 0.0f;
     }
     bool const stats = s == 0;
-    uint32_t* const row_floors = ws.floors + int64_t{blockIdx.y} * kQuad * p.num_samples + s;  // + r * S
+    uint32_t* const row_floors = ws.floors + at.quad_index * kQuad * p.num_samples + s;  // + r * S
     int head = 0, queued = 0;  // the warp's queue of tokens whose logarithms are due (warp-uniform)
     // The noise of a token whose rows want it: its Philox bits, and where they leave it within
     // reach of the floor, the token queued for its logarithms.
@@ -719,10 +815,9 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
     __syncthreads();
     if (threadIdx.x < kQuad && quad[threadIdx.x].counted) {
       int const r = threadIdx.x;
-      int64_t const row = int64_t{blockIdx.y} * kQuad + r;
       PackedCandidate best = 0;
       for (int w = 0; w < kWarps; ++w) best = results.best[w][r] > best ? results.best[w][r] : best;
-      ws.candidates[(row * p.num_samples + s) * chunks + blockIdx.x] = best;
+      ws.candidates[(at.item * kQuad + r) * p.num_samples + s] = best;
       if (stats) {
         ChunkPartial out{0, 0, 0, -INFINITY, 0.0f};
         for (int w = 0; w < kWarps; ++w) {
@@ -731,11 +826,36 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
           out.has_nan |= results.nan[w][r];
           merge_mass(out.mass_max, out.mass_sum, results.mass[w][r][0], results.mass[w][r][1]);
         }
-        ws.partials[row * chunks + blockIdx.x] = out;
+        ws.partials[at.item * kQuad + r] = out;
       }
     }
     __syncthreads();  // the slots are written again by the next sample
   }
+}
+
+// A CTA an item (QuadChunks): the grid has most_streaming_items CTAs, at least the items of any
+// count of listed quads. Each CTA lists the quads itself (a flag a row read), so that no launch
+// before it needs to; CTA 0 leaves the chunk count, and each quad's chunk 0 its place in the list,
+// for the finish. kMinPRows takes one wave (QuadChunks).
+template <bool kMinPRows>
+__global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
+    streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int sm_count) {
+  int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
+  int64_t const listed = count_listed_quads(p, quads);
+  QuadChunks const chunking(listed, p.vocab_size, sm_count, kMinPRows);
+  if (blockIdx.x == 0 && threadIdx.x == 0) *ws.listed_chunks = chunking.chunks;
+  int64_t const item = blockIdx.x;
+  if (item >= listed * chunking.chunks) return;
+  int64_t const slot = item / chunking.chunks, chunk = item % chunking.chunks;
+  int64_t const quad = listed == quads ? slot : listed_quad(p, quads, slot);
+  __shared__ StreamingItem at;
+  if (threadIdx.x == 0) {
+    if (chunk == 0) ws.quad_slots[quad] = static_cast<int32_t>(slot);
+    int64_t const begin = chunk * chunking.tokens;
+    at = {item, quad, begin, begin + chunking.tokens < p.vocab_size ? begin + chunking.tokens : p.vocab_size};
+  }
+  __syncthreads();
+  sample_quad_chunk<kMinPRows>(p, ws, at);
 }
 
 // Appends `row` to a device row list (a count, then the rows): the rounds' lists and the cut
@@ -764,7 +884,7 @@ __device__ void start_rounds_from_winner(LogitsSamplerParams const& p, Workspace
 }
 
 // 2. A warp a row: the chunks merged, the row's outputs written.
-__global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws, int chunks) {
+__global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws) {
   int const lane = threadIdx.x % 32;
   int64_t const row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
   if (row >= p.batch_size) return;
@@ -773,13 +893,19 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
     if (lane == 0) start_rounds_from_winner(p, ws, row);
     return;
   }
-  ChunkPartial const* partials = ws.partials + row * chunks;
+  // The row's chunks are items slot * chunks .. + chunks - 1 (streaming_sample_kernel), each with
+  // its quad's four rows.
+  int64_t const chunks = *ws.listed_chunks;
+  int64_t const first_item = int64_t{ws.quad_slots[row / kQuad]} * chunks;
+  int const r = static_cast<int>(row % kQuad);
+  ChunkPartial const* partials = ws.partials + first_item * kQuad + r;  // chunk c at [c * kQuad]
   PackedCandidate first = 0;
   uint32_t allowed = 0, has_nan = 0;
-  for (int c = lane; c < chunks; c += 32) {
-    first = partials[c].first > first ? partials[c].first : first;
-    allowed += partials[c].allowed;
-    has_nan |= partials[c].has_nan;
+  for (int64_t c = lane; c < chunks; c += 32) {
+    ChunkPartial const& part = partials[c * kQuad];
+    first = part.first > first ? part.first : first;
+    allowed += part.allowed;
+    has_nan |= part.has_nan;
   }
   first = warp_max(first);
   allowed = warp_sum(allowed);
@@ -801,9 +927,9 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
   // The survivors' mass relative to y0 (the first token survives, so it is the largest y).
   double kept_mass = 0.0;
   if (p.token_logprobs != nullptr) {
-    for (int c = lane; c < chunks; c += 32) {
-      float const m = partials[c].mass_max;
-      if (y0_finite && m != -INFINITY) kept_mass += static_cast<double>(partials[c].mass_sum) * exp(m - y0);
+    for (int64_t c = lane; c < chunks; c += 32) {
+      float const m = partials[c * kQuad].mass_max;
+      if (y0_finite && m != -INFINITY) kept_mass += static_cast<double>(partials[c * kQuad].mass_sum) * exp(m - y0);
     }
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) kept_mass += __shfl_xor_sync(kFullMask, kept_mass, d);
@@ -814,9 +940,13 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
   for (int s = 0; s < p.num_samples; ++s) {
-    PackedCandidate const* candidates = ws.candidates + (row * p.num_samples + s) * chunks;
+    // chunk c's candidate at [c * kQuad * S]
+    PackedCandidate const* candidates = ws.candidates + (first_item * kQuad + r) * p.num_samples + s;
     PackedCandidate best = 0;
-    for (int c = lane; c < chunks; c += 32) best = candidates[c] > best ? candidates[c] : best;
+    for (int64_t c = lane; c < chunks; c += 32) {
+      PackedCandidate const candidate = candidates[c * kQuad * p.num_samples];
+      best = candidate > best ? candidate : best;
+    }
     best = warp_max(best);
     if (lane != 0) continue;
     int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
@@ -1111,49 +1241,31 @@ bool streams_min_p_rows(LogitsSamplerParams const& p) {
   return p.streamed_winners == nullptr && p.streamed_first_y != nullptr && (p.min_ps != nullptr || p.min_p > 0.0);
 }
 
-// The chunks of a launch, and their tokens: with one_wave at most one wave of the kernel's CTAs
-// (kStreamingCtasPerSm an SM), else about four CTAs an SM. launch_streaming_rows takes one wave for
-// the min_p instance, whose flat rows (stage 2 hands them on) do the same work in every chunk, so
-// that a last partial wave would cost a whole chunk's time more. The other launches' rows can
-// differ in work by far (LLM-like top_p rows: a few tokens within reach of the noise, or
-// thousands), and their smaller chunks spread a heavy quad over more CTAs: one wave made those
-// slower (CHANGELOG).
-int64_t streaming_chunks(LogitsSamplerParams const& p, int sm_count, bool one_wave, int64_t& chunk_tokens) {
-  chunk_tokens = streaming_chunk_tokens(p.batch_size, p.vocab_size, sm_count, one_wave);
-  return (p.vocab_size + chunk_tokens - 1) / chunk_tokens;
-}
-
 }  // namespace
 
 size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& p, int sm_count) {
-  // The more chunks of either sizing: a caller may size the workspace before it knows what picks
-  // the launch's (streamed_first_y: streams_min_p_rows).
-  int64_t four_a_sm = 0, one_wave = 0;
-  int64_t const chunks =
-      std::max(streaming_chunks(p, sm_count, false, four_a_sm), streaming_chunks(p, sm_count, true, one_wave));
-  return WorkspaceLayout(p.batch_size, p.num_samples, chunks, p.vocab_size, streams_top_p_rows(p)).total;
+  int64_t const items = most_streaming_items((p.batch_size + kQuad - 1) / kQuad, p.vocab_size, sm_count);
+  return WorkspaceLayout(p.batch_size, p.num_samples, items, p.vocab_size, streams_top_p_rows(p)).total;
 }
 
 cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace, int sm_count, cudaStream_t stream) {
-  int64_t chunk_tokens = 0;
-  int64_t const chunks = streaming_chunks(p, sm_count, streams_min_p_rows(p), chunk_tokens);
+  int64_t const items = most_streaming_items((p.batch_size + kQuad - 1) / kQuad, p.vocab_size, sm_count);
   bool const rounds = streams_top_p_rows(p) && p.streamed_first_y != nullptr && p.rows != nullptr;
-  WorkspaceLayout const layout(p.batch_size, p.num_samples, chunks, p.vocab_size, rounds);
+  WorkspaceLayout const layout(p.batch_size, p.num_samples, items, p.vocab_size, rounds);
   Workspace const ws = layout.carve(workspace);
   cudaError_t const err = launch_zero_bytes(ws.floors, layout.total - layout.floors, stream);
   if (err != cudaSuccess) return err;
-  dim3 const grid(static_cast<unsigned>(chunks), static_cast<unsigned>((p.batch_size + kQuad - 1) / kQuad));
+  unsigned const grid = static_cast<unsigned>(items);
   // No pass where the GEMM drew every streamed row's winner; the min_p instance only where a row
   // can be cut by min_p (a top_p call's rows are not).
   if (p.streamed_winners != nullptr) {
     if (!rounds) return cudaErrorInvalidValue;  // the winners are for the rounds
   } else if (streams_min_p_rows(p)) {
-    streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+    streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, sm_count);
   } else {
-    streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, chunk_tokens, static_cast<int>(chunks));
+    streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, sm_count);
   }
-  streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws,
-                                                                                             static_cast<int>(chunks));
+  streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws);
   if (rounds) {
     // Four CTAs an SM, or one an item where the batch has fewer (an empty round's launch is then
     // small too).

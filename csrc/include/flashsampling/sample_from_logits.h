@@ -119,20 +119,10 @@ inline int resident_clusters_of_size(int cluster_size, const int resident[3]) {
 // row list, and the min_p rows of streamed_first_y in one with, are sampled by kernels of their
 // own (csrc/kernels/streaming_rows.cu): each CTA takes a quad of rows (one Philox block holds four
 // streams' noise at a token) and a chunk of the vocabulary, so a row's pass runs on many CTAs at
-// the speed of its loads. The chunk: a multiple of 1024 tokens (a pure function of the shapes, so
-// the workspace size is one too), for a grid of about four CTAs an SM, or with `one_wave` at most
-// kStreamingCtasPerSm an SM, as many as run at once (the kernels pick which, by their rows).
-constexpr int kStreamingCtasPerSm = 3;  // streaming_sample_kernel's __launch_bounds__ (its registers)
-inline int64_t streaming_chunk_tokens(int64_t batch, int64_t vocab, int sm_count, bool one_wave) {
-  int64_t const quads = (batch + 3) / 4;
-  int64_t const sms = sm_count < 1 ? 1 : sm_count;
-  // Rounding the chunk up below only lowers the count.
-  int64_t const chunks =
-      one_wave ? std::max<int64_t>(1, kStreamingCtasPerSm * sms / quads) : (4 * sms + quads - 1) / quads;
-  int64_t const chunk = (vocab + chunks - 1) / chunks;
-  return (chunk + 1023) / 1024 * 1024;
-}
-
+// the speed of its loads. The kernels size the chunks on the device from the quads that have such
+// a row, so that a few of them (the rows the fused truncation hands over) spread over every
+// multiprocessor as a whole batch does; the workspace holds the most (quad, chunk) pairs any
+// count of quads gives, a function of the shapes.
 // Whether the streaming kernels may get top_p rows where a call gives streamed_first_y (and a
 // row list): they verify each such row's winner against its top_p in rounds, which sample once
 // without log-probabilities; the fused truncation streams them in calls without top_k (the same
