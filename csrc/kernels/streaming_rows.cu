@@ -112,27 +112,26 @@ constexpr int kStreamingCtasPerSm = 3;
 // tokens within reach of the noise, or thousands), and smaller chunks spread a heavy quad over more
 // CTAs: one wave made those slower (CHANGELOG).
 struct QuadChunks {
-  int64_t chunks, tokens;
-  __host__ __device__ QuadChunks(int64_t listed_quads, int64_t vocab, int sm_count, bool one_wave) {
-    int64_t const quads = listed_quads < 1 ? 1 : listed_quads;
-    int64_t const sms = sm_count < 1 ? 1 : sm_count;
-    int64_t const wave = kStreamingCtasPerSm * sms / quads;
-    int64_t const wanted = one_wave ? (wave < 1 ? 1 : wave) : (4 * sms + quads - 1) / quads;
-    int64_t const chunk = (vocab + wanted - 1) / wanted;
+  uint32_t chunks, tokens;  // 32 bits: the divisions are the kernel's first steps
+  __host__ __device__ QuadChunks(uint32_t listed_quads, uint32_t vocab, int sm_count, bool one_wave) {
+    uint32_t const quads = listed_quads < 1 ? 1 : listed_quads;
+    uint32_t const sms = sm_count < 1 ? 1 : static_cast<uint32_t>(sm_count);
+    uint32_t const wave = kStreamingCtasPerSm * sms / quads;
+    uint32_t const wanted = one_wave ? (wave < 1 ? 1 : wave) : (4 * sms + quads - 1) / quads;
+    uint32_t const chunk = (vocab + wanted - 1) / wanted;
     tokens = (chunk + 1023) / 1024 * 1024;  // rounding up only lowers the count
     chunks = (vocab + tokens - 1) / tokens;
   }
 };
 
-// The most items of a launch of `quads` quads, for any count of them listed: listed * chunks is
-// at most 4 * sms + listed - 1 (about four CTAs an SM) or the larger of kStreamingCtasPerSm * sms
-// and listed (one wave); the workspace holds that many items' results and the grid has that many
-// CTAs.
-int64_t most_streaming_items(int64_t quads, int64_t vocab, int sm_count) {
+// The most items of a launch of `quads` quads, for any count of them listed: listed * chunks is at
+// most 4 * sms + listed - 1 (about four CTAs an SM), or with `one_wave` the larger of
+// kStreamingCtasPerSm * sms and listed; the grid has that many CTAs, and the workspace holds the
+// items of either.
+int64_t most_streaming_items(int64_t quads, int64_t vocab, int sm_count, bool one_wave) {
   int64_t const sms = sm_count < 1 ? 1 : sm_count;
-  int64_t const bound = 4 * sms + quads;
-  int64_t const every_chunk = quads * ((vocab + 1023) / 1024);
-  return bound < every_chunk ? bound : every_chunk;
+  int64_t const bound = one_wave ? std::max<int64_t>(kStreamingCtasPerSm * sms, quads) : 4 * sms + quads;
+  return std::min(bound, quads * ((vocab + 1023) / 1024));
 }
 
 // A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike).
@@ -842,7 +841,8 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
     streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int sm_count) {
   int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
   int64_t const listed = count_listed_quads(p, quads);
-  QuadChunks const chunking(listed, p.vocab_size, sm_count, kMinPRows);
+  if (listed == 0) return;  // nor does the finish read anything
+  QuadChunks const chunking(static_cast<uint32_t>(listed), static_cast<uint32_t>(p.vocab_size), sm_count, kMinPRows);
   if (blockIdx.x == 0 && threadIdx.x == 0) *ws.listed_chunks = chunking.chunks;
   int64_t const item = blockIdx.x;
   if (item >= listed * chunking.chunks) return;
@@ -1244,23 +1244,30 @@ bool streams_min_p_rows(LogitsSamplerParams const& p) {
 }  // namespace
 
 size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& p, int sm_count) {
-  int64_t const items = most_streaming_items((p.batch_size + kQuad - 1) / kQuad, p.vocab_size, sm_count);
+  // Either instance's items: a caller may size the workspace before it knows which a launch takes
+  // (streamed_first_y: streams_min_p_rows).
+  int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
+  int64_t const items = std::max(most_streaming_items(quads, p.vocab_size, sm_count, false),
+                                 most_streaming_items(quads, p.vocab_size, sm_count, true));
   return WorkspaceLayout(p.batch_size, p.num_samples, items, p.vocab_size, streams_top_p_rows(p)).total;
 }
 
 cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace, int sm_count, cudaStream_t stream) {
-  int64_t const items = most_streaming_items((p.batch_size + kQuad - 1) / kQuad, p.vocab_size, sm_count);
+  int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
+  int64_t const items = std::max(most_streaming_items(quads, p.vocab_size, sm_count, false),
+                                 most_streaming_items(quads, p.vocab_size, sm_count, true));
   bool const rounds = streams_top_p_rows(p) && p.streamed_first_y != nullptr && p.rows != nullptr;
   WorkspaceLayout const layout(p.batch_size, p.num_samples, items, p.vocab_size, rounds);
   Workspace const ws = layout.carve(workspace);
   cudaError_t const err = launch_zero_bytes(ws.floors, layout.total - layout.floors, stream);
   if (err != cudaSuccess) return err;
-  unsigned const grid = static_cast<unsigned>(items);
+  bool const min_p_rows = streams_min_p_rows(p);
+  unsigned const grid = static_cast<unsigned>(most_streaming_items(quads, p.vocab_size, sm_count, min_p_rows));
   // No pass where the GEMM drew every streamed row's winner; the min_p instance only where a row
   // can be cut by min_p (a top_p call's rows are not).
   if (p.streamed_winners != nullptr) {
     if (!rounds) return cudaErrorInvalidValue;  // the winners are for the rounds
-  } else if (streams_min_p_rows(p)) {
+  } else if (min_p_rows) {
     streaming_sample_kernel<true><<<grid, kThreads, 0, stream>>>(p, ws, sm_count);
   } else {
     streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, sm_count);
