@@ -114,8 +114,9 @@ inline bool is_plain_sampling(SamplingControls const& c, NoiseSource const& nois
 // row where some tile may hold more than these of the row's top-k is repaired in stage 2
 // (truncate_candidates.cu recomputes that tile's logits).
 constexpr int kTopCandidatesPerTile = 4;
-// Largest top_k stage 2 of the fused truncation decides with top_p (it keeps the survivors in
-// one warp's registers, sorted); rows with larger k go to the logits sampler, but for those below.
+// Largest top_k stage 2 of the fused truncation decides in truncate_candidates_kernel (it keeps
+// the survivors in one warp's registers, sorted); rows with larger k go to the logits sampler,
+// but for those below.
 constexpr int kMaxFusedTopK = 64;
 // Largest host top_k stage 2 selects in shared memory (fused_truncation_selects_large_top_k;
 // sorted only for top_p, whose prefix needs the order). A flat row's top 1024 of ~150K logits
@@ -176,9 +177,10 @@ struct SamplerParams {
   // from them: top_k (<= 0: off), then top_p and min_p (off: top_p >= 1, min_p <= 0), then
   // samples the survivors with the noise of plain sampling. Per-row [B] device arrays (int64
   // top_ks, float64 top_ps / min_ps) win over the scalars. Stage 2 decides a row with top_k in
-  // [1, kMaxFusedTopK], every row of a call with a host top_k up to kMaxFusedLargeTopK, and a row without top_k whose top_p / min_p cut falls within its first kMaxFusedTopK
-  // tokens; it leaves the others (a larger top_k, nothing on, or a cut past them) to the logits
-  // sampler, which needs row_logits and fallback_rows.
+  // [1, kMaxFusedTopK], every row of a call with a host top_k up to kMaxFusedLargeTopK, and a
+  // row without top_k whose top_p / min_p cut falls within its first kMaxFusedTopK tokens; it
+  // leaves the others (a larger top_k, nothing on, or a cut past them) to the logits sampler,
+  // which needs row_logits and fallback_rows.
   bool fused_truncation = false;
   int64_t top_k = 0;
   double top_p = 1.0;
