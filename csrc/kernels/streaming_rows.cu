@@ -126,12 +126,18 @@ struct QuadChunks {
 
 // The most items of a launch of `quads` quads, for any count of them listed: listed * chunks is at
 // most 4 * sms + listed - 1 (about four CTAs an SM), or with `one_wave` the larger of
-// kStreamingCtasPerSm * sms and listed; the grid has that many CTAs, and the workspace holds the
-// items of either.
+// kStreamingCtasPerSm * sms and listed; the grid has that many CTAs.
 int64_t most_streaming_items(int64_t quads, int64_t vocab, int sm_count, bool one_wave) {
   int64_t const sms = sm_count < 1 ? 1 : sm_count;
   int64_t const bound = one_wave ? std::max<int64_t>(kStreamingCtasPerSm * sms, quads) : 4 * sms + quads;
   return std::min(bound, quads * ((vocab + 1023) / 1024));
+}
+
+// The items the workspace holds: either instance's, since a caller may size it before it knows
+// which a launch takes (streamed_first_y: streams_min_p_rows).
+int64_t workspace_streaming_items(int64_t quads, int64_t vocab, int sm_count) {
+  return std::max(most_streaming_items(quads, vocab, sm_count, false),
+                  most_streaming_items(quads, vocab, sm_count, true));
 }
 
 // A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike).
@@ -1244,18 +1250,13 @@ bool streams_min_p_rows(LogitsSamplerParams const& p) {
 }  // namespace
 
 size_t streaming_rows_workspace_bytes(LogitsSamplerParams const& p, int sm_count) {
-  // Either instance's items: a caller may size the workspace before it knows which a launch takes
-  // (streamed_first_y: streams_min_p_rows).
-  int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
-  int64_t const items = std::max(most_streaming_items(quads, p.vocab_size, sm_count, false),
-                                 most_streaming_items(quads, p.vocab_size, sm_count, true));
+  int64_t const items = workspace_streaming_items((p.batch_size + kQuad - 1) / kQuad, p.vocab_size, sm_count);
   return WorkspaceLayout(p.batch_size, p.num_samples, items, p.vocab_size, streams_top_p_rows(p)).total;
 }
 
 cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace, int sm_count, cudaStream_t stream) {
   int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
-  int64_t const items = std::max(most_streaming_items(quads, p.vocab_size, sm_count, false),
-                                 most_streaming_items(quads, p.vocab_size, sm_count, true));
+  int64_t const items = workspace_streaming_items(quads, p.vocab_size, sm_count);
   bool const rounds = streams_top_p_rows(p) && p.streamed_first_y != nullptr && p.rows != nullptr;
   WorkspaceLayout const layout(p.batch_size, p.num_samples, items, p.vocab_size, rounds);
   Workspace const ws = layout.carve(workspace);

@@ -4,7 +4,6 @@
 // semantics and routes truncated calls here on CUDA.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -123,6 +122,7 @@ inline int resident_clusters_of_size(int cluster_size, const int resident[3]) {
 // a row, so that a few of them (the rows the fused truncation hands over) spread over every
 // multiprocessor as a whole batch does; the workspace holds the most (quad, chunk) pairs any
 // count of quads gives, a function of the shapes.
+
 // Whether the streaming kernels may get top_p rows where a call gives streamed_first_y (and a
 // row list): they verify each such row's winner against its top_p in rounds, which sample once
 // without log-probabilities; the fused truncation streams them in calls without top_k (the same
