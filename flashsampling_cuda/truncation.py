@@ -166,7 +166,8 @@ def fused_top_k_takes(truncation: Truncation, hidden: Tensor, weight: Tensor, op
 
 
 # Up to this many rows "auto" takes a host top_k above FUSED_LARGE_TOP_K_MAX alone to the fused
-# pass, whose GEMM then draws plain sampling's tile winners (it can up to 64 rows: the CUTLASS schedules' top-k scan).
+# pass, whose GEMM then draws plain sampling's tile winners (it can up to 64 rows: the CUTLASS
+# schedules' top-k scan).
 # There it wins on peaked (LLM-like) rows, whose plain token stage 2 finds among their first 64,
 # and loses a little on flat rows, which go on to the cut kernel after a GEMM that drew the
 # winners; from 16 rows on it no longer wins on either (measurements: docs/truncation.md).
@@ -175,19 +176,17 @@ FUSED_LARGE_TOP_K_MAX_BATCH = 4
 
 def fused_pass_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor, op_kwargs: dict) -> bool:
     """Where both can take a call, whether "auto" prefers the fused pass to the logits path: every
-    form but a host top_k above FUSED_LARGE_TOP_K_MAX, which takes it
-    only up to FUSED_LARGE_TOP_K_MAX_BATCH rows, alone, of one sample and with a batch-wide seed
-    and offset (the GEMM then draws the tile winners): stage 2 decides such a row only when plain
-    sampling's token lies among the row's first 64 tokens (a peaked row, usually), and without
-    the winners it decides none. A host top_k up to FUSED_LARGE_TOP_K_MAX is selected in stage 2
-    at every batch. top_p / min_p without top_k take it at every batch: on
-    LLM-like rows (few survivors) stage 2 decides nearly every row, and the rows it leaves stream
-    (min_p) or take the logits kernel from the stored logits; only flat top_p rows at B >= 128 cost
-    a little more than on the logits path (docs/truncation.md)."""
+    form but a host top_k above FUSED_LARGE_TOP_K_MAX, which takes it only up to
+    FUSED_LARGE_TOP_K_MAX_BATCH rows, alone, of one sample and with a batch-wide seed and offset
+    (the GEMM then draws the tile winners): stage 2 decides such a row only when plain sampling's
+    token lies among the row's first 64 tokens (a peaked row, usually), and without the winners
+    it decides none. A host top_k up to FUSED_LARGE_TOP_K_MAX is selected in stage 2 at every
+    batch. top_p / min_p without top_k take it at every batch: on LLM-like rows (few survivors)
+    stage 2 decides nearly every row, and the rows it leaves stream (min_p) or take the logits
+    kernel from the stored logits; only flat top_p rows at B >= 128 cost a little more than on the
+    logits path (docs/truncation.md)."""
     k = _host_top_k(truncation, weight.shape[0])
-    if not isinstance(k, int) or _stage2_decides_every_row(k):
-        return True
-    if k <= FUSED_LARGE_TOP_K_MAX:
+    if not isinstance(k, int) or k <= FUSED_LARGE_TOP_K_MAX:
         return True
     seed, offset = op_kwargs["seed"], op_kwargs["offset"]
     return (hidden.shape[0] <= FUSED_LARGE_TOP_K_MAX_BATCH and truncation.top_p is None and truncation.min_p is None
