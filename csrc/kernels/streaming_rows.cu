@@ -1,7 +1,7 @@
 // The logits sampler's streaming rows (logits_rows.cuh: is_streaming_row): rows without top_k,
 // top_p or min_p, whose survivors are every allowed token (and min_p rows, below). Their sample is
 // Gumbel-Max over one pass of the row, so they need none of the cut path's histograms; here a CTA
-// takes a quad of rows and a chunk of the vocabulary (QuadChunks), so that a row is read by many
+// takes a quad of rows and a chunk of the vocabulary (quad_chunks), so that a row is read by many
 // CTAs at once:
 //
 //  1. streaming_sample_kernel: each (quad, chunk) per sample the best candidate of each row's
@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "flashsampling/zero_bytes.h"
 #include "logits_rows.cuh"
@@ -89,48 +90,66 @@ struct RoundPartial {
 constexpr int kRounds = 5;
 constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a round's pass
 constexpr int kRoundCtasPerSm = 4;         // the grid's CTAs an SM (launch_streaming_rows), resident at once
-// A round's item is a chunk of a row, a multiple of kRoundChunkTokens (16 tokens a thread) long,
-// sized on the device from the round's row count so that the items about fill one wave of the
-// grid: an item's setup (its row's parameters, then the merge of its partial through a fence and
-// a ticket) is a chain of memory round trips, paid once a CTA rather than once per 4096 tokens.
+// A round's item is a chunk of a row, a multiple of kRoundChunkTokens (one step of the verifying
+// loop: kRoundUnroll float4 loads a thread) sized on the device from the round's row count
+// (round_chunk_tokens). An item's setup (its row's parameters, then the merge of its partial
+// through a fence and a ticket) is a chain of memory round trips, so a row has at most
+// round_chunks(vocab) chunks.
 constexpr int64_t kRoundChunkTokens = 4096;
+static_assert(kRoundChunkTokens == int64_t{kRoundUnroll} * kThreads * 4, "a round's chunk: whole verifying steps");
 
 // The most chunks a row can have (the workspace's partials and the tickets' count).
-int64_t round_chunks(int64_t vocab) { return (vocab + kRoundChunkTokens - 1) / kRoundChunkTokens; }
+__host__ __device__ inline int64_t round_chunks(int64_t vocab) { return (vocab + kRoundChunkTokens - 1) / kRoundChunkTokens; }
+
+// A row's (or quad's) split into `chunks` chunks of `tokens` tokens (the last one shorter).
+struct EvenChunks {
+  uint32_t chunks, tokens;
+};
+
+// The split of `units` rows (or quads) of `vocab` tokens into up to `items` items: each unit in as
+// many chunks as keep units * chunks within `items` (at least one, at most `most_chunks`), the
+// tokens rounded up to a multiple of `quantum` (which only lowers the count). Equal chunks over
+// whole waves of CTAs: a CTA that got two chunks where the others got one sets the launch's time.
+__host__ __device__ inline EvenChunks even_chunks(uint32_t units, uint32_t vocab, uint32_t items, uint32_t most_chunks,
+                                                  uint32_t quantum) {
+  uint32_t const per_unit = units < 1 ? items : items / units;
+  uint32_t const wanted = per_unit < 1 ? 1 : per_unit > most_chunks ? most_chunks : per_unit;
+  uint32_t const tokens = ((vocab + wanted - 1) / wanted + quantum - 1) / quantum * quantum;
+  return {(vocab + tokens - 1) / tokens, tokens};
+}
 
 // streaming_sample_kernel's CTAs an SM (its __launch_bounds__: its registers).
 constexpr int kStreamingCtasPerSm = 3;
 
+// The top_p instance's items: about kStreamingWaves waves of its resident CTAs (kStreamingCtasPerSm
+// an SM). Its rows can differ in work by far (LLM-like top_p rows: a few tokens within reach of the
+// noise, or thousands), and smaller chunks spread a heavy quad over more CTAs: one wave made those
+// slower (CHANGELOG). The min_p instance takes one wave: its flat rows do the same work in every
+// chunk, so a last partial wave would cost a whole chunk's time more.
+constexpr uint32_t kStreamingWaves = 2;
+// Its chunks start on whole 256-token steps of its loops (and 16-byte boundaries of a stored row:
+// the min_p pass's float4 loads).
+constexpr uint32_t kStreamingChunkQuantum = 256;
+
 // The chunks of a streaming launch. Its items are (listed quad, chunk) pairs: the listed quads are
-// those with a streaming row (is_streaming_row), in batch order, and each has `chunks` chunks of
-// `tokens` tokens, a multiple of 1024. The kernel sizes them on the device from the listed count,
-// so that the few rows the fused truncation hands over (LLM-like top_p rows beyond 64, whose work
-// differs by far from row to row) spread over the GPU as a whole batch's do. With `one_wave` the
-// items are at most one wave of the kernel's CTAs; else about four CTAs an SM. The min_p instance
-// takes one wave: its flat rows do the same work in every chunk, so a last partial wave would cost
-// a whole chunk's time more. The other rows can differ in work by far (LLM-like top_p rows: a few
-// tokens within reach of the noise, or thousands), and smaller chunks spread a heavy quad over more
-// CTAs: one wave made those slower (CHANGELOG).
-struct QuadChunks {
-  uint32_t chunks, tokens;  // 32 bits: the divisions are the kernel's first steps
-  __host__ __device__ QuadChunks(uint32_t listed_quads, uint32_t vocab, int sm_count, bool one_wave) {
-    uint32_t const quads = listed_quads < 1 ? 1 : listed_quads;
-    uint32_t const sms = sm_count < 1 ? 1 : static_cast<uint32_t>(sm_count);
-    uint32_t const wave = kStreamingCtasPerSm * sms / quads;
-    uint32_t const wanted = one_wave ? (wave < 1 ? 1 : wave) : (4 * sms + quads - 1) / quads;
-    uint32_t const chunk = (vocab + wanted - 1) / wanted;
-    tokens = (chunk + 1023) / 1024 * 1024;  // rounding up only lowers the count
-    chunks = (vocab + tokens - 1) / tokens;
-  }
-};
+// those with a streaming row (is_streaming_row), in batch order, and each has the same chunks
+// (even_chunks over the waves' CTAs). The kernel sizes them on the device from the listed count,
+// so that the few rows the fused truncation hands over (LLM-like top_p rows beyond 64) spread over
+// the GPU as a whole batch's do. 32 bits: the divisions are the kernel's first steps.
+__host__ __device__ inline uint32_t streaming_items_target(int sm_count, bool one_wave) {
+  uint32_t const sms = sm_count < 1 ? 1 : static_cast<uint32_t>(sm_count);
+  return kStreamingCtasPerSm * sms * (one_wave ? 1 : kStreamingWaves);
+}
+__host__ __device__ inline EvenChunks quad_chunks(uint32_t listed_quads, uint32_t vocab, int sm_count, bool one_wave) {
+  return even_chunks(listed_quads, vocab, streaming_items_target(sm_count, one_wave),
+                     (vocab + kStreamingChunkQuantum - 1) / kStreamingChunkQuantum, kStreamingChunkQuantum);
+}
 
 // The most items of a launch of `quads` quads, for any count of them listed: listed * chunks is at
-// most 4 * sms + listed - 1 (about four CTAs an SM), or with `one_wave` the larger of
-// kStreamingCtasPerSm * sms and listed; the grid has that many CTAs.
+// most the larger of streaming_items_target and listed; the grid has that many CTAs.
 int64_t most_streaming_items(int64_t quads, int64_t vocab, int sm_count, bool one_wave) {
-  int64_t const sms = sm_count < 1 ? 1 : sm_count;
-  int64_t const bound = one_wave ? std::max<int64_t>(kStreamingCtasPerSm * sms, quads) : 4 * sms + quads;
-  return std::min(bound, quads * ((vocab + 1023) / 1024));
+  int64_t const bound = std::max<int64_t>(streaming_items_target(sm_count, one_wave), quads);
+  return std::min(bound, quads * ((vocab + kStreamingChunkQuantum - 1) / kStreamingChunkQuantum));
 }
 
 // The items the workspace holds: either instance's, since a caller may size it before it knows
@@ -140,11 +159,29 @@ int64_t workspace_streaming_items(int64_t quads, int64_t vocab, int sm_count) {
                   most_streaming_items(quads, vocab, sm_count, true));
 }
 
-// A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike).
+// A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike),
+// whole kRoundChunkTokens steps of the verifying loop: of the splits that fill one to
+// kRoundMostWaves waves of the grid (even_chunks), the one whose waves cost the least, a wave
+// costing a chunk's tokens plus kRoundChunkTokens for the item's setup (the first, fewest items,
+// of equals). 256 rows of 152K tokens on 528 CTAs split in two (one wave) rather than into
+// 73728-token chunks (two and a sliver a row: two waves), and 200 rows into five (two waves)
+// rather than two (one wave of 77824-token chunks).
+constexpr uint32_t kRoundMostWaves = 4;
 __device__ __forceinline__ int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
-  int64_t const tokens_a_cta = (rows * vocab + ctas - 1) / ctas;
-  int64_t const chunks = (tokens_a_cta + kRoundChunkTokens - 1) / kRoundChunkTokens;
-  return (chunks < 1 ? 1 : chunks) * kRoundChunkTokens;
+  if (rows < 1 || rows >= ctas) return vocab;  // a row an item, or nothing to do
+  uint32_t const r = static_cast<uint32_t>(rows), v = static_cast<uint32_t>(vocab), c = static_cast<uint32_t>(ctas);
+  uint32_t const most = static_cast<uint32_t>(round_chunks(vocab)), step = static_cast<uint32_t>(kRoundChunkTokens);
+  EvenChunks best = even_chunks(r, v, c, most, step);
+  uint32_t best_cost = best.tokens + step;  // one wave
+  for (uint32_t waves = 2; waves <= kRoundMostWaves; ++waves) {
+    EvenChunks const split = even_chunks(r, v, waves * c, most, step);
+    uint32_t const cost = (r * split.chunks + c - 1) / c * (split.tokens + step);
+    if (cost < best_cost) {
+      best = split;
+      best_cost = cost;
+    }
+  }
+  return best.tokens;
 }
 
 struct Workspace {
@@ -328,19 +365,30 @@ __device__ __noinline__ bool min_p_keeps_out_of_line(MinP const& min_p, float y)
 // counted (the finish needs a nonzero count, and the first token survives) and draw noise, each
 // its own Philox block from the warp's queue (no floor: the few survivors of a flat row lie within
 // a few units of y of each other, far inside the noise's reach). With so little work a token the
-// pass is bound by its loads and the instructions around them, so it takes one row at a time, four
-// tokens a load with the next kSparseLoads loads in flight, and a warp queues tokens only in the
-// steps where a lane holds one near the threshold. Its state is its own (the general loops' per-row arrays are
-// dead here), so its loop runs without spills at the kernel's register bound.
+// pass is bound by its loads and the latency around them, so the quad's rows run side by side,
+// kRowWarps warps a row (a row one after another would wait for each row's loads, drain and
+// merge in turn), four tokens a load with the next kSparseLoads loads in flight, and a warp queues
+// tokens only in the steps where a lane holds one near the threshold. Its state is its own (the
+// general loops' per-row arrays are dead here), so its loop runs without spills at the kernel's
+// register bound.
+constexpr int kRowWarps = kWarps / kQuad;
+static_assert(kWarps % kQuad == 0, "the sparse pass: whole warps a row");
 __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], QueuedDraw* queue, WarpResults& results,
                                                int64_t begin, int64_t end, uint32_t vocab_start, int sample,
                                                bool stats, bool with_mass) {
-  int const lane = threadIdx.x % 32;
+  constexpr int kRowThreads = kRowWarps * 32;
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int const r = warp % kQuad;                             // this warp's row of the quad
+  int const thread = (warp / kQuad) * 32 + lane;          // its place among the row's kRowThreads
   bool const draws = stats && with_mass;
-#pragma unroll 1
-  for (int r = 0; r < kQuad; ++r) {
+  for (int other = 0; other < kQuad; ++other) {  // nothing of the quad's other rows from this warp
+    if (other != r && quad[other].counted) {
+      publish_warp_row(results, other, stats, -INFINITY, kNoCandidate, 0, 0, false, -INFINITY, 0.0f);
+    }
+  }
+  {
     QuadRow const& q = quad[r];
-    if (!q.counted) continue;
+    if (!q.counted) return;
     float const* const row = q.in.logits;
     float const inv_t = q.in.inv_t, surely_below = q.min_p.surely_below, surely_above = q.min_p.surely_above;
     float best_score = -INFINITY, mass_max = -INFINITY, mass_sum = 0.0f;
@@ -398,16 +446,16 @@ __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], 
       queued += __shfl_sync(kFullMask, inclusive, 31);
       drain_queue(queue, head, queued, false, true, quad, sample, keep);
     };
-    // The chunk's tokens before its first 16-byte boundary and after its last, one a thread (threads
-    // 0-3 and 4-7), then the aligned middle as float4. The fused pass's stored rows and the chunks
+    // The chunk's tokens before its first 16-byte boundary and after its last, one a thread (the
+    // row's threads 0-3 and 4-7), then the aligned middle as float4. The fused pass's stored rows and the chunks
     // start on 16-byte boundaries, so today only a row's last tokens take this step (V not a
     // multiple of four); the head keeps the pass right for any row start.
     int64_t const misaligned = static_cast<int64_t>((reinterpret_cast<uintptr_t>(row + begin) & 15u) / sizeof(float));
     int64_t const head_end = misaligned == 0 ? begin : (begin + 4 - misaligned < end ? begin + 4 - misaligned : end);
     int64_t const body_end = head_end + (end - head_end) / 4 * 4;
     {
-      int64_t const t = threadIdx.x < 4 ? head_end - 4 + threadIdx.x : body_end + threadIdx.x - 4;
-      bool const in_range = threadIdx.x < 4 ? t >= begin : t < end;
+      int64_t const t = thread < 4 ? head_end - 4 + thread : body_end + thread - 4;
+      bool const in_range = thread < 4 ? t >= begin : t < end;
       float const x = in_range ? __ldg(row + t) : 0.0f;
       visit4(make_float4(x, 0.0f, 0.0f, 0.0f), t, in_range ? 1 : 0);
     }
@@ -418,14 +466,14 @@ __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], 
     float4 ahead[kSparseLoads];
 #pragma unroll
     for (int j = 0; j < kSparseLoads; ++j) {
-      int64_t const i = threadIdx.x + int64_t{j} * kThreads;
+      int64_t const i = thread + int64_t{j} * kRowThreads;
       ahead[j] = i < vectors ? __ldg(body + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int64_t i = threadIdx.x; i - threadIdx.x < vectors; i += kThreads) {
+    for (int64_t i = thread; i - thread < vectors; i += kRowThreads) {
       float4 const x4 = ahead[0];
 #pragma unroll
       for (int j = 0; j + 1 < kSparseLoads; ++j) ahead[j] = ahead[j + 1];
-      int64_t const later = i + int64_t{kSparseLoads} * kThreads;
+      int64_t const later = i + int64_t{kSparseLoads} * kRowThreads;
       ahead[kSparseLoads - 1] = later < vectors ? __ldg(body + later) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       visit4(x4, head_end + 4 * i, i < vectors ? 4 : 0);
     }
@@ -652,17 +700,19 @@ __device__ __forceinline__ void sample_quad_chunk(LogitsSamplerParams const& p, 
       }
     };
     // draw_bits in the lean loop: the quad's rows share the lead's block, each row taking its word
-    // of it (row_word), and a step in which no lane leaves a token within reach of its row's floor
-    // (most steps once the floors have risen) costs one vote instead of a ballot a row.
-    auto draw_bits_lean = [&](uint32_t index, float const (&x)[kQuad], bool const (&wants_noise)[kQuad],
+    // of it (row_word; kInOrder: row r takes word r, without the selects), and a step in which no
+    // lane leaves a token within reach of its row's floor (most steps once the floors have risen)
+    // costs one vote instead of a ballot a row.
+    auto draw_bits_lean = [&](auto in_order, uint32_t index, float const (&x)[kQuad], bool const (&wants_noise)[kQuad],
                               uint32_t const (&row_word)[kQuad]) {
+      constexpr bool kInOrder = decltype(in_order)::value;
       Philox4 const block = fs_noise_block(lead.seed, lead.offset + s, index, lead.stream >> 2);
       uint32_t bits[kQuad];
       bool due[kQuad];
       bool any_due = false;
 #pragma unroll
       for (int r = 0; r < kQuad; ++r) {
-        bits[r] = fs_philox_lane(block, row_word[r]);
+        bits[r] = fs_philox_lane(block, kInOrder ? static_cast<uint32_t>(r) : row_word[r]);
         due[r] = wants_noise[r] &&
                  !(fs_perturbed_score(x[r], inv_t[r], fs_gumbel_upper_bound_from_bits(bits[r])) < floor[r]);
         any_due |= due[r];
@@ -730,37 +780,51 @@ __device__ __forceinline__ void sample_quad_chunk(LogitsSamplerParams const& p, 
       float y_max[kQuad];
       bool any_number[kQuad];
       uint32_t row_word[kQuad];  // the word of the shared block that row r's stream takes
+      bool in_order = true;      // row r takes word r (the batch-wide key's quads)
 #pragma unroll
       for (int r = 0; r < kQuad; ++r) {
         y_max[r] = -INFINITY;
         any_number[r] = false;
         row_word[r] = quad[r].noise.stream & 3u;
+        in_order = in_order && (!counted[r] || row_word[r] == static_cast<uint32_t>(r));
       }
-      for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
-        bool const in_range = v < end;
-        float x[kQuad];
-        advance(x);
-        uint32_t const index = vocab_start + static_cast<uint32_t>(v);
-        bool wants_noise[kQuad];
-        bool any_noise = false;
+      // kFast: sample 0 without the mass (a top_p row's pass), row r on word r. Its steps carry no
+      // branch on either, which the general steps take a row at a time.
+      auto lean_steps = [&](auto fast) {
+        constexpr bool kFast = decltype(fast)::value;
+        bool const step_stats = kFast || stats;
+        bool const step_mass = !kFast && stats && with_mass;
+        for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
+          bool const in_range = v < end;
+          float x[kQuad];
+          advance(x);
+          uint32_t const index = vocab_start + static_cast<uint32_t>(v);
+          bool wants_noise[kQuad];
+          bool any_noise = false;
 #pragma unroll
-        for (int r = 0; r < kQuad; ++r) {
-          bool const live = counted[r] && in_range;
-          float const y = fs_mul(x[r], inv_t[r]);
-          if (stats) {
-            y_max[r] = live ? fmaxf(y_max[r], y) : y_max[r];
-            any_number[r] |= live && y == y;
-            allowed[r] += live;
+          for (int r = 0; r < kQuad; ++r) {
+            bool const live = counted[r] && in_range;
+            float const y = fs_mul(x[r], inv_t[r]);
+            if (step_stats) {
+              y_max[r] = live ? fmaxf(y_max[r], y) : y_max[r];
+              any_number[r] |= live && y == y;
+              allowed[r] += live;
+            }
+            bool const survivor = live && survives_min_p(r, y);
+            if (step_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
+            wants_noise[r] = survivor && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
+            any_noise |= wants_noise[r];
           }
-          bool const survivor = live && survives_min_p(r, y);
-          if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
-          wants_noise[r] = survivor && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
-          any_noise |= wants_noise[r];
+          if (__any_sync(kFullMask, any_noise)) draw_bits_lean(fast, index, x, wants_noise, row_word);
+          bool const last = v - threadIdx.x + kThreads >= end;
+          draw_queued(last);
+          if ((step & 7) == 0 || last) refresh_floors();
         }
-        if (__any_sync(kFullMask, any_noise)) draw_bits_lean(index, x, wants_noise, row_word);
-        bool const last = v - threadIdx.x + kThreads >= end;
-        draw_queued(last);
-        if ((step & 7) == 0 || last) refresh_floors();
+      };
+      if (stats && !with_mass && in_order) {
+        lean_steps(std::true_type{});
+      } else {
+        lean_steps(std::false_type{});
       }
       if (stats) {
 #pragma unroll
@@ -838,17 +902,17 @@ __device__ __forceinline__ void sample_quad_chunk(LogitsSamplerParams const& p, 
   }
 }
 
-// A CTA an item (QuadChunks): the grid has most_streaming_items CTAs, at least the items of any
+// A CTA an item (quad_chunks): the grid has most_streaming_items CTAs, at least the items of any
 // count of listed quads. Each CTA lists the quads itself (a flag a row read), so that no launch
 // before it needs to; CTA 0 leaves the chunk count, and each quad's chunk 0 its place in the list,
-// for the finish. kMinPRows takes one wave (QuadChunks).
+// for the finish. kMinPRows takes one wave (quad_chunks).
 template <bool kMinPRows>
 __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
     streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int sm_count) {
   int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
   int64_t const listed = count_listed_quads(p, quads);
   if (listed == 0) return;  // nor does the finish read anything
-  QuadChunks const chunking(static_cast<uint32_t>(listed), static_cast<uint32_t>(p.vocab_size), sm_count, kMinPRows);
+  EvenChunks const chunking = quad_chunks(static_cast<uint32_t>(listed), static_cast<uint32_t>(p.vocab_size), sm_count, kMinPRows);
   if (blockIdx.x == 0 && threadIdx.x == 0) *ws.listed_chunks = chunking.chunks;
   int64_t const item = blockIdx.x;
   if (item >= listed * chunking.chunks) return;
