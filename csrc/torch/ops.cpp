@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <string>
+#include <tuple>
 
 #include "flashsampling/kernel_choice.h"
+#include "flashsampling/streaming_chunks.h"
 
 namespace {
 
@@ -66,6 +68,31 @@ bool plain_loop_extras(bool model_transform, bool penalties, bool per_row_temper
       loop_needs_of("flashsampling._plain_loop_extras", model_transform, penalties, per_row_temperatures, logit_bias,
                     allowed_mask, logprobs, sparse_bias, per_row_keys, num_samples),
       batch_size);
+}
+
+// The streaming kernels' split of their rows (flashsampling/streaming_chunks.h), pure functions as
+// above (tests/test_streaming_chunks.py): a launch's chunks a listed quad and tokens a chunk, and
+// the grid of a launch of `quads` quads; a top_p round's tokens a chunk.
+std::tuple<int64_t, int64_t, int64_t> streaming_chunks(int64_t listed_quads, int64_t quads, int64_t vocab,
+                                                       int64_t sm_count, bool one_wave) {
+  TORCH_CHECK(quads >= 1 && listed_quads >= 1 && listed_quads <= quads,
+              "flashsampling._streaming_chunks: need 1 <= listed_quads <= quads, got ", listed_quads, " and ", quads);
+  TORCH_CHECK(vocab >= 1 && vocab <= (int64_t{1} << 22), "flashsampling._streaming_chunks: vocab must be in [1, 2^22], got ",
+              vocab);
+  TORCH_CHECK(sm_count >= 1 && sm_count <= 4096, "flashsampling._streaming_chunks: sm_count must be in [1, 4096], got ",
+              sm_count);
+  flashsampling::EvenChunks const split = flashsampling::quad_chunks(
+      static_cast<uint32_t>(listed_quads), static_cast<uint32_t>(vocab), static_cast<int>(sm_count), one_wave);
+  return {split.chunks, split.tokens,
+          flashsampling::most_streaming_items(quads, vocab, static_cast<int>(sm_count), one_wave)};
+}
+
+int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
+  TORCH_CHECK(rows >= 0, "flashsampling._round_chunk_tokens: rows must be >= 0, got ", rows);
+  TORCH_CHECK(vocab >= 1 && vocab <= (int64_t{1} << 22), "flashsampling._round_chunk_tokens: vocab must be in [1, 2^22], got ",
+              vocab);
+  TORCH_CHECK(ctas >= 1 && ctas <= 65536, "flashsampling._round_chunk_tokens: ctas must be in [1, 65536], got ", ctas);
+  return flashsampling::round_chunk_tokens(rows, vocab, ctas);
 }
 
 }  // namespace
@@ -232,6 +259,9 @@ TORCH_LIBRARY(flashsampling, m) {
         "bool top_candidates_epilogue_warpgroups=True, bool plain_loop_extras=False, "
         "bool narrow_ragged_columns=True) -> str",
         &kernel_choice);
+  m.def("_streaming_chunks(int listed_quads, int quads, int vocab, int sm_count, bool one_wave) -> (int, int, int)",
+        &streaming_chunks);
+  m.def("_round_chunk_tokens(int rows, int vocab, int ctas) -> int", &round_chunk_tokens);
   m.def("_sampler_loop(*, bool model_transform=False, bool penalties=False, bool per_row_temperatures=False, "
         "bool logit_bias=False, bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "
         "int num_samples=1) -> str",
