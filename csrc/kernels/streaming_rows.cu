@@ -276,12 +276,10 @@ __device__ __noinline__ bool min_p_keeps_out_of_line(MinP const& min_p, float y)
 // counted (the finish needs a nonzero count, and the first token survives) and draw noise, each
 // its own Philox block from the warp's queue (no floor: the few survivors of a flat row lie within
 // a few units of y of each other, far inside the noise's reach). With so little work a token the
-// pass is bound by its loads and the latency around them, so the quad's rows run side by side,
-// kRowWarps warps a row (a row one after another would wait for each row's loads, drain and
-// merge in turn), four tokens a load with the next kSparseLoads loads in flight, and a warp queues
-// tokens only in the steps where a lane holds one near the threshold. Its state is its own (the
-// general loops' per-row arrays are dead here), so its loop runs without spills at the kernel's
-// register bound.
+// pass is bound by its loads and the instructions around them. The quad's rows run side by side,
+// kRowWarps warps a row, each warp with its own row's loads and queue; four tokens a load with the
+// next kSparseLoads loads in flight, and a warp queues tokens only in the steps where a lane holds
+// one near the threshold. Its state is its own (the general loops' per-row arrays are dead here).
 constexpr int kRowWarps = kWarps / kQuad;
 static_assert(kWarps % kQuad == 0, "the sparse pass: whole warps a row");
 __device__ __forceinline__ void sparse_min_p_pass(QuadRow const (&quad)[kQuad], QueuedDraw* queue, WarpResults& results,
