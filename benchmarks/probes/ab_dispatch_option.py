@@ -5,6 +5,7 @@ tokens and scores. Prints on / off per cell and the ratio off / on (> 1: the swi
 
   python benchmarks/probes/ab_dispatch_option.py --option top_p_tile_winners
       [--shapes 4096x151936] [--batches 1,16,64,256] [--regimes flat,llm] [--forms "p0.9 [B],..."]
+      [--offsets 0,1,2]
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def main() -> None:
     parser.add_argument("--regimes", default="flat,llm")
     parser.add_argument("--forms", default=None, help="comma-separated bench_truncation FORMS (default: all)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--offsets", default="0",
+                        help="comma-separated noise offsets: each cell is the mean over them (draws that differ)")
     args = parser.parse_args()
     set_options = torch.ops.flashsampling._set_dispatch_options
     forms = {"plain": (0.8, {})} | {f: FORMS[f] for f in (args.forms.split(",") if args.forms else FORMS)}
@@ -51,23 +54,27 @@ def main() -> None:
             for batch in (int(b) for b in args.batches.split(",")):
                 hidden = hidden_states(weight, batch, regime, seed=batch)
                 for form, (temperature, spec) in forms.items():
-                    kwargs = dict(temperature=temperature, seed=torch.tensor(7, device="cuda"),
-                                  offset=torch.tensor(0, device="cuda"), **form_arguments(spec, batch))
+                    on_offsets, off_offsets, same = [], [], True
+                    for offset in (int(o) for o in args.offsets.split(",")):
+                        kwargs = dict(temperature=temperature, seed=torch.tensor(7, device="cuda"),
+                                      offset=torch.tensor(offset, device="cuda"), **form_arguments(spec, batch))
 
-                    def call(kwargs=kwargs):
-                        return flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+                        def call(kwargs=kwargs):
+                            return flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
 
-                    times = {True: [], False: []}
-                    outputs = {}
-                    for _ in range(args.rounds):
-                        for on in (True, False):
-                            set_options(**{args.option: on})
-                            outputs[on] = call()
-                            times[on].append(median_us(call, graph=True))
-                    set_options()
-                    on_us, off_us = min(times[True]), min(times[False])
+                        times = {True: [], False: []}
+                        outputs = {}
+                        for _ in range(args.rounds):
+                            for on in (True, False):
+                                set_options(**{args.option: on})
+                                outputs[on] = call()
+                                times[on].append(median_us(call, graph=True))
+                        set_options()
+                        on_offsets.append(min(times[True]))
+                        off_offsets.append(min(times[False]))
+                        same = same and same_results(outputs[True], outputs[False])
+                    on_us, off_us = statistics.mean(on_offsets), statistics.mean(off_offsets)
                     ratios.append(off_us / on_us)
-                    same = same_results(outputs[True], outputs[False])
                     print(f"{dim}x{vocab} {regime:4s} B={batch:<4d} {form:26s}: {on_us:8.1f} / {off_us:8.1f} µs,"
                           f" {off_us / on_us:.3f}{'' if same else '  RESULTS DIFFER'}", flush=True)
         del weight
