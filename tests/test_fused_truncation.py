@@ -334,6 +334,32 @@ def test_large_top_k_rows_decided_by_their_winner_equal_cpu_op(top_k, regime, ba
 
 
 @requires_sm90
+@pytest.mark.parametrize("levels", [1, 3], ids=["all_tied", "three_values"])
+@pytest.mark.parametrize("return_logprobs", [True, False], ids=["logprobs", "tokens"])
+def test_large_top_k_on_tied_logits_equals_cpu_op(levels, return_logprobs):
+    """A host top_k = 1000 on rows whose logits take one or three values: thousands of keys of one
+    y, whose selects (the bound's two digits, then kappa's) and repairs (every tile's list may hide
+    more of the top k) meet ties everywhere. The CPU op's tokens and scores on the same logits, and
+    its log-probabilities where asked for (the kernel sums the kept mass only then)."""
+    batch = 5
+    g = torch.Generator().manual_seed(levels)
+    weight = (torch.randint(0, levels, (V, 1), generator=g).float() / 8).expand(V, D).contiguous()
+    hidden = torch.randint(-2, 3, (batch, D), generator=g).float() / 8
+    logits = hidden @ weight.T
+    kwargs = dict(temperature=torch.tensor([0.8, 0.0, 1.0, 2.5, 0.6]), seed=torch.tensor(7),
+                  offset=torch.tensor(3), num_samples=2, return_logprobs=return_logprobs, top_k=1000)
+    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    got = fs.sample_with_scores(hidden.bfloat16().cuda(), weight.bfloat16().cuda(), truncation_path="fused_top_k",
+                                **on)
+    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
+    assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
+    assert torch.equal(got.scores.cpu(), expected[1])
+    if return_logprobs:
+        torch.testing.assert_close(got.token_logprobs.cpu(), expected[2], rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@requires_sm90
 def test_min_p_call_rows_without_a_finite_first_y_equal_cpu_op():
     """A min_p call whose rows' first y is -inf (a bias of -inf everywhere, one NaN): min_p's test
     keeps the first token alone in every row, also in rows whose own min_p is off (the cut kernel

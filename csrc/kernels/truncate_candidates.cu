@@ -48,6 +48,7 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int C = kTopCandidatesPerTile;
 constexpr int kRepairTiles = 8;  // tiles recomputed per repair round
+constexpr int kTileLoads = 5;    // tiles whose candidate lists a thread loads at once
 // Dynamic shared memory of one block: keys (8 bytes) and x (4 bytes) per working entry, and
 // per tile its last key and the y bits of its first (read once from global memory).
 constexpr size_t kBytesPerEntry = sizeof(PackedCandidate) + sizeof(float);
@@ -99,14 +100,15 @@ __device__ __forceinline__ int warp_claim_slot(int* counter, bool wants) {
 // share the digit counts them with one atomic (thousands of keys, whose first digits, the sign
 // and exponent of y, most share: one counter's atomics run one after another); else one a key;
 // and once one key is left with the prefix (usually after y's 32 bits), it is found in one pass.
-template <bool kVoteDigits = false>
+// kDigits < 8 stops after that many: the k-th key's prefix with zeros below, a lower bound on it.
+template <bool kVoteDigits = false, int kDigits = 8>
 __device__ PackedCandidate block_kth_largest(PackedCandidate const* keys, int n, int k, Stage2Shared& sh) {
   __shared__ unsigned digit_keys;    // kVoteDigits: keys with the prefix and the k-th key's digit
   __shared__ PackedCandidate found;  // kVoteDigits: the one key left
   if (n < k) return 0;
   PackedCandidate prefix = 0, prefix_mask = 0;
   unsigned remaining = static_cast<unsigned>(k);
-  for (int shift = 56; shift >= 0; shift -= 8) {
+  for (int shift = 56; shift >= 64 - 8 * kDigits; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += kThreads) sh.hist[i] = 0;
     __syncthreads();
     if constexpr (kVoteDigits) {
@@ -210,23 +212,33 @@ __device__ int block_keep_at_least(PackedCandidate* keys, float* xs, int n, Pack
 }
 
 // Keeps the entries of keys/xs[0, n) with key >= threshold and not `excluded` at the front, in
-// place and in any order (a row with a large top_k: up to kMaxFusedLargeTopK of them): each
-// chunk of kThreads entries is read before its survivors are written, and the survivors so far
-// never outnumber the entries read. Returns their count.
+// place and in any order (a row with a large top_k: up to kMaxFusedLargeTopK of them): each step
+// of kCompactLoads * kThreads entries is read before its survivors are written, and the survivors
+// so far never outnumber the entries read. Returns their count. A step a barrier: the pass's cost
+// is its steps' latency, not its work.
+constexpr int kCompactLoads = 4;
 template <class Excluded>
 __device__ int block_compact_at_least(PackedCandidate* keys, float* xs, int n, PackedCandidate threshold,
                                       Excluded const& excluded, Stage2Shared& sh) {
   if (threadIdx.x == 0) sh.survivors = 0;
-  for (int base = 0; base < n; base += kThreads) {
-    int const i = base + threadIdx.x;
-    PackedCandidate const key = i < n ? keys[i] : 0;
-    float const x = i < n ? xs[i] : 0.0f;
-    bool const keep = key != 0 && key >= threshold && !excluded(key);
-    __syncthreads();  // the chunk is read (and the count zeroed) before survivors are written
-    int const at = warp_claim_slot(&sh.survivors, keep);
-    if (keep) {
-      keys[at] = key;
-      xs[at] = x;
+  for (int base = 0; base < n; base += kCompactLoads * kThreads) {
+    PackedCandidate key[kCompactLoads];
+    float x[kCompactLoads];
+#pragma unroll
+    for (int j = 0; j < kCompactLoads; ++j) {
+      int const i = base + j * kThreads + threadIdx.x;
+      key[j] = i < n ? keys[i] : 0;
+      x[j] = i < n ? xs[i] : 0.0f;
+    }
+    __syncthreads();  // the step is read (and the count zeroed) before survivors are written
+#pragma unroll
+    for (int j = 0; j < kCompactLoads; ++j) {
+      bool const keep = key[j] != 0 && key[j] >= threshold && !excluded(key[j]);
+      int const at = warp_claim_slot(&sh.survivors, keep);
+      if (keep) {
+        keys[at] = key[j];
+        xs[at] = x[j];
+      }
     }
   }
   __syncthreads();
@@ -652,6 +664,7 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
                                        Stage2Shared& sh) {
   bool const greedy = inv_t == 0.0f;
   bool const invalid_temperature = inv_t != inv_t;
+  RowNoiseKey const key = sample_noise_key(p, row);  // its loads under the reductions below
   PackedCandidate first = 0;
   for (int i = threadIdx.x; i < m; i += kThreads) first = max_key(first, keys[i]);
   first = block_max_key(first, sh);
@@ -672,19 +685,24 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
     __syncthreads();
     // Thread t holds entries 2t and 2t + 1 (m <= 2 * kThreads).
     int const i0 = 2 * static_cast<int>(threadIdx.x), i1 = i0 + 1;
-    double const prob0 = i0 < m ? ratio_of(i0) / total : 0.0, prob1 = i1 < m ? ratio_of(i1) / total : 0.0;
+    double const ratio0 = i0 < m ? ratio_of(i0) : 0.0, ratio1 = i1 < m ? ratio_of(i1) : 0.0;
+    double const prob0 = ratio0 / total, prob1 = ratio1 / total;
     double const before0 = block_exclusive_sum(prob0 + prob1, sh), before1 = before0 + prob0;
-    bool const keep0 = (before0 < top_p || top_p >= 1.0 || i0 == 0) && passes_min_p(i0, i0 < m ? ratio_of(i0) : 0.0);
-    bool const keep1 = (before1 < top_p || top_p >= 1.0) && passes_min_p(i1, i1 < m ? ratio_of(i1) : 0.0);
+    bool const keep0 = (before0 < top_p || top_p >= 1.0 || i0 == 0) && passes_min_p(i0, ratio0);
+    bool const keep1 = (before1 < top_p || top_p >= 1.0) && passes_min_p(i1, ratio1);
     if (i0 < m && !keep0) atomicMin(&kept_prefix, i0);
     if (i1 < m && !keep1) atomicMin(&kept_prefix, i1);
     __syncthreads();
   }
   auto kept = [&](int i, double ratio) { return top_p_on ? i < kept_prefix : passes_min_p(i, ratio); };
-  double const kept_mass = block_mass(m, kept, ratio_of, sh);
+  // The kept mass is the log-probabilities' normaliser only: the samples do not need it.
+  double const kept_mass = p.logprobs ? block_mass(m, kept, ratio_of, sh) : 0.0;
   double const lse = m == 0 ? -INFINITY : y0 + log(kept_mass);
+  // Whether entry i is kept, with its ratio only where min_p decides it.
+  auto kept_entry = [&](int i, double y) {
+    return top_p_on ? i < kept_prefix : !min_p_on || passes_min_p(i, exp(y - y0));
+  };
 
-  RowNoiseKey const key = sample_noise_key(p, row);
   for (int s = 0; s < p.num_samples; ++s) {
     // Each thread's best, then the block's as a packed (score, index): unsigned order is
     // fs_candidate_better's, NaN scores 0 (no sample); the thread holding it writes it.
@@ -692,7 +710,7 @@ __device__ void finish_large_top_k_row(SamplerParams const& p, int64_t row, Pack
     for (int i = threadIdx.x; i < m && !invalid_temperature; i += kThreads) {
       PackedCandidate const entry = keys[i];
       double const y = key_y(entry);
-      if (kept(i, exp(y - y0))) best.offer(top_candidate_index(entry), xs[i], y, s, greedy, inv_t, key);
+      if (kept_entry(i, y)) best.offer(top_candidate_index(entry), xs[i], y, s, greedy, inv_t, key);
     }
     PackedCandidate const mine = best.index == kNoCandidate ? PackedCandidate{0} : pack_candidate(best.score, best.index);
     PackedCandidate const winner = block_max_key(mine, sh);
@@ -1137,8 +1155,9 @@ __host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int v
 // kappa, the tiles whose list may hide more of the top k recomputed from the logits the GEMM
 // stored (about 1% of a flat row's tiles at k = 1024, V = 152K), in rounds as wide as fit beside
 // k entries with the k best kept after each, then finish_large_top_k_row. Exact whatever the data,
-// as the kernel above; it decides every row.
-__global__ void __launch_bounds__(kThreads, 1)
+// as the kernel above; it decides every row. Two blocks an SM where their shared memory fits (vocab
+// tiles of 128 tokens: 256 rows in one wave), so at most 64 registers a thread.
+__global__ void __launch_bounds__(kThreads, 2)
 select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates, int64_t num_tiles,
                           int vocab_tile) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
@@ -1156,19 +1175,31 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
   float* const xs = reinterpret_cast<float*>(tile_last + num_tiles);
 
   // 1. Every key (0 where a tile has fewer tokens), the tiles' j-th keys at [j * tiles, (j + 1) *
-  // tiles), and each tile's last; a tile's C keys a thread, two tiles' loads in flight.
+  // tiles), and each tile's last; a tile's C keys a thread, kTileLoads tiles' loads in flight (a
+  // row's 2374 tiles at V = 152K in one step: the loads' latency, not their bytes, is the step's cost).
   int n = static_cast<int>(num_tiles * C);
-#pragma unroll 2
-  for (int64_t t = threadIdx.x; t < num_tiles; t += kThreads) {
-    PackedCandidate x_keys[C];
+  static_assert(C == 4, "a tile's keys: two 16-byte loads");
+  for (int64_t base = 0; base < num_tiles; base += kTileLoads * kThreads) {
+    ulonglong2 x_keys[kTileLoads][2];
 #pragma unroll
-    for (int j = 0; j < C; ++j) x_keys[j] = candidates[(t * columns + row) * C + j];
-#pragma unroll
-    for (int j = 0; j < C; ++j) {
-      keys[j * num_tiles + t] = y_key(x_keys[j], inv_t, greedy);
-      xs[j * num_tiles + t] = from_order_bits(static_cast<uint32_t>(x_keys[j] >> 32));
+    for (int u = 0; u < kTileLoads; ++u) {
+      int64_t const t = base + u * kThreads + threadIdx.x;
+      ulonglong2 const* const list = reinterpret_cast<ulonglong2 const*>(candidates + (t * columns + row) * C);
+      x_keys[u][0] = t < num_tiles ? list[0] : make_ulonglong2(0, 0);
+      x_keys[u][1] = t < num_tiles ? list[1] : make_ulonglong2(0, 0);
     }
-    tile_last[t] = keys[(C - 1) * num_tiles + t];
+#pragma unroll
+    for (int u = 0; u < kTileLoads; ++u) {
+      int64_t const t = base + u * kThreads + threadIdx.x;
+      if (t >= num_tiles) continue;
+      PackedCandidate const x_key[C] = {x_keys[u][0].x, x_keys[u][0].y, x_keys[u][1].x, x_keys[u][1].y};
+#pragma unroll
+      for (int j = 0; j < C; ++j) {
+        keys[j * num_tiles + t] = y_key(x_key[j], inv_t, greedy);
+        xs[j * num_tiles + t] = from_order_bits(static_cast<uint32_t>(x_key[j] >> 32));
+      }
+      tile_last[t] = y_key(x_key[C - 1], inv_t, greedy);
+    }
   }
   __syncthreads();
 
@@ -1183,11 +1214,12 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
     // 2. A lower bound on kappa, the k-th of the tiles' first keys, or of their first two where
     // there are fewer than 2k tiles (a subset's k-th key is at most the whole list's), keeps the
     // keys that can reach it: on independent logits at V = 152K, k = 1000, about 1100-1300 of
-    // 4748 / 9496 (a CPU simulation). Then kappa among those, and 3. the tiles it does not
-    // certify, recomputed.
+    // 4748 / 9496 (a CPU simulation). Its first two digits bound it (1/128 of a binade of y: tens
+    // of keys more) in half the passes. Then kappa among those, and 3. the tiles it does
+    // not certify, recomputed.
     int const bounding_keys = static_cast<int>((num_tiles >= 2 * int64_t{k} ? 1 : 2) * num_tiles);
     if (bounding_keys >= k) {
-      PackedCandidate const bound = block_kth_largest<true>(keys, bounding_keys, k, sh);
+      PackedCandidate const bound = block_kth_largest<true, 2>(keys, bounding_keys, k, sh);
       n = block_compact_at_least(keys, xs, n, bound, [](PackedCandidate) { return false; }, sh);
     }
     PackedCandidate const kappa = block_kth_largest<true>(keys, n, k, sh);
