@@ -360,6 +360,32 @@ def test_large_top_k_on_tied_logits_equals_cpu_op(levels, return_logprobs):
 
 
 @requires_sm90
+def test_large_top_k_at_a_full_vocabulary_equals_cpu_op():
+    """A host top_k = 1000 at V = 151936 on logits with few ties (integer weights and hidden states
+    up to 127, exact in bf16 and their dot products in fp32): a few of a row's 2374 tiles hold four
+    of its top k and are recomputed, and rows 0 and 1 have a tile of 7 / 12 tokens far ahead of the
+    rest, so that a repair adds 3 / 8 tokens to the k kept, which the select after it takes apart.
+    The CPU op's tokens and scores on the same logits."""
+    batch, vocab = 4, 151936
+    g = torch.Generator().manual_seed(17)
+    weight = torch.randint(-127, 128, (vocab, D), generator=g).float()
+    hidden = torch.randint(-127, 128, (batch, D), generator=g).float()
+    for row, tile, tokens in ((0, 100, 7), (1, 200, 12)):
+        ids = torch.arange(tokens) + tile * 64
+        weight[ids] = (120 * hidden[row].sign() + torch.randint(-7, 8, (tokens, D), generator=g)).clamp(-127, 127)
+    logits = hidden @ weight.T
+    assert logits.abs().max() < 2**24
+    kwargs = dict(temperature=torch.tensor([2.0e4, 3.0e4, 0.0, 5.0e4]), seed=torch.tensor(5), offset=torch.tensor(2),
+                  num_samples=2, top_k=1000)
+    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    got = fs.sample_with_scores(hidden.bfloat16().cuda(), weight.bfloat16().cuda(), truncation_path="fused_top_k", **on)
+    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
+    assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
+    assert torch.equal(got.scores.cpu(), expected[1])
+
+
+@requires_sm90
 def test_min_p_call_rows_without_a_finite_first_y_equal_cpu_op():
     """A min_p call whose rows' first y is -inf (a bias of -inf everywhere, one NaN): min_p's test
     keeps the first token alone in every row, also in rows whose own min_p is off (the cut kernel

@@ -391,6 +391,28 @@ __device__ PackedCandidate block_max_key(PackedCandidate key, Stage2Shared& sh) 
   return key;
 }
 
+// The k-th largest of keys[0, n) (distinct and nonzero; 0 when n < k) where n is k and a few more,
+// as after a repair round of select_large_top_k_kernel adds a few tokens to the k it kept: the
+// (n - k + 1)-th smallest, one block-wide minimum over the keys above the last a step, where a
+// select takes four barriers a digit. Far more than k keys take block_kth_largest.
+constexpr int kMaxMinimumSteps = 16;
+__device__ PackedCandidate block_kth_largest_near_bottom(PackedCandidate const* keys, int n, int k, Stage2Shared& sh) {
+  if (n < k) return 0;
+  int const steps = n - k + 1;
+  if (steps > kMaxMinimumSteps) return block_kth_largest<true>(keys, n, k, sh);
+  PackedCandidate last = 0;  // below every key
+  for (int step = 0; step < steps; ++step) {
+    PackedCandidate mine = 0;  // the complement of this thread's smallest key above `last`
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      PackedCandidate const key = keys[i];
+      if (key > last) mine = max_key(mine, ~key);
+    }
+    last = ~block_max_key(mine, sh);
+    __syncthreads();  // the warps' values are read before the next step writes them
+  }
+  return last;
+}
+
 // The row's plain-sampling winner over every allowed token, the best of the GEMM's tile winners
 // (draw_tile_winners; pack_candidate, 0: none), block-wide.
 __device__ PackedCandidate block_row_winner(PackedCandidate const* __restrict__ tile_winners, int64_t num_tiles,
@@ -1284,7 +1306,7 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
           __syncthreads();
           n = sh.count;
           // kappa bounds the row's k-th key from below too, where fewer than k entries are held yet
-          kappa_now = max_key(block_kth_largest<true>(keys, n, k, sh), kappa);
+          kappa_now = max_key(block_kth_largest_near_bottom(keys, n, k, sh), kappa);
           n = block_compact_at_least(keys, xs, n, kappa_now, [](PackedCandidate) { return false; }, sh);
         }
         __syncthreads();  // every thread has read repair_count before the next chunk zeroes it
