@@ -57,6 +57,11 @@ FS_CHUNKS_FN EvenChunks even_chunks(uint32_t units, uint32_t vocab, uint32_t ite
   return {(vocab + tokens - 1) / tokens, tokens};
 }
 
+// The most chunks a quad can have in a streaming launch (one a kStreamingChunkQuantum step).
+FS_CHUNKS_FN uint32_t streaming_steps(uint32_t vocab) {
+  return (vocab + kStreamingChunkQuantum - 1) / kStreamingChunkQuantum;
+}
+
 // The chunks of a streaming launch. Its items are (listed quad, chunk) pairs: the listed quads are
 // those with a streaming row, in batch order, and each has the same chunks (even_chunks over the
 // waves' CTAs). The kernel sizes them on the device from the listed count, so that the few rows the
@@ -67,15 +72,15 @@ FS_CHUNKS_FN uint32_t streaming_items_target(int sm_count, bool one_wave) {
   return kStreamingCtasPerSm * sms * (one_wave ? 1 : kStreamingWaves);
 }
 FS_CHUNKS_FN EvenChunks quad_chunks(uint32_t listed_quads, uint32_t vocab, int sm_count, bool one_wave) {
-  return even_chunks(listed_quads, vocab, streaming_items_target(sm_count, one_wave),
-                     (vocab + kStreamingChunkQuantum - 1) / kStreamingChunkQuantum, kStreamingChunkQuantum);
+  return even_chunks(listed_quads, vocab, streaming_items_target(sm_count, one_wave), streaming_steps(vocab),
+                     kStreamingChunkQuantum);
 }
 
 // The most items of a launch of `quads` quads, for any count of them listed: listed * chunks is at
 // most the larger of streaming_items_target and listed; the grid has that many CTAs.
 inline int64_t most_streaming_items(int64_t quads, int64_t vocab, int sm_count, bool one_wave) {
   int64_t const bound = std::max<int64_t>(streaming_items_target(sm_count, one_wave), quads);
-  return std::min(bound, quads * ((vocab + kStreamingChunkQuantum - 1) / kStreamingChunkQuantum));
+  return std::min(bound, quads * int64_t{streaming_steps(static_cast<uint32_t>(vocab))});
 }
 
 // The items the workspace holds: either instance's, since a caller may size it before it knows
