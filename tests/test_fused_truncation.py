@@ -80,6 +80,16 @@ def truncation_kwargs(form, batch, device):
             for name, value in FORMS[form].items()}
 
 
+def on_cuda(kwargs):
+    """The arguments with their tensors moved to the GPU."""
+    return {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+
+
+def cpu_op_kwargs(kwargs):
+    """sample()'s arguments as the CPU op sample_from_logits names them (its per-row `temperatures`)."""
+    return {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+
+
 def sample_with_dispatch_options(hidden, weight, kwargs, **options):
     """fs.sample_with_scores with DispatchOptions `options` (the defaults again after), and the
     names of the CUDA kernels it ran."""
@@ -128,10 +138,10 @@ def test_fused_truncation_equals_cpu_op_on_exact_logits(form, regime, batch, con
         c = random_controls(batch, V, "cpu", vocab_start=64, seed=batch, density=0.5)
         kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64,
                       seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch), empty_mask_token=-7)
-    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    on = on_cuda(kwargs)
     got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k",
                                 **on, **truncation_kwargs(form, batch, "cuda"))
-    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    op_kwargs = cpu_op_kwargs(kwargs)
     for name, value in truncation_kwargs(form, batch, "cpu").items():
         op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value
     expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
@@ -236,14 +246,14 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
         trunc_cpu = dict(top_p=torch.full((batch,), 0.5, dtype=torch.float64), min_p=per_row("m", batch))
     else:
         trunc_cpu = truncation_kwargs(truncation, batch, "cpu")
-    trunc_cuda = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in trunc_cpu.items()}
-    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    trunc_cuda = on_cuda(trunc_cpu)
+    on = on_cuda(kwargs)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k", **on, **trunc_cuda)
         torch.cuda.synchronize()
     rounds = any("top_p_round_kernel" in e.name for e in prof.events() if e.device_type.name == "CUDA")
     assert rounds == ("top_k" not in trunc_cpu)
-    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    op_kwargs = cpu_op_kwargs(kwargs)
     for name, value in trunc_cpu.items():
         op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value
     expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
@@ -316,9 +326,9 @@ def test_large_top_k_rows_decided_by_their_winner_equal_cpu_op(top_k, regime, ba
     if controls:
         c = random_controls(batch, V, "cpu", vocab_start=64, seed=batch, density=0.5)
         kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7)
-    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    on = on_cuda(kwargs)
     h, w = hidden.cuda(), weight.cuda()
-    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    op_kwargs = cpu_op_kwargs(kwargs)
     expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
     results = {}
     for winners in (True, False):
@@ -348,10 +358,10 @@ def test_large_top_k_on_tied_logits_equals_cpu_op(levels, return_logprobs):
     logits = hidden @ weight.T
     kwargs = dict(temperature=torch.tensor([0.8, 0.0, 1.0, 2.5, 0.6]), seed=torch.tensor(7),
                   offset=torch.tensor(3), num_samples=2, return_logprobs=return_logprobs, top_k=1000)
-    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    on = on_cuda(kwargs)
     got = fs.sample_with_scores(hidden.bfloat16().cuda(), weight.bfloat16().cuda(), truncation_path="fused_top_k",
                                 **on)
-    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    op_kwargs = cpu_op_kwargs(kwargs)
     expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
     assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
     assert torch.equal(got.scores.cpu(), expected[1])
@@ -377,9 +387,9 @@ def test_large_top_k_at_a_full_vocabulary_equals_cpu_op():
     assert logits.abs().max() < 2**24
     kwargs = dict(temperature=torch.tensor([2.0e4, 3.0e4, 0.0, 5.0e4]), seed=torch.tensor(5), offset=torch.tensor(2),
                   num_samples=2, top_k=1000)
-    on = {name: value.cuda() if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    on = on_cuda(kwargs)
     got = fs.sample_with_scores(hidden.bfloat16().cuda(), weight.bfloat16().cuda(), truncation_path="fused_top_k", **on)
-    op_kwargs = {("temperatures" if name == "temperature" else name): value for name, value in kwargs.items()}
+    op_kwargs = cpu_op_kwargs(kwargs)
     expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
     assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
     assert torch.equal(got.scores.cpu(), expected[1])
