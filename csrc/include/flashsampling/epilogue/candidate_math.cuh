@@ -10,6 +10,20 @@
 
 namespace flashsampling {
 
+// The stored logits of the fused truncation stay in L2 while the GEMM streams the weight past
+// them (evict_last): written back to HBM during the GEMM, they slowed its weight reads, and the
+// kernels after it read them from L2.
+__device__ __forceinline__ uint64_t l2_evict_last_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ void store_with_l2_policy(float4* address, float4 value, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(address), "f"(value.x),
+               "f"(value.y), "f"(value.z), "f"(value.w), "l"(policy)
+               : "memory");
+}
+
 // Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
 // replay sees fresh values), else uses the values. Stage 1 and stage 2 of the fused top-k
 // pass both draw noise, so both resolve it here.

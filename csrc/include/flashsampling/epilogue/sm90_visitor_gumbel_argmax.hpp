@@ -1168,10 +1168,11 @@ struct Sm90GumbelArgmaxRowReduction {
     template <int kRunValues>
     CUTLASS_DEVICE void store_run_and_add_mass(float4 const* values, float4* stored, float y2_scale) {
       float run[kRunValues];
+      uint64_t const keep_in_l2 = l2_evict_last_policy();
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < kRunValues / 4; ++q) {
         float4 const v4 = values[q];
-        stored[q] = v4;
+        store_with_l2_policy(stored + q, v4, keep_in_l2);
         run[4 * q] = v4.x;
         run[4 * q + 1] = v4.y;
         run[4 * q + 2] = v4.z;
