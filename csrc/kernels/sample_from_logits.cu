@@ -1156,7 +1156,9 @@ cudaError_t launch_sample_from_logits(LogitsSamplerParams const& in_params, void
     narrow.max_rows = few_rows;
     cudaLaunchConfig_t const config = launch_config(few.cluster_size, few_rows, smem, stream, &attribute);
     err = cudaLaunchKernelEx(&config, sample_from_logits_kernel, narrow);
-    if (err != cudaSuccess) return err;
+    // A batch whose every row fits the wide clusters lists no more (a launch saved: the fused
+    // truncation's list is usually empty).
+    if (err != cudaSuccess || few_rows >= params.batch_size) return err;
     LogitsSamplerParams wide = params;
     wide.min_rows = few_rows + 1;
     cudaLaunchConfig_t const wide_config = launch_config(grid.cluster_size, grid.clusters, smem, stream, &attribute);
