@@ -16,7 +16,8 @@ from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_take
                        parse_logprob_args, ranked_tokens, raw_logsumexp, raw_token_logprobs, top_logprobs_cpu)
 from .noise import as_int64_tensor, draw_seed
 from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
-from .truncation import (LOGITS_PATH_MAX_VOCAB, TRUNCATION_ORDERS, TRUNCATION_PATHS, Truncation,
+from .truncation import (LOGITS_PATH_MAX_VOCAB, ROW_PROBABILITY_DTYPES, ROW_TOP_K_DTYPES, TRUNCATION_ORDERS,
+                         TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
                          temperature_scales, transformed_logits, truncated_allowed_mask)
@@ -1000,8 +1001,8 @@ def _check_fused_top_k(top_k: int, top_ks) -> None:
     torch._check(top_k >= -1, lambda: f"flashsampling.sample_top_k: top_k must be an integer >= -1 (-1 or 0: off), "
                  f"got {top_k}")
     if top_ks is not None:
-        torch._check(top_ks.dtype == torch.int64, lambda: f"flashsampling.sample_top_k: top_ks must be a int64 tensor, "
-                     f"got {top_ks.dtype}")
+        torch._check(top_ks.dtype in (torch.int32, torch.int64),
+                     lambda: f"flashsampling.sample_top_k: top_ks must be an int32 or int64 tensor, got {top_ks.dtype}")
 
 
 @torch.library.register_fake("flashsampling::sample_top_k")
@@ -1173,11 +1174,12 @@ def _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, 
     torch._check(0.0 < top_p <= 1.0, lambda: f"{prefix} top_p must be in (0, 1] (1: off), got {top_p}")
     torch._check(0.0 <= min_p <= 1.0, lambda: f"{prefix} min_p must be in [0, 1] (0: off), got {min_p}")
     batch = logits.shape[0]
-    for name, t, dtype in (("top_ks", top_ks, torch.int64), ("top_ps", top_ps, torch.float64),
-                           ("min_ps", min_ps, torch.float64)):
+    for name, t, dtypes in (("top_ks", top_ks, ROW_TOP_K_DTYPES), ("top_ps", top_ps, ROW_PROBABILITY_DTYPES),
+                            ("min_ps", min_ps, ROW_PROBABILITY_DTYPES)):
         if t is None:
             continue
-        torch._check(t.dtype == dtype, lambda: f"{prefix} {name} must be a {dtype} tensor, got {t.dtype}")
+        torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be "
+                     f"{'an int32 or int64' if name == 'top_ks' else 'a float32 or float64'} tensor, got {t.dtype}")
         torch._check(tuple(t.shape) == (batch,), lambda: f"{prefix} {name} must have shape [B] = [{batch}], got "
                      f"{list(t.shape)}")
         torch._check(t.device == logits.device, lambda: f"{prefix} {name} must be on logits' device "

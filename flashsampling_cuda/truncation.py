@@ -194,20 +194,34 @@ def fused_pass_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor,
             and (offset is None or offset.dim() == 0) and cuda_arch(hidden.device) in FUSED_ARCHS)
 
 
+# The [B] dtypes the ops take as they are (the CUDA ops widen int32 / float32 in the launch that
+# zeroes their row list: vLLM's and FlashInfer's dtypes cost no conversion); others convert.
+ROW_TOP_K_DTYPES = (torch.int32, torch.int64)
+ROW_PROBABILITY_DTYPES = (torch.float32, torch.float64)
+
+
 def fused_top_k_args(truncation: Truncation, hidden: Tensor, weight: Tensor) -> dict:
     """The truncation arguments of ``torch.ops.flashsampling.sample_top_k`` for a call it takes
-    (:func:`fused_top_k_takes`): host scalars, tensors as ``[B]`` on hidden's device (int64
-    ``top_ks``, float64 ``top_ps`` / ``min_ps``)."""
+    (:func:`fused_top_k_takes`): host scalars, tensors as ``[B]`` on hidden's device
+    (:func:`_row_array`)."""
     k = _host_top_k(truncation, weight.shape[0])
     args = {"top_k": k if isinstance(k, int) else 0}
     batch = hidden.shape[0]
-    for name, value, dtype in (("top_k", k, torch.int64), ("top_p", truncation.top_p, torch.float64),
-                               ("min_p", truncation.min_p, torch.float64)):
+    for name, value in (("top_k", k), ("top_p", truncation.top_p), ("min_p", truncation.min_p)):
         if isinstance(value, Tensor):
-            args[name + "s"] = value.to(device=hidden.device, dtype=dtype).expand(batch).contiguous()
+            args[name + "s"] = _row_array(value, name, batch, hidden.device)
         elif value is not None and name != "top_k":
             args[name] = float(value)
     return args
+
+
+def _row_array(value: Tensor, name: str, batch: int, device: torch.device) -> Tensor:
+    """A 0-d or [B] truncation tensor as the ops' [B] argument on ``device``: int32 / int64
+    ``top_ks`` and float32 / float64 ``top_ps`` / ``min_ps`` keep their dtype, others become
+    int64 / float64."""
+    dtypes = ROW_TOP_K_DTYPES if name == "top_k" else ROW_PROBABILITY_DTYPES
+    dtype = value.dtype if value.dtype in dtypes else dtypes[-1]
+    return value.to(device=device, dtype=dtype).expand(batch).contiguous()
 
 
 TRUNCATION_PATHS = ("auto", "fused_top_k", "logits", "materialized")
@@ -245,8 +259,7 @@ def logits_path_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
     """The arguments of ``torch.ops.flashsampling.sample_from_logits`` that differ from the
     fused op's for this call: the fp32 logits (:func:`materialized_logits`; with a sparse bias,
     both biases added here, since that op takes none), the dense ``logit_bias`` otherwise, and
-    the truncation as host scalars or ``[B]`` tensors on hidden's device (int64 ``top_ks``,
-    float64 ``top_ps`` / ``min_ps``); and ``raw_logits``, the matmul's own logits, for the
+    the truncation as host scalars or ``[B]`` tensors on hidden's device (:func:`_row_array`); and ``raw_logits``, the matmul's own logits, for the
     logprob outputs (not an argument of the op: sampling._call_op leaves it out)."""
     raw = logits = materialized_logits(hidden, weight)
     bias = op_kwargs["logit_bias"]
@@ -260,14 +273,13 @@ def logits_path_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
 
 def logits_truncation_args(truncation: Truncation | None, batch: int, device: torch.device) -> dict:
     """``sample_from_logits``'s truncation arguments: host scalars as they are, tensors as
-    ``[B]`` on ``device`` (int64 ``top_ks``, float64 ``top_ps`` / ``min_ps``)."""
+    ``[B]`` on ``device`` (:func:`_row_array`)."""
     args = {}
     if truncation is None:
         return args
-    for name, value, dtype in (("top_k", truncation.top_k, torch.int64), ("top_p", truncation.top_p, torch.float64),
-                               ("min_p", truncation.min_p, torch.float64)):
+    for name, value in (("top_k", truncation.top_k), ("top_p", truncation.top_p), ("min_p", truncation.min_p)):
         if isinstance(value, Tensor):
-            args[name + "s"] = value.to(device=device, dtype=dtype).expand(batch).contiguous()
+            args[name + "s"] = _row_array(value, name, batch, device)
         elif value is not None:
             args[name] = value
     return args

@@ -529,3 +529,30 @@ def test_fused_truncation_graph_replay_and_compile():
     assert not torch.equal(seen[0], seen[1])
     compiled = torch.compile(step, fullgraph=True)(hidden, weight, top_k, top_p, offset)
     assert torch.equal(compiled, step(hidden, weight, top_k, top_p, offset))
+
+
+@pytest.mark.parametrize("path", ["fused_top_k", "logits", "materialized"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_narrow_per_row_tensors_equal_their_widening(device, path):
+    """int32 top_k and float32 top_p / min_p [B] tensors (vLLM's and FlashInfer's dtypes), which the
+    ops take as they are (the CUDA ops widen them in the launch that zeroes their row list), give
+    the tokens and scores of their exact int64 / float64 widening on every path."""
+    if device == "cpu" and path != "materialized":
+        pytest.skip("the CPU takes the materialised path")
+    if device == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fused pass takes every truncation form on sm90 only")
+    batch = 13
+    hidden, weight, _ = exact_problem(batch, "peaked", seed=29)
+    hidden, weight = hidden.to(device), weight.to(device)
+    rows = torch.arange(batch)
+    narrow = {"top_k": torch.tensor([50, 0, 1, 7, 64, 65, 20, 2000])[rows % 8].int(),
+              "top_p": torch.tensor([0.9, 1.0, 0.5, 0.95, 0.3, 0.8, 0.999])[rows % 7].float(),
+              "min_p": torch.tensor([0.05, 0.0, 0.3, 0.01, 0.1])[rows % 5].float()}
+    for names in (("top_k",), ("top_k", "top_p"), ("top_p",), ("min_p",), ("top_k", "top_p", "min_p")):
+        given = {name: narrow[name].to(device) for name in names}
+        widened = {name: (t.long() if t.dtype == torch.int32 else t.double()) for name, t in given.items()}
+        kwargs = dict(temperature=0.8, seed=11, truncation_path=path)
+        got = fs.sample_with_scores(hidden, weight, **kwargs, **given)
+        want = fs.sample_with_scores(hidden, weight, **kwargs, **widened)
+        assert torch.equal(got[0], want[0]), names
+        assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32)), names

@@ -169,12 +169,12 @@ def test_sample_top_k_argument_errors(device):
     hidden, weight = problem(4, 5000, 64, device, seed=1)
     with pytest.raises(RuntimeError, match="top_k must be an integer >= -1"):
         torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_k=-2)
-    with pytest.raises(RuntimeError, match="top_ks must be a int64"):
+    with pytest.raises(RuntimeError, match="top_ks must be an int32 or int64"):
         torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_ks=torch.ones(4, device=device))
     if device == "cuda":
-        with pytest.raises(RuntimeError, match="top_ps must be a float64"):
+        with pytest.raises(RuntimeError, match="top_ps must be a float32 or float64"):
             torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_k=5,
-                                                 top_ps=torch.ones(4, device=device))
+                                                 top_ps=torch.ones(4, device=device, dtype=torch.int64))
         with pytest.raises(RuntimeError, match=r"min_ps must have shape \[B\]"):
             torch.ops.flashsampling.sample_top_k(hidden, weight, seed=torch.tensor(1), top_k=5,
                                                  min_ps=torch.ones(3, device=device, dtype=torch.float64))

@@ -16,6 +16,7 @@
 #include "cuda_device_info.h"
 #include "cuda_launch_check.h"
 #include "flashsampling/philox_gumbel.h"
+#include "flashsampling/row_truncation_launch.h"
 #include "flashsampling/sample_from_logits.h"
 #include "flashsampling/sampler_params.h"
 #include "flashsampling/top_logprobs.h"
@@ -109,23 +110,57 @@ const T* kept_data(const std::optional<at::Tensor>& t, std::vector<at::Tensor>& 
   return static_cast<const T*>(keep_alive.back().const_data_ptr());
 }
 
-// The per-row truncation arrays of sample_top_k and sample_from_logits: int64 top_ks and
-// float64 top_ps / min_ps, each [B] on the device of `rows` ([B, ...], named `rows_name`).
+// The per-row truncation arrays of sample_top_k and sample_from_logits: int32 or int64 top_ks and
+// float32 or float64 top_ps / min_ps, each [B] on the device of `rows` ([B, ...], named `rows_name`).
 void check_per_row_truncation(const char* prefix, const at::Tensor& rows, const char* rows_name,
                               const std::optional<at::Tensor>& top_ks, const std::optional<at::Tensor>& top_ps,
                               const std::optional<at::Tensor>& min_ps) {
   const int64_t batch = rows.size(0);
-  for (auto [name, t, dtype] : {std::tuple{"top_ks", &top_ks, at::kLong}, std::tuple{"top_ps", &top_ps, at::kDouble},
-                                std::tuple{"min_ps", &min_ps, at::kDouble}}) {
+  for (auto [name, t, integer] : {std::tuple{"top_ks", &top_ks, true}, std::tuple{"top_ps", &top_ps, false},
+                                  std::tuple{"min_ps", &min_ps, false}}) {
     if (!t->has_value()) continue;
     const at::Tensor& v = **t;
-    TORCH_CHECK(v.scalar_type() == dtype, prefix, name, " must be a ", dtype == at::kLong ? "int64" : "float64",
-                " tensor, got ", v.scalar_type());
+    const at::ScalarType type = v.scalar_type();
+    const bool allowed = integer ? (type == at::kInt || type == at::kLong) : (type == at::kFloat || type == at::kDouble);
+    TORCH_CHECK(allowed, prefix, name, " must be ", integer ? "an int32 or int64" : "a float32 or float64",
+                " tensor, got ", type);
     TORCH_CHECK(v.dim() == 1 && v.size(0) == batch, prefix, name, " must have shape [B] = [", batch, "], got ",
                 v.sizes());
     TORCH_CHECK(v.device() == rows.device(), prefix, name, " must be on ", rows_name, " device (", rows.device(),
                 "), got ", v.device());
   }
+}
+
+// The per-row truncation arrays in the kernels' types (int64 top_ks, float64 top_ps / min_ps): a
+// wide array as it is, a narrow one (int32 / float32) widened into a new one by
+// launch_widen_row_truncation, which the caller runs once with every array (and the fallback row
+// list's count) on the stream before the kernels that read them.
+struct RowTruncationArrays {
+  const int64_t* top_ks = nullptr;
+  const double* top_ps = nullptr;
+  const double* min_ps = nullptr;
+  RowTruncationWidening widening;
+};
+RowTruncationArrays row_truncation_arrays(const std::optional<at::Tensor>& top_ks,
+                                          const std::optional<at::Tensor>& top_ps,
+                                          const std::optional<at::Tensor>& min_ps, int64_t batch,
+                                          std::vector<at::Tensor>& keep_alive) {
+  RowTruncationArrays a;
+  a.widening.batch_size = batch;
+  auto array = [&](const std::optional<at::Tensor>& t, at::ScalarType wide, RowTruncationArray& w) -> const void* {
+    if (!t.has_value()) return nullptr;
+    const at::Tensor from = t->contiguous();
+    keep_alive.push_back(from);
+    if (from.scalar_type() == wide) return from.const_data_ptr();
+    const at::Tensor to = at::empty({batch}, from.options().dtype(wide));
+    keep_alive.push_back(to);
+    w = {from.const_data_ptr(), true, to.data_ptr()};
+    return to.const_data_ptr();
+  };
+  a.top_ks = static_cast<const int64_t*>(array(top_ks, at::kLong, a.widening.top_ks));
+  a.top_ps = static_cast<const double*>(array(top_ps, at::kDouble, a.widening.top_ps));
+  a.min_ps = static_cast<const double*>(array(min_ps, at::kDouble, a.widening.min_ps));
+  return a;
 }
 
 // The fused top-k arguments of flashsampling::sample_top_k (ops.cpp).
@@ -293,14 +328,16 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
     p.logsumexp = result.logsumexp.data_ptr<float>();
   }
   p.empty_mask_token = args.empty_mask_token.value_or(-1);
+  RowTruncationArrays row_truncation;
   if (top != nullptr) {
     p.fused_truncation = true;
     p.top_k = top->top_k;
     p.top_p = top->top_p.value_or(1.0);
     p.min_p = top->min_p.value_or(0.0);
-    p.top_ps = kept_data<double>(top->top_ps, keep_alive);
-    p.min_ps = kept_data<double>(top->min_ps, keep_alive);
-    p.top_ks = kept_data<int64_t>(top->top_ks, keep_alive);
+    row_truncation = row_truncation_arrays(top->top_ks, top->top_ps, top->min_ps, batch, keep_alive);
+    p.top_ps = row_truncation.top_ps;
+    p.min_ps = row_truncation.min_ps;
+    p.top_ks = row_truncation.top_ks;
     if (!fused_truncation_decides_every_row(p)) {
       // The logits of the rows stage 2 leaves come from this GEMM pass (sm90: its top-k scan
       // stores them; flashsampling_cuda.sample takes the logits path elsewhere).
@@ -313,9 +350,11 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
       p.row_logits = row_logits.data_ptr<float>();
       p.row_logits_stride = stride;
       if (!fused_truncation_selects_large_top_k(p)) {  // which decides every row from the logits too
-        const at::Tensor fallback_rows = at::zeros({batch + 1}, hidden.options().dtype(at::kInt));
+        // Its count is zeroed with the widening, below.
+        const at::Tensor fallback_rows = at::empty({batch + 1}, hidden.options().dtype(at::kInt));
         keep_alive.push_back(fallback_rows);
         p.fallback_rows = fallback_rows.data_ptr<int32_t>();
+        row_truncation.widening.list_count = p.fallback_rows;
       }
       if (top_n >= 0) {
         result.top_values = at::empty({batch, top_n}, float_options);
@@ -353,6 +392,8 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
                 ") is too large for the fused top-k pass's stage 2; flashsampling_cuda.sample takes another path");
   }
   at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_bytes)}, hidden.options().dtype(at::kByte));
+  check_cuda_launch(launch_widen_row_truncation(row_truncation.widening, c10::cuda::getCurrentCUDAStream()),
+                    "flashsampling.sample");
   const cudaError_t err =
       launch_sampler(p, workspace.data_ptr(), workspace_bytes, arch, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "flashsampling.sample: CUDA kernel launch failed: ", cudaGetErrorString(err));
@@ -501,12 +542,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
   p.mask_words = (vocab + 31) / 32;
   p.inv_temperature = fs_inv_temperature(static_cast<float>(temperature));
   p.temperatures = kept_data<float>(temperatures, keep_alive);
+  const RowTruncationArrays row_truncation = row_truncation_arrays(top_ks, top_ps, min_ps, batch, keep_alive);
   p.top_k = top_k;
-  p.top_ks = kept_data<int64_t>(top_ks, keep_alive);
+  p.top_ks = row_truncation.top_ks;
   p.top_p = top_p;
-  p.top_ps = kept_data<double>(top_ps, keep_alive);
+  p.top_ps = row_truncation.top_ps;
   p.min_p = min_p;
-  p.min_ps = kept_data<double>(min_ps, keep_alive);
+  p.min_ps = row_truncation.min_ps;
   p.noise = resolve_noise(logits, num_samples, seed, offset, args.generator, std::nullopt, keep_alive);
   p.num_samples = static_cast<int>(num_samples);
   p.tokens = result.tokens.data_ptr<int64_t>();
@@ -524,6 +566,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
   const size_t workspace_bytes = sample_from_logits_workspace_bytes(p, device.sm_count);
   const at::Tensor workspace =
       at::empty({static_cast<int64_t>(workspace_bytes)}, logits.options().dtype(at::kByte));
+  check_cuda_launch(launch_widen_row_truncation(row_truncation.widening, c10::cuda::getCurrentCUDAStream()),
+                    "flashsampling.sample_from_logits");
   check_cuda_launch(launch_sample_from_logits(p, workspace_bytes > 0 ? workspace.data_ptr() : nullptr, device.sm_count,
                                               c10::cuda::getCurrentCUDAStream()),
                     "flashsampling.sample_from_logits");
