@@ -13,8 +13,8 @@
 //     verified against the row's top_p, and where it fails the next winner ahead of it (below).
 //
 // Where the fused truncation's GEMM drew every streamed row's winner (streamed_winners: a top_p
-// call without min_p) step 1 does not run, and step 2 only writes each row's winner and lists it
-// for step 3.
+// call without min_p) neither step 1 nor step 2 runs: step 3's first round lists the rows itself
+// and writes each row's winner as its sample (a launch fewer).
 //
 // The noise is the cut path's (perturbed_score): one Philox block gives the noise of a token in
 // four streams, so a quad of rows with one seed and offset and streams 4q .. 4q + 3 (the batch's
@@ -403,26 +403,42 @@ __device__ __forceinline__ bool quad_streams(LogitsSamplerParams const& p, int64
   return any;
 }
 
-// How many of the launch's quads have a streaming row (every thread alike).
-__device__ int64_t count_listed_quads(LogitsSamplerParams const& p, int64_t quads) {
-  int64_t listed = 0;
-  for (int64_t base = 0; base < quads; base += kThreads) {
-    int64_t const quad = base + threadIdx.x;
-    listed += __syncthreads_count(quad < quads && quad_streams(p, quad));
+// Listed(p, i): batch quad i has a streaming row ...
+struct QuadStreams {
+  __device__ __forceinline__ bool operator()(LogitsSamplerParams const& p, int64_t quad) const {
+    return quad_streams(p, quad);
   }
-  return listed;
+};
+// ... batch row i streams.
+struct RowStreams {
+  __device__ __forceinline__ bool operator()(LogitsSamplerParams const& p, int64_t row) const {
+    return is_streaming_row(p, row);
+  }
+};
+
+// How many of 0 .. n - 1 are Listed (every thread alike): the launch's quads with a streaming row,
+// or (round 0 of the GEMM's winners) its streaming rows.
+template <class Listed>
+__device__ int64_t count_listed(LogitsSamplerParams const& p, int64_t n) {
+  int64_t count = 0;
+  for (int64_t base = 0; base < n; base += kThreads) {
+    int64_t const i = base + threadIdx.x;
+    count += __syncthreads_count(i < n && Listed{}(p, i));
+  }
+  return count;
 }
 
-// The batch quad in place `slot` of the list of quads with a streaming row (every thread alike).
-__device__ int64_t listed_quad(LogitsSamplerParams const& p, int64_t quads, int64_t slot) {
+// The one of 0 .. n - 1 in place `slot` of those Listed, in order (every thread alike).
+template <class Listed>
+__device__ int64_t listed_at(LogitsSamplerParams const& p, int64_t n, int64_t slot) {
   __shared__ int warp_listed[kWarps];
   __shared__ int64_t found;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int64_t before = 0;  // listed quads in the blocks already scanned
-  for (int64_t base = 0; base < quads; base += kThreads) {
-    int64_t const quad = base + threadIdx.x;
-    bool const listed = quad < quads && quad_streams(p, quad);
-    unsigned const ballot = __ballot_sync(kFullMask, listed);
+  int64_t before = 0;  // listed in the blocks already scanned
+  for (int64_t base = 0; base < n; base += kThreads) {
+    int64_t const i = base + threadIdx.x;
+    bool const is_listed = i < n && Listed{}(p, i);
+    unsigned const ballot = __ballot_sync(kFullMask, is_listed);
     if (lane == 0) warp_listed[warp] = __popc(ballot);
     __syncthreads();
     int64_t place = before + __popc(ballot & ((1u << lane) - 1u));
@@ -431,7 +447,7 @@ __device__ int64_t listed_quad(LogitsSamplerParams const& p, int64_t quads, int6
       place += w < warp ? warp_listed[w] : 0;
       block_listed += warp_listed[w];
     }
-    if (listed && place == slot) found = quad;
+    if (is_listed && place == slot) found = i;
     __syncthreads();  // found is written; warp_listed is read before the next block writes it
     before += block_listed;
     if (before > slot) break;
@@ -819,14 +835,14 @@ template <bool kMinPRows>
 __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
     streaming_sample_kernel(LogitsSamplerParams const p, Workspace ws, int sm_count) {
   int64_t const quads = (p.batch_size + kQuad - 1) / kQuad;
-  int64_t const listed = count_listed_quads(p, quads);
+  int64_t const listed = count_listed<QuadStreams>(p, quads);
   if (listed == 0) return;  // nor does the finish read anything
   EvenChunks const chunking = quad_chunks(static_cast<uint32_t>(listed), static_cast<uint32_t>(p.vocab_size), sm_count, kMinPRows);
   if (blockIdx.x == 0 && threadIdx.x == 0) *ws.listed_chunks = chunking.chunks;
   int64_t const item = blockIdx.x;
   if (item >= listed * chunking.chunks) return;
   int64_t const slot = item / chunking.chunks, chunk = item % chunking.chunks;
-  int64_t const quad = listed == quads ? slot : listed_quad(p, quads, slot);
+  int64_t const quad = listed == quads ? slot : listed_at<QuadStreams>(p, quads, slot);
   __shared__ StreamingItem at;
   if (threadIdx.x == 0) {
     if (chunk == 0) ws.quad_slots[quad] = static_cast<int32_t>(slot);
@@ -844,34 +860,12 @@ __device__ __forceinline__ void append_row(int32_t* list, int64_t row) {
   list[1 + at] = static_cast<int32_t>(row);
 }
 
-// A top_p row whose winner over every allowed token the fused truncation's GEMM drew
-// (streamed_winners): written as the row's sample, as the pass below would, and listed for round 0.
-__device__ void start_rounds_from_winner(LogitsSamplerParams const& p, Workspace const& ws, int64_t row) {
-  int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(__ldg(p.streamed_winners + row)));
-  float const inv_t = row_inv_t(p, row);
-  RowInput const in = row_input(p, row, inv_t);
-  uint64_t batch_seed = 0, batch_offset = 0;
-  resolve_noise_source(p.noise, batch_seed, batch_offset);
-  RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
-  float x, y;
-  PackedCandidate const t_key = in.token(static_cast<uint32_t>(index), x, y);
-  float const score = perturbed_score(in, noise, 0, static_cast<uint32_t>(index), x);
-  write_sample(p, row, 0, score, index, static_cast<double>(y), static_cast<double>(__ldg(p.streamed_first_y + row)),
-               true, 1.0);
-  ws.round_rows[row] = {t_key, 0ull};
-  append_row(ws.round_lists, row);
-}
-
 // 2. A warp a row: the chunks merged, the row's outputs written.
 __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws) {
   int const lane = threadIdx.x % 32;
   int64_t const row = int64_t{blockIdx.x} * 4 + threadIdx.x / 32;
   if (row >= p.batch_size) return;
   if (!is_streaming_row(p, row)) return;
-  if (p.streamed_winners != nullptr) {  // no pass ran: its winner came with the row
-    if (lane == 0) start_rounds_from_winner(p, ws, row);
-    return;
-  }
   // The row's chunks are items slot * chunks .. + chunks - 1 (streaming_sample_kernel), each with
   // its quad's four rows.
   int64_t const chunks = *ws.listed_chunks;
@@ -1136,13 +1130,34 @@ struct RoundChunk {
   }
 };
 
-template <bool kDraw>
+// The truncation key of t, the GEMM's winner of a streamed row (kListsWinners); `first` (one
+// thread of the row's chunk 0) also writes it as the row's sample, as the cut path would, and
+// keeps the key for the next round.
+__device__ PackedCandidate start_from_winner(LogitsSamplerParams const& p, Workspace const& ws, int64_t row,
+                                             RowInput const& in, RowNoiseKey const& noise, double y0, bool first) {
+  uint32_t const index = ~static_cast<uint32_t>(__ldg(p.streamed_winners + row));
+  float x, y;
+  PackedCandidate const t_key = in.token(index, x, y);
+  if (first) {
+    float const score = perturbed_score(in, noise, 0, index, x);
+    write_sample(p, row, 0, score, static_cast<int32_t>(index), static_cast<double>(y), y0, true, 1.0);
+    ws.round_rows[row].t_key = t_key;
+  }
+  return t_key;
+}
+
+// A round's launch. kListsWinners: round 0 where the GEMM drew the streamed rows' winners
+// (streamed_winners): no kernel ran between stage 2 and this round, so each CTA lists the
+// streaming rows itself (a flag a row) and takes t from the winners, and each row's chunk 0 writes
+// t as the row's sample and keeps its key for the rounds after.
+template <bool kDraw, bool kListsWinners = false>
 __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(LogitsSamplerParams const p, Workspace ws,
                                                                int round) {
+  static_assert(!(kDraw && kListsWinners), "the winners' round verifies");
   __shared__ RoundPartial warp_partial[kWarps];
   __shared__ bool last_cta;
   int32_t const* const list = ws.round_lists + int64_t{round} * (p.batch_size + 1);
-  int64_t const rows = __ldcg(list);
+  int64_t const rows = kListsWinners ? count_listed<RowStreams>(p, p.batch_size) : __ldcg(list);
   int64_t const chunk_tokens = round_chunk_tokens(rows, p.vocab_size, gridDim.x);
   int const round_chunks = static_cast<int>((p.vocab_size + chunk_tokens - 1) / chunk_tokens);
   int64_t const items = rows * round_chunks;
@@ -1150,13 +1165,19 @@ __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    int64_t const row = __ldcg(list + 1 + item / round_chunks);
+    int64_t const row = kListsWinners ? listed_at<RowStreams>(p, p.batch_size, item / round_chunks)
+                                      : __ldcg(list + 1 + item / round_chunks);
     int const chunk = static_cast<int>(item % round_chunks);
     float const inv_t = row_inv_t(p, row);
     RowInput const in = row_input(p, row, inv_t);
     RowNoiseKey const noise = row_noise_key(p.noise, batch_seed, batch_offset, static_cast<uint32_t>(row), 0);
     double const y0 = static_cast<double>(__ldcg(p.streamed_first_y + row));  // the last round writes it
-    PackedCandidate const t_key = __ldcg(&ws.round_rows[row].t_key);
+    PackedCandidate t_key;
+    if constexpr (kListsWinners) {
+      t_key = start_from_winner(p, ws, row, in, noise, y0, chunk == 0 && threadIdx.x == 0);
+    } else {
+      t_key = __ldcg(&ws.round_rows[row].t_key);
+    }
     int64_t const begin = int64_t{chunk} * chunk_tokens;
     int64_t const end = begin + chunk_tokens < p.vocab_size ? begin + chunk_tokens : p.vocab_size;
     RoundChunk<kDraw> part{t_key, y0, round == 0, in, noise};
@@ -1246,7 +1267,10 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
   } else {
     streaming_sample_kernel<false><<<grid, kThreads, 0, stream>>>(p, ws, sm_count);
   }
-  streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws);
+  // Where the GEMM drew the winners no pass ran, and round 0 lists the rows itself.
+  if (p.streamed_winners == nullptr) {
+    streaming_finish_kernel<<<static_cast<unsigned>((p.batch_size + 3) / 4), 128, 0, stream>>>(p, ws);
+  }
   if (rounds) {
     // Four CTAs an SM, or one an item where the batch has fewer (an empty round's launch is then
     // small too).
@@ -1254,7 +1278,9 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
     int64_t const most_items = p.batch_size * chunks_a_row;
     int const items_grid = static_cast<int>(std::min<int64_t>(kRoundCtasPerSm * (sm_count < 1 ? 1 : sm_count), most_items));
     for (int round = 0; round < kRounds; ++round) {
-      if (round % 2 == 0) {
+      if (round == 0 && p.streamed_winners != nullptr) {
+        top_p_round_kernel<false, true><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
+      } else if (round % 2 == 0) {
         top_p_round_kernel<false><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
       } else {
         top_p_round_kernel<true><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
