@@ -67,6 +67,7 @@ MODELS = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=16, vocab_size=1000, tie_word_embeddings=True),
 }
+DEFAULT_MODELS = ("qwen3-1.7b", "qwen3-8b")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -314,7 +315,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="qwen3-1.7b,qwen3-8b", help=f"comma list of {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"comma list of {', '.join(MODELS)}")
     parser.add_argument("--batches", default="1,4,16,32,64")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=128)
@@ -347,11 +348,17 @@ def main() -> None:
         parser.error("--new-tokens must be >= 4 (prefill token + 2 warm-up steps + timed steps)")
     results = run(args)
     table = markdown_table(results)
-    mode = "_serving_defaults" if args.serving_defaults else "_penalties" if args.penalties else ""
-    stem = (f"decode{mode}_{results['device'].replace(' ', '_')}_"
-            f"{results['date']}" + ("_tiny" if args.tiny else ""))
-    write_results(args.out, stem, results, table, plot)
+    write_results(args.out, results_stem(results, args), results, table, plot)
     print(table)
+
+
+def results_stem(results: dict, args) -> str:
+    """decode[_mode]_<gpu>_<date>, with the models' names after the mode where a run measured other
+    than DEFAULT_MODELS (e.g. one of them): runs of each model sit side by side."""
+    mode = "_serving_defaults" if args.serving_defaults else "_penalties" if args.penalties else ""
+    models = [m for m in args.models.split(",") if m]
+    tag = "" if args.tiny or sorted(models) == sorted(DEFAULT_MODELS) else "_" + "_".join(models)
+    return f"decode{mode}{tag}_{results['device'].replace(' ', '_')}_{results['date']}" + ("_tiny" if args.tiny else "")
 
 
 if __name__ == "__main__":
