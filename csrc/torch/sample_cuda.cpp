@@ -483,7 +483,7 @@ sample_top_logprobs_cuda(const at::Tensor& hidden, const at::Tensor& weight, dou
 }
 
 // flashsampling::sample_from_logits's truncation arguments: host scalars, or [B] device arrays
-// (int64 top_ks, float64 top_ps / min_ps) that win over them.
+// (int32 or int64 top_ks, float32 or float64 top_ps / min_ps) that win over them.
 void check_logits_truncation(const at::Tensor& logits, double top_p, double min_p,
                              const std::optional<at::Tensor>& top_ks, const std::optional<at::Tensor>& top_ps,
                              const std::optional<at::Tensor>& min_ps) {
