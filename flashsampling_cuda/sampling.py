@@ -1001,7 +1001,7 @@ def _check_fused_top_k(top_k: int, top_ks) -> None:
     torch._check(top_k >= -1, lambda: f"flashsampling.sample_top_k: top_k must be an integer >= -1 (-1 or 0: off), "
                  f"got {top_k}")
     if top_ks is not None:
-        torch._check(top_ks.dtype in (torch.int32, torch.int64),
+        torch._check(top_ks.dtype in ROW_TOP_K_DTYPES,
                      lambda: f"flashsampling.sample_top_k: top_ks must be an int32 or int64 tensor, got {top_ks.dtype}")
 
 

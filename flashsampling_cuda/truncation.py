@@ -194,8 +194,9 @@ def fused_pass_preferred(truncation: Truncation, hidden: Tensor, weight: Tensor,
             and (offset is None or offset.dim() == 0) and cuda_arch(hidden.device) in FUSED_ARCHS)
 
 
-# The [B] dtypes the ops take as they are (the CUDA ops widen int32 / float32 in the launch that
-# zeroes their row list: vLLM's and FlashInfer's dtypes cost no conversion); others convert.
+# The [B] dtypes the ops take as they are (the CUDA ops widen int32 / float32 in one small launch,
+# which in the fused pass also zeroes its fallback row list: vLLM's and FlashInfer's dtypes cost
+# no conversion); others convert.
 ROW_TOP_K_DTYPES = (torch.int32, torch.int64)
 ROW_PROBABILITY_DTYPES = (torch.float32, torch.float64)
 
@@ -259,8 +260,9 @@ def logits_path_args(truncation: Truncation, hidden: Tensor, weight: Tensor, op_
     """The arguments of ``torch.ops.flashsampling.sample_from_logits`` that differ from the
     fused op's for this call: the fp32 logits (:func:`materialized_logits`; with a sparse bias,
     both biases added here, since that op takes none), the dense ``logit_bias`` otherwise, and
-    the truncation as host scalars or ``[B]`` tensors on hidden's device (:func:`_row_array`); and ``raw_logits``, the matmul's own logits, for the
-    logprob outputs (not an argument of the op: sampling._call_op leaves it out)."""
+    the truncation as host scalars or ``[B]`` tensors on hidden's device (:func:`_row_array`); and
+    ``raw_logits``, the matmul's own logits, for the logprob outputs (not an argument of the op:
+    sampling._call_op leaves it out)."""
     raw = logits = materialized_logits(hidden, weight)
     bias = op_kwargs["logit_bias"]
     if op_kwargs["sparse_bias_ids"] is not None:

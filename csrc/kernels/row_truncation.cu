@@ -12,13 +12,13 @@ __global__ void widen_row_truncation_kernel(RowTruncationWidening const w) {
   int64_t const row = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (row == 0 && w.list_count != nullptr) *w.list_count = 0;
   if (row >= w.batch_size) return;
-  if (w.top_ks.from != nullptr && w.top_ks.narrow) {
+  if (w.top_ks.to != nullptr) {
     static_cast<int64_t*>(w.top_ks.to)[row] = static_cast<const int32_t*>(w.top_ks.from)[row];
   }
-  if (w.top_ps.from != nullptr && w.top_ps.narrow) {
+  if (w.top_ps.to != nullptr) {
     static_cast<double*>(w.top_ps.to)[row] = static_cast<const float*>(w.top_ps.from)[row];
   }
-  if (w.min_ps.from != nullptr && w.min_ps.narrow) {
+  if (w.min_ps.to != nullptr) {
     static_cast<double*>(w.min_ps.to)[row] = static_cast<const float*>(w.min_ps.from)[row];
   }
 }

@@ -942,20 +942,21 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
   }
 }
 
-// 3. The top_p rounds (streams_top_p_rows, with streamed_first_y and a row list). A row's
-// survivors are a prefix of the truncation order, and the sample is their best candidate; t, the
-// best candidate of every allowed token (the pass above's, or the GEMM's winner: the row's sample), is the
-// sample iff top_p keeps it: the mass strictly ahead of it does not reach top_p of the row's
+// 3. The top_p rounds (streams_top_p_rows, with streamed_first_y and a row list). A row's survivors
+// are a prefix of the truncation order, and the sample is their best candidate; t, the best
+// candidate of every allowed token (the pass above's, or the GEMM's winner: the row's sample), is
+// the sample iff top_p keeps it: the mass strictly ahead of it does not reach top_p of the row's
 // (top_p_reached, the cut path's rule on the same fixed-point integers). Else every survivor lies
 // strictly ahead of t, and the best candidate strictly ahead of it is the next t (the cut path's
 // winner-first passes, here over many CTAs a row). t passed min_p (the pass's survivors did), and
 // so does every key ahead of it. Round 0 verifies every row's t (most rows are decided there),
 // round 1 draws the next t of the rows that failed, round 2 verifies it, and so on (kRounds). Each
 // round takes the rows of its list (the finish kernel's, or round 0 lists the GEMM's winners
-// itself; then the previous round's), as (row, chunk) items spread over the grid (round_chunk_tokens), so that a
-// few rows left for the later rounds still spread over every multiprocessor; the last CTA to finish
-// a row's chunks (a ticket) merges them, decides, and puts the row on the next round's list, or
-// after the last round hands it to the cut path (NaN in streamed_first_y, appended to `rows`).
+// itself; then the previous round's), as (row, chunk) items spread over the grid
+// (round_chunk_tokens), so that a few rows left for the later rounds still spread over every
+// multiprocessor; the last CTA to finish a row's chunks (a ticket) merges them, decides, and puts
+// the row on the next round's list, or after the last round hands it to the cut path (NaN in
+// streamed_first_y, appended to `rows`).
 
 // A round's decision for a row, from the merged chunks (one thread): a verifying round keeps t
 // as the sample or (it failed) lists the row for the next round, which draws; a drawing round

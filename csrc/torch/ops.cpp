@@ -128,9 +128,9 @@ TORCH_LIBRARY(flashsampling, m) {
   // Fused truncation (flashsampling_cuda/truncation.py has the semantics): keep the top_k
   // largest y = x / T (top_k <= 0: off), then top_p and min_p, then sample the survivors with
   // the noise of plain sampling. int32 or int64 top_ks and float32 or float64 top_ps / min_ps
-  // [B] win over the scalars (None / absent: off). Stage 2 decides from the GEMM's candidates the rows with
-  // top_k <= 64 and the rows without top_k whose cut falls within their first 64 tokens; the
-  // others are sampled from the logits the GEMM stored in the same pass. Outputs as
+  // [B] win over the scalars (None / absent: off). Stage 2 decides from the GEMM's candidates the
+  // rows with top_k <= 64 and the rows without top_k whose cut falls within their first 64
+  // tokens; the others are sampled from the logits the GEMM stored in the same pass. Outputs as
   // sample_with_scores; the log-probabilities are those of the truncated, renormalised
   // distribution. No sparse bias (it takes the logits path). streams: speculative verification's
   // positions with truncation, as for sample.
@@ -167,8 +167,9 @@ TORCH_LIBRARY(flashsampling, m) {
   // Sampling from materialised fp32 logits [B, V] (flashsampling/sample_from_logits.h): the
   // controls of sample (no sparse bias: add it to the logits), then top_k, top_p and min_p as
   // host scalars or per-row [B] device arrays (int32 or int64 top_ks, float32 or float64
-  // top_ps / min_ps) that win over them, then Gumbel-Max over the survivors with the noise of plain sampling. Outputs as
-  // sample_with_scores; the log-probabilities are those of the truncated distribution.
+  // top_ps / min_ps) that win over them, then Gumbel-Max over the survivors with the noise of
+  // plain sampling. Outputs as sample_with_scores; the log-probabilities are those of the
+  // truncated distribution.
   m.def("sample_from_logits(Tensor logits, *, float temperature=1.0, Tensor? temperatures=None, "
         "int num_samples=1, Tensor? seed=None, Tensor? offset=None, Generator? generator=None, "
         "Tensor? logit_bias=None, Tensor? allowed_mask=None, int? empty_mask_token=None, int vocab_start=0, "

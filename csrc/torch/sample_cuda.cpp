@@ -154,7 +154,7 @@ RowTruncationArrays row_truncation_arrays(const std::optional<at::Tensor>& top_k
     if (from.scalar_type() == wide) return from.const_data_ptr();
     const at::Tensor to = at::empty({batch}, from.options().dtype(wide));
     keep_alive.push_back(to);
-    w = {from.const_data_ptr(), true, to.data_ptr()};
+    w = {from.const_data_ptr(), to.data_ptr()};
     return to.const_data_ptr();
   };
   a.top_ks = static_cast<const int64_t*>(array(top_ks, at::kLong, a.widening.top_ks));

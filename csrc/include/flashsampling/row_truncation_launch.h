@@ -11,11 +11,11 @@
 
 namespace flashsampling {
 
-// One array: `from` in the caller's dtype (narrow: int32 for top_k, float32 for the others), and
-// `to` in the kernels' (int64 / float64), written where `from` is narrow. Both null: no array.
+// One narrow array to widen: `from` in the caller's dtype (int32 for top_k, float32 for the
+// others) into `to` in the kernels' (int64 / float64). Both null: nothing to widen (no array, or a
+// wide one the kernels read as it is).
 struct RowTruncationArray {
   const void* from = nullptr;
-  bool narrow = false;
   void* to = nullptr;
 };
 
@@ -27,8 +27,8 @@ struct RowTruncationWidening {
 
 // Whether the widening has anything to do (a narrow array or a count to zero).
 inline bool row_truncation_widening_needed(RowTruncationWidening const& w) {
-  return w.list_count != nullptr || (w.top_ks.from && w.top_ks.narrow) || (w.top_ps.from && w.top_ps.narrow) ||
-         (w.min_ps.from && w.min_ps.narrow);
+  return w.list_count != nullptr || w.top_ks.to != nullptr || w.top_ps.to != nullptr ||
+         w.min_ps.to != nullptr;
 }
 
 cudaError_t launch_widen_row_truncation(RowTruncationWidening const& w, cudaStream_t stream);
