@@ -1174,12 +1174,12 @@ def _check_logits_op_args(logits, temperature, temperatures, num_samples, seed, 
     torch._check(0.0 < top_p <= 1.0, lambda: f"{prefix} top_p must be in (0, 1] (1: off), got {top_p}")
     torch._check(0.0 <= min_p <= 1.0, lambda: f"{prefix} min_p must be in [0, 1] (0: off), got {min_p}")
     batch = logits.shape[0]
-    for name, t, dtypes in (("top_ks", top_ks, ROW_TOP_K_DTYPES), ("top_ps", top_ps, ROW_PROBABILITY_DTYPES),
-                            ("min_ps", min_ps, ROW_PROBABILITY_DTYPES)):
+    for name, t, dtypes, kind in (("top_ks", top_ks, ROW_TOP_K_DTYPES, "an int32 or int64"),
+                                  ("top_ps", top_ps, ROW_PROBABILITY_DTYPES, "a float32 or float64"),
+                                  ("min_ps", min_ps, ROW_PROBABILITY_DTYPES, "a float32 or float64")):
         if t is None:
             continue
-        torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be "
-                     f"{'an int32 or int64' if name == 'top_ks' else 'a float32 or float64'} tensor, got {t.dtype}")
+        torch._check(t.dtype in dtypes, lambda: f"{prefix} {name} must be {kind} tensor, got {t.dtype}")
         torch._check(tuple(t.shape) == (batch,), lambda: f"{prefix} {name} must have shape [B] = [{batch}], got "
                      f"{list(t.shape)}")
         torch._check(t.device == logits.device, lambda: f"{prefix} {name} must be on logits' device "

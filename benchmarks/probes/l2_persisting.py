@@ -3,8 +3,9 @@
 The top-k scan writes the transformed logits x with an L2 evict_last policy; at B = 16 about 8 of
 x's 9.7 MB stay in L2, at B = 64 also about 8 of 39 MB. This probe reads the device's L2 size, its
 largest persisting set-aside and the context's current one (driver API), then times the truncation
-forms that store x with the set-aside at 0 (the default) and at its largest, alternating, in one
-process: CUDA-graph medians of the call and per-kernel means (torch.profiler).
+forms that store x with the set-aside at 0 and at its largest (the context's own, 11.2 MiB on an
+H200, lies between), alternating, in one process: CUDA-graph medians of the call and per-kernel
+means (torch.profiler).
 
   python3 benchmarks/probes/l2_persisting.py --batches 16,64 --regimes flat,llm
   python3 benchmarks/probes/l2_persisting.py --one-call 'k20 [B]' 64 flat --set-aside max   (for ncu)
