@@ -428,9 +428,11 @@ __device__ int64_t count_listed(LogitsSamplerParams const& p, int64_t n) {
   return count;
 }
 
-// The one of 0 .. n - 1 in place `slot` of those Listed, in order (every thread alike).
+// The one of 0 .. n - 1 in place `slot` of those Listed, in order (every thread alike); `listed`
+// is their count (count_listed): where all are listed, no scan.
 template <class Listed>
-__device__ int64_t listed_at(LogitsSamplerParams const& p, int64_t n, int64_t slot) {
+__device__ int64_t listed_at(LogitsSamplerParams const& p, int64_t n, int64_t listed, int64_t slot) {
+  if (listed == n) return slot;
   __shared__ int warp_listed[kWarps];
   __shared__ int64_t found;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -842,7 +844,7 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
   int64_t const item = blockIdx.x;
   if (item >= listed * chunking.chunks) return;
   int64_t const slot = item / chunking.chunks, chunk = item % chunking.chunks;
-  int64_t const quad = listed == quads ? slot : listed_at<QuadStreams>(p, quads, slot);
+  int64_t const quad = listed_at<QuadStreams>(p, quads, listed, slot);
   __shared__ StreamingItem at;
   if (threadIdx.x == 0) {
     if (chunk == 0) ws.quad_slots[quad] = static_cast<int32_t>(slot);
@@ -1166,8 +1168,9 @@ __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(
   resolve_noise_source(p.noise, batch_seed, batch_offset);
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    int64_t const row = kListsWinners ? listed_at<RowStreams>(p, p.batch_size, item / round_chunks)
-                                      : __ldcg(list + 1 + item / round_chunks);
+    int64_t const slot = item / round_chunks;
+    int64_t const row =
+        kListsWinners ? listed_at<RowStreams>(p, p.batch_size, rows, slot) : __ldcg(list + 1 + slot);
     int const chunk = static_cast<int>(item % round_chunks);
     float const inv_t = row_inv_t(p, row);
     RowInput const in = row_input(p, row, inv_t);
