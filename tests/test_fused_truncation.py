@@ -263,6 +263,36 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
 
 
 @requires_sm90
+@pytest.mark.parametrize("seed", [0, 1])
+def test_top_p_rows_whose_winner_is_among_their_first_tokens_equal_cpu_op(seed):
+    """top_p rows whose cut falls past their first 64 tokens (flat heads at T = 5): stage 2 gives a
+    row whose GEMM winner lies among those 64 that winner (every one of them survives), and hands
+    the others on to the rounds, in one batch. Tokens and scores as the CPU op's, bit for bit; the
+    float64 logits show that both kinds of row are there."""
+    batch = 40
+    hidden, weight, logits = exact_problem(batch, "peaked", seed=seed)
+    temperatures = torch.full((batch,), 5.0)
+    temperatures[::9] = 0.0
+    top_ps = torch.full((batch,), 0.95, dtype=torch.float64)
+    top_ps[5::11] = 1.0
+    kwargs = dict(seed=torch.tensor(13), offset=torch.tensor(6))
+    got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k",
+                                temperature=temperatures.cuda(), top_p=top_ps.cuda(), **on_cuda(kwargs))
+    tokens, scores = torch.ops.flashsampling.sample_from_logits(logits, temperatures=temperatures, top_ps=top_ps,
+                                                                **kwargs)[:2]
+    assert torch.equal(got.tokens.cpu(), tokens), (got.tokens.cpu() != tokens).nonzero()[:8]
+    assert torch.equal(got.scores.cpu(), scores)
+    # The rows of the branch: top_p on, more than 64 survivors, the sample among the first 64.
+    y = logits.double() / temperatures.clamp(min=1e-30)[:, None]
+    order = torch.sort(y, dim=1, descending=True, stable=True).indices
+    probabilities = torch.softmax(y, dim=1).gather(1, order)
+    survivors = ((probabilities.cumsum(1) - probabilities) < top_ps[:, None]).sum(1)
+    rank = (order == tokens.reshape(batch, 1)).float().argmax(1)
+    past_64 = (top_ps < 1.0) & (temperatures > 0) & (survivors > 64)
+    assert int((past_64 & (rank < 64)).sum()) >= 10 and int((past_64 & (rank >= 64)).sum()) >= 1
+
+
+@requires_sm90
 @pytest.mark.parametrize("batch, epilogue_warpgroups", [(6, True), (40, True), (64, True), (100, False), (200, True)])
 @pytest.mark.parametrize("regime", ["flat", "llm"])
 @pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.3"])

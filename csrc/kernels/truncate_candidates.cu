@@ -566,21 +566,32 @@ __device__ void finish_top_logprob_row(SamplerParams const& p, int64_t row, Stag
   }
 }
 
-// A row with a top_k above kMaxFusedTopK alone (warp 0), its first m <= kMaxFusedTopK tokens by
-// the order of y sorted in sh: the row's plain-sampling token (`winner`, the best of the GEMM's
-// tile winners) beats every token, so it is the sample of any cut that keeps it, and top_k keeps
-// it when it lies among those m (its rank is at most m < top_k). Otherwise (a flat row, usually)
-// the logits sampler samples the row from the stored logits.
-__device__ void decide_by_winner(SamplerParams const& p, int64_t row, Stage2Shared const& sh, int m,
-                                 PackedCandidate winner) {
+// Whether the row's plain-sampling token (`winner`, the best of the GEMM's tile winners, 0 where
+// there is none) lies among its first m tokens sorted in sh (warp-wide, every lane gets it). The
+// winner beats every token, so it is the sample of any cut that keeps it.
+__device__ bool winner_among_first(Stage2Shared const& sh, int m, PackedCandidate winner) {
   uint32_t const index = top_candidate_index(winner);
   bool listed = false;
   for (int i = threadIdx.x % 32; i < m; i += 32) listed = listed || top_candidate_index(sh.sorted_key[i]) == index;
-  listed = __any_sync(0xFFFFFFFFu, listed) && winner != 0;
+  return __any_sync(0xFFFFFFFFu, listed) && winner != 0;
+}
+
+// The row's one sample is its plain-sampling token `index` (global), with its score.
+__device__ void write_winner(SamplerParams const& p, int64_t row, uint32_t index) {
+  p.tokens[row] = static_cast<int64_t>(index);
+  if (p.scores) p.scores[row] = stored_score(p, row, index);
+}
+
+// A row with a top_k above kMaxFusedTopK alone (warp 0), its first m <= kMaxFusedTopK tokens by
+// the order of y sorted in sh: top_k keeps the winner when it lies among those m (its rank is at
+// most m < top_k). Otherwise (a flat row, usually) the logits sampler samples the row from the
+// stored logits.
+__device__ void decide_by_winner(SamplerParams const& p, int64_t row, Stage2Shared const& sh, int m,
+                                 PackedCandidate winner) {
+  bool const listed = winner_among_first(sh, m, winner);
   if (threadIdx.x % 32 != 0) return;
   if (listed) {
-    p.tokens[row] = static_cast<int64_t>(index);
-    if (p.scores) p.scores[row] = stored_score(p, row, index);
+    write_winner(p, row, top_candidate_index(winner));
   } else {
     leave_to_logits_sampler(p, row);
   }
@@ -792,9 +803,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
         tile_winners != nullptr && given_k < 1 ? block_row_winner(tile_winners, num_tiles, columns, row, sh) : 0;
     if (threadIdx.x == 0) {
       if (winner != 0) {
-        uint32_t const index = top_candidate_index(winner);
-        p.tokens[row] = static_cast<int64_t>(index);
-        if (p.scores) p.scores[row] = stored_score(p, row, index);
+        write_winner(p, row, top_candidate_index(winner));
       } else {
         leave_to_logits_sampler(p, row);
       }
@@ -1118,9 +1127,18 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   int const lead1 = __ffs(~kept1) == 0 ? 32 : __ffs(~kept1) - 1;
   int const n_keep = lead0 < 32 ? lead0 : 32 + lead1;
   if (certify && !whole_row && n_keep == m) {
+    // The cut falls past the first m tokens, so every one of them survives: a row whose winner is
+    // among them has its sample (an LLM-like row with hundreds of survivors, often), the others
+    // are handed on.
+    bool const decided = p.num_samples == 1 && !p.logprobs && !invalid_temperature &&
+                         winner_among_first(sh, m, winner);
     if (lane == 0) {
-      hand_on_undecided_row(p, row, from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32)), top_p, top_p_on,
-                            streams_top_p_rows, streamed_first_y, tile_winners, streamed_winners, winner);
+      if (decided) {
+        write_winner(p, row, top_candidate_index(winner));
+      } else {
+        hand_on_undecided_row(p, row, from_order_bits(static_cast<uint32_t>(sh.sorted_key[0] >> 32)), top_p,
+                              top_p_on, streams_top_p_rows, streamed_first_y, tile_winners, streamed_winners, winner);
+      }
     }
     return;
   }
