@@ -1149,6 +1149,18 @@ __device__ PackedCandidate start_from_winner(LogitsSamplerParams const& p, Works
   return t_key;
 }
 
+// round_chunk_tokens with the kRoundMostWaves splits in the warp's lanes side by side (warp-wide;
+// every lane gets it): the least cost, the fewest waves of equals.
+__device__ int64_t warp_round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
+  if (rows < 1 || rows >= ctas) return vocab;
+  uint32_t const lane = threadIdx.x % 32;
+  RoundSplit const split = round_split(static_cast<uint32_t>(rows), static_cast<uint32_t>(vocab),
+                                       static_cast<uint32_t>(ctas), lane < kRoundMostWaves ? lane + 1 : 1);
+  uint32_t const least = __reduce_min_sync(kFullMask, split.cost);
+  int const first = __ffs(__ballot_sync(kFullMask, split.cost == least)) - 1;
+  return __shfl_sync(kFullMask, split.tokens, first);
+}
+
 // A round's launch. kListsWinners: round 0 where the GEMM drew the streamed rows' winners
 // (streamed_winners): no kernel ran between stage 2 and this round, so each CTA lists the
 // streaming rows itself (a flag a row) and takes t from the winners, and each row's chunk 0 writes
@@ -1161,12 +1173,22 @@ __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(
   __shared__ bool last_cta;
   int32_t const* const list = ws.round_lists + int64_t{round} * (p.batch_size + 1);
   int64_t const rows = kListsWinners ? count_listed<RowStreams>(p, p.batch_size) : __ldcg(list);
-  int64_t const chunk_tokens = round_chunk_tokens(rows, p.vocab_size, gridDim.x);
+  // A CTA past the items of every split has none; the others take the split from warp 0, whose
+  // lanes weigh the waves side by side (the divisions are most of an item's setup otherwise, and
+  // every CTA of the grid would run them).
+  if (blockIdx.x >= rows * flashsampling::round_chunks(p.vocab_size)) return;
+  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ int64_t round_chunk;
+  if (warp == 0) {
+    int64_t const tokens = warp_round_chunk_tokens(rows, p.vocab_size, gridDim.x);
+    if (lane == 0) round_chunk = tokens;
+  }
+  __syncthreads();
+  int64_t const chunk_tokens = round_chunk;
   int const round_chunks = static_cast<int>((p.vocab_size + chunk_tokens - 1) / chunk_tokens);
   int64_t const items = rows * round_chunks;
   uint64_t batch_seed = 0, batch_offset = 0;
   resolve_noise_source(p.noise, batch_seed, batch_offset);
-  int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
     int64_t const slot = item / round_chunks;
     int64_t const row =

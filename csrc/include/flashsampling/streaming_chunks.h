@@ -90,26 +90,31 @@ inline int64_t workspace_streaming_items(int64_t quads, int64_t vocab, int sm_co
                   most_streaming_items(quads, vocab, sm_count, true));
 }
 
-// A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike),
-// whole kRoundChunkTokens steps of the verifying loop: of the splits that fill one to
-// kRoundMostWaves waves of the grid (even_chunks), the one whose waves cost the least, a wave
-// costing a chunk's tokens plus kRoundChunkTokens for the item's setup (the first, fewest items,
-// of equals). 256 rows of 152K tokens on 528 CTAs split in two (one wave) rather than into
-// 73728-token chunks (two and a sliver a row: two waves), and 200 rows into five (two waves)
-// rather than two (one wave of 77824-token chunks). `vocab` below 2^22 (the logits sampler's).
+// A round's split of `r` rows of `v` tokens over `waves` waves of `c` CTAs (even_chunks, whole
+// kRoundChunkTokens steps) and its cost: a wave costs a chunk's tokens plus kRoundChunkTokens for
+// the item's setup.
+struct RoundSplit {
+  uint32_t tokens, cost;
+};
+FS_CHUNKS_FN RoundSplit round_split(uint32_t r, uint32_t v, uint32_t c, uint32_t waves) {
+  uint32_t const most = static_cast<uint32_t>(round_chunks(v)), step = static_cast<uint32_t>(kRoundChunkTokens);
+  EvenChunks const split = even_chunks(r, v, waves * c, most, step);
+  return {split.tokens, (r * split.chunks + c - 1) / c * (split.tokens + step)};
+}
+
+// A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike):
+// of the splits that fill one to kRoundMostWaves waves of the grid, the one whose waves cost the
+// least (the first, fewest waves, of equals). 256 rows of 152K tokens on 528 CTAs split in two
+// (one wave) rather than into 73728-token chunks (two and a sliver a row: two waves), and 200 rows
+// into five (two waves) rather than two (one wave of 77824-token chunks). `vocab` below 2^22 (the
+// logits sampler's). The round kernel takes the waves' splits in a warp's lanes side by side.
 FS_CHUNKS_FN int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
   if (rows < 1 || rows >= ctas) return vocab;  // a row an item, or nothing to do
   uint32_t const r = static_cast<uint32_t>(rows), v = static_cast<uint32_t>(vocab), c = static_cast<uint32_t>(ctas);
-  uint32_t const most = static_cast<uint32_t>(round_chunks(vocab)), step = static_cast<uint32_t>(kRoundChunkTokens);
-  EvenChunks best = even_chunks(r, v, c, most, step);
-  uint32_t best_cost = best.tokens + step;  // one wave
+  RoundSplit best = round_split(r, v, c, 1);
   for (uint32_t waves = 2; waves <= kRoundMostWaves; ++waves) {
-    EvenChunks const split = even_chunks(r, v, waves * c, most, step);
-    uint32_t const cost = (r * split.chunks + c - 1) / c * (split.tokens + step);
-    if (cost < best_cost) {
-      best = split;
-      best_cost = cost;
-    }
+    RoundSplit const split = round_split(r, v, c, waves);
+    if (split.cost < best.cost) best = split;
   }
   return best.tokens;
 }
