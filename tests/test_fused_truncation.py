@@ -265,10 +265,11 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
 @requires_sm90
 @pytest.mark.parametrize("seed", [0, 1])
 def test_top_p_rows_whose_winner_is_among_their_first_tokens_equal_cpu_op(seed):
-    """top_p rows whose cut falls past their first 64 tokens (flat heads at T = 5): stage 2 gives a
-    row whose GEMM winner lies among those 64 that winner (every one of them survives), and hands
-    the others on to the rounds, in one batch. Tokens and scores as the CPU op's, bit for bit; the
-    float64 logits show that both kinds of row are there."""
+    """top_p rows whose cut falls past their first 64 tokens (peaked rows at T = 5, hundreds of
+    survivors): stage 2 gives a row whose plain-sampling winner lies among those 64 that winner
+    (every one of them survives), and hands the others on to the rounds, in one batch. Tokens and
+    scores as the CPU op's, bit for bit; the float64 logits and the CPU op's plain token show that
+    both kinds of row are there."""
     batch = 40
     hidden, weight, logits = exact_problem(batch, "peaked", seed=seed)
     temperatures = torch.full((batch,), 5.0)
@@ -282,14 +283,18 @@ def test_top_p_rows_whose_winner_is_among_their_first_tokens_equal_cpu_op(seed):
                                                                 **kwargs)[:2]
     assert torch.equal(got.tokens.cpu(), tokens), (got.tokens.cpu() != tokens).nonzero()[:8]
     assert torch.equal(got.scores.cpu(), scores)
-    # The rows of the branch: top_p on, more than 64 survivors, the sample among the first 64.
+    # The rows of the branch: top_p on, more than 64 survivors, the plain-sampling winner (the CPU
+    # op without top_p, the same noise) among the first 64, where it is the sample.
+    winners = torch.ops.flashsampling.sample_from_logits(logits, temperatures=temperatures, **kwargs)[0].reshape(batch)
     y = logits.double() / temperatures.clamp(min=1e-30)[:, None]
     order = torch.sort(y, dim=1, descending=True, stable=True).indices
     probabilities = torch.softmax(y, dim=1).gather(1, order)
     survivors = ((probabilities.cumsum(1) - probabilities) < top_ps[:, None]).sum(1)
-    rank = (order == tokens.reshape(batch, 1)).float().argmax(1)
+    rank = (order == winners.reshape(batch, 1)).float().argmax(1)
     past_64 = (top_ps < 1.0) & (temperatures > 0) & (survivors > 64)
-    assert int((past_64 & (rank < 64)).sum()) >= 10 and int((past_64 & (rank >= 64)).sum()) >= 1
+    decided = past_64 & (rank < 64)
+    assert torch.equal(tokens.reshape(batch)[decided], winners[decided])
+    assert int(decided.sum()) >= 10 and int((past_64 & (rank >= 64)).sum()) >= 1
 
 
 @requires_sm90

@@ -1151,6 +1151,7 @@ __device__ PackedCandidate start_from_winner(LogitsSamplerParams const& p, Works
 
 // round_chunk_tokens with the kRoundMostWaves splits in the warp's lanes side by side (warp-wide;
 // every lane gets it): the least cost, the fewest waves of equals.
+static_assert(kRoundMostWaves <= 32, "a lane a wave count");
 __device__ int64_t warp_round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
   if (rows < 1 || rows >= ctas) return vocab;
   uint32_t const lane = threadIdx.x % 32;

@@ -1129,7 +1129,9 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   if (certify && !whole_row && n_keep == m) {
     // The cut falls past the first m tokens, so every one of them survives: a row whose winner is
     // among them has its sample (an LLM-like row with hundreds of survivors, often), the others
-    // are handed on.
+    // are handed on. "Past" is decided on the row's mass from the GEMM's per-tile log-masses, as
+    // every cut this kernel takes is (the rounds would sum the fixed-point masses): the two can
+    // differ only where the mass ahead of the winner is within their rounding of top_p's.
     bool const decided = p.num_samples == 1 && !p.logprobs && !invalid_temperature &&
                          winner_among_first(sh, m, winner);
     if (lane == 0) {
