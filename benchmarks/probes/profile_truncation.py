@@ -51,7 +51,9 @@ def main() -> None:
             for form, (temperature, spec) in FORMS.items():
                 if args.forms and form not in args.forms.split(","):
                     continue
-                kwargs = form_arguments(spec, batch)
+                # Each form's calls draw their seeds from a generator of their own, so that two builds
+                # (ab_builds.sh) sample the same rows with the same noise and take the same routes.
+                kwargs = form_arguments(spec, batch) | {"generator": torch.Generator(device="cuda").manual_seed(batch)}
                 path = args.path
                 if path == "fused_top_k" and not (isinstance(spec.get("top_k"), int) and spec["top_k"] <= 64):
                     path = "auto"
