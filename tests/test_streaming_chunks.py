@@ -4,8 +4,8 @@ the CPU through torch.ops.flashsampling._streaming_chunks and _round_chunk_token
 
 The kernels rely on these invariants: a launch's items (listed quads x chunks) never exceed its grid
 (most_streaming_items) and so its workspace; chunks start on 256-token steps (streaming pass) or
-whole 4096-token verifying steps (rounds); a round's chunk count stays within the workspace's
-round_chunks(vocab) partials a row; the chunks cover the row."""
+whole steps of the rounds' loops (4096 tokens verifying, 1024 drawing); a round's chunk count stays
+within the workspace's round_chunks(vocab, 1024) partials a row; the chunks cover the row."""
 
 import math
 
@@ -22,8 +22,8 @@ def streaming_chunks(listed, quads, vocab, sms, one_wave):
     return torch.ops.flashsampling._streaming_chunks(listed, quads, vocab, sms, one_wave)
 
 
-def round_tokens(rows, vocab, ctas):
-    return torch.ops.flashsampling._round_chunk_tokens(rows, vocab, ctas)
+def round_tokens(rows, vocab, ctas, step=4096):
+    return torch.ops.flashsampling._round_chunk_tokens(rows, vocab, ctas, step)
 
 
 @pytest.mark.parametrize("one_wave", [False, True])
@@ -53,15 +53,16 @@ def test_streaming_chunks_examples():
     assert chunks * 3 <= 2 * 3 * 132 and tokens == 256 * math.ceil(151936 / (264 * 256))
 
 
+@pytest.mark.parametrize("step", [4096, 1024], ids=["verifying", "drawing"])
 @pytest.mark.parametrize("vocab", VOCABS)
-def test_round_chunks_are_whole_steps_within_the_workspace(vocab):
-    most_chunks = math.ceil(vocab / 4096)
+def test_round_chunks_are_whole_steps_within_the_workspace(vocab, step):
+    most_chunks = math.ceil(vocab / step)  # the workspace holds ceil(vocab / 1024) a row
     for ctas in (1, 2, 38, 100, 528, 592, 1000):
         for rows in (0, 1, 2, 3, 7, 16, 26, 64, 100, 127, 128, 200, 263, 264, 300, 527, 528, 529, 1000):
-            tokens = round_tokens(rows, vocab, ctas)
+            tokens = round_tokens(rows, vocab, ctas, step)
             chunks = math.ceil(vocab / tokens)
             if rows >= 1 and rows < ctas:
-                assert tokens % 4096 == 0
+                assert tokens % step == 0
             else:
                 assert tokens == vocab  # a row an item (or no row)
             assert 1 <= chunks <= most_chunks
@@ -74,9 +75,12 @@ def test_round_chunks_examples():
     assert round_tokens(256, 151936, 528) == 77824
     # 200 rows: five chunks a row in two waves rather than two (one wave of 77824-token chunks).
     assert round_tokens(200, 151936, 528) == 32768
-    # Few rows: whole steps, at most round_chunks(vocab) = 38 a row.
+    # Few rows: whole steps, at most round_chunks(vocab, 4096) = 38 a row.
     assert round_tokens(16, 151936, 528) == 8192
     assert round_tokens(1, 151936, 528) == 4096
+    # A drawing round's few rows: 1024-token chunks, 149 a row (three rows: 447 CTAs of 528 busy).
+    assert round_tokens(3, 151936, 528, 1024) == 1024
+    assert round_tokens(16, 151936, 528, 1024) == 5120
 
 
 def test_bad_counts_name_the_argument():
@@ -90,3 +94,5 @@ def test_bad_counts_name_the_argument():
         round_tokens(-1, 151936, 528)
     with pytest.raises(RuntimeError, match="ctas"):
         round_tokens(1, 151936, 0)
+    with pytest.raises(RuntimeError, match="step"):
+        round_tokens(1, 151936, 528, 2048)

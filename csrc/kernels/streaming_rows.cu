@@ -93,7 +93,8 @@ constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a 
 constexpr int kRoundCtasPerSm = 4;         // the grid's CTAs an SM (launch_streaming_rows), resident at once
 // A round's chunk (flashsampling/streaming_chunks.h: kRoundChunkTokens) is whole steps of the
 // verifying loop.
-static_assert(kRoundChunkTokens == int64_t{kRoundUnroll} * kThreads * 4, "a round's chunk: whole verifying steps");
+static_assert(kRoundChunkTokens == int64_t{kRoundUnroll} * kThreads * 4, "a verifying round's chunk: whole steps");
+static_assert(kRoundDrawChunkTokens == int64_t{kRoundUnroll} * kThreads, "a drawing round's chunk: whole steps");
 
 struct Workspace {
   ChunkPartial* partials;        // [items, 4]: item = listed quad's slot * chunks + chunk, then the quad's row
@@ -101,7 +102,7 @@ struct Workspace {
   int32_t* quad_slots;           // [quads]: a listed quad's place in the list (written by its chunk 0's CTA)
   int64_t* listed_chunks;        // [1]: each listed quad's chunks (written by CTA 0)
   RoundRow* round_rows;          // [B] (streams_top_p_rows)
-  RoundPartial* round_partials;  // [B, round_chunks(V)] (streams_top_p_rows); a round uses [B, its chunks]
+  RoundPartial* round_partials;  // [B, round_chunks(V, kRoundDrawChunkTokens)] (streams_top_p_rows); a round uses [B, its chunks]
   uint32_t* floors;              // [B, S]: number_order_bits of the best score drawn so far (0: none), zeroed
   // streams_top_p_rows, zeroed: per round the CTAs done with each row's chunks, and the rows the
   // round takes (a count, then the rows)
@@ -136,7 +137,7 @@ struct WorkspaceLayout {
     listed_chunks = quad_slots + round_up((b + kQuad - 1) / kQuad * sizeof(int32_t));
     round_rows = listed_chunks + round_up(sizeof(int64_t));
     round_partials = round_rows + (rounds ? round_up(b * sizeof(RoundRow)) : 0);
-    floors = round_partials + (rounds ? round_up(b * round_chunks(vocab) * sizeof(RoundPartial)) : 0);
+    floors = round_partials + (rounds ? round_up(b * round_chunks(vocab, kRoundDrawChunkTokens) * sizeof(RoundPartial)) : 0);
     round_tickets = floors + round_up(b * samples * sizeof(uint32_t));
     round_lists = round_tickets + (rounds ? round_up(kRounds * b * sizeof(uint32_t)) : 0);
     total = round_lists + (rounds ? round_up(kRounds * (b + 1) * sizeof(int32_t)) : 0);
@@ -1152,11 +1153,12 @@ __device__ PackedCandidate start_from_winner(LogitsSamplerParams const& p, Works
 // round_chunk_tokens with the kRoundMostWaves splits in the warp's lanes side by side (warp-wide;
 // every lane gets it): the least cost, the fewest waves of equals.
 static_assert(kRoundMostWaves <= 32, "a lane a wave count");
-__device__ int64_t warp_round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
+__device__ int64_t warp_round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas, int64_t step) {
   if (rows < 1 || rows >= ctas) return vocab;
   uint32_t const lane = threadIdx.x % 32;
   RoundSplit const split = round_split(static_cast<uint32_t>(rows), static_cast<uint32_t>(vocab),
-                                       static_cast<uint32_t>(ctas), lane < kRoundMostWaves ? lane + 1 : 1);
+                                       static_cast<uint32_t>(ctas), lane < kRoundMostWaves ? lane + 1 : 1,
+                                       static_cast<uint32_t>(step));
   uint32_t const least = __reduce_min_sync(kFullMask, split.cost);
   int const first = __ffs(__ballot_sync(kFullMask, split.cost == least)) - 1;
   return __shfl_sync(kFullMask, split.tokens, first);
@@ -1177,11 +1179,12 @@ __global__ void __launch_bounds__(kThreads, kRoundCtasPerSm) top_p_round_kernel(
   // A CTA past the items of every split has none; the others take the split from warp 0, whose
   // lanes weigh the waves side by side (the divisions are most of an item's setup otherwise, and
   // every CTA of the grid would run them).
-  if (blockIdx.x >= rows * flashsampling::round_chunks(p.vocab_size)) return;
+  constexpr int64_t kStep = kDraw ? kRoundDrawChunkTokens : kRoundChunkTokens;
+  if (blockIdx.x >= rows * flashsampling::round_chunks(p.vocab_size, kStep)) return;
   int const warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __shared__ int64_t round_chunk;
   if (warp == 0) {
-    int64_t const tokens = warp_round_chunk_tokens(rows, p.vocab_size, gridDim.x);
+    int64_t const tokens = warp_round_chunk_tokens(rows, p.vocab_size, gridDim.x, kStep);
     if (lane == 0) round_chunk = tokens;
   }
   __syncthreads();
@@ -1300,17 +1303,19 @@ cudaError_t launch_streaming_rows(LogitsSamplerParams const& p, void* workspace,
   }
   if (rounds) {
     // Four CTAs an SM, or one an item where the batch has fewer (an empty round's launch is then
-    // small too).
-    int const chunks_a_row = static_cast<int>(round_chunks(p.vocab_size));
-    int64_t const most_items = p.batch_size * chunks_a_row;
-    int const items_grid = static_cast<int>(std::min<int64_t>(kRoundCtasPerSm * (sm_count < 1 ? 1 : sm_count), most_items));
+    // small too); the drawing rounds' rows have more, smaller chunks.
+    int64_t const ctas = kRoundCtasPerSm * int64_t{sm_count < 1 ? 1 : sm_count};
+    auto round_grid = [&](int64_t step) {
+      return static_cast<int>(std::min<int64_t>(ctas, p.batch_size * round_chunks(p.vocab_size, step)));
+    };
+    int const verify_grid = round_grid(kRoundChunkTokens), draw_grid = round_grid(kRoundDrawChunkTokens);
     for (int round = 0; round < kRounds; ++round) {
       if (round == 0 && p.streamed_winners != nullptr) {
-        top_p_round_kernel<false, true><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
+        top_p_round_kernel<false, true><<<verify_grid, kThreads, 0, stream>>>(p, ws, round);
       } else if (round % 2 == 0) {
-        top_p_round_kernel<false><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
+        top_p_round_kernel<false><<<verify_grid, kThreads, 0, stream>>>(p, ws, round);
       } else {
-        top_p_round_kernel<true><<<items_grid, kThreads, 0, stream>>>(p, ws, round);
+        top_p_round_kernel<true><<<draw_grid, kThreads, 0, stream>>>(p, ws, round);
       }
     }
   }

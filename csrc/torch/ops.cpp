@@ -87,12 +87,15 @@ std::tuple<int64_t, int64_t, int64_t> streaming_chunks(int64_t listed_quads, int
           flashsampling::most_streaming_items(quads, vocab, static_cast<int>(sm_count), one_wave)};
 }
 
-int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
+int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas, int64_t step) {
   TORCH_CHECK(rows >= 0, "flashsampling._round_chunk_tokens: rows must be >= 0, got ", rows);
   TORCH_CHECK(vocab >= 1 && vocab <= (int64_t{1} << 22), "flashsampling._round_chunk_tokens: vocab must be in [1, 2^22], got ",
               vocab);
   TORCH_CHECK(ctas >= 1 && ctas <= 65536, "flashsampling._round_chunk_tokens: ctas must be in [1, 65536], got ", ctas);
-  return flashsampling::round_chunk_tokens(rows, vocab, ctas);
+  TORCH_CHECK(step == flashsampling::kRoundChunkTokens || step == flashsampling::kRoundDrawChunkTokens,
+              "flashsampling._round_chunk_tokens: step must be ", flashsampling::kRoundChunkTokens, " (verifying rounds) or ",
+              flashsampling::kRoundDrawChunkTokens, " (drawing rounds), got ", step);
+  return flashsampling::round_chunk_tokens(rows, vocab, ctas, step);
 }
 
 }  // namespace
@@ -262,7 +265,7 @@ TORCH_LIBRARY(flashsampling, m) {
         &kernel_choice);
   m.def("_streaming_chunks(int listed_quads, int quads, int vocab, int sm_count, bool one_wave) -> (int, int, int)",
         &streaming_chunks);
-  m.def("_round_chunk_tokens(int rows, int vocab, int ctas) -> int", &round_chunk_tokens);
+  m.def("_round_chunk_tokens(int rows, int vocab, int ctas, int step=4096) -> int", &round_chunk_tokens);
   m.def("_sampler_loop(*, bool model_transform=False, bool penalties=False, bool per_row_temperatures=False, "
         "bool logit_bias=False, bool allowed_mask=False, bool logprobs=False, bool sparse_bias=False, bool per_row_keys=False, "
         "int num_samples=1) -> str",

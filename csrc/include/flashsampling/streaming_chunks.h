@@ -29,16 +29,21 @@ constexpr uint32_t kStreamingWaves = 2;
 // the min_p pass's float4 loads).
 constexpr uint32_t kStreamingChunkQuantum = 256;
 
-// A top_p round's item is a chunk of a row, a multiple of kRoundChunkTokens (one step of the
-// verifying loop, streaming_rows.cu checks) sized on the device from the round's row count
-// (round_chunk_tokens). An item's setup (its row's parameters, then the merge of its partial
-// through a fence and a ticket) is a chain of memory round trips, so a row has at most
-// round_chunks(vocab) chunks.
+// A top_p round's item is a chunk of a row, whole steps of the round's loop (streaming_rows.cu
+// checks): kRoundChunkTokens in the verifying rounds (a step of four float4 loads a thread),
+// kRoundDrawChunkTokens in the drawing rounds (a step of four tokens a thread, each a Philox block:
+// their few rows spread over more CTAs, whose warps hide each other's dependent chains), sized on
+// the device from the round's row count (round_chunk_tokens). An item's setup (its row's
+// parameters, then the merge of its partial through a fence and a ticket) is a chain of memory
+// round trips, so a row has at most round_chunks(vocab, step) chunks.
 constexpr int64_t kRoundChunkTokens = 4096;
+constexpr int64_t kRoundDrawChunkTokens = 1024;
 constexpr uint32_t kRoundMostWaves = 4;
+static_assert(kRoundChunkTokens % kRoundDrawChunkTokens == 0, "the workspace holds the drawing rounds' chunks");
 
-// The most chunks a row can have in a round (the workspace's partials and the tickets' count).
-FS_CHUNKS_FN int64_t round_chunks(int64_t vocab) { return (vocab + kRoundChunkTokens - 1) / kRoundChunkTokens; }
+// The most chunks a row can have in a round of `step`-token steps; the workspace's partials hold
+// the drawing rounds' (kRoundDrawChunkTokens), the most.
+FS_CHUNKS_FN int64_t round_chunks(int64_t vocab, int64_t step) { return (vocab + step - 1) / step; }
 
 // A row's (or quad's) split into `chunks` chunks of `tokens` tokens (the last one shorter).
 struct EvenChunks {
@@ -91,29 +96,29 @@ inline int64_t workspace_streaming_items(int64_t quads, int64_t vocab, int sm_co
 }
 
 // A round's split of `r` rows of `v` tokens over `waves` waves of `c` CTAs (even_chunks, whole
-// kRoundChunkTokens steps) and its cost: a wave costs a chunk's tokens plus kRoundChunkTokens for
-// the item's setup.
+// `step`-token steps) and its cost: a wave costs a chunk's tokens plus a step for the item's setup.
 struct RoundSplit {
   uint32_t tokens, cost;
 };
-FS_CHUNKS_FN RoundSplit round_split(uint32_t r, uint32_t v, uint32_t c, uint32_t waves) {
-  uint32_t const most = static_cast<uint32_t>(round_chunks(v)), step = static_cast<uint32_t>(kRoundChunkTokens);
-  EvenChunks const split = even_chunks(r, v, waves * c, most, step);
+FS_CHUNKS_FN RoundSplit round_split(uint32_t r, uint32_t v, uint32_t c, uint32_t waves, uint32_t step) {
+  EvenChunks const split = even_chunks(r, v, waves * c, static_cast<uint32_t>(round_chunks(v, step)), step);
   return {split.tokens, (r * split.chunks + c - 1) / c * (split.tokens + step)};
 }
 
-// A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs (every thread alike):
-// of the splits that fill one to kRoundMostWaves waves of the grid, the one whose waves cost the
-// least (the first, fewest waves, of equals). 256 rows of 152K tokens on 528 CTAs split in two
-// (one wave) rather than into 73728-token chunks (two and a sliver a row: two waves), and 200 rows
-// into five (two waves) rather than two (one wave of 77824-token chunks). `vocab` below 2^22 (the
-// logits sampler's). The round kernel takes the waves' splits in a warp's lanes side by side.
-FS_CHUNKS_FN int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas) {
+// A round's chunk for `rows` listed rows of `vocab` tokens over `ctas` CTAs, whole `step`-token
+// steps (every thread alike): of the splits that fill one to kRoundMostWaves waves of the grid, the
+// one whose waves cost the least (the first, fewest waves, of equals). 256 rows of 152K tokens on
+// 528 CTAs split in two (one wave) rather than into 73728-token chunks (two and a sliver a row: two
+// waves), and 200 rows into five (two waves) rather than two (one wave of 77824-token chunks).
+// `vocab` below 2^22 (the logits sampler's). The round kernel takes the waves' splits in a warp's
+// lanes side by side.
+FS_CHUNKS_FN int64_t round_chunk_tokens(int64_t rows, int64_t vocab, int64_t ctas, int64_t step) {
   if (rows < 1 || rows >= ctas) return vocab;  // a row an item, or nothing to do
   uint32_t const r = static_cast<uint32_t>(rows), v = static_cast<uint32_t>(vocab), c = static_cast<uint32_t>(ctas);
-  RoundSplit best = round_split(r, v, c, 1);
+  uint32_t const s = static_cast<uint32_t>(step);
+  RoundSplit best = round_split(r, v, c, 1, s);
   for (uint32_t waves = 2; waves <= kRoundMostWaves; ++waves) {
-    RoundSplit const split = round_split(r, v, c, waves);
+    RoundSplit const split = round_split(r, v, c, waves, s);
     if (split.cost < best.cost) best = split;
   }
   return best.tokens;
