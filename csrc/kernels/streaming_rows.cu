@@ -91,8 +91,9 @@ struct RoundPartial {
 constexpr int kRounds = 5;
 constexpr int kRoundUnroll = 4;            // loads a thread has in flight in a round's pass
 constexpr int kRoundCtasPerSm = 4;         // the grid's CTAs an SM (launch_streaming_rows), resident at once
-// A round's chunk (flashsampling/streaming_chunks.h: kRoundChunkTokens) is whole steps of the
-// verifying loop.
+// A round's chunk (flashsampling/streaming_chunks.h) is whole steps of its loop: kRoundChunkTokens
+// of the verifying loop, kRoundDrawChunkTokens of the drawing loop. A drawing chunk of one step
+// draws without a floor (RoundChunk's floor applies from a chunk's second step).
 static_assert(kRoundChunkTokens == int64_t{kRoundUnroll} * kThreads * 4, "a verifying round's chunk: whole steps");
 static_assert(kRoundDrawChunkTokens == int64_t{kRoundUnroll} * kThreads, "a drawing round's chunk: whole steps");
 
