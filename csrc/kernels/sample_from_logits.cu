@@ -79,7 +79,7 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 // launch of at most this many rows. Pass 1 then draws noise for every allowed token; with few
 // rows the cluster's passes are bound by their latency and two passes with noise beat the cut's
 // ~7, but a launch of many flat rows is bound by that noise and the cut path is faster (the A/B
-// in docs/truncation.md: on flat rows 0.4-0.9x from 16 rows, up to 1.9x faster at one). The
+// in docs/truncation_kernels.md: on flat rows 0.4-0.9x from 16 rows, up to 1.9x faster at one). The
 // fused truncation's fallback rows of LLM-like batches are few, long-tailed ones. min_p-alone rows
 // never take it (its pass 1 cost 1.5x the cut path's one sample pass at every row count).
 constexpr int64_t kWinnerFirstMaxRows = 8;
@@ -781,7 +781,7 @@ __device__ Candidate winner_first_pass(cg::cluster_group& cluster, SharedState& 
 }
 
 // The winner-first path of a row without top_k, one sample and no log-probabilities, y0 finite
-// (docs/truncation.md, "the winner first"). Its survivors (top_p's prefix of the truncation order
+// (docs/truncation_kernels.md, "the winner first"). Its survivors (top_p's prefix of the truncation order
 // and min_p's test) are a prefix of the order, and its sample is their best candidate. `t` comes
 // in as the best candidate of every allowed token (pass 1); invariant: the sample is t or lies
 // strictly ahead of it. t is the sample when it survives: it is first, or it passes min_p and

@@ -32,7 +32,7 @@
 // stage 2 knows it from its candidates and hands such rows over in streamed_first_y (the kernel's
 // kMinPRows instance); a survivor is then an allowed token that passes MinP::keeps, mostly one
 // float comparison. Elsewhere min_p rows stay on the cut path: a first pass for their first token
-// made this path slower than the cut path's at B >= 128 (docs/truncation.md). top_p rows (without
+// made this path slower than the cut path's at B >= 128 (CHANGELOG.md). top_p rows (without
 // top_k, one sample, no log-probabilities) stream the same way: step 1 samples them over every
 // allowed token that passes min_p, and step 3 keeps that sample only where top_p keeps it.
 #include <algorithm>

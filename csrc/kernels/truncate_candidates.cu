@@ -3,7 +3,7 @@
 // in (kMaxFusedTopK, kMaxFusedLargeTopK], which select_large_top_k_kernel (at the end) takes: the
 // same steps 2-3 over every key with the survivors kept in shared memory (sorted for top_p), then
 // step 4. Two kernels, because the second's code in the first made the first's
-// other rows slower (docs/truncation.md).
+// other rows slower (docs/truncation_kernels.md).
 //
 // Stage 1 left, per (vocabulary tile, row), the tile's kTopCandidatesPerTile (C) largest
 // transformed logits x as keys (candidate_math.cuh, pack_top_candidate). The row's top_k by
