@@ -1,7 +1,8 @@
 """Same-run A/B of two builds of the package on one GPU: the kernel benchmark's variants
 (bench_controls.VARIANTS: plain, per-row temperatures, mask, logprobs, dense and sparse bias,
-per-row seeds, all three common controls, four samples) timed with whichever
-flashsampling_cuda comes first on sys.path, one process per build and round, rounds
+per-row seeds, all three common controls, four samples), or with --suite truncation
+bench_truncation.py's forms on its flat and LLM-like rows, timed as CUDA-graph replays with
+whichever flashsampling_cuda comes first on sys.path, one process per build and round, rounds
 alternating between the builds; then a table of after / before per cell.
 
   PYTHONPATH=<tree> python benchmarks/probes/ab_builds.py time --label before --round 0 --out DIR
@@ -47,6 +48,9 @@ def time_build(args) -> None:
         weight = lm_head_weight(vocab, dim, device=device)
         torch.manual_seed(0)  # the same hidden rows in every build's process
         for batch in (int(b) for b in args.batches.split(",")):
+            if args.suite == "truncation":
+                records += truncation_records(weight, batch, median_us)
+                continue
             hidden = torch.randn(batch, dim, device=device, dtype=torch.bfloat16)
             for name in VARIANTS:
                 kwargs = variant_kwargs(name, batch, vocab, device)
@@ -59,6 +63,25 @@ def time_build(args) -> None:
               "device": torch.cuda.get_device_properties(0).name, "records": records}
     (out / f"{args.label}_r{args.round}.json").write_text(json.dumps(result))
     print(f"[ab] {args.label} round {args.round}: {len(records)} cells from {flashsampling_cuda.__file__}")
+
+
+def truncation_records(weight, batch: int, median_us) -> list[dict]:
+    """bench_truncation.py's forms on its flat and LLM-like rows at one batch, graph replays (the
+    launches a captured call makes, e.g. its IF nodes, as a decode loop runs them)."""
+    import flashsampling_cuda
+    from bench_truncation import FORMS, form_arguments
+    from flashsampling_cuda.problems import hidden_states
+
+    vocab, dim = weight.shape
+    records = []
+    for regime in ("flat", "llm"):
+        hidden = hidden_states(weight, batch, regime, seed=batch)
+        for form, (temperature, spec) in FORMS.items():
+            kwargs = form_arguments(spec, batch)
+            us = median_us(lambda kwargs=kwargs, t=temperature: flashsampling_cuda.sample(  # noqa: B023
+                hidden, weight, temperature=t, **kwargs), graph=True)
+            records.append({"D": dim, "V": vocab, "B": batch, "variant": f"{regime} {form}", "us": us})
+    return records
 
 
 def compare(args) -> None:
@@ -139,6 +162,7 @@ def main() -> None:
     t.add_argument("--shapes", default="4096x151936,8192x128256")
     t.add_argument("--batches", default="1,4,16,32,64,128,256")
     t.add_argument("--out", required=True)
+    t.add_argument("--suite", choices=["controls", "truncation"], default="controls")
     c = sub.add_parser("compare")
     c.add_argument("--out", required=True)
     c.add_argument("--stem", required=True)

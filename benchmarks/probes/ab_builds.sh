@@ -5,7 +5,8 @@
 #   carry: .whl (nvidia-cutlass wheel), the BASE folder
 #   usage: bash benchmarks/probes/ab_builds.sh BASE STEM "before description" "after description"
 #   PROFILE_ARGS: also profile_truncation.py with these options on each build, compared per kernel
-#   (ab_builds.py compare-profiles); ROUNDS=0 skips the kernel benchmark's rounds
+#   (ab_builds.py compare-profiles); ROUNDS=0 skips the kernel benchmark's rounds; AB_ARGS: the rounds'
+#   options, e.g. "--suite truncation --shapes 4096x151936 --batches 1,16,64" (graph replays of the forms)
 set -uo pipefail
 BASE=$1 STEM=$2
 OUT=${OUT:-/tmp/ab_out}
