@@ -218,6 +218,36 @@ def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_mi
 
 
 @requires_sm90
+@pytest.mark.parametrize("regime", ["flat", "llm"])
+@pytest.mark.parametrize("batch", [7, 48, 130])
+@pytest.mark.parametrize("top_k", [1, 20, 64])
+def test_per_row_top_k_rows_equal_the_host_int_call(regime, batch, top_k):
+    """bf16 logits of an LM head (not exact): in a ``[B]`` top_k call, the rows whose top_k is in
+    [1, 64] (the GEMM stores no x for them: stage 2 decides them from the candidates and
+    recomputes the tiles that may hide more of their top_k from W and h) get the host-int top_k
+    call's tokens, scores and log-probabilities bit for bit, next to rows that need the stored
+    logits (top_k off under a top_p, above 64). Weight rows 128-159 nearly repeat row 128 and
+    every other hidden row leans on it, so that one tile holds many of those rows' top_k: their
+    repairs run."""
+    weight = lm_head_weight(V, D, seed=4)
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    weight[128:160] = (weight[128].float() + 0.05 * D**-0.5 * torch.randn(32, D, device="cuda", generator=g)).bfloat16()
+    hidden = hidden_states(weight, batch, regime, seed=batch + top_k)
+    hidden[::2] += (4 * weight[128]).to(hidden.dtype)
+    top_ks = torch.tensor([[top_k, 0, 1000, top_k, 65][b % 5] for b in range(batch)], device="cuda")
+    top_ps = torch.full((batch,), 0.9, dtype=torch.float64, device="cuda")
+    kwargs = dict(temperature=0.8, seed=torch.tensor(9), offset=torch.tensor(3), return_logprobs=True,
+                  truncation_path="fused_top_k")
+    got = fs.sample_with_scores(hidden, weight, top_k=top_ks, top_p=top_ps, **kwargs)
+    host = fs.sample_with_scores(hidden, weight, top_k=top_k, top_p=top_ps, **kwargs)
+    rows = top_ks == top_k
+    for name in ("tokens", "scores", "token_logprobs", "logsumexp"):
+        a, b = getattr(got, name)[rows], getattr(host, name)[rows]
+        as_bits = (lambda t: t.view(torch.int32)) if a.is_floating_point() else (lambda t: t)
+        assert torch.equal(as_bits(a), as_bits(b)), (name, (as_bits(a) != as_bits(b)).nonzero()[:8])
+
+
+@requires_sm90
 @pytest.mark.parametrize("batch, vocab", [(5, V), (40, V), (130, V), (40, V - 3), (130, V - 3)])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
 @pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "k_p_min_p_rows", "p0.1", "p0.5_min_p_rows"])

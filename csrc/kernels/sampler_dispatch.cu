@@ -190,6 +190,7 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   p.draw_tile_winners = p.fused_truncation && options.top_p_tile_winners && entry.scans_tile_winners &&
                         fused_truncation_draws_tile_winners(p);
+  p.row_logits_by_top_k = fused_truncation_stores_logits_by_top_k(p);
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;

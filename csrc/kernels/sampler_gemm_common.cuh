@@ -55,6 +55,7 @@ void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, Sa
   node.vocab_start = static_cast<uint32_t>(p.vocab_start);
   node.ptr_row_logits = p.row_logits;
   node.row_logits_stride = p.row_logits_stride;
+  node.ptr_row_top_ks = p.row_logits_by_top_k ? p.top_ks : nullptr;
   node.ptr_tile_winners = p.draw_tile_winners ? buffers.tile_winners : nullptr;
 }
 

@@ -796,7 +796,7 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // A row with a top_k above kMaxFusedTopK alone, where the GEMM drew the tile winners: selected
   // as a row without top_k, then decide_by_winner.
   bool const large_top_k_row = given_k > kMaxFusedTopK && !top_p_on && !min_p_on && tile_winners != nullptr;
-  if (!certify && !top_logprob_row && !large_top_k_row && !(given_k >= 1 && given_k <= kMaxFusedTopK)) {
+  if (!certify && !top_logprob_row && !large_top_k_row && !top_k_decides_row_from_candidates(given_k)) {
     // A larger top_k, or nothing on. Where the GEMM drew the tile winners (a call of one sample
     // without log-probabilities) a row without a cut has its sample: the best of them.
     PackedCandidate const winner =
@@ -1008,8 +1008,9 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
           keys[at] = row_y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)));
           xs[at] = x;
         };
-        if (p.row_logits != nullptr) {
-          // The GEMM's own x, as it stored them (bias added, excluded tokens marked).
+        if (p.row_logits != nullptr && !(p.row_logits_by_top_k && top_k_decides_row_from_candidates(given_k))) {
+          // The GEMM's own x, as it stored them (bias added, excluded tokens marked); a row it
+          // did not store (row_logits_by_top_k) is recomputed as a host-int top_k call's is.
           for (int e = threadIdx.x; e < tiles * vocab_tile; e += kThreads) {
             int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
             if (v >= p.vocab_size) continue;

@@ -237,12 +237,30 @@ struct SamplerParams {
   // stage 2 knows every row's plain-sampling token: the rows without a cut get it at once, and the
   // top_p rows it hands on start their rounds from it (no streaming pass over their logits).
   bool draw_tile_winners = false;
+  // Set by launch_sampler, not by callers (fused_truncation_stores_logits_by_top_k): whether the
+  // GEMM stores x in row_logits only for the rows whose top_k (top_ks) is not in [1,
+  // kMaxFusedTopK] (top_k_decides_row_from_candidates); the rows it skips leave their entries
+  // unwritten, and stage 2 recomputes their hidden tiles instead of reading them: the x no later
+  // kernel reads cost the GEMM their write-back (a [B, V] fp32 array) as the weight streams in.
+  bool row_logits_by_top_k = false;
 };
+
+// Whether stage 2 of the fused truncation decides a row with this top_k from the candidates alone
+// (top_k in [1, kMaxFusedTopK]), recomputing from W and h the tiles that may hide more of its
+// top_k: it reads no stored logits for such a row and leaves it to no later kernel.
+constexpr bool top_k_decides_row_from_candidates(int64_t top_k) { return top_k >= 1 && top_k <= kMaxFusedTopK; }
 
 // Whether stage 2 of the fused truncation decides every row (a host top_k in [1, kMaxFusedTopK]):
 // otherwise it may leave rows to the logits sampler, which needs row_logits and fallback_rows.
 inline bool fused_truncation_decides_every_row(SamplerParams const& p) {
-  return p.top_ks == nullptr && p.top_k >= 1 && p.top_k <= kMaxFusedTopK;
+  return p.top_ks == nullptr && top_k_decides_row_from_candidates(p.top_k);
+}
+
+// Whether the GEMM of a call that stores row_logits skips the rows whose per-row top_k stage 2
+// decides from the candidates alone (SamplerParams::row_logits_by_top_k): every call with top_ks
+// but one that returns the stored logits (top-N log-probabilities, TopLogprobRows).
+inline bool fused_truncation_stores_logits_by_top_k(SamplerParams const& p) {
+  return p.row_logits != nullptr && p.top_ks != nullptr && p.top_logprobs.top_n < 0;
 }
 
 // Whether some row of a call may have top_p / min_p on (a [B] tensor, or an on host value).

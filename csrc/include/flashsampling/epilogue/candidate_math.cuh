@@ -24,6 +24,13 @@ __device__ __forceinline__ void store_with_l2_policy(float4* address, float4 val
                : "memory");
 }
 
+// Whether the top-k scan stores row `row`'s x where the call stores logits: every row's, but with
+// per-row top_k (SamplerParams::row_logits_by_top_k: `row_top_ks` given) not those stage 2 decides
+// from the candidates alone, which never read theirs (top_k_decides_row_from_candidates).
+__device__ __forceinline__ bool scan_stores_row_logits(int64_t const* row_top_ks, uint32_t row) {
+  return row_top_ks == nullptr || !top_k_decides_row_from_candidates(__ldg(row_top_ks + row));
+}
+
 // Reads seed/offset from device memory when the caller passed pointers (CUDA-graph
 // replay sees fresh values), else uses the values. Stage 1 and stage 2 of the fused top-k
 // pass both draw noise, so both resolve it here.

@@ -310,6 +310,9 @@ struct Sm90GumbelArgmaxRowReduction {
     // (tile, row)'s log-mass of y = x / T to ptr_lse_parts (top_p without top_k needs the row's).
     float* ptr_row_logits = nullptr;
     int64_t row_logits_stride = 0;
+    // SamplerParams::row_logits_by_top_k: each row's top_k ([B]), whose rows that stage 2 decides
+    // from the candidates alone get no stored x (scan_stores_row_logits); null: every row's x.
+    int64_t const* ptr_row_top_ks = nullptr;
     // SamplerParams::draw_tile_winners (kTopScan, one sample, the batch-wide noise key): each
     // (tile, row)'s plain-sampling winner over the tile, pack_candidate of its perturbed score and
     // index (0: none), at [m_tile * N + column].
@@ -1025,11 +1028,13 @@ struct Sm90GumbelArgmaxRowReduction {
       uint32_t const first_index = params.vocab_start + first_local;
       float4 const* values = reinterpret_cast<float4 const*>(smem + column * EpiTileM + run * kRun);
       // The fused truncation's fallback: the column's x stored as they are (the row's stride
-      // covers whole tiles, so the tail past V needs no bound), and y's log-mass.
+      // covers whole tiles, so the tail past V needs no bound) where a later kernel may read them,
+      // and y's log-mass.
       bool const store_row = params.ptr_row_logits != nullptr && tile_in_problem && col < params.batch_size;
-      float4* stored = store_row ? reinterpret_cast<float4*>(params.ptr_row_logits +
-                                                             int64_t{col} * params.row_logits_stride + first_local)
-                                 : nullptr;
+      float4* stored = store_row && scan_stores_row_logits(params.ptr_row_top_ks, static_cast<uint32_t>(col))
+                           ? reinterpret_cast<float4*>(params.ptr_row_logits +
+                                                       int64_t{col} * params.row_logits_stride + first_local)
+                           : nullptr;
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < kRun / 4; ++q) {
         float4 const v4 = values[q];
@@ -1162,9 +1167,9 @@ struct Sm90GumbelArgmaxRowReduction {
     }
 
     // The fused truncation's part of the scan, out of the scan's loop (the host-int top-k pass
-    // runs without it): the thread's run of x to the stored row as they are, and their mass of
-    // y into the thread's log-sum-exp (add_top_scan_run_mass, which the epilogue-warpgroup
-    // kernel's scan runs too).
+    // runs without it): the thread's run of x to the stored row as they are (null `stored`: a
+    // row no later kernel reads), and their mass of y into the thread's log-sum-exp
+    // (add_top_scan_run_mass, which the epilogue-warpgroup kernel's scan runs too).
     template <int kRunValues>
     CUTLASS_DEVICE void store_run_and_add_mass(float4 const* values, float4* stored, float y2_scale) {
       float run[kRunValues];
@@ -1172,7 +1177,7 @@ struct Sm90GumbelArgmaxRowReduction {
       CUTLASS_PRAGMA_UNROLL
       for (int q = 0; q < kRunValues / 4; ++q) {
         float4 const v4 = values[q];
-        store_with_l2_policy(stored + q, v4, keep_in_l2);
+        if (stored != nullptr) store_with_l2_policy(stored + q, v4, keep_in_l2);
         run[4 * q] = v4.x;
         run[4 * q + 1] = v4.y;
         run[4 * q + 2] = v4.z;

@@ -1239,12 +1239,15 @@ class Sm90SamplerEpilogueWarpGroups {
           make_ulonglong2(top[2], top[3]);
       part[c] = make_float2(-INFINITY, 0.0f);
       if (node.ptr_row_logits != nullptr && column < node.batch_size) {
-        // (the row's stride covers whole 128-row tiles, so the tail past V needs no bound)
-        float4* stored = reinterpret_cast<float4*>(node.ptr_row_logits +
-                                                   static_cast<int64_t>(column) * node.row_logits_stride + first_local);
-        CUTLASS_PRAGMA_UNROLL
-        for (int q = 0; q < kScanRunRows / 4; ++q) {
-          stored[q] = make_float4(value[4 * q], value[4 * q + 1], value[4 * q + 2], value[4 * q + 3]);
+        // x where a later kernel may read them (the row's stride covers whole 128-row tiles, so
+        // the tail past V needs no bound)
+        if (scan_stores_row_logits(node.ptr_row_top_ks, static_cast<uint32_t>(column))) {
+          float4* stored = reinterpret_cast<float4*>(node.ptr_row_logits +
+                                                     static_cast<int64_t>(column) * node.row_logits_stride + first_local);
+          CUTLASS_PRAGMA_UNROLL
+          for (int q = 0; q < kScanRunRows / 4; ++q) {
+            stored[q] = make_float4(value[4 * q], value[4 * q + 1], value[4 * q + 2], value[4 * q + 3]);
+          }
         }
         add_top_scan_run_mass<kScanRunRows>(value, top_scan_log2_scale(controls, column, node.inv_temperature),
                                             part[c].x, part[c].y);
