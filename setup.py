@@ -9,6 +9,7 @@ our own ninja file with its own -gencode list (tools/build_config.py has the rul
 Environment:
   FLASHSAMPLING_WITH_CUDA   auto (default) | 0 (CPU only) | 1 (fail unless CUDA can be built)
   FLASHSAMPLING_CUDA_ARCHS  e.g. "90a;100a" (default: those of both that nvcc supports)
+  FLASHSAMPLING_ELEMENT_TYPES  "bf16;fp16" (default) or one of them: the fused-GEMM units built
   MAX_JOBS                  parallel compile jobs (torch's ninja and the kernel ninja)
 """
 

@@ -4,6 +4,8 @@ no nvcc): regenerate with `python3 csrc/kernels/generate_kernels.py` after chang
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import build_config as cfg  # noqa: E402
 
@@ -41,3 +43,27 @@ def test_names_spell_the_cluster_axis():
         assert ("_cluster_m2_" in unit.filename) == (unit.cluster_m == 2)
         assert ("_cluster_n2_" in unit.filename) == (unit.cluster_n == 2)
     assert len(names) == len(set(names))
+
+
+def test_a_build_of_one_element_type_leaves_out_the_other_types_units(monkeypatch):
+    """FLASHSAMPLING_ELEMENT_TYPES=bf16 (same-run A/Bs of bf16 forms): no fp16 fused-GEMM unit is
+    compiled, and every other source gets the define by which the dispatch finds no fp16 kernel."""
+    assert set(cfg.ELEMENT_TYPES) == set(GEN.DTYPES)
+    monkeypatch.setattr(cfg, "cutlass_include_dirs", lambda: [])
+    archs = list(cfg.CUDA_ARCHS.values())
+
+    def commands():
+        return {s: cfg.nvcc_command("nvcc", s, Path("unit.o"), archs) for s in cfg.kernel_sources()}
+
+    monkeypatch.delenv("FLASHSAMPLING_ELEMENT_TYPES", raising=False)
+    assert all(c is not None and not any(f.startswith("-DFLASHSAMPLING_NO_") for f in c) for c in commands().values())
+    monkeypatch.setenv("FLASHSAMPLING_ELEMENT_TYPES", "bf16")
+    for source, command in commands().items():
+        left_out = cfg.element_type_of_source(source) == "fp16"
+        assert (command is None) == left_out, source.name
+        if command is not None:
+            assert "-DFLASHSAMPLING_NO_FP16_KERNELS" in command and "-DFLASHSAMPLING_NO_BF16_KERNELS" not in command
+    for requested in ("int8", "", "bf16;fp8"):
+        monkeypatch.setenv("FLASHSAMPLING_ELEMENT_TYPES", requested)
+        with pytest.raises(ValueError, match="FLASHSAMPLING_ELEMENT_TYPES"):
+            cfg.enabled_element_types()

@@ -10,6 +10,7 @@ below for the list.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -93,6 +94,7 @@ def enabled_cuda_archs(nvcc: str) -> list[CudaArch]:
     return archs
 
 
+@functools.cache
 def kernel_generator():
     """csrc/kernels/generate_kernels.py as a module (it is not part of any package)."""
     spec = importlib.util.spec_from_file_location("flashsampling_generate_kernels", GENERATOR)
@@ -143,6 +145,40 @@ def arch_defines(enabled: list[CudaArch]) -> list[str]:
     return [f"-D{arch.define}" for arch in enabled]
 
 
+# Element types of the fused-GEMM units (generate_kernels.py's DTYPES).
+ELEMENT_TYPES = ("bf16", "fp16")
+
+
+def enabled_element_types() -> list[str]:
+    """Element types whose fused-GEMM units are built: FLASHSAMPLING_ELEMENT_TYPES ("bf16;fp16",
+    the default: both). A build of one (a same-run A/B of bf16 forms builds about half the units)
+    defines FLASHSAMPLING_NO_<TYPE>_KERNELS for the other, whose calls then fail with the op's
+    error that the build has no kernel for them."""
+    requested = os.environ.get("FLASHSAMPLING_ELEMENT_TYPES")
+    if requested is None:
+        return list(ELEMENT_TYPES)
+    names = [n for n in (n.strip() for n in re.split(r"[;, ]", requested)) if n]
+    unknown = [n for n in names if n not in ELEMENT_TYPES]
+    if unknown or not names:
+        raise ValueError(
+            f"FLASHSAMPLING_ELEMENT_TYPES: {requested!r} names no element type or an unknown one; "
+            f"known: {', '.join(ELEMENT_TYPES)}"
+        )
+    return [t for t in ELEMENT_TYPES if t in names]
+
+
+def element_type_defines(enabled: list[str]) -> list[str]:
+    return [f"-DFLASHSAMPLING_NO_{t.upper()}_KERNELS" for t in ELEMENT_TYPES if t not in enabled]
+
+
+def element_type_of_source(source: Path) -> str | None:
+    """The element type of a generated fused-GEMM unit (None for a hand-written source)."""
+    if INSTANTIATION_DIR not in source.parents:
+        return None
+    units = {u.filename: u.dtype for u in kernel_generator().kernels()}
+    return units.get(source.name)
+
+
 def extra_nvcc_flags() -> list[str]:
     """FLASHSAMPLING_NVCC_EXTRA, split on spaces: flags for profiling builds (e.g. -lineinfo,
     which lets Nsight Compute attribute stalls to source lines); empty by default."""
@@ -152,9 +188,11 @@ def extra_nvcc_flags() -> list[str]:
 def nvcc_command(
     nvcc: str, source: Path, output: Path, enabled: list[CudaArch]
 ) -> list[str] | None:
-    """The nvcc -c command line of one kernel source; None when none of its archs is enabled."""
+    """The nvcc -c command line of one kernel source; None when none of its archs is enabled, or
+    it is a fused-GEMM unit of an element type the build leaves out (enabled_element_types)."""
     archs = archs_for_source(source, enabled)
-    if not archs:
+    element_types = enabled_element_types()
+    if not archs or element_type_of_source(source) not in (None, *element_types):
         return None
     includes = [f"-I{d}" for d in [str(INCLUDE_DIR), *cutlass_include_dirs()]]
     return [
@@ -162,6 +200,7 @@ def nvcc_command(
         *NVCC_FLAGS,
         *extra_nvcc_flags(),
         *arch_defines(enabled),
+        *element_type_defines(element_types),
         *includes,
         *(arch.gencode for arch in archs),
         "-c",

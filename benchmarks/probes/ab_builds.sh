@@ -3,6 +3,8 @@
 # copy of the "before" commit, e.g. `git archive <rev> | tar -x -C .ab_base`, carried) and this
 # tree side by side, times them in ROUNDS alternating rounds, writes the after/before table.
 #   carry: .whl (nvidia-cutlass wheel), the BASE folder
+#   Both builds compile the bf16 units only (FLASHSAMPLING_ELEMENT_TYPES, where BASE's build_config.py knows it:
+#   about half the fused-GEMM units, the builds' time roughly halved); every timed form is bf16.
 #   usage: bash benchmarks/probes/ab_builds.sh BASE STEM "before description" "after description"
 #   PROFILE_ARGS: also profile_truncation.py with these options on each build, compared per kernel
 #   (ab_builds.py compare-profiles); ROUNDS=0 skips the kernel benchmark's rounds; AB_ARGS: the rounds'
@@ -16,7 +18,7 @@ export PYTHONUNBUFFERED=1
 if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ NVCC_CCBIN=/usr/bin/g++; fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 build() {  # tree label
-  (cd "$1" && MAX_JOBS=${MAX_JOBS:-8} FLASHSAMPLING_CUDA_ARCHS=90a FLASHSAMPLING_WITH_CUDA=1 PYTHONPATH=/tmp/site \
+  (cd "$1" && MAX_JOBS=${MAX_JOBS:-8} FLASHSAMPLING_CUDA_ARCHS=90a FLASHSAMPLING_ELEMENT_TYPES=bf16 FLASHSAMPLING_WITH_CUDA=1 PYTHONPATH=/tmp/site \
     python3 setup.py build_ext --inplace > "$OUT/build_$2.log" 2>&1) || { tail -30 "$OUT/build_$2.log"; return 1; }
 }
 t0=$(date +%s)

@@ -164,8 +164,18 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
                     options.top_candidates_epilogue_warpgroups,
                     !p.fused_truncation && needs_only_plain_loop_extras(needs, p.batch_size),
                     options.narrow_ragged_columns);
-  return p.element_type == ElementType::kBFloat16 ? config_for<cutlass::bfloat16_t>(choice)
-                                                  : config_for<cutlass::half_t>(choice);
+  if (p.element_type == ElementType::kBFloat16) {
+#if defined(FLASHSAMPLING_NO_BF16_KERNELS)  // FLASHSAMPLING_ELEMENT_TYPES left them out
+    return {nullptr, nullptr, 0, 0};
+#else
+    return config_for<cutlass::bfloat16_t>(choice);
+#endif
+  }
+#if defined(FLASHSAMPLING_NO_FP16_KERNELS)
+  return {nullptr, nullptr, 0, 0};
+#else
+  return config_for<cutlass::half_t>(choice);
+#endif
 }
 
 // The hidden rows padded with zero rows to a whole number of N tiles where the last tile's TMA
@@ -241,15 +251,23 @@ DispatchOptions sampler_dispatch_options() {
 }
 
 const char* sampler_compiled_archs() {
+#if defined(FLASHSAMPLING_NO_FP16_KERNELS)
+#define FLASHSAMPLING_ELEMENT_TYPES_BUILT " (bf16 only)"
+#elif defined(FLASHSAMPLING_NO_BF16_KERNELS)
+#define FLASHSAMPLING_ELEMENT_TYPES_BUILT " (fp16 only)"
+#else
+#define FLASHSAMPLING_ELEMENT_TYPES_BUILT ""
+#endif
 #if defined(FLASHSAMPLING_ENABLE_SM90) && defined(FLASHSAMPLING_ENABLE_SM100)
-  return "sm90a,sm100a";
+  return "sm90a,sm100a" FLASHSAMPLING_ELEMENT_TYPES_BUILT;
 #elif defined(FLASHSAMPLING_ENABLE_SM90)
-  return "sm90a";
+  return "sm90a" FLASHSAMPLING_ELEMENT_TYPES_BUILT;
 #elif defined(FLASHSAMPLING_ENABLE_SM100)
-  return "sm100a";
+  return "sm100a" FLASHSAMPLING_ELEMENT_TYPES_BUILT;
 #else
   return "";
 #endif
+#undef FLASHSAMPLING_ELEMENT_TYPES_BUILT
 }
 
 bool fused_top_k_fits(SamplerParams const& p, int device_arch) {

@@ -386,7 +386,8 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
 
   const size_t workspace_bytes = sampler_workspace_bytes(p, arch);
   TORCH_CHECK_NOT_IMPLEMENTED(workspace_bytes > 0, "flashsampling.sample: this build has no kernel for sm_", arch,
-                              " (compiled: ", sampler_compiled_archs(), "); rebuild with FLASHSAMPLING_CUDA_ARCHS");
+                              " and ", hidden.scalar_type(), " (compiled: ", sampler_compiled_archs(),
+                              "); rebuild with FLASHSAMPLING_CUDA_ARCHS / FLASHSAMPLING_ELEMENT_TYPES");
   if (top != nullptr) {
     TORCH_CHECK(fused_top_k_fits(p, arch), "flashsampling.sample_top_k: the vocabulary (V=", vocab,
                 ") is too large for the fused top-k pass's stage 2; flashsampling_cuda.sample takes another path");
