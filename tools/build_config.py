@@ -145,8 +145,14 @@ def arch_defines(enabled: list[CudaArch]) -> list[str]:
     return [f"-D{arch.define}" for arch in enabled]
 
 
-# Element types of the fused-GEMM units (generate_kernels.py's DTYPES).
-ELEMENT_TYPES = ("bf16", "fp16")
+# Element types of the fused-GEMM units: generate_kernels.py's DTYPES.
+ELEMENT_TYPES = tuple(kernel_generator().DTYPES)
+
+
+@functools.cache
+def _unit_element_types() -> dict[str, str]:
+    """Each generated unit's file name -> its element type."""
+    return {u.filename: u.dtype for u in kernel_generator().kernels()}
 
 
 def enabled_element_types() -> list[str]:
@@ -175,8 +181,7 @@ def element_type_of_source(source: Path) -> str | None:
     """The element type of a generated fused-GEMM unit (None for a hand-written source)."""
     if INSTANTIATION_DIR not in source.parents:
         return None
-    units = {u.filename: u.dtype for u in kernel_generator().kernels()}
-    return units.get(source.name)
+    return _unit_element_types().get(source.name)
 
 
 def extra_nvcc_flags() -> list[str]:

@@ -66,8 +66,8 @@ def time_build(args) -> None:
 
 
 def truncation_records(weight, batch: int, median_us) -> list[dict]:
-    """bench_truncation.py's forms on its flat and LLM-like rows at one batch, graph replays (the
-    launches a captured call makes, e.g. its IF nodes, as a decode loop runs them)."""
+    """bench_truncation.py's forms on its flat and LLM-like rows at one batch, graph replays (every
+    launch a captured call makes, with the gaps between them, as a decode loop runs them)."""
     import flashsampling_cuda
     from bench_truncation import FORMS, form_arguments
     from flashsampling_cuda.problems import hidden_states
