@@ -11,6 +11,13 @@ every contender side by side (CUDA-graph replays, median µs):
             top_k_top_p_sampling_from_logits, or top_k / top_p / min_p_sampling_from_probs on
             the softmax of logits / T
 
+Noise: every call draws from explicit seed and offset device tensors (ours 0-d, FlashInfer's
+1-element int64, its graph-safe form), not from torch's generator. A graph whose calls draw
+from the generator has torch fill the generator's seed and offset before each replay (two
+kernels launched from the host, ~10-25 µs of a replay on an H200), while FlashInfer reads the
+generator's state on the host when its call is captured (its replays then draw the same noise
+and pay nothing): with the generator the replays would charge that prologue to ours alone.
+
 Forms: host int k=50, p=0.9; [B] k=50, p=0.9; [B] k=20; [B] p=0.9; [B] min_p=0.05; host int
 k=1000; Qwen3's defaults (T=0.6, [B] k=20, p=0.95). Each row records its regime's entropy and
 top_p=0.9 survivors (median and 90th percentile over the rows).
@@ -63,8 +70,15 @@ def form_arguments(spec: dict, batch: int, *, int_dtype=torch.int64, float_dtype
     return args
 
 
-def flashinfer_call(fi, spec: dict, batch: int, temperature: float):
-    """FlashInfer's equivalent of a form on cuBLAS logits, or None."""
+def noise_tensors() -> tuple[dict, dict]:
+    """The explicit seed and offset of every call (module docstring): ours, FlashInfer's."""
+    ours = {"seed": torch.tensor(7, device="cuda"), "offset": torch.tensor(0, device="cuda")}
+    return ours, {name: value.reshape(1) for name, value in ours.items()}
+
+
+def flashinfer_call(fi, spec: dict, batch: int, temperature: float, noise: dict):
+    """FlashInfer's equivalent of a form on cuBLAS logits (drawing from `noise`, its seed and
+    offset tensors), or None."""
     args = form_arguments(spec, batch, int_dtype=torch.int32)
 
     def probs(logits):
@@ -72,19 +86,19 @@ def flashinfer_call(fi, spec: dict, batch: int, temperature: float):
 
     if "top_k" in args and "top_p" in args:
         return lambda h, w: fi.top_k_top_p_sampling_from_logits(
-            (h @ w.T).float() / temperature, args["top_k"], args["top_p"], deterministic=True)
+            (h @ w.T).float() / temperature, args["top_k"], args["top_p"], deterministic=True, **noise)
     if "top_k" in args:
-        return lambda h, w: fi.top_k_sampling_from_probs(probs(h @ w.T), args["top_k"], deterministic=True)
+        return lambda h, w: fi.top_k_sampling_from_probs(probs(h @ w.T), args["top_k"], deterministic=True, **noise)
     if "top_p" in args:
-        return lambda h, w: fi.top_p_sampling_from_probs(probs(h @ w.T), args["top_p"], deterministic=True)
+        return lambda h, w: fi.top_p_sampling_from_probs(probs(h @ w.T), args["top_p"], deterministic=True, **noise)
     if "min_p" in args:
-        return lambda h, w: fi.min_p_sampling_from_probs(probs(h @ w.T), args["min_p"], deterministic=True)
+        return lambda h, w: fi.min_p_sampling_from_probs(probs(h @ w.T), args["min_p"], deterministic=True, **noise)
     return None
 
 
 # The op's arguments of these calls that "auto"'s rule reads besides the truncation (the
-# benchmark's calls take the default generator: no seed or offset tensors, one sample).
-AUTO_RULE_KWARGS = {"sparse_bias_ids": None, "seed": None, "offset": None, "num_samples": 1}
+# benchmark's calls: a batch-wide seed and offset, one sample).
+AUTO_RULE_KWARGS = {"sparse_bias_ids": None, "seed": torch.zeros(()), "offset": torch.zeros(()), "num_samples": 1}
 
 
 def auto_path(hidden, weight, kwargs: dict) -> str:
@@ -108,7 +122,9 @@ def run(args) -> dict:
         print(f"[bench] FlashInfer not importable, no FlashInfer column: {exc}", file=sys.stderr)
         fi = None
     props = torch.cuda.get_device_properties(0)
-    results = {**run_header(props.name), "dtype": "bf16", "timing": "graph", "records": []}
+    results = {**run_header(props.name), "dtype": "bf16", "timing": "graph",
+               "noise": "seed and offset device tensors", "records": []}
+    noise, fi_noise = noise_tensors()
     for shape in args.shapes.split(","):
         dim, vocab = (int(x) for x in shape.lower().split("x"))
         weight = lm_head_weight(vocab, dim)
@@ -119,8 +135,8 @@ def run(args) -> dict:
                 stats = {t: row_statistics(logits, t) for t in sorted({t for t, _ in FORMS.values()})}
                 del logits
                 mm_us = median_us(lambda: hidden @ weight.T, graph=True)
-                plain = {t: median_us(lambda t=t: flashsampling_cuda.sample(hidden, weight, temperature=t), graph=True)
-                         for t in stats}
+                plain = {t: median_us(lambda t=t: flashsampling_cuda.sample(hidden, weight, temperature=t, **noise),
+                                      graph=True) for t in stats}
                 for form, (temperature, spec) in FORMS.items():
                     if args.forms and form not in args.forms.split(","):
                         continue
@@ -129,12 +145,13 @@ def run(args) -> dict:
                               "temperature": temperature, "mm_us": mm_us, "plain_us": plain[temperature],
                               **stats[temperature]}
                     record["ours_us"] = median_us(lambda: flashsampling_cuda.sample(
-                        hidden, weight, temperature=temperature, **kwargs), graph=True)
+                        hidden, weight, temperature=temperature, **kwargs, **noise), graph=True)
                     record["path"] = auto_path(hidden, weight, kwargs)
                     for path in alternative_paths(hidden, weight, kwargs, record["path"]):
                         record[f"ours_{path}_us"] = median_us(lambda path=path: flashsampling_cuda.sample(
-                            hidden, weight, temperature=temperature, truncation_path=path, **kwargs), graph=True)
-                    call = flashinfer_call(fi, spec, batch, temperature) if fi is not None else None
+                            hidden, weight, temperature=temperature, truncation_path=path, **kwargs, **noise),
+                            graph=True)
+                    call = flashinfer_call(fi, spec, batch, temperature, fi_noise) if fi is not None else None
                     if call is not None:
                         try:
                             record["flashinfer_us"] = median_us(lambda: call(hidden, weight), graph=True)
@@ -156,8 +173,9 @@ def markdown_table(results: dict) -> str:
     for key in dict.fromkeys((r["D"], r["V"], r["regime"]) for r in records):
         dim, vocab, regime = key
         rows = [r for r in records if (r["D"], r["V"], r["regime"]) == key]
+        noise = results.get("noise", "torch's default generator")
         lines.append(f"\n**D={dim}, V={vocab}, {regime} logits** ({results['device']}, {results['date']}, "
-                     "CUDA-graph replays, median µs; ratios from the same run)\n")
+                     f"CUDA-graph replays, median µs; noise: {noise}; ratios from the same run)\n")
         lines.append("| B | entropy (form's T) | top-p 0.9 survivors (median / p90) | form | mm | plain | ours | "
                      "ours / plain | FlashInfer | FlashInfer / ours | ours' path | other path |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
