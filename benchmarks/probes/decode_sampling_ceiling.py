@@ -6,7 +6,9 @@ For each B, CUDA-graph replays (median µs): *standard*, compiled lm_head -> fp3
 FlashInfer top_k_top_p_sampling_from_logits (bench_decode.serving_head's step); *ours*, the fused
 op with the same [B] tensors; *plain*, our plain sampling at T; *mm*, cuBLAS's bf16 matmul alone;
 *floor*, the lesser of mm and plain: the least time a kernel that reads the weight once took
-here (a device-to-device copy reaches less bandwidth than either). With --tpot FILE (a bench_decode.py json of the same GPU and model) it also
+here (a device-to-device copy reaches less bandwidth than either). Every sampler draws from
+explicit seed and offset device tensors (bench_truncation.py's noise_tensors: no torch RNG
+replay prologue on any side). With --tpot FILE (a bench_decode.py json of the same GPU and model) it also
 prints the TPOT reduction ours gets (standard - ours) and the most any sampler could get
 (standard - floor), both as a share of the standard TPOT.
 
@@ -27,6 +29,7 @@ from flashsampling_cuda.problems import hidden_states, lm_head_weight
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from bench_decode import MODELS, QWEN3_SERVING_DEFAULTS
 from bench_sampler import median_us
+from bench_truncation import noise_tensors
 
 
 def main() -> None:
@@ -42,6 +45,7 @@ def main() -> None:
     t, k, p = (QWEN3_SERVING_DEFAULTS[name] for name in ("temperature", "top_k", "top_p"))
     weight = lm_head_weight(vocab, dim)
     logits_of = torch.compile(lambda h: torch.nn.functional.linear(h, weight).float() / t)
+    noise, fi_noise = noise_tensors()
     tpot = {}
     if args.tpot:
         for record in json.loads(Path(args.tpot).read_text())["rows"]:
@@ -58,11 +62,12 @@ def main() -> None:
         top_p = torch.full((batch,), p, dtype=torch.float32, device="cuda")
         top_k_ours = top_k.long()
         mm = median_us(lambda: hidden @ weight.T, graph=True)  # noqa: B023
-        plain = median_us(lambda: flashsampling_cuda.sample(hidden, weight, temperature=t), graph=True)  # noqa: B023
+        plain = median_us(lambda: flashsampling_cuda.sample(  # noqa: B023
+            hidden, weight, temperature=t, **noise), graph=True)  # noqa: B023
         ours = median_us(lambda: flashsampling_cuda.sample(  # noqa: B023
-            hidden, weight, temperature=t, top_k=top_k_ours, top_p=top_p), graph=True)  # noqa: B023
+            hidden, weight, temperature=t, top_k=top_k_ours, top_p=top_p, **noise), graph=True)  # noqa: B023
         standard = median_us(lambda: fi.top_k_top_p_sampling_from_logits(  # noqa: B023
-            logits_of(hidden), top_k, top_p, deterministic=True), graph=True)  # noqa: B023
+            logits_of(hidden), top_k, top_p, deterministic=True, **fi_noise), graph=True)  # noqa: B023
         floor_us = min(mm, plain)
         row = (f"| {batch} | {mm:.1f} | {floor_us:.1f} | {plain:.1f} | {ours:.1f} | {standard:.1f} | "
                f"{standard - ours:.1f} | {standard - floor_us:.1f} |")
