@@ -98,7 +98,8 @@ def flashinfer_call(fi, spec: dict, batch: int, temperature: float, noise: dict)
 
 # The op's arguments of these calls that "auto"'s rule reads besides the truncation (the
 # benchmark's calls: a batch-wide seed and offset, one sample).
-AUTO_RULE_KWARGS = {"sparse_bias_ids": None, "seed": torch.zeros(()), "offset": torch.zeros(()), "num_samples": 1}
+AUTO_RULE_KWARGS = {"sparse_bias_ids": None, "seed": torch.zeros((), dtype=torch.int64),
+                    "offset": torch.zeros((), dtype=torch.int64), "num_samples": 1}
 
 
 def auto_path(hidden, weight, kwargs: dict) -> str:
