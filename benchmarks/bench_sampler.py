@@ -18,6 +18,9 @@ warm calls; W (>= 1 GB) is far larger than L2, so every call streams it from HBM
 --timing graph (default) times replays of each contender captured in a CUDA graph
 (device time, as in CUDA-graph decode loops); --timing eager times eager calls, host
 overhead included. Column "ours eager" always shows our eager call time beside it.
+Noise: ours and FlashInfer draw from explicit seed and offset device tensors, their graph-safe
+form (noise_tensors); torch's contenders draw from torch's generator,
+whose graph replays pay torch's RNG prologue (docs/benchmarking.md), which is what they cost.
 
 Usage:
   python benchmarks/bench_sampler.py [--shapes 4096x151936,8192x128256]
@@ -39,6 +42,14 @@ import flashsampling_cuda
 from report import pyplot_or_none, run_header, write_results
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def noise_tensors() -> tuple[dict, dict]:
+    """Explicit seed and offset device tensors for a benchmark's calls, ours (0-d) and
+    FlashInfer's (1-element int64): the graph-safe form of both, so that no replay pays torch's
+    RNG prologue for them (docs/benchmarking.md)."""
+    ours = {"seed": torch.tensor(7, device="cuda"), "offset": torch.tensor(0, device="cuda")}
+    return ours, {name: value.reshape(1) for name, value in ours.items()}
 
 
 def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False) -> float:
@@ -90,7 +101,10 @@ def measure_matmul_rate(dtype: torch.dtype) -> float:
     return 2 * n**3 / (us * 1e-6)
 
 
-def make_baselines(temperature: float, fi_topk: bool, topk: bool = False):
+def make_baselines(temperature: float, fi_topk: bool, topk: bool = False, noise: dict | None = None,
+                   fi_noise: dict | None = None):
+    noise, fi_noise = noise or {}, fi_noise or {}
+
     def mm_only(h, w):
         return h @ w.T
 
@@ -118,19 +132,19 @@ def make_baselines(temperature: float, fi_topk: bool, topk: bool = False):
     }
     if topk:
         baselines["ours top-k/p"] = lambda h, w: flashsampling_cuda.sample(
-            h, w, temperature=temperature, top_k=50, top_p=0.9)
+            h, w, temperature=temperature, top_k=50, top_p=0.9, **noise)
         baselines["ours top-k/p materialised"] = lambda h, w: flashsampling_cuda.sample(
-            h, w, temperature=temperature, top_k=50, top_p=0.9, truncation_path="materialized")
+            h, w, temperature=temperature, top_k=50, top_p=0.9, truncation_path="materialized", **noise)
         baselines["ours top-k 1000"] = lambda h, w: flashsampling_cuda.sample(
-            h, w, temperature=temperature, top_k=1000)
+            h, w, temperature=temperature, top_k=1000, **noise)
         baselines["mm+torch top-k/p"] = torch.compile(mm_topk_topp, dynamic=False)
     try:
         import flashinfer.sampling as fi
 
-        baselines["mm+FI"] = lambda h, w: fi.sampling_from_logits(h @ w.T, deterministic=True)
+        baselines["mm+FI"] = lambda h, w: fi.sampling_from_logits(h @ w.T, deterministic=True, **fi_noise)
         if fi_topk:  # needs FlashInfer's topk module (JIT-compiles for minutes if not prebuilt)
             baselines["mm+FI top-k/p"] = lambda h, w: fi.top_k_top_p_sampling_from_logits(
-                h @ w.T, top_k=50, top_p=0.9, deterministic=True
+                h @ w.T, top_k=50, top_p=0.9, deterministic=True, **fi_noise
             )
     except Exception as exc:  # noqa: BLE001 - FlashInfer is optional
         print(f"[bench] FlashInfer not importable, skipping its baselines: {exc}", file=sys.stderr)
@@ -144,11 +158,13 @@ def run(args) -> dict:
     copy_bw = measure_copy_bandwidth()
     mm_rate = measure_matmul_rate(dtype)
     print(f"[bench] {props.name}: copy {copy_bw / 1e12:.2f} TB/s, {args.dtype} matmul {mm_rate / 1e12:.0f} TFLOP/s")
-    baselines = make_baselines(args.temperature, args.fi_topk, args.topk)
+    noise, fi_noise = noise_tensors()
+    baselines = make_baselines(args.temperature, args.fi_topk, args.topk, noise, fi_noise)
     results = {
         **run_header(props.name),
         "dtype": args.dtype,
         "temperature": args.temperature,
+        "noise": "ours and FlashInfer: seed and offset device tensors; torch's contenders: its generator",
         "copy_bandwidth_Bps": copy_bw,
         "matmul_flops": mm_rate,
         "timing": args.timing,
@@ -173,7 +189,7 @@ def run(args) -> dict:
             graph = args.timing == "graph"
 
             def ours():
-                return flashsampling_cuda.sample(hidden, weight, temperature=args.temperature)
+                return flashsampling_cuda.sample(hidden, weight, temperature=args.temperature, **noise)
 
             row["ours"] = median_us(ours, graph=graph)
             row["ours eager"] = median_us(ours)
@@ -197,8 +213,9 @@ def markdown_table(results: dict) -> str:
     lines = []
     for (dim, vocab) in dict.fromkeys((r["D"], r["V"]) for r in results["rows"]):
         timing = results.get("timing", "eager")
+        noise = results.get("noise", "torch's default generator")
         lines.append(f"\n**D={dim}, V={vocab}** ({results['dtype']}, {results['device']}, {results['date']}), µs "
-                     f"(median, {'CUDA-graph replays' if timing == 'graph' else 'eager calls'})\n")
+                     f"(median, {'CUDA-graph replays' if timing == 'graph' else 'eager calls'}; noise: {noise})\n")
         eager_col = timing == "graph" and any("ours eager" in r for r in results["rows"])
         head = ["B", "floor", "ours"] + (["ours eager"] if eager_col else []) + names
         head += ["ours/floor", "ours/mm", "multinomial/ours"] + (["top-k/p / ours", "FI top-k/p / top-k/p"] if topk else [])

@@ -43,7 +43,7 @@ import torch
 
 import flashsampling_cuda
 from flashsampling_cuda import truncation
-from bench_sampler import median_us
+from bench_sampler import median_us, noise_tensors
 from flashsampling_cuda.problems import REGIMES, hidden_states, lm_head_weight, row_statistics
 from report import pyplot_or_none, run_header, write_results
 
@@ -68,12 +68,6 @@ def form_arguments(spec: dict, batch: int, *, int_dtype=torch.int64, float_dtype
         else:
             args[name] = value
     return args
-
-
-def noise_tensors() -> tuple[dict, dict]:
-    """The explicit seed and offset of every call (module docstring): ours, FlashInfer's."""
-    ours = {"seed": torch.tensor(7, device="cuda"), "offset": torch.tensor(0, device="cuda")}
-    return ours, {name: value.reshape(1) for name, value in ours.items()}
 
 
 def flashinfer_call(fi, spec: dict, batch: int, temperature: float, noise: dict):

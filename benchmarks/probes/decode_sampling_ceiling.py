@@ -7,8 +7,8 @@ FlashInfer top_k_top_p_sampling_from_logits (bench_decode.serving_head's step); 
 op with the same [B] tensors; *plain*, our plain sampling at T; *mm*, cuBLAS's bf16 matmul alone;
 *floor*, the lesser of mm and plain: the least time a kernel that reads the weight once took
 here (a device-to-device copy reaches less bandwidth than either). Every sampler draws from
-explicit seed and offset device tensors (bench_truncation.py's noise_tensors: no torch RNG
-replay prologue on any side). With --tpot FILE (a bench_decode.py json of the same GPU and model) it also
+explicit seed and offset device tensors (bench_sampler.noise_tensors: no torch RNG replay
+prologue on any side). With --tpot FILE (a bench_decode.py json of the same GPU and model) it also
 prints the TPOT reduction ours gets (standard - ours) and the most any sampler could get
 (standard - floor), both as a share of the standard TPOT.
 
@@ -28,8 +28,7 @@ from flashsampling_cuda.problems import hidden_states, lm_head_weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from bench_decode import MODELS, QWEN3_SERVING_DEFAULTS
-from bench_sampler import median_us
-from bench_truncation import noise_tensors
+from bench_sampler import median_us, noise_tensors
 
 
 def main() -> None:
