@@ -99,12 +99,11 @@ def standard_head(model, temperature: float, compile_head: bool):
 QWEN3_SERVING_DEFAULTS = dict(temperature=0.6, top_k=20, top_p=0.95)
 
 
-def serving_head(model, batch: int, device: torch.device, compile_head: bool):
+def serving_head(weight, bias, batch: int, device: torch.device, compile_head: bool, fi_noise: dict | None = None):
     """The standard step of a serving engine with per-request [B] top_k / top_p tensors:
-    lm_head -> fp32 logits / T -> FlashInfer top_k_top_p_sampling_from_logits (or, without
-    FlashInfer, the compiled torch equivalent). Returns (sampler, name of what samples)."""
-    lm_head = model.get_output_embeddings()
-    weight, bias = lm_head.weight, lm_head.bias
+    lm_head (weight, bias) -> fp32 logits / T -> FlashInfer top_k_top_p_sampling_from_logits,
+    drawing from fi_noise's seed and offset tensors where given (else from torch's generator), or,
+    without FlashInfer, the compiled torch equivalent. Returns (sampler, name of what samples)."""
     t = QWEN3_SERVING_DEFAULTS["temperature"]
     top_k = torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_k"], dtype=torch.int32, device=device)
     top_p = torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_p"], dtype=torch.float32, device=device)
@@ -116,7 +115,7 @@ def serving_head(model, batch: int, device: torch.device, compile_head: bool):
         if device.type != "cuda":
             raise ImportError("FlashInfer samples on CUDA only")
         return (lambda hidden, seed, offset: fi.top_k_top_p_sampling_from_logits(
-            logits_of(hidden), top_k, top_p, deterministic=True)[:, None]), "flashinfer"
+            logits_of(hidden), top_k, top_p, deterministic=True, **(fi_noise or {}))[:, None]), "flashinfer"
     except Exception:  # noqa: BLE001 - FlashInfer is optional
         k = QWEN3_SERVING_DEFAULTS["top_k"]
 
@@ -217,7 +216,9 @@ def run(args) -> dict:
                 sampling = dict(temperature=QWEN3_SERVING_DEFAULTS["temperature"],
                                 top_k=torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_k"], device=device),
                                 top_p=torch.full((batch,), QWEN3_SERVING_DEFAULTS["top_p"], device=device))
-                standard_sampler, standard_name = serving_head(model, batch, device, compile_head)
+                lm_head = model.get_output_embeddings()
+                standard_sampler, standard_name = serving_head(lm_head.weight, lm_head.bias, batch, device,
+                                                               compile_head)
             if args.penalties:  # the token history: the prompt, then every sampled token
                 sampling.update(PENALTIES)
                 standard_sampler = penalties_head(model, prompt, args.temperature, compile_head)

@@ -3,7 +3,7 @@ bench_decode.py's serving-defaults mode runs it (Qwen3's T = 0.6, [B] top_k = 20
 top_p = 0.95), against the least a step that reads the LM head once can take.
 
 For each B, CUDA-graph replays (median µs): *standard*, compiled lm_head -> fp32 logits / T ->
-FlashInfer top_k_top_p_sampling_from_logits (bench_decode.serving_head's step); *ours*, the fused
+FlashInfer top_k_top_p_sampling_from_logits (bench_decode.serving_head, the same step); *ours*, the fused
 op with the same [B] tensors; *plain*, our plain sampling at T; *mm*, cuBLAS's bf16 matmul alone;
 *floor*, the lesser of mm and plain: the least time a kernel that reads the weight once took
 here (a device-to-device copy reaches less bandwidth than either). Every sampler draws from
@@ -27,7 +27,7 @@ import flashsampling_cuda
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
-from bench_decode import MODELS, QWEN3_SERVING_DEFAULTS
+from bench_decode import MODELS, QWEN3_SERVING_DEFAULTS, serving_head
 from bench_sampler import median_us, noise_tensors
 
 
@@ -37,13 +37,10 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,32,64")
     parser.add_argument("--tpot", default=None, metavar="FILE", help="bench_decode.py json: TPOT of the standard step")
     args = parser.parse_args()
-    import flashinfer.sampling as fi
-
     config = MODELS[args.model]
     dim, vocab = config["hidden_size"], config["vocab_size"]
     t, k, p = (QWEN3_SERVING_DEFAULTS[name] for name in ("temperature", "top_k", "top_p"))
     weight = lm_head_weight(vocab, dim)
-    logits_of = torch.compile(lambda h: torch.nn.functional.linear(h, weight).float() / t)
     noise, fi_noise = noise_tensors()
     tpot = {}
     if args.tpot:
@@ -57,16 +54,17 @@ def main() -> None:
     print("|---" * (8 + (3 if tpot else 0)) + "|")
     for batch in (int(b) for b in args.batches.split(",")):
         hidden = hidden_states(weight, batch, "llm", seed=batch)
-        top_k = torch.full((batch,), k, dtype=torch.int32, device="cuda")
+        top_k = torch.full((batch,), k, dtype=torch.int64, device="cuda")
         top_p = torch.full((batch,), p, dtype=torch.float32, device="cuda")
-        top_k_ours = top_k.long()
         mm = median_us(lambda: hidden @ weight.T, graph=True)  # noqa: B023
         plain = median_us(lambda: flashsampling_cuda.sample(  # noqa: B023
             hidden, weight, temperature=t, **noise), graph=True)  # noqa: B023
         ours = median_us(lambda: flashsampling_cuda.sample(  # noqa: B023
-            hidden, weight, temperature=t, top_k=top_k_ours, top_p=top_p, **noise), graph=True)  # noqa: B023
-        standard = median_us(lambda: fi.top_k_top_p_sampling_from_logits(  # noqa: B023
-            logits_of(hidden), top_k, top_p, deterministic=True, **fi_noise), graph=True)  # noqa: B023
+            hidden, weight, temperature=t, top_k=top_k, top_p=top_p, **noise), graph=True)  # noqa: B023
+        standard_step, sampler = serving_head(weight, None, batch, hidden.device, True, fi_noise)
+        if sampler != "flashinfer":
+            raise SystemExit("decode_sampling_ceiling.py: FlashInfer is not importable here")
+        standard = median_us(lambda: standard_step(hidden, None, None), graph=True)  # noqa: B023
         floor_us = min(mm, plain)
         row = (f"| {batch} | {mm:.1f} | {floor_us:.1f} | {plain:.1f} | {ours:.1f} | {standard:.1f} | "
                f"{standard - ours:.1f} | {standard - floor_us:.1f} |")
