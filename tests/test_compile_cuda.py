@@ -31,7 +31,7 @@ REPRESENTATIVE_GEMMS = {
     "sampler_bf16_n128_common_controls_epilogue_warpgroups_sm90.cu",
     "sampler_bf16_n128_plain_epilogue_warpgroups_cluster_n2_sm90.cu",
     "sampler_bf16_n64_plain_epilogue_warpgroups_sm90.cu",
-    "sampler_bf16_n64_plain_pingpong_cluster_m2_sm90.cu",
+    "sampler_bf16_n32_plain_pingpong_cluster_m2_sm90.cu",
     "sampler_bf16_n16_all_controls_pingpong_sm90.cu",
     "sampler_bf16_n128_top_candidates_cooperative_sm90.cu",
     "sampler_bf16_n16_plain_sm100.cu",

@@ -43,7 +43,7 @@ def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
 
 @pytest.mark.parametrize("columns,unit", [
     (1, "n16_plain_pingpong"), (16, "n16_plain_pingpong"), (17, "n32_plain_pingpong_cluster_m2"),
-    (33, "n64_plain_pingpong_cluster_m2"), (64, "n64_plain_pingpong_cluster_m2"),
+    (32, "n32_plain_pingpong_cluster_m2"), (33, "n64_plain_epilogue_warpgroups"), (64, "n64_plain_epilogue_warpgroups"),
     (65, "n128_plain_epilogue_warpgroups"), (128, "n128_plain_epilogue_warpgroups"),
     (129, "n64_plain_epilogue_warpgroups"), (192, "n64_plain_epilogue_warpgroups"),
     (193, "n128_plain_epilogue_warpgroups_cluster_n2"), (256, "n128_plain_epilogue_warpgroups_cluster_n2"),

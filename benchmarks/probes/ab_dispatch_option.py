@@ -4,7 +4,7 @@ bench_truncation.py and plain sampling: the switch on and off timed alternately 
 tokens and scores. Prints on / off per cell and the ratio off / on (> 1: the switch helps).
 
   python benchmarks/probes/ab_dispatch_option.py --option top_p_tile_winners
-      [--shapes 4096x151936] [--batches 1,16,64,256] [--regimes flat,llm] [--forms "p0.9 [B],..."]
+      [--shapes 4096x151936] [--batches 1,16,64,256] [--regimes flat,llm] [--forms "p0.9 [B],..." | none]
       [--offsets 0,1,2]
 """
 
@@ -39,13 +39,15 @@ def main() -> None:
     parser.add_argument("--shapes", default="4096x151936")
     parser.add_argument("--batches", default="1,16,64,256")
     parser.add_argument("--regimes", default="flat,llm")
-    parser.add_argument("--forms", default=None, help="comma-separated bench_truncation FORMS (default: all)")
+    parser.add_argument("--forms", default=None,
+                        help="comma-separated bench_truncation FORMS (default: all; none: plain sampling alone)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--offsets", default="0",
                         help="comma-separated noise offsets: each cell is the mean over them (draws that differ)")
     args = parser.parse_args()
     set_options = torch.ops.flashsampling._set_dispatch_options
-    forms = {"plain": (0.8, {})} | {f: FORMS[f] for f in (args.forms.split(",") if args.forms else FORMS)}
+    named = [] if args.forms == "none" else args.forms.split(",") if args.forms else list(FORMS)
+    forms = {"plain": (0.8, {})} | {f: FORMS[f] for f in named}
     print(f"# {torch.cuda.get_device_name()}; {args.option}: on / off µs, off / on")
     ratios = []
     for dim, vocab in shape_list(args.shapes):

@@ -134,17 +134,17 @@ def sm90_kernels(dtype: str) -> list[Kernel]:
     """The sm90 units: every choice of choose_kernel (csrc/include/flashsampling/kernel_choice.h)."""
     k = lambda *a, **kw: Kernel("sm90", dtype, *a, **kw)  # noqa: E731
     return [
-        # One N tile on the pingpong schedule (clusters of two along M from N = 32 on): plain
-        # passes up to 64 columns, the controls' loops up to 16.
+        # One N tile on the pingpong schedule (clusters of two along M at N = 32): plain passes
+        # up to 32 columns, the controls' loops up to 16.
         k(16, "plain", "pingpong"),
         k(32, "plain", "pingpong", cluster_m=2),
-        k(64, "plain", "pingpong", cluster_m=2),
         k(16, "common_controls", "pingpong"),
         k(16, "all_controls", "pingpong"),
-        # The kernel with epilogue warpgroups of its own: plain passes of more than 64 columns,
+        # The kernel with epilogue warpgroups of its own: plain passes of more than 32 columns,
         # controls passes (and those needing every control) of more than 16; an even number of
         # 128-wide column tiles runs in clusters of two along N; plain passes of 129-192 columns
-        # run three 64-wide tiles (kernel_choice.h's narrow_ragged_column_tiles).
+        # run three 64-wide tiles (kernel_choice.h's narrow_ragged_column_tiles), and so do
+        # those of 33-64 columns on one.
         k(64, "plain", "epilogue_warpgroups"),
         k(128, "plain", "epilogue_warpgroups"),
         k(128, "plain", "epilogue_warpgroups", cluster_n=2),

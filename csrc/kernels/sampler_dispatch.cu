@@ -96,11 +96,8 @@ ConfigEntry sm90_config(KernelChoice const& c) {
     default:
       switch (c.loop) {
         case L::kPlain:
-          switch (c.tile_n) {
-            case 16: return sm90_entry<Element, 16, /*kPingpong=*/true, L::kPlain>();
-            case 32: return sm90_entry<Element, 32, true, L::kPlain, /*kClusterM=*/2>();
-            default: return sm90_entry<Element, 64, true, L::kPlain, 2>();
-          }
+          return c.tile_n == 16 ? sm90_entry<Element, 16, /*kPingpong=*/true, L::kPlain>()
+                                : sm90_entry<Element, 32, true, L::kPlain, /*kClusterM=*/2>();
         case L::kCommonControls: return sm90_entry<Element, 16, true, L::kCommonControls>();
         case L::kAllControls: return sm90_entry<Element, 16, true, L::kAllControls>();
         default:

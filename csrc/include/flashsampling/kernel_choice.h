@@ -103,12 +103,14 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // the plain loop draws their noise as plain sampling's, where the controls' loop pays for its
   // per-column controls.
   if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras && tile_n == 128) c.loop = SamplerLoop::kPlain;
-  // Plain passes of more than 64 columns and controls passes of more than 16 run the kernel with
-  // epilogue warpgroups: there the epilogue's work is as long as the mainloop, and warpgroups of
-  // its own overlap it with the next tile's GEMM, which CUTLASS's schedules do not
-  // (docs/kernel.md). An even number of 128-wide column tiles runs in clusters of two along N,
-  // which receive each W tile by TMA multicast (an odd count would round up to an empty tile).
-  bool const wide_plain = c.loop == SamplerLoop::kPlain && tile_n == 128;
+  // Plain passes of more than 32 columns and controls passes of more than 16 run the kernel with
+  // epilogue warpgroups: there the epilogue's work is as long as the mainloop (at D = 2048 longer:
+  // the 64-wide pingpong tile was 25% slower there, and no faster at any D up to 8192 on an H100
+  // or an H200), and warpgroups of its own overlap it with the next tile's GEMM, which CUTLASS's
+  // schedules do not (docs/kernel.md). An even number of 128-wide column tiles runs in clusters of
+  // two along N, which receive each W tile by TMA multicast (an odd count would round up to an
+  // empty tile).
+  bool const wide_plain = c.loop == SamplerLoop::kPlain && tile_n >= 64;
   bool const wide_controls = c.loop == SamplerLoop::kCommonControls && tile_n >= 32;
   if (wide_plain || wide_controls) {
     c.tile_n = wide_plain && narrow_ragged_columns && narrow_ragged_column_tiles(columns) ? 64 : tile_n;
@@ -117,8 +119,8 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
     c.cluster_n = c.tile_n == 128 && column_tiles % 2 == 0 && column_clusters ? 2 : 1;
     return c;
   }
-  // Otherwise one N tile on the pingpong schedule, in clusters of two along M from N = 32 on
-  // (at N = 16 the pair's synchronisation costs more than the hidden tile's traffic it saves).
+  // Otherwise one N tile on the pingpong schedule, in clusters of two along M at N = 32 (at
+  // N = 16 the pair's synchronisation costs more than the hidden tile's traffic it saves).
   c.tile_n = tile_n;
   c.schedule = SamplerSchedule::kPingpong;
   c.cluster_m = tile_n >= 32 ? 2 : 1;
