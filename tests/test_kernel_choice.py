@@ -20,10 +20,10 @@ UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels(
 
 
 def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True,
-           plain_loop_extras=False, narrow_ragged_columns=True):
+           plain_loop_extras=False, narrow_ragged_columns=True, plain_loop_extras_on_64_wide_tiles=False):
     return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
                                                   top_candidates_epilogue_warpgroups, plain_loop_extras,
-                                                  narrow_ragged_columns)
+                                                  narrow_ragged_columns, plain_loop_extras_on_64_wide_tiles)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -193,3 +193,20 @@ def test_logit_transform_calls_run_the_controls_kernels_up_to_64_columns(columns
         assert ("_plain_" if plain else "_common_controls_") in unit and unit in UNITS, unit
         assert "_common_controls_" in choice(arch, needs, columns), columns
     assert ("epilogue_warpgroups" in choice(90, needs, columns, plain_loop_extras=True)) == (columns > 16)
+
+
+def test_plain_loop_extras_on_64_wide_tiles_takes_33_to_64_columns():
+    """The A/B plain_loop_extras_on_64_wide_tiles = true gives a plain_loop_extras call of 33-64
+    columns the plain loop's 64-wide epilogue-warpgroup tile (else the common controls' loop on
+    it); up to 32 columns, beyond 64 and on sm100 nothing changes."""
+    for columns in (33, 48, 64):
+        assert choice(90, "common_controls", columns, plain_loop_extras=True) == \
+            "sampler_bf16_n64_common_controls_epilogue_warpgroups_sm90", columns
+        assert choice(90, "common_controls", columns, plain_loop_extras=True,
+                      plain_loop_extras_on_64_wide_tiles=True) == "sampler_bf16_n64_plain_epilogue_warpgroups_sm90"
+        assert choice(90, "common_controls", columns, plain_loop_extras_on_64_wide_tiles=True) == \
+            "sampler_bf16_n64_common_controls_epilogue_warpgroups_sm90"
+    for columns in (16, 32, 65, 128, 144, 256):
+        for arch in (90, 100):
+            assert choice(arch, "common_controls", columns, plain_loop_extras=True) == choice(
+                arch, "common_controls", columns, plain_loop_extras=True, plain_loop_extras_on_64_wide_tiles=True)

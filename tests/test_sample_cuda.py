@@ -276,6 +276,55 @@ def test_narrow_ragged_column_tiles_change_no_token():
         assert runs_controls_on_epilogue_warpgroups(plain_kernel_names(144), 128, loop=0)
 
 
+def plain_loop_extras_probe():
+    op = flashsampling_cuda.sample_with_scores
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    out = []
+    # 33-64 columns: scale / soft-cap / penalties alone, and several samples of row quads
+    for batch, vocab, dtype in ((50, 30011, torch.bfloat16), (64, 20000, torch.float16), (33, 9001, torch.bfloat16)):
+        hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
+        weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
+        state = flashsampling_cuda.PenaltyState(torch.randint(0, vocab, (batch, 8), device="cuda", generator=gen))
+        for kwargs in (dict(temperature=0.8, logit_softcap=20.0), dict(temperature=0.7, logit_scale=0.5),
+                       dict(temperature=0.0, logit_scale=0.5, frequency_penalty=0.5, presence_penalty=0.3,
+                            penalty_state=state),
+                       dict(temperature=0.9, repetition_penalty=torch.full((batch,), 1.2, device="cuda"),
+                            frequency_penalty=-0.4, penalty_state=state)):
+            result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), **kwargs)
+            out.extend(t for t in result if isinstance(t, torch.Tensor))
+        # several samples of row quads: 4 x 12 = 48 columns
+        result = op(hidden[:12], weight, seed=torch.tensor(13), offset=torch.tensor(2), num_samples=4)
+        out.extend(t for t in result if isinstance(t, torch.Tensor))
+    return [t.cpu() for t in out]
+
+
+def softcap_kernel_names(batch):
+    from torch.profiler import ProfilerActivity, profile
+
+    hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
+    weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
+    flashsampling_cuda.sample(hidden, weight, temperature=0.7, logit_softcap=20.0)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        flashsampling_cuda.sample(hidden, weight, temperature=0.7, logit_softcap=20.0)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def test_plain_loop_extras_on_64_wide_tiles_change_no_token():
+    """The A/B DispatchOptions::plain_loop_extras_on_64_wide_tiles gives calls of 33-64 columns
+    with the scale / soft-cap / penalties alone (or several samples alone on row quads) the plain
+    loop's 64-wide epilogue-warpgroup tile instead of the common controls' loop: the same tokens
+    and scores, bit for bit (bf16 and fp16, greedy rows, penalties that raise logits); and it
+    really switches the loop at 50 columns."""
+    controls = plain_loop_extras_probe()
+    with dispatch_options(plain_loop_extras_on_64_wide_tiles=True):
+        plain = plain_loop_extras_probe()
+    assert_bitwise_equal(plain, controls)
+    assert runs_controls_on_epilogue_warpgroups(softcap_kernel_names(50), 64, loop=1)
+    with dispatch_options(plain_loop_extras_on_64_wide_tiles=True):
+        assert runs_controls_on_epilogue_warpgroups(softcap_kernel_names(50), 64, loop=0)
+
+
 def test_default_generator_reproducible_and_advancing():
     hidden, weight = lm_head(64, 32000, 256, torch.bfloat16, seed=4)
     torch.manual_seed(0)

@@ -5,7 +5,10 @@ tokens and scores. Prints on / off per cell and the ratio off / on (> 1: the swi
 
   python benchmarks/probes/ab_dispatch_option.py --option top_p_tile_winners
       [--shapes 4096x151936] [--batches 1,16,64,256] [--regimes flat,llm] [--forms "p0.9 [B],..." | none]
-      [--offsets 0,1,2]
+      [--offsets 0,1,2] [--extras softcap,logit_scale,penalties]
+
+--extras adds calls of bench_penalties.py's forms (its constants; the penalties over 2048-token
+histories) without truncation.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*
 
 import torch  # noqa: E402
 
+from bench_penalties import FREQUENCY, LOGIT_SCALE, PRESENCE, REPETITION, SOFTCAP, histories  # noqa: E402
 from bench_sampler import median_us  # noqa: E402
 from bench_truncation import FORMS, form_arguments  # noqa: E402
 from harness import shape_list  # noqa: E402
@@ -33,6 +37,21 @@ def same_results(a, b) -> bool:
                for x, y in zip(a, b) if isinstance(x, torch.Tensor))
 
 
+def extra_arguments(form: str, batch: int, vocab: int) -> dict:
+    """sample()'s arguments of one of bench_penalties.py's forms."""
+    if form == "softcap":
+        return dict(logit_softcap=SOFTCAP)
+    if form == "logit_scale":
+        return dict(logit_scale=LOGIT_SCALE)
+    if form == "penalties":
+        prompt_ids, output_ids = histories(batch, 2048, vocab, "cuda", seed=batch * 7 + 2048)
+        per_row = {name: torch.full((batch,), value, dtype=torch.float32, device="cuda")
+                   for name, value in (("repetition_penalty", REPETITION), ("frequency_penalty", FREQUENCY),
+                                       ("presence_penalty", PRESENCE))}
+        return dict(penalty_state=flashsampling_cuda.PenaltyState(prompt_ids, output_ids), **per_row)
+    raise ValueError(f"unknown --extras form {form!r}: softcap, logit_scale or penalties")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--option", required=True, help="a DispatchOptions field, e.g. top_p_tile_winners")
@@ -41,13 +60,15 @@ def main() -> None:
     parser.add_argument("--regimes", default="flat,llm")
     parser.add_argument("--forms", default=None,
                         help="comma-separated bench_truncation FORMS (default: all; none: plain sampling alone)")
+    parser.add_argument("--extras", default="", help="comma-separated: softcap, logit_scale, penalties")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--offsets", default="0",
                         help="comma-separated noise offsets: each cell is the mean over them (draws that differ)")
     args = parser.parse_args()
     set_options = torch.ops.flashsampling._set_dispatch_options
     named = [] if args.forms == "none" else args.forms.split(",") if args.forms else list(FORMS)
-    forms = {"plain": (0.8, {})} | {f: FORMS[f] for f in named}
+    forms = {"plain": (0.8, {})} | {f: FORMS[f] for f in named} | {
+        f: (0.8, None) for f in args.extras.split(",") if f}
     print(f"# {torch.cuda.get_device_name()}; {args.option}: on / off µs, off / on")
     ratios = []
     for dim, vocab in shape_list(args.shapes):
@@ -58,8 +79,10 @@ def main() -> None:
                 for form, (temperature, spec) in forms.items():
                     on_offsets, off_offsets, same = [], [], True
                     for offset in (int(o) for o in args.offsets.split(",")):
+                        arguments = (extra_arguments(form, batch, vocab) if spec is None
+                                     else form_arguments(spec, batch))
                         kwargs = dict(temperature=temperature, seed=torch.tensor(7, device="cuda"),
-                                      offset=torch.tensor(offset, device="cuda"), **form_arguments(spec, batch))
+                                      offset=torch.tensor(offset, device="cuda"), **arguments)
 
                         def call(kwargs=kwargs):
                             return flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)

@@ -52,9 +52,11 @@ inline bool narrow_ragged_column_tiles(int64_t columns) { return columns > 128 &
 // needs_only_plain_loop_extras: logit_scale / logit_softcap and / or the penalties, or several
 // samples on row quads). `narrow_ragged_columns` = false keeps the 128-wide tiles where
 // narrow_ragged_column_tiles would take 64-wide ones (the same tokens; tests compare the two).
+// `plain_loop_extras_on_64_wide_tiles` = true gives a plain_loop_extras call of 33-64 columns the
+// plain loop too (an A/B, off by default: docs/kernel.md).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
                                   bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false,
-                                  bool narrow_ragged_columns = true) {
+                                  bool narrow_ragged_columns = true, bool plain_loop_extras_on_64_wide_tiles = false) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -102,7 +104,9 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // does a call of several samples alone on row quads (speculative verification's positions):
   // the plain loop draws their noise as plain sampling's, where the controls' loop pays for its
   // per-column controls.
-  if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras && tile_n == 128) c.loop = SamplerLoop::kPlain;
+  if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras &&
+      (tile_n == 128 || (tile_n == 64 && plain_loop_extras_on_64_wide_tiles)))
+    c.loop = SamplerLoop::kPlain;
   // Plain passes of more than 32 columns and controls passes of more than 16 run the kernel with
   // epilogue warpgroups: there the epilogue's work is as long as the mainloop (at D = 2048 longer:
   // the 64-wide pingpong tile was 25% slower there, and no faster at any D up to 8192 on an H100
