@@ -20,10 +20,10 @@ UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels(
 
 
 def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True,
-           plain_loop_extras=False, narrow_ragged_columns=True, plain_loop_extras_on_64_wide_tiles=False):
+           plain_loop_extras=False, narrow_ragged_columns=True):
     return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
                                                   top_candidates_epilogue_warpgroups, plain_loop_extras,
-                                                  narrow_ragged_columns, plain_loop_extras_on_64_wide_tiles)
+                                                  narrow_ragged_columns)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -126,13 +126,13 @@ def test_plain_loop_extras():
     assert not extras(penalties=True, allowed_mask=True) and not extras(model_transform=True, logprobs=True)
 
 
-@pytest.mark.parametrize("columns", [17, 64, 65, 128, 320, 1000])
-def test_several_samples_alone_run_the_plain_kernel_beyond_64_columns(columns):
+@pytest.mark.parametrize("columns", [17, 32, 33, 64, 65, 128, 320, 1000])
+def test_several_samples_alone_run_the_plain_kernel_beyond_32_columns(columns):
     """Several samples alone on row quads (speculative verification's positions) run the plain
-    epilogue-warpgroup kernel beyond 64 columns on sm90; otherwise the loop for all controls'
+    epilogue-warpgroup kernel beyond 32 columns on sm90; otherwise the loop for all controls'
     kernels."""
     unit = choice(90, loop(num_samples=2), columns, plain_loop_extras=True)
-    assert ("_plain_" if columns > 64 else "_common_controls_") in unit and unit in UNITS, unit
+    assert ("_plain_" if columns > 32 else "_common_controls_") in unit and unit in UNITS, unit
     assert "_plain_" not in choice(90, loop(num_samples=2), columns)
     assert "_all_controls_" in choice(100, loop(num_samples=2), columns, plain_loop_extras=True)
 
@@ -177,36 +177,20 @@ def test_penalised_calls_run_the_controls_kernels(columns):
     assert loop(penalties=True, sparse_bias=True) == "all_controls"
 
 
-@pytest.mark.parametrize("columns", [1, 16, 17, 50, 64, 65, 100, 200, 300])
+@pytest.mark.parametrize("columns", [1, 16, 17, 32, 33, 50, 64, 65, 100, 200, 300])
 @pytest.mark.parametrize("needs", [dict(model_transform=True), dict(penalties=True),
                                    dict(model_transform=True, penalties=True)], ids=lambda n: "+".join(n))
-def test_logit_transform_calls_run_the_controls_kernels_up_to_64_columns(columns, needs):
+def test_logit_transform_calls_run_the_controls_kernels_up_to_32_columns(columns, needs):
     """A soft-capped (or scaled) and / or penalised call with nothing else (plain_loop_extras) runs the common
-    controls' kernels up to 64 columns (the CUTLASS pingpong tile up to 16 on sm90, the
-    epilogue-warpgroup kernels beyond) and on sm100 (the visitor's); beyond 64 columns on sm90 the
-    plain epilogue-warpgroup kernel, whose loop applies them. With another control beside them,
-    the controls' kernels."""
+    controls' kernels up to 32 columns (the CUTLASS pingpong tile up to 16 on sm90, the
+    epilogue-warpgroup kernel beyond) and on sm100 (the visitor's); beyond 32 columns on sm90 the
+    plain epilogue-warpgroup kernel (64 wide up to 64 columns), whose loop applies them. With
+    another control beside them, the controls' kernels."""
     needs = loop(**needs)
     for arch in (90, 100):
         unit = choice(arch, needs, columns, plain_loop_extras=True)
-        plain = arch == 90 and columns > 64
+        plain = arch == 90 and columns > 32
         assert ("_plain_" if plain else "_common_controls_") in unit and unit in UNITS, unit
         assert "_common_controls_" in choice(arch, needs, columns), columns
     assert ("epilogue_warpgroups" in choice(90, needs, columns, plain_loop_extras=True)) == (columns > 16)
 
-
-def test_plain_loop_extras_on_64_wide_tiles_takes_33_to_64_columns():
-    """The A/B plain_loop_extras_on_64_wide_tiles = true gives a plain_loop_extras call of 33-64
-    columns the plain loop's 64-wide epilogue-warpgroup tile (else the common controls' loop on
-    it); up to 32 columns, beyond 64 and on sm100 nothing changes."""
-    for columns in (33, 48, 64):
-        assert choice(90, "common_controls", columns, plain_loop_extras=True) == \
-            "sampler_bf16_n64_common_controls_epilogue_warpgroups_sm90", columns
-        assert choice(90, "common_controls", columns, plain_loop_extras=True,
-                      plain_loop_extras_on_64_wide_tiles=True) == "sampler_bf16_n64_plain_epilogue_warpgroups_sm90"
-        assert choice(90, "common_controls", columns, plain_loop_extras_on_64_wide_tiles=True) == \
-            "sampler_bf16_n64_common_controls_epilogue_warpgroups_sm90"
-    for columns in (16, 32, 65, 128, 144, 256):
-        for arch in (90, 100):
-            assert choice(arch, "common_controls", columns, plain_loop_extras=True) == choice(
-                arch, "common_controls", columns, plain_loop_extras=True, plain_loop_extras_on_64_wide_tiles=True)

@@ -169,7 +169,7 @@ def noise_skip_probe():
     op = torch.ops.flashsampling.sample_with_scores
     gen = torch.Generator(device="cuda").manual_seed(6)
     out = []
-    # Batches on the epilogue-warpgroup kernels (plain: > 64 columns; common controls: > 32), one to
+    # Batches on the epilogue-warpgroup kernels (plain: > 32 columns; common controls: > 16), one to
     # three N tiles, ~2-8 vocabulary tiles per SM so that later tiles skip against earlier ones.
     for batch, vocab, dtype, vocab_start in ((65, 64000, torch.bfloat16, 0), (128, 100003, torch.float16, 7),
                                              (257, 64000, torch.bfloat16, 0), (48, 151936, torch.bfloat16, 0),
@@ -276,53 +276,25 @@ def test_narrow_ragged_column_tiles_change_no_token():
         assert runs_controls_on_epilogue_warpgroups(plain_kernel_names(144), 128, loop=0)
 
 
-def plain_loop_extras_probe():
-    op = flashsampling_cuda.sample_with_scores
+def test_plain_loop_extras_of_33_to_64_columns_as_the_controls_loop():
+    """Calls of 33-64 columns with the scale / soft-cap / penalties alone, or several samples alone
+    on row quads, run the plain loop's 64-wide epilogue-warpgroup tile: the same tokens and scores,
+    bit for bit, as the common controls' loop (a bias of zeros) gives them (bf16 and fp16, greedy
+    rows, penalties that raise logits)."""
     gen = torch.Generator(device="cuda").manual_seed(9)
-    out = []
-    # 33-64 columns: scale / soft-cap / penalties alone, and several samples of row quads
     for batch, vocab, dtype in ((50, 30011, torch.bfloat16), (64, 20000, torch.float16), (33, 9001, torch.bfloat16)):
         hidden = torch.randn(batch, 256, device="cuda", generator=gen).to(dtype)
         weight = (torch.randn(vocab, 256, device="cuda", generator=gen) * 0.15).to(dtype)
         state = flashsampling_cuda.PenaltyState(torch.randint(0, vocab, (batch, 8), device="cuda", generator=gen))
+        noise = dict(seed=torch.tensor(13, device="cuda"), offset=torch.tensor(2, device="cuda"))
         for kwargs in (dict(temperature=0.8, logit_softcap=20.0), dict(temperature=0.7, logit_scale=0.5),
                        dict(temperature=0.0, logit_scale=0.5, frequency_penalty=0.5, presence_penalty=0.3,
                             penalty_state=state),
                        dict(temperature=0.9, repetition_penalty=torch.full((batch,), 1.2, device="cuda"),
                             frequency_penalty=-0.4, penalty_state=state)):
-            result = op(hidden, weight, seed=torch.tensor(13), offset=torch.tensor(2), **kwargs)
-            out.extend(t for t in result if isinstance(t, torch.Tensor))
+            assert_same_as_the_controls_loop(hidden, weight, {**noise, **kwargs})
         # several samples of row quads: 4 x 12 = 48 columns
-        result = op(hidden[:12], weight, seed=torch.tensor(13), offset=torch.tensor(2), num_samples=4)
-        out.extend(t for t in result if isinstance(t, torch.Tensor))
-    return [t.cpu() for t in out]
-
-
-def softcap_kernel_names(batch):
-    from torch.profiler import ProfilerActivity, profile
-
-    hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
-    weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
-    flashsampling_cuda.sample(hidden, weight, temperature=0.7, logit_softcap=20.0)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        flashsampling_cuda.sample(hidden, weight, temperature=0.7, logit_softcap=20.0)
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-
-
-def test_plain_loop_extras_on_64_wide_tiles_change_no_token():
-    """The A/B DispatchOptions::plain_loop_extras_on_64_wide_tiles gives calls of 33-64 columns
-    with the scale / soft-cap / penalties alone (or several samples alone on row quads) the plain
-    loop's 64-wide epilogue-warpgroup tile instead of the common controls' loop: the same tokens
-    and scores, bit for bit (bf16 and fp16, greedy rows, penalties that raise logits); and it
-    really switches the loop at 50 columns."""
-    controls = plain_loop_extras_probe()
-    with dispatch_options(plain_loop_extras_on_64_wide_tiles=True):
-        plain = plain_loop_extras_probe()
-    assert_bitwise_equal(plain, controls)
-    assert runs_controls_on_epilogue_warpgroups(softcap_kernel_names(50), 64, loop=1)
-    with dispatch_options(plain_loop_extras_on_64_wide_tiles=True):
-        assert runs_controls_on_epilogue_warpgroups(softcap_kernel_names(50), 64, loop=0)
+        assert_same_as_the_controls_loop(hidden[:12], weight, {**noise, "num_samples": 4})
 
 
 def test_default_generator_reproducible_and_advancing():
@@ -630,11 +602,11 @@ def test_per_row_keys_on_the_common_controls_loop(batch, keys):
 
 # (batch, num_samples, seeding, controls): several samples (GEMM column s * B + b) and sparse bias on
 # the epilogue-warpgroup kernels' controls loop from 17 columns (several samples alone on row
-# quads beyond 64 columns: the plain loop's). Batch-wide seeds with
+# quads beyond 32 columns: the plain loop's). Batch-wide seeds with
 # B % 4 == 0 take the Philox block of a whole row quad, other batches a key per column; 64- and
 # 128-wide tiles, column pairs, several N tiles.
 SEVERAL_SAMPLES_AND_SPARSE_CASES = [
-    (12, 4, "batch", "none"),       # 48 columns: the 64-wide tile, row quads
+    (12, 4, "batch", "none"),       # 48 columns: the plain loop's 64-wide tile, row quads
     (36, 3, "batch", "common"),     # 108: one 128-wide tile, row quads, temperatures + mask + bias
     (50, 2, "batch", "sparse"),     # 100: columns keyed one by one (50 % 4 = 2), sparse bias only
     (64, 4, "batch", "all"),        # 256: two 128-wide tiles (a column pair), everything
@@ -697,7 +669,7 @@ def all_controls_calls():
     """Calls that need the loop for all controls up to 16 columns (per-row seeds / offsets,
     several samples, sparse bias) at 20-256 rows: (hidden, weight, kwargs) of sample_with_scores.
     Beyond 16 columns they run the epilogue-warpgroup kernels' controls loop, but several samples
-    alone of B % 4 == 0 rows beyond 64 columns (B = 40 and 256 with num_samples=3) its plain loop."""
+    alone of B % 4 == 0 rows beyond 32 columns (B = 20, 40 and 256 with num_samples=3) its plain loop."""
     gen = torch.Generator(device="cuda").manual_seed(8)
     for batch, vocab, dtype in ((20, 9001, torch.float16), (40, 30011, torch.bfloat16),
                                 (130, 64000, torch.float16), (256, 50001, torch.bfloat16)):
@@ -733,7 +705,7 @@ def rows_of(kwargs: dict, rows: slice) -> dict:
 
 def test_all_controls_beyond_16_columns_match_the_all_controls_loop():
     """Calls needing every control run, beyond 16 GEMM columns, on the epilogue-warpgroup kernels'
-    controls loop (several samples alone beyond 64 columns on its plain loop); up to 16 on the loop
+    controls loop (several samples alone beyond 32 columns on its plain loop); up to 16 on the loop
     for all controls. With per-row seeds the noise does not
     depend on a row's place in the batch, so the same rows sampled 16 columns at a time (the other
     loop) give the same tokens and scores bit for bit and log-probabilities within rounding of the
@@ -807,7 +779,7 @@ def test_mask_check_under_capture_points_at_empty_mask_token():
 
 
 # The model-side transforms (logit_scale, logit_softcap) in the fused epilogue: they run in the
-# controls' loops (the common controls' when nothing else is on), and alone beyond 64 columns on
+# controls' loops (the common controls' when nothing else is on), and alone beyond 32 columns on
 # sm90 in the plain epilogue-warpgroup loop.
 # GPU == CPU bit for bit needs the same raw logits on both, so these problems have exact ones:
 # hidden in k / 8 (|k| <= 8) and weight in small integers, whose products and every partial sum
@@ -933,10 +905,10 @@ def test_model_transforms_pathwise_against_float64_reference(batch):
     assert torch.allclose(out.token_logprobs.cpu()[same], ref.logprobs.cpu().float()[same], atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("batch,loop", [(50, 1), (100, 0), (256, 0)])
+@pytest.mark.parametrize("batch,loop", [(20, 1), (50, 0), (100, 0), (256, 0)])
 def test_soft_capped_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
-    """A soft-capped call with nothing else runs the common controls' kernel up to 64 columns (the
-    epilogue-warpgroup one at 50), beyond it the plain epilogue-warpgroup kernel, whose loop
+    """A soft-capped call with nothing else runs the common controls' kernel up to 32 columns (the
+    epilogue-warpgroup one at 20), beyond it the plain epilogue-warpgroup kernel, whose loop
     applies the soft-cap; no cuBLAS GEMM (the logits route's)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -946,17 +918,17 @@ def test_soft_capped_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
         flashsampling_cuda.sample(hidden, weight, logit_softcap=30.0)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert runs_controls_on_epilogue_warpgroups(names, 64 if batch <= 64 else 128, loop), names
+    assert runs_controls_on_epilogue_warpgroups(names, 32 if batch <= 32 else 64 if batch <= 64 else 128, loop), names
     ours = ("flashsampling", "cutlass")  # our kernels (prepare_gemm_inputs among them) and CUTLASS's
     assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names
 
 
-@pytest.mark.parametrize("batch", [65, 128, 200, 256])
+@pytest.mark.parametrize("batch", [50, 65, 128, 200, 256])
 @pytest.mark.parametrize("transforms", MODEL_TRANSFORMS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
 @pytest.mark.parametrize("temperature", [0.8, 0.0, 2.5])
 @pytest.mark.parametrize("regime", ["exact", "lm_head"])
 def test_model_transforms_on_the_plain_epilogue_warpgroup_loop(batch, transforms, temperature, regime):
-    """logit_scale / logit_softcap alone beyond 64 columns: the plain epilogue-warpgroup loop
+    """logit_scale / logit_softcap alone beyond 32 columns: the plain epilogue-warpgroup loop
     scales at once and soft-caps only in steps whose exact scores the skip needs, bounding the
     capped logits without the tanh. Exact logits: tokens and scores == the CPU op bit for bit;
     also an LM-head problem's peaked rows (bf16, logits up to the cap): the same tokens and scores
@@ -1062,7 +1034,7 @@ def test_penalties_on_the_loops_for_all_controls(batch, num_samples, seeding):
 @pytest.mark.parametrize("temperature", ["rows", 0.8, 0.0])
 @pytest.mark.parametrize("case", ["lowering", "raising", "raising_adds", "lowering_with_softcap"])
 def test_penalties_same_tokens_without_the_noise_skip(batch, temperature, case):
-    """The noise skip bounds the penalised logit's score (the controls' loop; beyond 64 columns a
+    """The noise skip bounds the penalised logit's score (the controls' loop; beyond 32 columns a
     call with a batch-wide temperature takes the plain loop, which bounds it by the logit in rows
     whose penalties only lower logits and draws the exact scores of the others'): the same tokens
     and scores with the skip off and without the log-sum-exp references, and as the controls'
@@ -1115,10 +1087,10 @@ def test_penalties_multi_step_decode_cuda_equals_cpu(batch):
     assert torch.equal(gpu_state.output_counts.cpu(), cpu_state.output_counts)
 
 
-@pytest.mark.parametrize("batch,loop", [(50, 1), (100, 0)])
+@pytest.mark.parametrize("batch,loop", [(20, 1), (50, 0), (100, 0)])
 def test_penalised_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
-    """A penalised call with nothing else runs the common controls' kernel up to 64 columns (the
-    epilogue-warpgroup one at 50), beyond it the plain epilogue-warpgroup kernel, whose loop applies
+    """A penalised call with nothing else runs the common controls' kernel up to 32 columns (the
+    epilogue-warpgroup one at 20), beyond it the plain epilogue-warpgroup kernel, whose loop applies
     the penalties, after the rank-bitmap kernel, and no cuBLAS GEMM (the old logits route's)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -1130,6 +1102,6 @@ def test_penalised_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
     assert any("build_penalty_table" in n for n in names), names
-    assert runs_controls_on_epilogue_warpgroups(names, 64 if batch <= 64 else 128, loop), names
+    assert runs_controls_on_epilogue_warpgroups(names, 32 if batch <= 32 else 64 if batch <= 64 else 128, loop), names
     ours = ("flashsampling", "cutlass")
     assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names

@@ -18,7 +18,7 @@ namespace {
 // function, so CPU builds answer it too (tests/test_kernel_choice.py).
 std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters,
                           bool top_candidates_epilogue_warpgroups, bool plain_loop_extras,
-                          bool narrow_ragged_columns, bool plain_loop_extras_on_64_wide_tiles) {
+                          bool narrow_ragged_columns) {
   using flashsampling::SamplerLoop;
   SamplerLoop kind = static_cast<SamplerLoop>(-1);
   for (int i = 0; i < flashsampling::kSamplerLoops; ++i) {
@@ -29,8 +29,7 @@ std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns
   TORCH_CHECK(columns >= 1, "flashsampling._kernel_choice: columns must be >= 1, got ", columns);
   return flashsampling::kernel_unit_name(
       flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters,
-                                   top_candidates_epilogue_warpgroups, plain_loop_extras, narrow_ragged_columns,
-                                   plain_loop_extras_on_64_wide_tiles),
+                                   top_candidates_epilogue_warpgroups, plain_loop_extras, narrow_ragged_columns),
       bf16);
 }
 
@@ -262,7 +261,7 @@ TORCH_LIBRARY(flashsampling, m) {
   // The dispatch's kernel choice (above).
   m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True, "
         "bool top_candidates_epilogue_warpgroups=True, bool plain_loop_extras=False, "
-        "bool narrow_ragged_columns=True, bool plain_loop_extras_on_64_wide_tiles=False) -> str",
+        "bool narrow_ragged_columns=True) -> str",
         &kernel_choice);
   m.def("_streaming_chunks(int listed_quads, int quads, int vocab, int sm_count, bool one_wave) -> (int, int, int)",
         &streaming_chunks);

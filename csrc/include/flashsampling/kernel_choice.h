@@ -52,11 +52,9 @@ inline bool narrow_ragged_column_tiles(int64_t columns) { return columns > 128 &
 // needs_only_plain_loop_extras: logit_scale / logit_softcap and / or the penalties, or several
 // samples on row quads). `narrow_ragged_columns` = false keeps the 128-wide tiles where
 // narrow_ragged_column_tiles would take 64-wide ones (the same tokens; tests compare the two).
-// `plain_loop_extras_on_64_wide_tiles` = true gives a plain_loop_extras call of 33-64 columns the
-// plain loop too (an A/B, off by default: docs/kernel.md).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
                                   bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false,
-                                  bool narrow_ragged_columns = true, bool plain_loop_extras_on_64_wide_tiles = false) {
+                                  bool narrow_ragged_columns = true) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -95,18 +93,16 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // (per-row keys, several samples, sparse bias) on wider tiles, and its skip draws the logs
   // only where they can matter.
   if (loop == SamplerLoop::kAllControls && tile_n >= 32) c.loop = SamplerLoop::kCommonControls;
-  // A call with logit_scale / logit_softcap and / or the penalties alone beyond 64 columns: the
+  // A call with logit_scale / logit_softcap and / or the penalties alone beyond 32 columns: the
   // plain loop of the epilogue-warpgroup kernel applies them, the soft-cap's tanh and the
   // penalties' look-ups only in steps whose exact scores the skip needs (its bounds:
-  // fs_softcap_upper_bound, and the logit itself in rows whose penalties only lower logits).
-  // There the epilogue bounds the kernel and the controls' loop would pay them on every element;
-  // up to 64 columns the weight's stream hides most of that, and the controls' loop stays. So
-  // does a call of several samples alone on row quads (speculative verification's positions):
-  // the plain loop draws their noise as plain sampling's, where the controls' loop pays for its
-  // per-column controls.
-  if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras &&
-      (tile_n == 128 || (tile_n == 64 && plain_loop_extras_on_64_wide_tiles)))
-    c.loop = SamplerLoop::kPlain;
+  // fs_softcap_upper_bound, and the logit itself in rows whose penalties only lower logits),
+  // where the controls' loop would pay them on every element: at 33-64 columns 1-6% faster at
+  // D = 4096 and up to 27% (the penalties) at D = 2048, whose short mainloop hides less of the
+  // epilogue (docs/kernel.md). So does a call of several samples alone on row quads (speculative
+  // verification's positions): the plain loop draws their noise as plain sampling's, where the
+  // controls' loop pays for its per-column controls. Up to 32 columns the controls' loop stays.
+  if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras && tile_n >= 64) c.loop = SamplerLoop::kPlain;
   // Plain passes of more than 32 columns and controls passes of more than 16 run the kernel with
   // epilogue warpgroups: there the epilogue's work is as long as the mainloop (at D = 2048 longer:
   // the 64-wide pingpong tile was 25% slower there, and no faster at any D up to 8192 on an H100

@@ -336,10 +336,6 @@ struct DispatchOptions {
   // plain passes of 129-192 columns on three 64-wide column tiles (kernel_choice.h's
   // narrow_ragged_column_tiles; else two 128-wide tiles)
   bool narrow_ragged_columns = true;
-  // an A/B (off by default): calls of 33-64 columns with logit_scale / logit_softcap and / or the
-  // penalties alone (or several samples alone on row quads) on the plain loop's 64-wide
-  // epilogue-warpgroup tile instead of the common controls' (kernel_choice.h)
-  bool plain_loop_extras_on_64_wide_tiles = false;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);
