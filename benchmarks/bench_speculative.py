@@ -36,7 +36,7 @@ Usage:
 
 --per-row-seeds gives ours a [B] seed tensor (per-request generators, as serving engines keep
 them): the one-hot route's columns then draw their noise key by key (the controls' loop), where
-a batch-wide seed's several-samples layout takes the plain loop beyond 64 rows.
+a batch-wide seed's several-samples layout takes the plain loop beyond 32 GEMM columns.
   python benchmarks/bench_speculative.py --tiny         # CPU / GPU smoke run, eager timing
 """
 

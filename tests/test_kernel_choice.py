@@ -193,4 +193,3 @@ def test_logit_transform_calls_run_the_controls_kernels_up_to_32_columns(columns
         assert ("_plain_" if plain else "_common_controls_") in unit and unit in UNITS, unit
         assert "_common_controls_" in choice(arch, needs, columns), columns
     assert ("epilogue_warpgroups" in choice(90, needs, columns, plain_loop_extras=True)) == (columns > 16)
-

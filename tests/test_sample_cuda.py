@@ -293,8 +293,15 @@ def test_plain_loop_extras_of_33_to_64_columns_as_the_controls_loop():
                        dict(temperature=0.9, repetition_penalty=torch.full((batch,), 1.2, device="cuda"),
                             frequency_penalty=-0.4, penalty_state=state)):
             assert_same_as_the_controls_loop(hidden, weight, {**noise, **kwargs})
-        # several samples of row quads: 4 x 12 = 48 columns
+        # several samples of row quads: 4 x 12 = 48 columns, on the plain loop's 64-wide tile
         assert_same_as_the_controls_loop(hidden[:12], weight, {**noise, "num_samples": 4})
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            flashsampling_cuda.sample(hidden[:12], weight, **noise, num_samples=4)
+            torch.cuda.synchronize()
+        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        assert runs_controls_on_epilogue_warpgroups(names, 64, loop=0), names
 
 
 def test_default_generator_reproducible_and_advancing():
@@ -395,7 +402,7 @@ def test_opcheck_and_compile_on_cuda():
 
 # ---------------------------------------------------------------- controls on every tile config
 
-# One batch per N bucket of plain sampling (16, 32, 64 pingpong; 128, 256 cooperative;
+# One batch per N bucket of plain sampling (16, 32 pingpong; 64, 128, 256 epilogue warpgroups;
 # > 256 N-tiled) with every control at once and 6 samples: 6 * B GEMM columns in one pass,
 # run on the controls' capped N tiles (16 or 32 wide, several per vocabulary tile).
 CONTROL_BATCHES = [1, 29, 50, 100, 200, 300]

@@ -215,7 +215,7 @@ def test_one_hot_tokens_are_the_plain_samples(device, truncated, per_row_seed, s
     """One-hot drafts: the token at every emitted position j is the token sample() draws from
     hidden[:, j] at offset + j (the same noise, truncation included), the drafts before it are
     those tokens, and the emitted one is not its draft; log-probabilities are sample()'s. A scalar
-    temperature with a batch-wide seed and B % 4 == 0 beyond 64 rows is the plain loop's case on
+    temperature with a batch-wide seed and B % 4 == 0 beyond 32 columns is the plain loop's case on
     sm90 (several samples alone; 36 x 4 = 144 columns: its three 64-wide tiles)."""
     batch, n, vocab, dim = 24 if not scalar_temperature else 36, 3, 700, 32
     hidden, weight = exact_problem(batch, n + 1, vocab, dim, device, seed=12)

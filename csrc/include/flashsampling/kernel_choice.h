@@ -97,9 +97,9 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // plain loop of the epilogue-warpgroup kernel applies them, the soft-cap's tanh and the
   // penalties' look-ups only in steps whose exact scores the skip needs (its bounds:
   // fs_softcap_upper_bound, and the logit itself in rows whose penalties only lower logits),
-  // where the controls' loop would pay them on every element: at 33-64 columns 1-6% faster at
-  // D = 4096 and up to 27% (the penalties) at D = 2048, whose short mainloop hides less of the
-  // epilogue (docs/kernel.md). So does a call of several samples alone on row quads (speculative
+  // where the controls' loop would pay them on every element: at 33-64 columns 0-3% faster at
+  // D = 4096, and at D = 2048, whose short mainloop hides less of the epilogue, 3-6% (soft-cap)
+  // and 15-27% (the penalties) (docs/epilogue.md). So does a call of several samples alone on row quads (speculative
   // verification's positions): the plain loop draws their noise as plain sampling's, where the
   // controls' loop pays for its per-column controls. Up to 32 columns the controls' loop stays.
   if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras && tile_n >= 64) c.loop = SamplerLoop::kPlain;

@@ -6,7 +6,7 @@ namespace flashsampling {
 
 // The epilogue's element loops, each compiled into kernels of its own (code of a loop that
 // is not taken still costs instruction cache: docs/epilogue.md).
-//   kPlain:          is_plain_sampling; on sm90 beyond 64 columns also logit_scale /
+//   kPlain:          is_plain_sampling; on sm90 beyond 32 columns also logit_scale /
 //                    logit_softcap and the penalties alone, or several samples of a batch of
 //                    B % 4 == 0 rows alone (the epilogue-warpgroup kernel's plain loop applies
 //                    them: kernel_choice.h, needs_only_plain_loop_extras).
@@ -56,7 +56,7 @@ inline SamplerLoop sampler_loop_for(LoopNeeds const& n) {
 }
 
 // Whether a call's needs beyond plain sampling are ones the plain loop of the epilogue-warpgroup
-// kernel also applies, which takes it on sm90 beyond 64 columns (kernel_choice.h): logit_scale /
+// kernel also applies, which takes it on sm90 beyond 32 columns (kernel_choice.h): logit_scale /
 // logit_softcap and / or the penalties (its steps apply them), or several samples of a batch of
 // `batch_size` rows with B % 4 == 0 (a quad of GEMM columns is a quad of batch rows of one
 // sample, so the batch-wide seed's Philox block serves it as in plain sampling), each with

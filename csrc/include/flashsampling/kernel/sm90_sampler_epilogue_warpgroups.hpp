@@ -1,5 +1,5 @@
 // The fused sampling GEMM for Hopper with epilogue warpgroups of its own (the plain loop beyond
-// 64 columns; beyond 16, the controls' loop: the common controls, and also per-row seeds /
+// 32 columns; beyond 16, the controls' loop: the common controls, and also per-row seeds /
 // offsets, several samples and sparse bias; sampler_dispatch.cu).
 //
 // CUTLASS's cooperative kernel runs each tile's epilogue on the two MMA warpgroups after
