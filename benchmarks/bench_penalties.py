@@ -129,6 +129,13 @@ def with_gumbel(form: str, temperature: float):
     return fn
 
 
+def per_row_penalties(batch: int, device) -> dict:
+    """The three penalties as [B] float32 tensors (REPETITION, FREQUENCY, PRESENCE)."""
+    return {name: torch.full((batch,), value, dtype=torch.float32, device=device)
+            for name, value in (("repetition_penalty", REPETITION), ("frequency_penalty", FREQUENCY),
+                                ("presence_penalty", PRESENCE))}
+
+
 def ours_kwargs(form: str, state, per_row: dict) -> dict:
     if form == "penalties":
         return dict(penalty_state=state, **per_row)
@@ -159,9 +166,7 @@ def run(bench: Bench, args) -> None:
     for dim, vocab, weight in bench.weights(args.shapes):
         for batch in int_list(args.batches):
             hidden = hidden_states(weight, batch, args.regime, seed=batch)
-            per_row = {name: torch.full((batch,), value, dtype=torch.float32, device=bench.device)
-                       for name, value in (("repetition_penalty", REPETITION), ("frequency_penalty", FREQUENCY),
-                                           ("presence_penalty", PRESENCE))}
+            per_row = per_row_penalties(batch, bench.device)
             plain = {}
             bench.measure(plain, "plain_us", lambda: flashsampling_cuda.sample(hidden, weight, temperature=T))
             cases = [(f, L) for f in forms if f in HISTORY_FORMS for L in int_list(args.histories)]

@@ -295,12 +295,7 @@ def test_plain_loop_extras_of_33_to_64_columns_as_the_controls_loop():
             assert_same_as_the_controls_loop(hidden, weight, {**noise, **kwargs})
         # several samples of row quads: 4 x 12 = 48 columns, on the plain loop's 64-wide tile
         assert_same_as_the_controls_loop(hidden[:12], weight, {**noise, "num_samples": 4})
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            flashsampling_cuda.sample(hidden[:12], weight, **noise, num_samples=4)
-            torch.cuda.synchronize()
-        names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        names = sample_kernel_names(hidden[:12], weight, **noise, num_samples=4)
         assert runs_controls_on_epilogue_warpgroups(names, 64, loop=0), names
 
 
@@ -526,20 +521,31 @@ def test_common_controls_variants(dtype, batch, variant):
         assert out.logsumexp[torch.arange(batch, device="cuda") != 1].isfinite().all()
 
 
-def controls_kernel_names(batch, per_row_temperatures=True):
-    """Names of the CUDA kernels one common-controls sample() call (bf16, per-row temperatures)
-    runs; with per_row_temperatures=False, one plain call's."""
+def sample_kernel_names(hidden, weight, **kwargs):
+    """Names of the CUDA kernels one sample() call runs (after a first call outside the profile)."""
     from torch.profiler import ProfilerActivity, profile
 
-    hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
-    weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
-    # per-row T: the common controls
-    kwargs = dict(temperature=torch.full((batch,), 0.7, device="cuda") if per_row_temperatures else 0.7)
     flashsampling_cuda.sample(hidden, weight, **kwargs)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         flashsampling_cuda.sample(hidden, weight, **kwargs)
         torch.cuda.synchronize()
     return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def epilogue_warpgroups_tile(columns):
+    """The N tile of the epilogue-warpgroup kernel (plain or controls' loop) at these columns, up
+    to 128 (kernel_choice.h)."""
+    return 32 if columns <= 32 else 64 if columns <= 64 else 128
+
+
+def controls_kernel_names(batch, per_row_temperatures=True):
+    """Names of the CUDA kernels one common-controls sample() call (bf16, per-row temperatures)
+    runs; with per_row_temperatures=False, one plain call's."""
+    hidden = torch.randn(batch, 256, device="cuda").to(torch.bfloat16)
+    weight = torch.randn(9000, 256, device="cuda").to(torch.bfloat16)
+    # per-row T: the common controls
+    return sample_kernel_names(
+        hidden, weight, temperature=torch.full((batch,), 0.7, device="cuda") if per_row_temperatures else 0.7)
 
 
 def plain_kernel_names(batch):
@@ -917,15 +923,9 @@ def test_soft_capped_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
     """A soft-capped call with nothing else runs the common controls' kernel up to 32 columns (the
     epilogue-warpgroup one at 20), beyond it the plain epilogue-warpgroup kernel, whose loop
     applies the soft-cap; no cuBLAS GEMM (the logits route's)."""
-    from torch.profiler import ProfilerActivity, profile
-
     hidden, weight = exact_lm_head(batch, seed=2)
-    flashsampling_cuda.sample(hidden, weight, logit_softcap=30.0)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        flashsampling_cuda.sample(hidden, weight, logit_softcap=30.0)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-    assert runs_controls_on_epilogue_warpgroups(names, 32 if batch <= 32 else 64 if batch <= 64 else 128, loop), names
+    names = sample_kernel_names(hidden, weight, logit_softcap=30.0)
+    assert runs_controls_on_epilogue_warpgroups(names, epilogue_warpgroups_tile(batch), loop), names
     ours = ("flashsampling", "cutlass")  # our kernels (prepare_gemm_inputs among them) and CUTLASS's
     assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names
 
@@ -1099,16 +1099,10 @@ def test_penalised_call_runs_the_epilogue_warpgroup_kernels(batch, loop):
     """A penalised call with nothing else runs the common controls' kernel up to 32 columns (the
     epilogue-warpgroup one at 20), beyond it the plain epilogue-warpgroup kernel, whose loop applies
     the penalties, after the rank-bitmap kernel, and no cuBLAS GEMM (the old logits route's)."""
-    from torch.profiler import ProfilerActivity, profile
-
     hidden, weight = exact_lm_head(batch, seed=2)
-    kwargs = dict(repetition_penalty=1.2, frequency_penalty=0.5, penalty_state=penalty_history(batch, seed=4))
-    flashsampling_cuda.sample(hidden, weight, **kwargs)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        flashsampling_cuda.sample(hidden, weight, **kwargs)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    names = sample_kernel_names(hidden, weight, repetition_penalty=1.2, frequency_penalty=0.5,
+                                penalty_state=penalty_history(batch, seed=4))
     assert any("build_penalty_table" in n for n in names), names
-    assert runs_controls_on_epilogue_warpgroups(names, 32 if batch <= 32 else 64 if batch <= 64 else 128, loop), names
+    assert runs_controls_on_epilogue_warpgroups(names, epilogue_warpgroups_tile(batch), loop), names
     ours = ("flashsampling", "cutlass")
     assert not any("gemm" in n.lower() and not any(o in n.lower() for o in ours) for n in names), names

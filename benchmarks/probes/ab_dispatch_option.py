@@ -5,10 +5,10 @@ tokens and scores. Prints on / off per cell and the ratio off / on (> 1: the swi
 
   python benchmarks/probes/ab_dispatch_option.py --option top_p_tile_winners
       [--shapes 4096x151936] [--batches 1,16,64,256] [--regimes flat,llm] [--forms "p0.9 [B],..." | none]
-      [--offsets 0,1,2] [--extras softcap,logit_scale,penalties]
+      [--offsets 0,1,2] [--extras softcap,logit_scale,penalties,freq+pres]
 
---extras adds calls of bench_penalties.py's forms (its constants; the penalties over 2048-token
-histories) without truncation.
+--extras adds calls of bench_penalties.py's forms (penalties, freq+pres, softcap, logit_scale: its
+constants, the penalties over 2048-token histories) without truncation.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*
 
 import torch  # noqa: E402
 
-from bench_penalties import FREQUENCY, LOGIT_SCALE, PRESENCE, REPETITION, SOFTCAP, histories  # noqa: E402
+from bench_penalties import FORMS as PENALTY_FORMS, HISTORY_FORMS, histories, ours_kwargs, per_row_penalties  # noqa: E402
 from bench_sampler import median_us  # noqa: E402
 from bench_truncation import FORMS, form_arguments  # noqa: E402
 from harness import shape_list  # noqa: E402
@@ -38,18 +38,12 @@ def same_results(a, b) -> bool:
 
 
 def extra_arguments(form: str, batch: int, vocab: int) -> dict:
-    """sample()'s arguments of one of bench_penalties.py's forms."""
-    if form == "softcap":
-        return dict(logit_softcap=SOFTCAP)
-    if form == "logit_scale":
-        return dict(logit_scale=LOGIT_SCALE)
-    if form == "penalties":
-        prompt_ids, output_ids = histories(batch, 2048, vocab, "cuda", seed=batch * 7 + 2048)
-        per_row = {name: torch.full((batch,), value, dtype=torch.float32, device="cuda")
-                   for name, value in (("repetition_penalty", REPETITION), ("frequency_penalty", FREQUENCY),
-                                       ("presence_penalty", PRESENCE))}
-        return dict(penalty_state=flashsampling_cuda.PenaltyState(prompt_ids, output_ids), **per_row)
-    raise ValueError(f"unknown --extras form {form!r}: softcap, logit_scale or penalties")
+    """sample()'s arguments of one of bench_penalties.py's forms (histories of 2048 tokens)."""
+    if form not in PENALTY_FORMS:
+        raise ValueError(f"unknown --extras form {form!r}: one of {PENALTY_FORMS}")
+    state = (flashsampling_cuda.PenaltyState(*histories(batch, 2048, vocab, "cuda", seed=batch * 7 + 2048))
+             if form in HISTORY_FORMS else None)
+    return ours_kwargs(form, state, per_row_penalties(batch, "cuda"))
 
 
 def main() -> None:
@@ -60,7 +54,7 @@ def main() -> None:
     parser.add_argument("--regimes", default="flat,llm")
     parser.add_argument("--forms", default=None,
                         help="comma-separated bench_truncation FORMS (default: all; none: plain sampling alone)")
-    parser.add_argument("--extras", default="", help="comma-separated: softcap, logit_scale, penalties")
+    parser.add_argument("--extras", default="", help=f"comma-separated, of {PENALTY_FORMS}")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--offsets", default="0",
                         help="comma-separated noise offsets: each cell is the mean over them (draws that differ)")
