@@ -183,6 +183,59 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
 
 
 @requires_sm90
+@pytest.mark.parametrize("batch", [33, 48, 64])
+@pytest.mark.parametrize("form", ["k_rows", "min_p_rows", "k_p_min_p_rows", "k1000", "k_rows_p_scalar", "p_rows",
+                                  "k_large_rows"])
+def test_narrow_top_candidates_epilogue_warpgroups_change_no_token(form, batch):
+    """The A/B DispatchOptions::narrow_top_candidates_epilogue_warpgroups: a top-k pass of 33-64
+    columns that draws no tile winners runs the epilogue-warpgroup kernel's 64-wide scan
+    (candidates per 128-row tile) instead of the 64-wide pingpong tile (per 64-row tile): the same
+    tokens and scores bit for bit, log-probabilities within rounding of the two merge orders, with
+    the controls the pass takes (per-row T with greedy rows, bias, mask, per-row seeds, two
+    samples); on exact logits the CPU op's tokens and scores. A call that draws the tile winners
+    (top_p alone, a batch-wide seed) keeps the pingpong tile. The profiler checks each setting."""
+    weight = lm_head_weight(V, D, seed=3).cuda()
+    hidden = hidden_states(weight, batch, "llm", seed=batch)
+    g = torch.Generator().manual_seed(batch)
+    temperatures = (torch.rand(batch, generator=g) * 1.5 + 0.3).cuda()
+    temperatures[::7] = 0.0
+    c = random_controls(batch, V, "cuda", vocab_start=64, seed=batch, density=0.5)
+    kwargs = dict(temperature=temperatures, seed=torch.arange(batch, device="cuda") * 3 + 1,
+                  offset=torch.arange(batch, device="cuda"), num_samples=2, return_logprobs=True,
+                  logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7,
+                  truncation_path="fused_top_k", **truncation_kwargs(form, batch, "cuda"))
+    results = {}
+    for narrow in (True, False):
+        results[narrow], names = sample_with_dispatch_options(
+            hidden, weight, kwargs, narrow_top_candidates_epilogue_warpgroups=narrow)
+        assert ran_top_candidates_epilogue_warpgroups(names) == narrow, names
+    assert_same_bits(results[True], results[False], ("tokens", "scores"))
+    for name in ("token_logprobs", "logsumexp"):
+        torch.testing.assert_close(getattr(results[True], name), getattr(results[False], name), rtol=1e-5,
+                                   atol=1e-5, equal_nan=True)
+    # exact logits: the CPU op's tokens and scores
+    exact_hidden, exact_weight, logits = exact_problem(batch, "peaked", seed=batch + len(form))
+    exact_kwargs = dict(temperature=temperatures.cpu(), seed=torch.arange(batch) * 5 + 2, offset=torch.tensor(4),
+                        num_samples=2)  # per-row seeds: no tile winners in any form
+    got, names = sample_with_dispatch_options(
+        exact_hidden.cuda(), exact_weight.cuda(),
+        dict(truncation_path="fused_top_k", **on_cuda(exact_kwargs), **truncation_kwargs(form, batch, "cuda")),
+        narrow_top_candidates_epilogue_warpgroups=True)
+    assert ran_top_candidates_epilogue_warpgroups(names), names
+    op_kwargs = cpu_op_kwargs(exact_kwargs)
+    for name, value in truncation_kwargs(form, batch, "cpu").items():
+        op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)
+    assert torch.equal(got.tokens.cpu(), expected[0])
+    assert torch.equal(got.scores.cpu(), expected[1])
+    # top_p alone with a batch-wide seed draws the tile winners: the pingpong tile either way
+    winners = dict(temperature=0.8, seed=torch.tensor(5, device="cuda"), offset=torch.tensor(1, device="cuda"),
+                   truncation_path="fused_top_k", top_p=torch.full((batch,), 0.9, device="cuda"))
+    _, names = sample_with_dispatch_options(hidden, weight, winners, narrow_top_candidates_epilogue_warpgroups=True)
+    assert not ran_top_candidates_epilogue_warpgroups(names), names
+
+
+@requires_sm90
 @pytest.mark.parametrize("regime", ["flat", "llm"])
 @pytest.mark.parametrize("batch", [7, 48, 130])
 @pytest.mark.parametrize("with_min_p", [False, True], ids=["k_p", "k_p_min_p"])

@@ -51,10 +51,10 @@ ConfigEntry sm90_epilogue_warpgroups_entry() {
 // The fused top-k pass there: candidates per 128-row tile, as the cooperative tile's visitor
 // writes them; no noise (so no skip), and per-row temperatures divided where the scan needs them,
 // as the visitor does (no kernel before the GEMM).
-template <class Element, int kClusterN = 1>
+template <class Element, int TileN = 128, int kClusterN = 1>
 ConfigEntry sm90_top_candidates_epilogue_warpgroups_entry() {
-  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, 128, SamplerLoop::kTopCandidates, 1, kClusterN>,
-          [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsTopCandidatesVocabTile, 128,
+  return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, SamplerLoop::kTopCandidates, 1, kClusterN>,
+          [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsTopCandidatesVocabTile, TileN,
           /*skips_unreachable_noise=*/false, /*loads_inv_temperatures=*/false};
 }
 #endif
@@ -76,7 +76,8 @@ ConfigEntry sm90_config(KernelChoice const& c) {
   switch (c.schedule) {
     case SamplerSchedule::kEpilogueWarpGroups:
       if (c.loop == L::kTopCandidates) {
-        return c.cluster_n == 2 ? sm90_top_candidates_epilogue_warpgroups_entry<Element, 2>()
+        if (c.tile_n == 64) return sm90_top_candidates_epilogue_warpgroups_entry<Element, 64>();
+        return c.cluster_n == 2 ? sm90_top_candidates_epilogue_warpgroups_entry<Element, 128, 2>()
                                 : sm90_top_candidates_epilogue_warpgroups_entry<Element>();
       }
       if (c.loop == L::kPlain) {
@@ -149,18 +150,22 @@ ConfigEntry config_for(KernelChoice const& c) {
   return {nullptr, nullptr, 0, 0};
 }
 
-// Bit i of the options word: DispatchOptions' fields in order, set where a test turned one off.
+// Bit i of the options word: DispatchOptions' fields in order, set where a test turned one from
+// its default (off for all but narrow_top_candidates_epilogue_warpgroups, an A/B that is off by
+// default).
 std::atomic<unsigned> g_disabled_options{0};
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   LoopNeeds const needs = loop_needs(p.controls, p.noise, p.num_samples, p.logprobs);
   SamplerLoop const loop = p.fused_truncation ? SamplerLoop::kTopCandidates : sampler_loop_for(needs);
   DispatchOptions const options = sampler_dispatch_options();
+  bool const tile_winners =
+      p.fused_truncation && options.top_p_tile_winners && fused_truncation_draws_tile_winners(p);
   KernelChoice const choice =
       choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
                     options.top_candidates_epilogue_warpgroups,
                     !p.fused_truncation && needs_only_plain_loop_extras(needs, p.batch_size),
-                    options.narrow_ragged_columns);
+                    options.narrow_ragged_columns, tile_winners, options.narrow_top_candidates_epilogue_warpgroups);
   if (p.element_type == ElementType::kBFloat16) {
 #if defined(FLASHSAMPLING_NO_BF16_KERNELS)  // FLASHSAMPLING_ELEMENT_TYPES left them out
     return {nullptr, nullptr, 0, 0};
@@ -230,7 +235,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.noise_skip ? 0u : 4u) | (options.lse_references ? 0u : 8u) |
                                (options.top_candidates_epilogue_warpgroups ? 0u : 16u) |
                                (options.top_p_tile_winners ? 0u : 32u) |
-                               (options.narrow_ragged_columns ? 0u : 64u),
+                               (options.narrow_ragged_columns ? 0u : 64u) |
+                               (options.narrow_top_candidates_epilogue_warpgroups ? 128u : 0u),
                            std::memory_order_relaxed);
 }
 
@@ -244,6 +250,7 @@ DispatchOptions sampler_dispatch_options() {
   o.top_candidates_epilogue_warpgroups = !(off & 16u);
   o.top_p_tile_winners = !(off & 32u);
   o.narrow_ragged_columns = !(off & 64u);
+  o.narrow_top_candidates_epilogue_warpgroups = (off & 128u) != 0;  // off by default: its bit turns it on
   return o;
 }
 

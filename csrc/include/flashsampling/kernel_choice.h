@@ -52,9 +52,15 @@ inline bool narrow_ragged_column_tiles(int64_t columns) { return columns > 128 &
 // needs_only_plain_loop_extras: logit_scale / logit_softcap and / or the penalties, or several
 // samples on row quads). `narrow_ragged_columns` = false keeps the 128-wide tiles where
 // narrow_ragged_column_tiles would take 64-wide ones (the same tokens; tests compare the two).
+// `tile_winners`: the top-k pass is to draw the tile winners (SamplerParams::draw_tile_winners,
+// which only the CUTLASS schedules' scan draws). `narrow_top_candidates_epilogue_warpgroups` =
+// true runs a top-k pass of 33-64 columns that draws no tile winners on the epilogue-warpgroup
+// kernel's 64-wide scan instead of the 64-wide pingpong tile (an A/B, off by default: the same
+// tokens and scores; docs/truncation_kernels.md).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
                                   bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false,
-                                  bool narrow_ragged_columns = true) {
+                                  bool narrow_ragged_columns = true, bool tile_winners = false,
+                                  bool narrow_top_candidates_epilogue_warpgroups = false) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -69,9 +75,11 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
     // visitor writes (kernel/sm90_sampler_epilogue_warpgroups.hpp); the cooperative tile where
     // asked.
     c.tile_n = columns <= 32 ? 16 : columns <= 64 ? 64 : 128;
+    bool const narrow_epilogue_warpgroups =
+        c.tile_n == 64 && narrow_top_candidates_epilogue_warpgroups && !tile_winners;
     if (!sm90) {
       c.schedule = SamplerSchedule::kSm100;
-    } else if (c.tile_n == 128 && top_candidates_epilogue_warpgroups) {
+    } else if ((c.tile_n == 128 || narrow_epilogue_warpgroups) && top_candidates_epilogue_warpgroups) {
       c.schedule = SamplerSchedule::kEpilogueWarpGroups;
       int64_t const column_tiles = (columns + 127) / 128;
       c.cluster_n = column_tiles % 2 == 0 && column_clusters ? 2 : 1;

@@ -336,6 +336,9 @@ struct DispatchOptions {
   // plain passes of 129-192 columns on three 64-wide column tiles (kernel_choice.h's
   // narrow_ragged_column_tiles; else two 128-wide tiles)
   bool narrow_ragged_columns = true;
+  // an A/B (off by default): a top-k pass of 33-64 columns that draws no tile winners on the
+  // epilogue-warpgroup kernel's 64-wide scan instead of the 64-wide pingpong tile (kernel_choice.h)
+  bool narrow_top_candidates_epilogue_warpgroups = false;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

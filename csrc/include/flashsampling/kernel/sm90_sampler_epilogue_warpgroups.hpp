@@ -28,7 +28,7 @@
 // 64-row half tile: the candidate table has ceil(V / 64) rows and stage 2 reduces it as
 // for any other tile height.
 //
-// The fused top-k pass (SamplerLoop::kTopCandidates, N = 128) is the exception: its outputs must
+// The fused top-k pass (SamplerLoop::kTopCandidates, N = 128 or 64) is the exception: its outputs must
 // be those of the visitor's top-k scan on CUTLASS's cooperative 128 x 128 tile bit for bit
 // (stage 2 and the logits sampler read them, and the log-mass parts' merge order is part of
 // their bits), so it writes per 128-row tile, and the two epilogue warpgroups meet at a named
@@ -128,7 +128,9 @@ class Sm90SamplerEpilogueWarpGroups {
   static constexpr int kEpilogueWarpGroups = HandOver::kHalves;
   // M of a candidate row: a half tile, or for the top-k pass the whole tile (the visitor's).
   static constexpr int kCandidateTileM = kTopCandidates ? kTileM : kHalfM;
-  static_assert(!kTopCandidates || kTileN == 128, "the top-k scan reproduces the cooperative 128 x 128 tile's");
+  // The top-k scan: a 128 x 128 tile reproduces CUTLASS's cooperative tile bit for bit; a 128 x 64
+  // one writes the same per column (each column's runs and merge do not depend on N).
+  static_assert(!kTopCandidates || kTileN == 128 || kTileN == 64, "the top-k scan's tiles: 128 x 128 or 128 x 64");
   // Clusters of two CTAs share one operand tile by TMA multicast: along M the hidden tile
   // (two vocabulary tiles, the same columns), along N the W tile (one vocabulary tile, two column
   // tiles). Only the mainloop sees the cluster; each CTA's epilogue is its own.
@@ -1308,7 +1310,7 @@ class Sm90SamplerEpilogueWarpGroups {
   }
 
   // The top-k pass's epilogue warpgroup: for each tile, its half's runs, then (both warpgroups at
-  // the barrier) the merge of columns 64 half .. 64 half + 63 over both halves; each thread gives
+  // the barrier) the merge of its half of the columns (64 of 128, 32 of 64) over both halves; each thread gives
   // both buffers back once it has read them. The next tile is fetched after the tile (nothing is loaded
   // ahead here): fetched first, its coordinates and the scheduler's 64-bit index stayed live
   // through the scan and spilled (80 bytes of spill stores at 96 registers).
@@ -1326,8 +1328,8 @@ class Sm90SamplerEpilogueWarpGroups {
       int const n_origin = work.N_idx * kTileN;
       cutlass::arch::ClusterBarrier::wait(&hand_over.full[half], full_phase);
       full_phase ^= 1;
-      // Item t + 128 i: column pair item % 64, run (MMA warp) item / 64; a warp's 32 threads take
-      // neighbouring pairs of one run.
+      // Item t + 128 i: column pair item % kColumnPairs, run (MMA warp) item / kColumnPairs; a
+      // warp's 32 threads take neighbouring pairs of one run.
       CUTLASS_PRAGMA_NO_UNROLL
       for (int i = 0; i < kScanItemsPerThread; ++i) {
         int const item = t + i * NumThreadsPerWarpGroup;
