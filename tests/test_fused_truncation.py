@@ -186,14 +186,14 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
 @pytest.mark.parametrize("batch", [33, 48, 64])
 @pytest.mark.parametrize("form", ["k_rows", "min_p_rows", "k_p_min_p_rows", "k1000", "k_rows_p_scalar", "p_rows",
                                   "k_large_rows"])
-def test_narrow_top_candidates_epilogue_warpgroups_change_no_token(form, batch):
-    """The A/B DispatchOptions::narrow_top_candidates_epilogue_warpgroups: a top-k pass of 33-64
-    columns that draws no tile winners runs the epilogue-warpgroup kernel's 64-wide scan
-    (candidates per 128-row tile) instead of the 64-wide pingpong tile (per 64-row tile): the same
-    tokens and scores bit for bit, log-probabilities within rounding of the two merge orders, with
-    the controls the pass takes (per-row T with greedy rows, bias, mask, per-row seeds, two
-    samples); on exact logits the CPU op's tokens and scores. A call that draws the tile winners
-    (top_p alone, a batch-wide seed) keeps the pingpong tile. The profiler checks each setting."""
+def test_narrow_top_candidates_kernels_agree_bit_for_bit(form, batch):
+    """A top-k pass of 33-64 columns that draws no tile winners runs the epilogue-warpgroup
+    kernel's 64-wide scan (candidates per 128-row tile); with top_candidates_epilogue_warpgroups =
+    false, the 64-wide pingpong tile (per 64-row tile): the same tokens and scores bit for bit,
+    log-probabilities within rounding of the two merge orders, with the controls the pass takes
+    (per-row T with greedy rows, bias, mask, per-row seeds, two samples); on exact logits the CPU
+    op's tokens and scores. A call that draws the tile winners (top_p alone, a batch-wide seed)
+    keeps the pingpong tile. The profiler checks each setting."""
     weight = lm_head_weight(V, D, seed=3).cuda()
     hidden = hidden_states(weight, batch, "llm", seed=batch)
     g = torch.Generator().manual_seed(batch)
@@ -205,10 +205,10 @@ def test_narrow_top_candidates_epilogue_warpgroups_change_no_token(form, batch):
                   logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7,
                   truncation_path="fused_top_k", **truncation_kwargs(form, batch, "cuda"))
     results = {}
-    for narrow in (True, False):
-        results[narrow], names = sample_with_dispatch_options(
-            hidden, weight, kwargs, narrow_top_candidates_epilogue_warpgroups=narrow)
-        assert ran_top_candidates_epilogue_warpgroups(names) == narrow, names
+    for epilogue_warpgroups in (True, False):
+        results[epilogue_warpgroups], names = sample_with_dispatch_options(
+            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups)
+        assert ran_top_candidates_epilogue_warpgroups(names) == epilogue_warpgroups, names
     assert_same_bits(results[True], results[False], ("tokens", "scores"))
     for name in ("token_logprobs", "logsumexp"):
         torch.testing.assert_close(getattr(results[True], name), getattr(results[False], name), rtol=1e-5,
@@ -219,8 +219,7 @@ def test_narrow_top_candidates_epilogue_warpgroups_change_no_token(form, batch):
                         num_samples=2)  # per-row seeds: no tile winners in any form
     got, names = sample_with_dispatch_options(
         exact_hidden.cuda(), exact_weight.cuda(),
-        dict(truncation_path="fused_top_k", **on_cuda(exact_kwargs), **truncation_kwargs(form, batch, "cuda")),
-        narrow_top_candidates_epilogue_warpgroups=True)
+        dict(truncation_path="fused_top_k", **on_cuda(exact_kwargs), **truncation_kwargs(form, batch, "cuda")))
     assert ran_top_candidates_epilogue_warpgroups(names), names
     op_kwargs = cpu_op_kwargs(exact_kwargs)
     for name, value in truncation_kwargs(form, batch, "cpu").items():
@@ -231,7 +230,7 @@ def test_narrow_top_candidates_epilogue_warpgroups_change_no_token(form, batch):
     # top_p alone with a batch-wide seed draws the tile winners: the pingpong tile either way
     winners = dict(temperature=0.8, seed=torch.tensor(5, device="cuda"), offset=torch.tensor(1, device="cuda"),
                    truncation_path="fused_top_k", top_p=torch.full((batch,), 0.9, device="cuda"))
-    _, names = sample_with_dispatch_options(hidden, weight, winners, narrow_top_candidates_epilogue_warpgroups=True)
+    _, names = sample_with_dispatch_options(hidden, weight, winners)
     assert not ran_top_candidates_epilogue_warpgroups(names), names
 
 
@@ -395,8 +394,9 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
     (per-row temperatures with greedy rows, a scalar one, a greedy call; with the dense bias and the
     mask), on the scans that draw them: the N = 16 and 64 pingpong tiles and, beyond 64 rows,
     CUTLASS's cooperative tile where asked. The epilogue-warpgroup kernel (200 rows, the default
-    beyond 64) draws none: its rows take the streaming pass either way. The profiler checks which
-    route ran; rows whose top_p is off get plain sampling's token."""
+    beyond 64) draws none: its rows take the streaming pass either way; at 33-64 rows it runs
+    where no winners are drawn. The profiler checks which route ran; rows whose top_p is off get
+    plain sampling's token."""
     weight = lm_head_weight(V, D, seed=6).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch)
     if temperature == "rows":
@@ -418,7 +418,9 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
             hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups, top_p_tile_winners=winners)
         draws = winners and not (epilogue_warpgroups and batch > 64)
         assert any("streaming_sample_kernel" in n for n in names) != draws, names
-        assert ran_top_candidates_epilogue_warpgroups(names) == (epilogue_warpgroups and batch > 64), names
+        narrow_without_winners = 32 < batch <= 64 and not winners
+        assert ran_top_candidates_epilogue_warpgroups(names) == (
+            epilogue_warpgroups and (batch > 64 or narrow_without_winners)), names
     assert_same_bits(results[True], results[False], ("tokens", "scores"))
     if truncation == "p_rows":
         off = kwargs["top_p"] >= 1.0

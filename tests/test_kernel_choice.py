@@ -20,12 +20,10 @@ UNITS = {unit.filename.removesuffix(".cu") for unit in generate_kernels.kernels(
 
 
 def choice(arch, loop, columns, bf16=True, column_clusters=True, top_candidates_epilogue_warpgroups=True,
-           plain_loop_extras=False, narrow_ragged_columns=True, tile_winners=False,
-           narrow_top_candidates_epilogue_warpgroups=False):
+           plain_loop_extras=False, narrow_ragged_columns=True, tile_winners=False):
     return torch.ops.flashsampling._kernel_choice(arch, loop, columns, bf16, column_clusters,
                                                   top_candidates_epilogue_warpgroups, plain_loop_extras,
-                                                  narrow_ragged_columns, tile_winners,
-                                                  narrow_top_candidates_epilogue_warpgroups)
+                                                  narrow_ragged_columns, tile_winners)
 
 
 def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
@@ -38,8 +36,7 @@ def test_every_choice_is_a_generated_unit_and_every_unit_is_chosen():
                         for top_ewg in (True, False):
                             for narrow in (True, False):
                                 chosen.add(choice(arch, loop, columns, bf16, clusters, top_ewg,
-                                                  narrow_ragged_columns=narrow,
-                                                  narrow_top_candidates_epilogue_warpgroups=not narrow))
+                                                  narrow_ragged_columns=narrow, tile_winners=not narrow))
     assert chosen <= UNITS, f"chosen but not generated: {sorted(chosen - UNITS)}"
     assert UNITS <= chosen, f"generated but never chosen: {sorted(UNITS - chosen)}"
 
@@ -88,7 +85,7 @@ def test_controls_sm90():
 
 def test_top_candidates_and_sm100():
     assert [choice(90, "top_candidates", c) for c in (32, 33, 65, 128, 129, 256, 257)] == [
-        "sampler_bf16_n16_top_candidates_pingpong_sm90", "sampler_bf16_n64_top_candidates_pingpong_cluster_m2_sm90",
+        "sampler_bf16_n16_top_candidates_pingpong_sm90", "sampler_bf16_n64_top_candidates_epilogue_warpgroups_sm90",
         "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90",
         "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90",
         "sampler_bf16_n128_top_candidates_epilogue_warpgroups_cluster_n2_sm90",
@@ -141,24 +138,21 @@ def test_several_samples_alone_run_the_plain_kernel_beyond_32_columns(columns):
 
 
 
-def test_narrow_top_candidates_epilogue_warpgroups_takes_33_to_64_columns_without_tile_winners():
-    """The A/B narrow_top_candidates_epilogue_warpgroups = true runs a top-k pass of 33-64 columns
-    on the epilogue-warpgroup kernel's 64-wide scan where it draws no tile winners (only the
-    CUTLASS schedules' scan draws them); with tile winners, up to 32 and beyond 64 columns, with
-    top_candidates_epilogue_warpgroups = false and on sm100 the choice is unchanged."""
+def test_top_candidates_of_33_to_64_columns_keep_the_pingpong_tile_for_tile_winners():
+    """A top-k pass of 33-64 columns runs the epilogue-warpgroup kernel's 64-wide scan unless it
+    draws the tile winners (only the CUTLASS schedules' scan draws them): then the 64-wide
+    pingpong tile, as with top_candidates_epilogue_warpgroups = false. Up to 32 and beyond 64
+    columns, and on sm100, the tile winners change nothing."""
     for columns in (33, 48, 64):
-        assert choice(90, "top_candidates", columns, narrow_top_candidates_epilogue_warpgroups=True) == \
-            "sampler_bf16_n64_top_candidates_epilogue_warpgroups_sm90", columns
-        assert choice(90, "top_candidates", columns) == "sampler_bf16_n64_top_candidates_pingpong_cluster_m2_sm90"
-        assert choice(90, "top_candidates", columns, tile_winners=True,
-                      narrow_top_candidates_epilogue_warpgroups=True) == choice(90, "top_candidates", columns)
-        assert choice(90, "top_candidates", columns, top_candidates_epilogue_warpgroups=False,
-                      narrow_top_candidates_epilogue_warpgroups=True) == choice(90, "top_candidates", columns)
+        assert choice(90, "top_candidates", columns) == "sampler_bf16_n64_top_candidates_epilogue_warpgroups_sm90"
+        assert choice(90, "top_candidates", columns, tile_winners=True) == \
+            choice(90, "top_candidates", columns, top_candidates_epilogue_warpgroups=False) == \
+            "sampler_bf16_n64_top_candidates_pingpong_cluster_m2_sm90"
     for columns in (1, 32, 65, 128, 256):
-        assert choice(90, "top_candidates", columns, narrow_top_candidates_epilogue_warpgroups=True) == \
-            choice(90, "top_candidates", columns), columns
-    assert choice(100, "top_candidates", 50, narrow_top_candidates_epilogue_warpgroups=True) == \
+        assert choice(90, "top_candidates", columns, tile_winners=True) == choice(90, "top_candidates", columns)
+    assert choice(100, "top_candidates", 50, tile_winners=True) == choice(100, "top_candidates", 50) == \
         "sampler_bf16_n64_top_candidates_sm100"
+
 
 def test_bad_arguments_name_themselves():
     with pytest.raises(RuntimeError, match="loop must be"):

@@ -152,12 +152,11 @@ def sm90_kernels(dtype: str) -> list[Kernel]:
         k(64, "common_controls", "epilogue_warpgroups"),
         k(128, "common_controls", "epilogue_warpgroups"),
         k(128, "common_controls", "epilogue_warpgroups", cluster_n=2),
-        # The fused top-k pass: N = 16 up to 32 rows, 64 up to 64; beyond, the kernel with
-        # epilogue warpgroups (an even number of column tiles in clusters of two along N), or the
-        # cooperative 128 whose visitor's outputs it reproduces bit for bit (kept for the A/B:
-        # DispatchOptions::top_candidates_epilogue_warpgroups = false); at 33-64 columns without
-        # tile winners, the A/B DispatchOptions::narrow_top_candidates_epilogue_warpgroups runs the
-        # kernel's 64-wide scan.
+        # The fused top-k pass: N = 16 up to 32 rows; 33-64 the kernel with epilogue warpgroups'
+        # 64-wide scan, or the 64-wide pingpong tile where the pass draws the tile winners; beyond,
+        # that kernel's 128-wide scan (an even number of column tiles in clusters of two along N).
+        # CUTLASS's tiles, whose visitor's tokens and scores the kernel reproduces bit for bit, also
+        # serve DispatchOptions::top_candidates_epilogue_warpgroups = false (the A/B's reference).
         k(16, "top_candidates", "pingpong"),
         k(64, "top_candidates", "pingpong", cluster_m=2),
         k(64, "top_candidates", "epilogue_warpgroups"),

@@ -150,9 +150,7 @@ ConfigEntry config_for(KernelChoice const& c) {
   return {nullptr, nullptr, 0, 0};
 }
 
-// Bit i of the options word: DispatchOptions' fields in order, set where a test turned one from
-// its default (off for all but narrow_top_candidates_epilogue_warpgroups, an A/B that is off by
-// default).
+// Bit i of the options word: DispatchOptions' fields in order, set where a test turned one off.
 std::atomic<unsigned> g_disabled_options{0};
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
@@ -165,7 +163,7 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
       choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
                     options.top_candidates_epilogue_warpgroups,
                     !p.fused_truncation && needs_only_plain_loop_extras(needs, p.batch_size),
-                    options.narrow_ragged_columns, tile_winners, options.narrow_top_candidates_epilogue_warpgroups);
+                    options.narrow_ragged_columns, tile_winners);
   if (p.element_type == ElementType::kBFloat16) {
 #if defined(FLASHSAMPLING_NO_BF16_KERNELS)  // FLASHSAMPLING_ELEMENT_TYPES left them out
     return {nullptr, nullptr, 0, 0};
@@ -235,8 +233,7 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.noise_skip ? 0u : 4u) | (options.lse_references ? 0u : 8u) |
                                (options.top_candidates_epilogue_warpgroups ? 0u : 16u) |
                                (options.top_p_tile_winners ? 0u : 32u) |
-                               (options.narrow_ragged_columns ? 0u : 64u) |
-                               (options.narrow_top_candidates_epilogue_warpgroups ? 128u : 0u),
+                               (options.narrow_ragged_columns ? 0u : 64u),
                            std::memory_order_relaxed);
 }
 
@@ -250,7 +247,6 @@ DispatchOptions sampler_dispatch_options() {
   o.top_candidates_epilogue_warpgroups = !(off & 16u);
   o.top_p_tile_winners = !(off & 32u);
   o.narrow_ragged_columns = !(off & 64u);
-  o.narrow_top_candidates_epilogue_warpgroups = (off & 128u) != 0;  // off by default: its bit turns it on
   return o;
 }
 

@@ -18,8 +18,7 @@ namespace {
 // function, so CPU builds answer it too (tests/test_kernel_choice.py).
 std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns, bool bf16, bool column_clusters,
                           bool top_candidates_epilogue_warpgroups, bool plain_loop_extras,
-                          bool narrow_ragged_columns, bool tile_winners,
-                          bool narrow_top_candidates_epilogue_warpgroups) {
+                          bool narrow_ragged_columns, bool tile_winners) {
   using flashsampling::SamplerLoop;
   SamplerLoop kind = static_cast<SamplerLoop>(-1);
   for (int i = 0; i < flashsampling::kSamplerLoops; ++i) {
@@ -31,7 +30,7 @@ std::string kernel_choice(int64_t arch, const std::string& loop, int64_t columns
   return flashsampling::kernel_unit_name(
       flashsampling::choose_kernel(static_cast<int>(arch), kind, columns, column_clusters,
                                    top_candidates_epilogue_warpgroups, plain_loop_extras, narrow_ragged_columns,
-                                   tile_winners, narrow_top_candidates_epilogue_warpgroups),
+                                   tile_winners),
       bf16);
 }
 
@@ -263,8 +262,7 @@ TORCH_LIBRARY(flashsampling, m) {
   // The dispatch's kernel choice (above).
   m.def("_kernel_choice(int arch, str loop, int columns, bool bf16=True, bool column_clusters=True, "
         "bool top_candidates_epilogue_warpgroups=True, bool plain_loop_extras=False, "
-        "bool narrow_ragged_columns=True, bool tile_winners=False, "
-        "bool narrow_top_candidates_epilogue_warpgroups=False) -> str",
+        "bool narrow_ragged_columns=True, bool tile_winners=False) -> str",
         &kernel_choice);
   m.def("_streaming_chunks(int listed_quads, int quads, int vocab, int sm_count, bool one_wave) -> (int, int, int)",
         &streaming_chunks);

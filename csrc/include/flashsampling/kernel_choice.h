@@ -45,22 +45,22 @@ inline bool narrow_ragged_column_tiles(int64_t columns) { return columns > 128 &
 // `loop`: sampler_loop_for's loop of the call, or kTopCandidates for the fused top-k pass;
 // `columns`: its GEMM columns before padding. `column_clusters` = false gives the one-CTA
 // variant of a column-clustered choice (the same tiles; tests compare the two).
-// `top_candidates_epilogue_warpgroups` = false gives the top-k pass beyond 64 columns on sm90
-// CUTLASS's cooperative tile instead of the epilogue-warpgroup kernel (the same outputs bit for
-// bit; tests and benchmarks compare the two). `plain_loop_extras`: the call needs nothing but
+// `top_candidates_epilogue_warpgroups` = false gives the top-k pass on sm90 CUTLASS's tiles
+// (beyond 64 columns the cooperative one, 33-64 the 64-wide pingpong) instead of the
+// epilogue-warpgroup kernel (the same tokens and scores bit for bit, beyond 64 columns every
+// output; tests and benchmarks compare the two). `plain_loop_extras`: the call needs nothing but
 // what the plain epilogue-warpgroup loop also applies (sampler_loop.h's
 // needs_only_plain_loop_extras: logit_scale / logit_softcap and / or the penalties, or several
 // samples on row quads). `narrow_ragged_columns` = false keeps the 128-wide tiles where
 // narrow_ragged_column_tiles would take 64-wide ones (the same tokens; tests compare the two).
 // `tile_winners`: the top-k pass is to draw the tile winners (SamplerParams::draw_tile_winners,
-// which only the CUTLASS schedules' scan draws). `narrow_top_candidates_epilogue_warpgroups` =
-// true runs a top-k pass of 33-64 columns that draws no tile winners on the epilogue-warpgroup
-// kernel's 64-wide scan instead of the 64-wide pingpong tile (an A/B, off by default: the same
-// tokens and scores; docs/truncation_kernels.md).
+// which only the CUTLASS schedules' scan draws): such a pass of 33-64 columns keeps the 64-wide
+// pingpong tile; one that draws none runs the epilogue-warpgroup kernel's 64-wide scan, whose
+// epilogue keeps up with a short mainloop where the pingpong tile's does not (the same tokens and
+// scores; on an H200 at B = 33-64 a median 1.7% and up to 8% faster, docs/truncation_kernels.md).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
                                   bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false,
-                                  bool narrow_ragged_columns = true, bool tile_winners = false,
-                                  bool narrow_top_candidates_epilogue_warpgroups = false) {
+                                  bool narrow_ragged_columns = true, bool tile_winners = false) {
   KernelChoice c;
   if (arch != 90 && arch != 100) return c;
   c.arch = arch;
@@ -69,17 +69,17 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   if (loop == SamplerLoop::kTopCandidates) {
     // Its per-element work (a transform and a 4-key insert, no noise) is lighter than plain
     // sampling's: N = 16 up to 32 rows (a 64-wide tile half empty at B = 32 is slower than two
-    // narrow ones), 64 (pingpong, clusters of two along M) up to 64. Beyond, on sm90 the
-    // epilogue-warpgroup kernel, whose epilogue overlaps the next tile's GEMM as for plain
-    // sampling (column tiles paired as there), writing what the cooperative 128-wide tile's
-    // visitor writes (kernel/sm90_sampler_epilogue_warpgroups.hpp); the cooperative tile where
-    // asked.
+    // narrow ones), 64 up to 64. From 33 columns on sm90 the epilogue-warpgroup kernel, whose
+    // epilogue overlaps the next tile's GEMM as for plain sampling (column tiles paired as there),
+    // writing per column what the cooperative 128-wide tile's visitor writes
+    // (kernel/sm90_sampler_epilogue_warpgroups.hpp); the cooperative tile where asked. A pass of
+    // 33-64 columns that draws the tile winners keeps the 64-wide pingpong tile (clusters of two
+    // along M), whose visitor draws them.
     c.tile_n = columns <= 32 ? 16 : columns <= 64 ? 64 : 128;
-    bool const narrow_epilogue_warpgroups =
-        c.tile_n == 64 && narrow_top_candidates_epilogue_warpgroups && !tile_winners;
+    bool const epilogue_warpgroups = c.tile_n == 128 || (c.tile_n == 64 && !tile_winners);
     if (!sm90) {
       c.schedule = SamplerSchedule::kSm100;
-    } else if ((c.tile_n == 128 || narrow_epilogue_warpgroups) && top_candidates_epilogue_warpgroups) {
+    } else if (epilogue_warpgroups && top_candidates_epilogue_warpgroups) {
       c.schedule = SamplerSchedule::kEpilogueWarpGroups;
       int64_t const column_tiles = (columns + 127) / 128;
       c.cluster_n = column_tiles % 2 == 0 && column_clusters ? 2 : 1;

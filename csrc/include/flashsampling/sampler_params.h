@@ -327,8 +327,9 @@ struct DispatchOptions {
   bool pad_columns = true;      // hidden rows padded to whole N tiles where the last is at most half full
   bool noise_skip = true;       // the epilogue-warpgroup kernels skip noise that cannot win
   bool lse_references = true;   // and sum log-sum-exp terms against earlier tiles' (else each step's max)
-  // the fused top-k pass beyond 64 columns on sm90 runs the epilogue-warpgroup kernel (else
-  // CUTLASS's cooperative tile, whose visitor's outputs it reproduces bit for bit)
+  // the fused top-k pass on sm90 runs the epilogue-warpgroup kernel beyond 64 columns, and from 33
+  // where it draws no tile winners (else CUTLASS's cooperative / 64-wide pingpong tile, whose
+  // visitor's tokens and scores it reproduces bit for bit; kernel_choice.h)
   bool top_candidates_epilogue_warpgroups = true;
   // the fused truncation's top_p calls draw each tile's winner in the top-k scan where they may
   // (fused_truncation_draws_tile_winners; else the streaming pass samples those rows)
@@ -336,9 +337,6 @@ struct DispatchOptions {
   // plain passes of 129-192 columns on three 64-wide column tiles (kernel_choice.h's
   // narrow_ragged_column_tiles; else two 128-wide tiles)
   bool narrow_ragged_columns = true;
-  // an A/B (off by default): a top-k pass of 33-64 columns that draws no tile winners on the
-  // epilogue-warpgroup kernel's 64-wide scan instead of the 64-wide pingpong tile (kernel_choice.h)
-  bool narrow_top_candidates_epilogue_warpgroups = false;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);
