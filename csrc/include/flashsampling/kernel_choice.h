@@ -57,7 +57,8 @@ inline bool narrow_ragged_column_tiles(int64_t columns) { return columns > 128 &
 // which only the CUTLASS schedules' scan draws): such a pass of 33-64 columns keeps the 64-wide
 // pingpong tile; one that draws none runs the epilogue-warpgroup kernel's 64-wide scan, whose
 // epilogue keeps up with a short mainloop where the pingpong tile's does not (the same tokens and
-// scores; on an H200 at B = 33-64 a median 1.7% and up to 8% faster, docs/truncation_kernels.md).
+// scores; at B = 33-64 a median 1.7% (H200) / 1.4% (H100) and up to 8% faster; min_p alone and
+// k = 1000 at 64 columns up to 5% slower: docs/truncation_kernels.md).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
                                   bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false,
                                   bool narrow_ragged_columns = true, bool tile_winners = false) {
