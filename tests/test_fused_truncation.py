@@ -111,6 +111,30 @@ def ran_top_candidates_epilogue_warpgroups(kernel_names):
     return any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)3" in n for n in kernel_names)
 
 
+def top_candidates_results_on_both_kernels(form, batch, vocab):
+    """The fused pass of `form` over `batch` LLM-like rows with the controls it takes (per-row T
+    with greedy rows, bias, mask, per-row seeds, two samples, log-probabilities), once on the
+    epilogue-warpgroup kernel and once on CUTLASS's tile (DispatchOptions::
+    top_candidates_epilogue_warpgroups true / false), the profiler checking each: ({True: result,
+    False: result}, hidden, weight, temperatures)."""
+    weight = lm_head_weight(vocab, D, seed=3).cuda()
+    hidden = hidden_states(weight, batch, "llm", seed=batch)
+    g = torch.Generator().manual_seed(batch)
+    temperatures = (torch.rand(batch, generator=g) * 1.5 + 0.3).cuda()
+    temperatures[::7] = 0.0
+    c = random_controls(batch, vocab, "cuda", vocab_start=64, seed=batch, density=0.5)
+    kwargs = dict(temperature=temperatures, seed=torch.arange(batch, device="cuda") * 3 + 1,
+                  offset=torch.arange(batch, device="cuda"), num_samples=2, return_logprobs=True,
+                  logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7,
+                  truncation_path="fused_top_k", **truncation_kwargs(form, batch, "cuda"))
+    results = {}
+    for epilogue_warpgroups in (True, False):
+        results[epilogue_warpgroups], names = sample_with_dispatch_options(
+            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups)
+        assert ran_top_candidates_epilogue_warpgroups(names) == epilogue_warpgroups, names
+    return results, hidden, weight, temperatures
+
+
 def assert_same_bits(got, want, fields):
     """The named outputs of two results equal bit for bit (floats compared as their bits)."""
     for name in fields:
@@ -164,21 +188,7 @@ def test_top_candidates_kernels_agree_bit_for_bit(form, batch, vocab):
     the pass takes (per-row T with greedy rows, bias, mask, per-row seeds, two samples), also with
     a last vocabulary tile of 88 rows (runs of 16 rows partly and wholly past the vocabulary). The
     profiler checks that each setting ran the kernel it names."""
-    weight = lm_head_weight(vocab, D, seed=3).cuda()
-    hidden = hidden_states(weight, batch, "llm", seed=batch)
-    g = torch.Generator().manual_seed(batch)
-    temperatures = (torch.rand(batch, generator=g) * 1.5 + 0.3).cuda()
-    temperatures[::7] = 0.0
-    c = random_controls(batch, vocab, "cuda", vocab_start=64, seed=batch, density=0.5)
-    kwargs = dict(temperature=temperatures, seed=torch.arange(batch, device="cuda") * 3 + 1,
-                  offset=torch.arange(batch, device="cuda"), num_samples=2, return_logprobs=True,
-                  logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7,
-                  truncation_path="fused_top_k", **truncation_kwargs(form, batch, "cuda"))
-    results = {}
-    for epilogue_warpgroups in (True, False):
-        results[epilogue_warpgroups], names = sample_with_dispatch_options(
-            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups)
-        assert ran_top_candidates_epilogue_warpgroups(names) == epilogue_warpgroups, names
+    results, *_ = top_candidates_results_on_both_kernels(form, batch, vocab)
     assert_same_bits(results[True], results[False], ("tokens", "scores", "token_logprobs", "logsumexp"))
 
 
@@ -194,21 +204,7 @@ def test_narrow_top_candidates_kernels_agree_bit_for_bit(form, batch):
     (per-row T with greedy rows, bias, mask, per-row seeds, two samples); on exact logits the CPU
     op's tokens and scores. A call that draws the tile winners (top_p alone, a batch-wide seed)
     keeps the pingpong tile. The profiler checks each setting."""
-    weight = lm_head_weight(V, D, seed=3).cuda()
-    hidden = hidden_states(weight, batch, "llm", seed=batch)
-    g = torch.Generator().manual_seed(batch)
-    temperatures = (torch.rand(batch, generator=g) * 1.5 + 0.3).cuda()
-    temperatures[::7] = 0.0
-    c = random_controls(batch, V, "cuda", vocab_start=64, seed=batch, density=0.5)
-    kwargs = dict(temperature=temperatures, seed=torch.arange(batch, device="cuda") * 3 + 1,
-                  offset=torch.arange(batch, device="cuda"), num_samples=2, return_logprobs=True,
-                  logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=64, empty_mask_token=-7,
-                  truncation_path="fused_top_k", **truncation_kwargs(form, batch, "cuda"))
-    results = {}
-    for epilogue_warpgroups in (True, False):
-        results[epilogue_warpgroups], names = sample_with_dispatch_options(
-            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups)
-        assert ran_top_candidates_epilogue_warpgroups(names) == epilogue_warpgroups, names
+    results, hidden, weight, temperatures = top_candidates_results_on_both_kernels(form, batch, V)
     assert_same_bits(results[True], results[False], ("tokens", "scores"))
     for name in ("token_logprobs", "logsumexp"):
         torch.testing.assert_close(getattr(results[True], name), getattr(results[False], name), rtol=1e-5,
