@@ -93,7 +93,8 @@ def test_top_candidates_and_sm100():
         "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90"]  # three column tiles: no pairs
     assert choice(90, "top_candidates", 200, column_clusters=False) == (
         "sampler_bf16_n128_top_candidates_epilogue_warpgroups_sm90")
-    # the cooperative tile where asked (the A/B), and the narrow tiles either way
+    # where asked (the A/B), CUTLASS's tiles: the 16-wide as by default, the 64-wide pingpong at 33-64
+    # columns, the cooperative beyond
     assert [choice(90, "top_candidates", c, top_candidates_epilogue_warpgroups=False) for c in (32, 64, 65, 256)] == [
         "sampler_bf16_n16_top_candidates_pingpong_sm90", "sampler_bf16_n64_top_candidates_pingpong_cluster_m2_sm90",
         "sampler_bf16_n128_top_candidates_cooperative_sm90", "sampler_bf16_n128_top_candidates_cooperative_sm90"]
@@ -135,7 +136,6 @@ def test_several_samples_alone_run_the_plain_kernel_beyond_32_columns(columns):
     assert ("_plain_" if columns > 32 else "_common_controls_") in unit and unit in UNITS, unit
     assert "_plain_" not in choice(90, loop(num_samples=2), columns)
     assert "_all_controls_" in choice(100, loop(num_samples=2), columns, plain_loop_extras=True)
-
 
 
 def test_top_candidates_of_33_to_64_columns_keep_the_pingpong_tile_for_tile_winners():
