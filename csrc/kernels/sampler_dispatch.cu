@@ -153,17 +153,21 @@ ConfigEntry config_for(KernelChoice const& c) {
 // Bit i of the options word: DispatchOptions' fields in order, set where a test turned one off.
 std::atomic<unsigned> g_disabled_options{0};
 
+// Whether the call's fused truncation is to draw the tile winners: the kernel choice keeps a scan
+// that can draw them (kernel_choice.h), and the launch draws them where the chosen one can.
+bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& options) {
+  return p.fused_truncation && options.top_p_tile_winners && fused_truncation_draws_tile_winners(p);
+}
+
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   LoopNeeds const needs = loop_needs(p.controls, p.noise, p.num_samples, p.logprobs);
   SamplerLoop const loop = p.fused_truncation ? SamplerLoop::kTopCandidates : sampler_loop_for(needs);
   DispatchOptions const options = sampler_dispatch_options();
-  bool const tile_winners =
-      p.fused_truncation && options.top_p_tile_winners && fused_truncation_draws_tile_winners(p);
   KernelChoice const choice =
       choose_kernel(device_arch, loop, sampler_gemm_columns(p), options.column_clusters,
                     options.top_candidates_epilogue_warpgroups,
                     !p.fused_truncation && needs_only_plain_loop_extras(needs, p.batch_size),
-                    options.narrow_ragged_columns, tile_winners);
+                    options.narrow_ragged_columns, call_wants_tile_winners(p, options));
   if (p.element_type == ElementType::kBFloat16) {
 #if defined(FLASHSAMPLING_NO_BF16_KERNELS)  // FLASHSAMPLING_ELEMENT_TYPES left them out
     return {nullptr, nullptr, 0, 0};
@@ -198,8 +202,7 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise;
   p.lse_references = options.lse_references && entry.skips_unreachable_noise;
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
-  p.draw_tile_winners = p.fused_truncation && options.top_p_tile_winners && entry.scans_tile_winners &&
-                        fused_truncation_draws_tile_winners(p);
+  p.draw_tile_winners = entry.scans_tile_winners && call_wants_tile_winners(p, options);
   p.row_logits_by_top_k = fused_truncation_stores_logits_by_top_k(p);
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
