@@ -57,8 +57,7 @@ inline bool narrow_ragged_column_tiles(int64_t columns) { return columns > 128 &
 // which only the CUTLASS schedules' scan draws): such a pass of 33-64 columns keeps the 64-wide
 // pingpong tile; one that draws none runs the epilogue-warpgroup kernel's 64-wide scan, whose
 // epilogue keeps up with a short mainloop where the pingpong tile's does not (the same tokens and
-// scores; at B = 33-64 a median 1.7% (H200) / 1.4% (H100) and up to 8% faster; min_p alone and
-// k = 1000 at 64 columns up to 5% slower: docs/truncation_kernels.md).
+// scores; the A/B, and the forms it does not help, in docs/truncation_kernels.md).
 inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, bool column_clusters = true,
                                   bool top_candidates_epilogue_warpgroups = true, bool plain_loop_extras = false,
                                   bool narrow_ragged_columns = true, bool tile_winners = false) {
@@ -106,17 +105,17 @@ inline KernelChoice choose_kernel(int arch, SamplerLoop loop, int64_t columns, b
   // plain loop of the epilogue-warpgroup kernel applies them, the soft-cap's tanh and the
   // penalties' look-ups only in steps whose exact scores the skip needs (its bounds:
   // fs_softcap_upper_bound, and the logit itself in rows whose penalties only lower logits),
-  // where the controls' loop would pay them on every element: at 33-64 columns 0-3% faster at
-  // D = 4096, and at D = 2048, whose short mainloop hides less of the epilogue, 3-6% (soft-cap)
-  // and 15-27% (the penalties) (docs/epilogue.md). So does a call of several samples alone on row quads (speculative
-  // verification's positions): the plain loop draws their noise as plain sampling's, where the
-  // controls' loop pays for its per-column controls. Up to 32 columns the controls' loop stays.
+  // where the controls' loop would pay them on every element, which a short mainloop (D = 2048)
+  // hides least (the A/B: docs/epilogue.md). So does a call of several samples alone on row quads
+  // (speculative verification's positions): the plain loop draws their noise as plain sampling's,
+  // where the controls' loop pays for its per-column controls. Up to 32 columns the controls' loop
+  // stays.
   if (c.loop == SamplerLoop::kCommonControls && plain_loop_extras && tile_n >= 64) c.loop = SamplerLoop::kPlain;
   // Plain passes of more than 32 columns and controls passes of more than 16 run the kernel with
-  // epilogue warpgroups: there the epilogue's work is as long as the mainloop (at D = 2048 longer:
-  // the 64-wide pingpong tile was 25% slower there, and no faster at any D up to 8192 on an H100
-  // or an H200), and warpgroups of its own overlap it with the next tile's GEMM, which CUTLASS's
-  // schedules do not (docs/kernel.md). An even number of 128-wide column tiles runs in clusters of
+  // epilogue warpgroups: there the epilogue's work is as long as the mainloop (at D = 2048 longer,
+  // where the 64-wide pingpong tile fell furthest behind; docs/kernel.md, *Short K*), and
+  // warpgroups of its own overlap it with the next tile's GEMM, which CUTLASS's schedules do not
+  // (docs/kernel.md). An even number of 128-wide column tiles runs in clusters of
   // two along N, which receive each W tile by TMA multicast (an odd count would round up to an
   // empty tile).
   bool const wide_plain = c.loop == SamplerLoop::kPlain && tile_n >= 64;
