@@ -17,6 +17,7 @@ import flashsampling_cuda as fs
 from flashsampling_cuda.logprobs import normalised, ranked_tokens, top_logprobs_cpu
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
 from flashsampling_cuda.truncation import temperature_scales
+from kernel_trace import run_listing_cuda_kernels
 from test_fused_truncation import exact_problem, requires_sm90
 
 V = 32768
@@ -89,17 +90,13 @@ def test_fused_route_samples_the_plain_token(regime, batch):
     """bf16 logits of an LM head (the fused pass's own accumulators): sample(top_logprobs=...)
     takes the fused route (its stage 2 runs) and draws plain sampling's token,
     with the logits route's outputs on the logits it stored."""
-    from torch.profiler import ProfilerActivity, profile
-
     weight = lm_head_weight(V, 256, seed=3)
     hidden = hidden_states(weight, batch, regime, seed=batch)
     kwargs = dict(temperature=0.8, seed=torch.tensor(5), offset=torch.tensor(2))
     ids = torch.randint(-1, V, (batch, 4), generator=torch.Generator().manual_seed(batch)).cuda()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        out = fs.sample(hidden, weight, **kwargs, return_logprobs=True, top_logprobs=20, token_ids=ids)
-        raw = fs.sample(hidden, weight, **kwargs, return_logprobs=True, top_logprobs=20, logprobs_mode="raw")
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    (out, raw), kernels = run_listing_cuda_kernels(lambda: (
+        fs.sample(hidden, weight, **kwargs, return_logprobs=True, top_logprobs=20, token_ids=ids),
+        fs.sample(hidden, weight, **kwargs, return_logprobs=True, top_logprobs=20, logprobs_mode="raw")))
     assert sum("truncate_candidates_kernel" in name for name in kernels) == 2
     assert torch.equal(raw.tokens, out.tokens)
     raw_table = torch.log_softmax(fs.truncation.materialized_logits(hidden, weight).double(), dim=1)

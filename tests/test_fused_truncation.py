@@ -15,6 +15,7 @@ import torch
 
 import flashsampling_cuda as fs
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
+from kernel_trace import run_listing_cuda_kernels
 from sampling_stats import assert_truncated_distribution, random_controls
 
 requires_cuda = pytest.mark.requires_cuda
@@ -93,16 +94,11 @@ def cpu_op_kwargs(kwargs):
 def sample_with_dispatch_options(hidden, weight, kwargs, **options):
     """fs.sample_with_scores with DispatchOptions `options` (the defaults again after), and the
     names of the CUDA kernels it ran."""
-    from torch.profiler import ProfilerActivity, profile
-
     torch.ops.flashsampling._set_dispatch_options(**options)
     try:
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            result = fs.sample_with_scores(hidden, weight, **kwargs)
-            torch.cuda.synchronize()
+        return run_listing_cuda_kernels(lambda: fs.sample_with_scores(hidden, weight, **kwargs))
     finally:
         torch.ops.flashsampling._set_dispatch_options()
-    return result, [e.name for e in prof.events() if e.device_type.name == "CUDA"]
 
 
 def ran_top_candidates_epilogue_warpgroups(kernel_names):
@@ -240,8 +236,6 @@ def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_mi
     With a min_p in the call, stage 2 hands the min_p-alone rows its candidates cannot decide to
     the streaming kernels; with a top_k tensor, top_p rows take the row list: the profiler checks
     that the streaming kernels run in the min_p calls only."""
-    from torch.profiler import ProfilerActivity, profile
-
     weight = lm_head_weight(V, D, seed=3)
     hidden = hidden_states(weight, batch, regime, seed=batch)
     truncation = dict(top_k=per_row("k", batch).cuda(), top_p=per_row("p", batch).cuda())
@@ -252,10 +246,8 @@ def test_rows_whose_truncation_is_off_get_the_plain_token(regime, batch, with_mi
         off &= truncation["min_p"] <= 0
     assert off.any()
     kwargs = dict(temperature=0.8, seed=torch.tensor(5), offset=torch.tensor(2))
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        got = fs.sample(hidden, weight, truncation_path="fused_top_k", **truncation, **kwargs)
-        torch.cuda.synchronize()
-    kernels = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    got, kernels = run_listing_cuda_kernels(
+        lambda: fs.sample(hidden, weight, truncation_path="fused_top_k", **truncation, **kwargs))
     assert any("streaming_sample_kernel" in name for name in kernels) == with_min_p
     assert not any("top_p_round_kernel" in name for name in kernels)
     plain = fs.sample(hidden, weight, **kwargs)
@@ -308,8 +300,6 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
     such rows take the row list). Tokens and scores as the CPU op's, bit for bit; the profiler
     checks that the rounds ran where they should. V - 3: a row's last chunk ends inside a group of
     four tokens (the verifying rounds' vector loads)."""
-    from torch.profiler import ProfilerActivity, profile
-
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 7 * len(truncation), vocab=vocab)
     temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 3.5 + 0.5
     temperatures[::7] = 0.0
@@ -326,10 +316,9 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
         trunc_cpu = truncation_kwargs(truncation, batch, "cpu")
     trunc_cuda = on_cuda(trunc_cpu)
     on = on_cuda(kwargs)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k", **on, **trunc_cuda)
-        torch.cuda.synchronize()
-    rounds = any("top_p_round_kernel" in e.name for e in prof.events() if e.device_type.name == "CUDA")
+    got, kernels = run_listing_cuda_kernels(lambda: fs.sample_with_scores(
+        hidden.cuda(), weight.cuda(), truncation_path="fused_top_k", **on, **trunc_cuda))
+    rounds = any("top_p_round_kernel" in name for name in kernels)
     assert rounds == ("top_k" not in trunc_cpu)
     op_kwargs = cpu_op_kwargs(kwargs)
     for name, value in trunc_cpu.items():
@@ -586,8 +575,6 @@ def test_top_p_rounds_graph_replay(batch):
     eager call's tokens and scores (top_p = 0.5 fails many first winners, so the drawing rounds and
     later rounds find rows), and the replays differ. Up to 64 rows the GEMM draws the winners;
     beyond, the streaming pass does."""
-    from torch.profiler import ProfilerActivity, profile
-
     hidden, weight, _ = exact_problem(batch, "flat", seed=batch)
     hidden, weight = hidden.cuda(), weight.cuda()
     top_p = torch.full((batch,), 0.5, dtype=torch.float64, device="cuda")
@@ -598,10 +585,7 @@ def test_top_p_rounds_graph_replay(batch):
         return fs.sample_with_scores(hidden, weight, temperature=0.8, seed=seed, offset=o, top_p=top_p,
                                      truncation_path="fused_top_k")
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step(offset)  # warm up outside the capture
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    _, names = run_listing_cuda_kernels(lambda: step(offset))  # warm up outside the capture
     assert any("top_p_round_kernel" in n for n in names), names
     assert any("streaming_sample_kernel" in n for n in names) == (batch > 64), names
     graph = torch.cuda.CUDAGraph()

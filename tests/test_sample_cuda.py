@@ -15,6 +15,7 @@ import torch
 import flashsampling_cuda
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
 from flashsampling_cuda.reference import reference_sample
+from kernel_trace import run_listing_cuda_kernels
 from sampling_stats import chi_square_pvalue, pathwise_mismatches
 
 pytestmark = pytest.mark.requires_cuda
@@ -523,13 +524,8 @@ def test_common_controls_variants(dtype, batch, variant):
 
 def sample_kernel_names(hidden, weight, **kwargs):
     """Names of the CUDA kernels one sample() call runs (after a first call outside the profile)."""
-    from torch.profiler import ProfilerActivity, profile
-
     flashsampling_cuda.sample(hidden, weight, **kwargs)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        flashsampling_cuda.sample(hidden, weight, **kwargs)
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return run_listing_cuda_kernels(lambda: flashsampling_cuda.sample(hidden, weight, **kwargs))[1]
 
 
 def epilogue_warpgroups_tile(columns):
@@ -724,15 +720,11 @@ def test_all_controls_beyond_16_columns_match_the_all_controls_loop():
     loop) give the same tokens and scores bit for bit and log-probabilities within rounding of the
     two loops' sums (bf16, fp16, up to two 128-wide column tiles, greedy rows, mask, sparse bias,
     several samples)."""
-    from torch.profiler import ProfilerActivity, profile
-
     op = torch.ops.flashsampling.sample_with_scores
     compared = 0
     for hidden, weight, kwargs in all_controls_calls():
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            result = op(hidden, weight, **kwargs)
-            torch.cuda.synchronize()
-        assert any("EpilogueWarpGroups" in e.name for e in prof.events())
+        result, kernels = run_listing_cuda_kernels(lambda: op(hidden, weight, **kwargs))
+        assert any("EpilogueWarpGroups" in name for name in kernels)
         if kwargs["seed"].dim() == 0:
             continue  # batch-wide seed: each row's noise stream is its place in the batch
         step = 16 // kwargs.get("num_samples", 1)
