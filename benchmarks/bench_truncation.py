@@ -236,11 +236,20 @@ def main() -> None:
     print(table)
 
 
+DEFAULT_HIDDEN_SIZES = (4096, 8192)  # --shapes' default
+
+
 def results_name(results: dict) -> str:
-    """truncation_<gpu>_<date>, with the forms' names after "truncation" where a run measured only
-    some of FORMS (--forms): a run of every form and a later one of a changed form sit side by side."""
-    forms = sorted({record["form"] for record in results["records"]}, key=list(FORMS).index)
-    tag = "" if len(forms) == len(FORMS) else "_" + "_".join(re.sub(r"[^0-9A-Za-z.]+", "_", f).strip("_") for f in forms)
+    """truncation_<gpu>_<date>, with the hidden sizes (d2048) after "truncation" where a run
+    measured other shapes than the default's, and the forms' names where it measured only some of
+    FORMS (--forms): a run of every form and a later one of a changed form or of a smaller model's
+    shape sit side by side."""
+    records = results["records"]
+    hidden_sizes = sorted({record["D"] for record in records})
+    tag = "" if tuple(hidden_sizes) == DEFAULT_HIDDEN_SIZES else "_" + "_".join(f"d{d}" for d in hidden_sizes)
+    forms = sorted({record["form"] for record in records}, key=list(FORMS).index)
+    if len(forms) != len(FORMS):
+        tag += "_" + "_".join(re.sub(r"[^0-9A-Za-z.]+", "_", f).strip("_") for f in forms)
     return f"truncation{tag}_{results['device'].replace(' ', '_')}_{results['date']}"
 
 

@@ -20,6 +20,9 @@ from sampling_stats import assert_truncated_distribution, random_controls
 
 requires_cuda = pytest.mark.requires_cuda
 V, D = 32768, 256
+# A hidden size at which a top_p call of 33-64 rows draws the tile winners (up to 3072 the
+# epilogue-warpgroup scan without them, then the streaming pass, is faster).
+LONG_MAINLOOP_D = 3072 + 256
 
 
 def requires_sm90(test):
@@ -198,8 +201,8 @@ def test_narrow_top_candidates_kernels_agree_bit_for_bit(form, batch):
     false, the 64-wide pingpong tile (per 64-row tile): the same tokens and scores bit for bit,
     log-probabilities within rounding of the two merge orders, with the controls the pass takes
     (per-row T with greedy rows, bias, mask, per-row seeds, two samples); on exact logits the CPU
-    op's tokens and scores. A call that draws the tile winners (top_p alone, a batch-wide seed)
-    keeps the pingpong tile. The profiler checks each setting."""
+    op's tokens and scores. A call that draws the tile winners (a host top_k above 1024 alone, a
+    batch-wide seed) keeps the pingpong tile. The profiler checks each setting."""
     results, hidden, weight, temperatures = top_candidates_results_on_both_kernels(form, batch, V)
     assert_same_bits(results[True], results[False], ("tokens", "scores"))
     for name in ("token_logprobs", "logsumexp"):
@@ -219,9 +222,10 @@ def test_narrow_top_candidates_kernels_agree_bit_for_bit(form, batch):
     expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)
     assert torch.equal(got.tokens.cpu(), expected[0])
     assert torch.equal(got.scores.cpu(), expected[1])
-    # top_p alone with a batch-wide seed draws the tile winners: the pingpong tile either way
+    # a host top_k above 1024 alone with a batch-wide seed draws the tile winners at any hidden
+    # size: the pingpong tile either way (top_p alone: test_top_p_tile_winners_by_hidden_size)
     winners = dict(temperature=0.8, seed=torch.tensor(5, device="cuda"), offset=torch.tensor(1, device="cuda"),
-                   truncation_path="fused_top_k", top_p=torch.full((batch,), 0.9, device="cuda"))
+                   truncation_path="fused_top_k", top_k=2000)
     _, names = sample_with_dispatch_options(hidden, weight, winners)
     assert not ran_top_candidates_epilogue_warpgroups(names), names
 
@@ -380,9 +384,10 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
     mask), on the scans that draw them: the N = 16 and 64 pingpong tiles and, beyond 64 rows,
     CUTLASS's cooperative tile where asked. The epilogue-warpgroup kernel (200 rows, the default
     beyond 64) draws none: its rows take the streaming pass either way; at 33-64 rows it runs
-    where no winners are drawn. The profiler checks which route ran; rows whose top_p is off get
-    plain sampling's token."""
-    weight = lm_head_weight(V, D, seed=6).cuda()
+    where no winners are drawn. D = LONG_MAINLOOP_D, where the 64-wide tile draws them
+    (test_top_p_tile_winners_by_hidden_size has the shorter ones). The profiler checks which route
+    ran; rows whose top_p is off get plain sampling's token."""
+    weight = lm_head_weight(V, LONG_MAINLOOP_D, seed=6).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch)
     if temperature == "rows":
         temperature = (torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4).cuda()
@@ -411,6 +416,30 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
         off = kwargs["top_p"] >= 1.0
         assert off.any()
         assert torch.equal(results[True].tokens.reshape(batch)[off], plain.reshape(batch)[off])
+
+
+@requires_sm90
+@pytest.mark.parametrize("hidden_dim", [D, 3072, LONG_MAINLOOP_D])
+@pytest.mark.parametrize("batch", [16, 33, 64])
+@pytest.mark.parametrize("regime", ["flat", "llm"])
+def test_top_p_tile_winners_by_hidden_size(regime, batch, hidden_dim):
+    """top_p alone (a [B] tensor, the batch-wide seed) draws the tile winners up to 32 rows at
+    every hidden size, and at 33-64 rows only beyond D = 3072: there the 64-wide pingpong tile
+    draws them; up to 3072 the epilogue-warpgroup kernel's 64-wide scan draws none and the
+    streaming pass samples the rows stage 2 hands on. Either way the same tokens and scores bit
+    for bit as with the winners turned off (DispatchOptions::top_p_tile_winners). The profiler
+    checks which route ran."""
+    weight = lm_head_weight(V, hidden_dim, seed=9).cuda()
+    hidden = hidden_states(weight, batch, regime, seed=batch + hidden_dim)
+    kwargs = dict(temperature=0.8, seed=torch.tensor(7, device="cuda"), offset=torch.tensor(2, device="cuda"),
+                  truncation_path="fused_top_k", top_p=per_row("p", batch).cuda())
+    draws = batch <= 32 or hidden_dim > 3072
+    got, names = sample_with_dispatch_options(hidden, weight, kwargs)
+    assert any("streaming_sample_kernel" in n for n in names) != draws, names
+    assert ran_top_candidates_epilogue_warpgroups(names) == (batch > 32 and not draws), names
+    streamed, names = sample_with_dispatch_options(hidden, weight, kwargs, top_p_tile_winners=False)
+    assert any("streaming_sample_kernel" in n for n in names), names
+    assert_same_bits(got, streamed, ("tokens", "scores"))
 
 
 @requires_sm90

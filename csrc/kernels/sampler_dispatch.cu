@@ -153,10 +153,24 @@ ConfigEntry config_for(KernelChoice const& c) {
 // Bit i of the options word: DispatchOptions' fields in order, set where a test turned one off.
 std::atomic<unsigned> g_disabled_options{0};
 
+// Whether a top_p call's tile winners pay at these GEMM columns and hidden size. At 33-64 columns
+// only the 64-wide pingpong tile draws them, and their noise is a fixed cost a tile in its
+// epilogue, which a short mainloop does not hide: up to D = 3072 the epilogue-warpgroup kernel's
+// 64-wide scan without them, then the streaming pass over the rows stage 2 hands on, takes less;
+// from D = 3584 the pingpong tile with them takes less on flat rows (docs/truncation_kernels.md
+// has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D.
+bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
+  return columns <= 32 || columns > 64 || hidden_dim > 3072;
+}
+
 // Whether the call's fused truncation is to draw the tile winners: the kernel choice keeps a scan
-// that can draw them (kernel_choice.h), and the launch draws them where the chosen one can.
+// that can draw them (kernel_choice.h), and the launch draws them where the chosen one can. A
+// large top_k's or the top-N logprobs' sample has no streaming pass to take it instead (its rows
+// would go to the logits sampler), so they keep them.
 bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& options) {
-  return p.fused_truncation && options.top_p_tile_winners && fused_truncation_draws_tile_winners(p);
+  bool const for_top_p_rows = fused_truncation_streams_top_p_rows(p);
+  return p.fused_truncation && options.top_p_tile_winners && fused_truncation_draws_tile_winners(p) &&
+         (!for_top_p_rows || top_p_tile_winners_pay(sampler_gemm_columns(p), p.hidden_dim));
 }
 
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
