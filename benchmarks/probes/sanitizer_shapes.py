@@ -7,7 +7,9 @@ kernels, on epilogue warpgroups beyond 16 columns; B = 17 the 32-wide tile) and 
 bitmask, per-row seeds, vocab_start, logprobs). B = 200, V = 151937 gives the epilogue-warpgroup
 kernels many tiles per SM, so their exact skip (global floors, atomics) runs too; B = 100,
 V = 32000 (a multiple of 4) the kernels' four-token loads and the min_p rows' one-wave grid; B = 144 the
-plain loop's three 64-wide column tiles (hidden rows padded to 192). Each shape also
+plain loop's three 64-wide column tiles (hidden rows padded to 192); B = 48 the fused pass's 33-64
+columns (the epilogue-warpgroup kernel's 64-wide top-k scan; at this D top_p alone without the tile
+winners, its rows streamed). Each shape also
 takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
@@ -28,6 +30,7 @@ SHAPES = [  # (B, V, D, dtype)
     (200, 151937, 64, torch.bfloat16),
     (100, 32000, 128, torch.bfloat16),  # V % 4 == 0: the four-token loads (stop rows, stored rows' rounds)
     (144, 9001, 96, torch.bfloat16),  # plain, greedy, soft-capped: three 64-wide column tiles, padded
+    (48, 32003, 136, torch.bfloat16),  # the top-k pass's 64-wide epilogue-warpgroup scan; top_p alone streamed (D <= 3072)
 ]
 
 for batch, vocab, dim, dtype in SHAPES:
@@ -137,8 +140,8 @@ for batch, vocab, dim, dtype in SHAPES:
             torch.cuda.synchronize()
             assert out.tokens.shape == (batch, 2) and bool(allowed.gather(1, out.tokens).all())
         # One sample without log-probabilities: top_p rows handed on to the rounds (with min_p after
-        # the streaming pass; top_p alone at the batch-wide seed, up to 64 rows, from the GEMM's tile
-        # winners, the rows without a cut decided in stage 2).
+        # the streaming pass; top_p alone at the batch-wide seed from the GEMM's tile winners up to 32
+        # rows, and 33-64 rows beyond D = 3072, the rows without a cut decided in stage 2; else streamed).
         for truncation in (dict(top_p=top_p), dict(top_p=top_p, min_p=min_p)):
             tokens = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, allowed_mask=allowed,
                                                truncation_path="fused_top_k", **truncation)
