@@ -1,0 +1,81 @@
+"""Same-run A/B of the two routes of a top-N logprobs call (flashsampling_cuda/logprobs.py): the
+fused route (one pass of the fused top-k GEMM, up to FUSED_TOP_LOGPROBS_MAX_BATCH rows, which
+draws the plain sample from the GEMM's tile winners) against the logits route (cuBLAS logits, then
+the logits kernels), by hidden size: at 33-64 rows the fused route's GEMM is the 64-wide pingpong
+tile drawing the winners, whose epilogue a short mainloop does not hide. Prints per cell the
+plain sample's time and each route's (CUDA-graph replays, median µs, the best of the rounds, the
+routes timed alternately in one process) and logits / fused (> 1: the fused route is faster).
+
+  python benchmarks/probes/top_logprobs_routes.py [--shapes 1024x151936,2048x151936,3072x128256,4096x151936]
+      [--batches 16,33,48,64] [--regimes llm,flat] [--top-logprobs 20] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*
+
+import torch  # noqa: E402
+
+from bench_sampler import median_us  # noqa: E402
+from harness import shape_list  # noqa: E402
+
+import flashsampling_cuda  # noqa: E402
+from flashsampling_cuda import logprobs  # noqa: E402
+from flashsampling_cuda.problems import hidden_states, lm_head_weight  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="1024x151936,2048x151936,3072x128256,4096x151936")
+    parser.add_argument("--batches", default="16,33,48,64")
+    parser.add_argument("--regimes", default="llm,flat")
+    parser.add_argument("--top-logprobs", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    fused_max_batch = logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH
+    print(f"# {torch.cuda.get_device_name()}; top_logprobs={args.top_logprobs}: plain, fused route, logits route µs; "
+          "logits / fused")
+    ratios = []
+    for dim, vocab in shape_list(args.shapes):
+        weight = lm_head_weight(vocab, dim)
+        for regime in args.regimes.split(","):
+            for batch in (int(b) for b in args.batches.split(",")):
+                hidden = hidden_states(weight, batch, regime, seed=batch)
+                kwargs = dict(temperature=0.8, seed=torch.tensor(7, device="cuda"), offset=torch.tensor(1, device="cuda"))
+
+                def plain():
+                    return flashsampling_cuda.sample(hidden, weight, **kwargs)
+
+                def top_n():
+                    return flashsampling_cuda.sample(hidden, weight, **kwargs, return_logprobs=True,
+                                                     top_logprobs=args.top_logprobs)
+
+                times = {"plain": [], "fused": [], "logits": []}
+                tokens = {}
+                for _ in range(args.rounds):
+                    times["plain"].append(median_us(plain, graph=True))
+                    for route, max_batch in (("fused", fused_max_batch), ("logits", 0)):
+                        logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = max_batch
+                        try:
+                            tokens[route] = top_n().tokens
+                            times[route].append(median_us(top_n, graph=True))
+                        finally:
+                            logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = fused_max_batch
+                plain_us, fused_us, logits_us = (min(times[k]) for k in ("plain", "fused", "logits"))
+                agree = float((tokens["fused"] == tokens["logits"]).float().mean())
+                ratios.append(logits_us / fused_us)
+                print(f"{dim}x{vocab} {regime:4s} B={batch:<4d}: plain {plain_us:7.1f}, fused {fused_us:7.1f} "
+                      f"({fused_us / plain_us:.2f}x plain), logits {logits_us:7.1f} ({logits_us / plain_us:.2f}x), "
+                      f"logits / fused {logits_us / fused_us:.3f}; tokens agree {agree:.2f}", flush=True)
+        del weight
+    print(f"# logits / fused over {len(ratios)} cells: median {statistics.median(ratios):.3f}, "
+          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+
+
+if __name__ == "__main__":
+    main()
