@@ -7,7 +7,10 @@ plain sample's time and each route's (CUDA-graph replays, median µs, the best o
 routes timed alternately in one process) and logits / fused (> 1: the fused route is faster).
 
   python benchmarks/probes/top_logprobs_routes.py [--shapes 1024x151936,2048x151936,3072x128256,4096x151936]
-      [--batches 16,33,48,64] [--regimes llm,flat] [--top-logprobs 20] [--rounds 3]
+      [--batches 16,33,48,64] [--regimes llm,flat] [--top-logprobs 20] [--rounds 3] [--option NAME]
+
+--option NAME: the fused route with a DispatchOptions switch (sampler_params.h) on against off, in
+place of the logits route (then "logits" below is the fused route with the switch off).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ def main() -> None:
     parser.add_argument("--regimes", default="llm,flat")
     parser.add_argument("--top-logprobs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--option", default=None, help="a DispatchOptions field: its off in place of the logits route")
     args = parser.parse_args()
+    set_options = torch.ops.flashsampling._set_dispatch_options
     fused_max_batch = logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH
     print(f"# {torch.cuda.get_device_name()}; top_logprobs={args.top_logprobs}: plain, fused route, logits route µs; "
           "logits / fused")
@@ -60,12 +65,16 @@ def main() -> None:
                 for _ in range(args.rounds):
                     times["plain"].append(median_us(plain, graph=True))
                     for route, max_batch in (("fused", fused_max_batch), ("logits", 0)):
-                        logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = max_batch
+                        if args.option:
+                            set_options(**{args.option: route == "fused"})
+                        else:
+                            logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = max_batch
                         try:
                             tokens[route] = top_n().tokens
                             times[route].append(median_us(top_n, graph=True))
                         finally:
                             logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = fused_max_batch
+                            set_options()
                 plain_us, fused_us, logits_us = (min(times[k]) for k in ("plain", "fused", "logits"))
                 agree = float((tokens["fused"] == tokens["logits"]).float().mean())
                 ratios.append(logits_us / fused_us)
