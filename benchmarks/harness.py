@@ -42,6 +42,20 @@ def shape_list(text: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in s.lower().split("x")) for s in text.split(",") if s.strip()]
 
 
+def lm_head_problems(shapes: str, regimes: str, batches: str):
+    """The grid of an A/B probe: for each shape (``shape_list``), logits regime and batch (comma
+    lists), yields (D, V, regime, B, weight, hidden), the weight made once a shape on the GPU and
+    freed before the next (flashsampling_cuda/problems.py's weights and hidden rows)."""
+    from flashsampling_cuda.problems import hidden_states, lm_head_weight
+
+    for dim, vocab in shape_list(shapes):
+        weight = lm_head_weight(vocab, dim)
+        for regime in regimes.split(","):
+            for batch in (int(b) for b in batches.split(",")):
+                yield dim, vocab, regime, batch, weight, hidden_states(weight, batch, regime, seed=batch)
+        del weight
+
+
 def parse_arguments(parser: argparse.ArgumentParser, tiny: dict) -> argparse.Namespace:
     """The arguments, with ``tiny``'s values (argument dest -> value) as the defaults under --tiny."""
     args = parser.parse_args()
@@ -286,6 +300,12 @@ def rewrite_results(path: Path) -> Path:
 
 def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def ratio_summary(label: str, ratios: list[float]) -> str:
+    """The closing line of a same-run A/B probe: its ratios' count, median and range."""
+    return (f"# {label} over {len(ratios)} cells: median {statistics.median(ratios):.3f}, "
+            f"min {min(ratios):.3f}, max {max(ratios):.3f}")
 
 
 def cell(value: float | None, spec: str = ".0f", suffix: str = "") -> str:

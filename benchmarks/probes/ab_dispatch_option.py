@@ -25,10 +25,9 @@ import torch  # noqa: E402
 from bench_penalties import FORMS as PENALTY_FORMS, HISTORY_FORMS, histories, ours_kwargs, per_row_penalties  # noqa: E402
 from bench_sampler import median_us  # noqa: E402
 from bench_truncation import FORMS, form_arguments  # noqa: E402
-from harness import shape_list  # noqa: E402
+from harness import lm_head_problems, ratio_summary  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402
-from flashsampling_cuda.problems import hidden_states, lm_head_weight  # noqa: E402
 
 
 def same_results(a, b) -> bool:
@@ -65,40 +64,34 @@ def main() -> None:
         f: (0.8, None) for f in args.extras.split(",") if f}
     print(f"# {torch.cuda.get_device_name()}; {args.option}: on / off µs, off / on")
     ratios = []
-    for dim, vocab in shape_list(args.shapes):
-        weight = lm_head_weight(vocab, dim)
-        for regime in args.regimes.split(","):
-            for batch in (int(b) for b in args.batches.split(",")):
-                hidden = hidden_states(weight, batch, regime, seed=batch)
-                for form, (temperature, spec) in forms.items():
-                    on_offsets, off_offsets, same = [], [], True
-                    for offset in (int(o) for o in args.offsets.split(",")):
-                        arguments = (extra_arguments(form, batch, vocab) if spec is None
-                                     else form_arguments(spec, batch))
-                        kwargs = dict(temperature=temperature, seed=torch.tensor(7, device="cuda"),
-                                      offset=torch.tensor(offset, device="cuda"), **arguments)
+    for dim, vocab, regime, batch, weight, hidden in lm_head_problems(args.shapes, args.regimes, args.batches):
+        for form, (temperature, spec) in forms.items():
+            on_offsets, off_offsets, same = [], [], True
+            for offset in (int(o) for o in args.offsets.split(",")):
+                arguments = (extra_arguments(form, batch, vocab) if spec is None
+                             else form_arguments(spec, batch))
+                kwargs = dict(temperature=temperature, seed=torch.tensor(7, device="cuda"),
+                              offset=torch.tensor(offset, device="cuda"), **arguments)
 
-                        def call(kwargs=kwargs):
-                            return flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
+                def call(kwargs=kwargs):
+                    return flashsampling_cuda.sample_with_scores(hidden, weight, **kwargs)
 
-                        times = {True: [], False: []}
-                        outputs = {}
-                        for _ in range(args.rounds):
-                            for on in (True, False):
-                                set_options(**{args.option: on})
-                                outputs[on] = call()
-                                times[on].append(median_us(call, graph=True))
-                        set_options()
-                        on_offsets.append(min(times[True]))
-                        off_offsets.append(min(times[False]))
-                        same = same and same_results(outputs[True], outputs[False])
-                    on_us, off_us = statistics.mean(on_offsets), statistics.mean(off_offsets)
-                    ratios.append(off_us / on_us)
-                    print(f"{dim}x{vocab} {regime:4s} B={batch:<4d} {form:26s}: {on_us:8.1f} / {off_us:8.1f} µs,"
-                          f" {off_us / on_us:.3f}{'' if same else '  RESULTS DIFFER'}", flush=True)
-        del weight
-    print(f"# off / on over {len(ratios)} cells: median {statistics.median(ratios):.3f}, "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+                times = {True: [], False: []}
+                outputs = {}
+                for _ in range(args.rounds):
+                    for on in (True, False):
+                        set_options(**{args.option: on})
+                        outputs[on] = call()
+                        times[on].append(median_us(call, graph=True))
+                set_options()
+                on_offsets.append(min(times[True]))
+                off_offsets.append(min(times[False]))
+                same = same and same_results(outputs[True], outputs[False])
+            on_us, off_us = statistics.mean(on_offsets), statistics.mean(off_offsets)
+            ratios.append(off_us / on_us)
+            print(f"{dim}x{vocab} {regime:4s} B={batch:<4d} {form:26s}: {on_us:8.1f} / {off_us:8.1f} µs,"
+                  f" {off_us / on_us:.3f}{'' if same else '  RESULTS DIFFER'}", flush=True)
+    print(ratio_summary("off / on", ratios))
 
 
 if __name__ == "__main__":

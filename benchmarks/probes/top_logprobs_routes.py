@@ -16,7 +16,6 @@ place of the logits route (then "logits" below is the fused route with the switc
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,11 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*
 import torch  # noqa: E402
 
 from bench_sampler import median_us  # noqa: E402
-from harness import shape_list  # noqa: E402
+from harness import lm_head_problems, ratio_summary  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402
 from flashsampling_cuda import logprobs  # noqa: E402
-from flashsampling_cuda.problems import hidden_states, lm_head_weight  # noqa: E402
 
 
 def main() -> None:
@@ -46,44 +44,38 @@ def main() -> None:
     print(f"# {torch.cuda.get_device_name()}; top_logprobs={args.top_logprobs}: plain, fused route, logits route µs; "
           "logits / fused")
     ratios = []
-    for dim, vocab in shape_list(args.shapes):
-        weight = lm_head_weight(vocab, dim)
-        for regime in args.regimes.split(","):
-            for batch in (int(b) for b in args.batches.split(",")):
-                hidden = hidden_states(weight, batch, regime, seed=batch)
-                kwargs = dict(temperature=0.8, seed=torch.tensor(7, device="cuda"), offset=torch.tensor(1, device="cuda"))
+    for dim, vocab, regime, batch, weight, hidden in lm_head_problems(args.shapes, args.regimes, args.batches):
+        kwargs = dict(temperature=0.8, seed=torch.tensor(7, device="cuda"), offset=torch.tensor(1, device="cuda"))
 
-                def plain():
-                    return flashsampling_cuda.sample(hidden, weight, **kwargs)
+        def plain():
+            return flashsampling_cuda.sample(hidden, weight, **kwargs)
 
-                def top_n():
-                    return flashsampling_cuda.sample(hidden, weight, **kwargs, return_logprobs=True,
-                                                     top_logprobs=args.top_logprobs)
+        def top_n():
+            return flashsampling_cuda.sample(hidden, weight, **kwargs, return_logprobs=True,
+                                             top_logprobs=args.top_logprobs)
 
-                times = {"plain": [], "fused": [], "logits": []}
-                tokens = {}
-                for _ in range(args.rounds):
-                    times["plain"].append(median_us(plain, graph=True))
-                    for route, max_batch in (("fused", fused_max_batch), ("logits", 0)):
-                        if args.option:
-                            set_options(**{args.option: route == "fused"})
-                        else:
-                            logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = max_batch
-                        try:
-                            tokens[route] = top_n().tokens
-                            times[route].append(median_us(top_n, graph=True))
-                        finally:
-                            logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = fused_max_batch
-                            set_options()
-                plain_us, fused_us, logits_us = (min(times[k]) for k in ("plain", "fused", "logits"))
-                agree = float((tokens["fused"] == tokens["logits"]).float().mean())
-                ratios.append(logits_us / fused_us)
-                print(f"{dim}x{vocab} {regime:4s} B={batch:<4d}: plain {plain_us:7.1f}, fused {fused_us:7.1f} "
-                      f"({fused_us / plain_us:.2f}x plain), logits {logits_us:7.1f} ({logits_us / plain_us:.2f}x), "
-                      f"logits / fused {logits_us / fused_us:.3f}; tokens agree {agree:.2f}", flush=True)
-        del weight
-    print(f"# logits / fused over {len(ratios)} cells: median {statistics.median(ratios):.3f}, "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+        times = {"plain": [], "fused": [], "logits": []}
+        tokens = {}
+        for _ in range(args.rounds):
+            times["plain"].append(median_us(plain, graph=True))
+            for route, max_batch in (("fused", fused_max_batch), ("logits", 0)):
+                if args.option:
+                    set_options(**{args.option: route == "fused"})
+                else:
+                    logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = max_batch
+                try:
+                    tokens[route] = top_n().tokens
+                    times[route].append(median_us(top_n, graph=True))
+                finally:
+                    logprobs.FUSED_TOP_LOGPROBS_MAX_BATCH = fused_max_batch
+                    set_options()
+        plain_us, fused_us, logits_us = (min(times[k]) for k in ("plain", "fused", "logits"))
+        agree = float((tokens["fused"] == tokens["logits"]).float().mean())
+        ratios.append(logits_us / fused_us)
+        print(f"{dim}x{vocab} {regime:4s} B={batch:<4d}: plain {plain_us:7.1f}, fused {fused_us:7.1f} "
+              f"({fused_us / plain_us:.2f}x plain), logits {logits_us:7.1f} ({logits_us / plain_us:.2f}x), "
+              f"logits / fused {logits_us / fused_us:.3f}; tokens agree {agree:.2f}", flush=True)
+    print(ratio_summary("logits / fused", ratios))
 
 
 if __name__ == "__main__":
