@@ -241,7 +241,7 @@ DEFAULT_HIDDEN_SIZES = (4096, 8192)  # --shapes' default
 
 def results_name(results: dict) -> str:
     """truncation_<gpu>_<date>, with the hidden sizes (d2048) after "truncation" where a run
-    measured other shapes than the default's, and the forms' names where it measured only some of
+    measured other hidden sizes than the default's, and the forms' names where it measured only some of
     FORMS (--forms): a run of every form and a later one of a changed form or of a smaller model's
     shape sit side by side."""
     records = results["records"]

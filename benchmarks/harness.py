@@ -44,8 +44,9 @@ def shape_list(text: str) -> list[tuple[int, int]]:
 
 def lm_head_problems(shapes: str, regimes: str, batches: str):
     """The grid of an A/B probe: for each shape (``shape_list``), logits regime and batch (comma
-    lists), yields (D, V, regime, B, weight, hidden), the weight made once a shape on the GPU and
-    freed before the next (flashsampling_cuda/problems.py's weights and hidden rows)."""
+    lists), yields (D, V, regime, B, weight, hidden), the weight made once a shape on the GPU
+    (flashsampling_cuda/problems.py's weights and hidden rows); the generator drops its own
+    reference before the next shape's, though a caller still holding the last cell's keeps it."""
     from flashsampling_cuda.problems import hidden_states, lm_head_weight
 
     for dim, vocab in shape_list(shapes):

@@ -602,8 +602,8 @@ def test_top_p_rounds_graph_replay(batch):
     """top_p alone on flat rows, one sample: the top_p rounds (launches that read their rows'
     count on the device) run inside a captured CUDA graph. Each replay with a new offset gives the
     eager call's tokens and scores (top_p = 0.5 fails many first winners, so the drawing rounds and
-    later rounds find rows), and the replays differ. Up to 64 rows the GEMM draws the winners;
-    beyond, the streaming pass does."""
+    later rounds find rows), and the replays differ. At 16 rows the GEMM draws the winners (up
+    to 32 rows, and 33-64 beyond D = 3072); at 100 the streaming pass does."""
     hidden, weight, _ = exact_problem(batch, "flat", seed=batch)
     hidden, weight = hidden.cuda(), weight.cuda()
     top_p = torch.full((batch,), 0.5, dtype=torch.float64, device="cuda")
