@@ -47,6 +47,8 @@ from bench_sampler import median_us, noise_tensors
 from flashsampling_cuda.problems import REGIMES, hidden_states, lm_head_weight, row_statistics
 from report import pyplot_or_none, run_header, write_results
 
+DEFAULT_SHAPES = "4096x151936,8192x128256"  # --shapes (D x V): issue #33's two LM heads
+
 # name -> (temperature, truncation; "rows" marks a [B] tensor of the value)
 FORMS = {
     "k50 p0.9 (int)": (0.8, {"top_k": 50, "top_p": 0.9}),
@@ -216,7 +218,7 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="4096x151936,8192x128256", help="comma list of DxV")
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of DxV")
     parser.add_argument("--batches", default="1,16,64,128,256")
     parser.add_argument("--regimes", default=",".join(REGIMES))
     parser.add_argument("--forms", default=None, help="comma list of FORMS names (default: all)")
@@ -236,9 +238,6 @@ def main() -> None:
     print(table)
 
 
-DEFAULT_HIDDEN_SIZES = (4096, 8192)  # --shapes' default
-
-
 def results_name(results: dict) -> str:
     """truncation_<gpu>_<date>, with the hidden sizes (d2048) after "truncation" where a run
     measured other hidden sizes than the default's, and the forms' names where it measured only some of
@@ -246,7 +245,8 @@ def results_name(results: dict) -> str:
     shape sit side by side."""
     records = results["records"]
     hidden_sizes = sorted({record["D"] for record in records})
-    tag = "" if tuple(hidden_sizes) == DEFAULT_HIDDEN_SIZES else "_" + "_".join(f"d{d}" for d in hidden_sizes)
+    default_sizes = sorted({int(shape.split("x")[0]) for shape in DEFAULT_SHAPES.split(",")})
+    tag = "" if hidden_sizes == default_sizes else "_" + "_".join(f"d{d}" for d in hidden_sizes)
     forms = sorted({record["form"] for record in records}, key=list(FORMS).index)
     if len(forms) != len(FORMS):
         tag += "_" + "_".join(re.sub(r"[^0-9A-Za-z.]+", "_", f).strip("_") for f in forms)

@@ -67,9 +67,8 @@ def main() -> None:
     for dim, vocab, regime, batch, weight, hidden in lm_head_problems(args.shapes, args.regimes, args.batches):
         for form, (temperature, spec) in forms.items():
             on_offsets, off_offsets, same = [], [], True
+            arguments = extra_arguments(form, batch, vocab) if spec is None else form_arguments(spec, batch)
             for offset in (int(o) for o in args.offsets.split(",")):
-                arguments = (extra_arguments(form, batch, vocab) if spec is None
-                             else form_arguments(spec, batch))
                 kwargs = dict(temperature=temperature, seed=torch.tensor(7, device="cuda"),
                               offset=torch.tensor(offset, device="cuda"), **arguments)
 
