@@ -386,7 +386,9 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
     beyond 64) draws none: its rows take the streaming pass either way; at 33-64 rows it runs
     where no winners are drawn. D = LONG_MAINLOOP_D, where the 64-wide tile draws them
     (test_top_p_tile_winners_by_hidden_size has the shorter ones). The profiler checks which route
-    ran; rows whose top_p is off get plain sampling's token."""
+    ran; rows whose top_p is off get plain sampling's token. Beyond 32 rows a plain call's
+    top_p runs on the plain pass by default (test_top_p_on_plain_pass_equals_the_top_k_scan):
+    here on the top-k scan (DispatchOptions::top_p_on_plain_pass off)."""
     weight = lm_head_weight(V, LONG_MAINLOOP_D, seed=6).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch)
     if temperature == "rows":
@@ -405,7 +407,8 @@ def test_top_p_tile_winners_equal_the_streaming_pass(truncation, regime, batch, 
     results = {}
     for winners in (True, False):
         results[winners], names = sample_with_dispatch_options(
-            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups, top_p_tile_winners=winners)
+            hidden, weight, kwargs, top_candidates_epilogue_warpgroups=epilogue_warpgroups, top_p_tile_winners=winners,
+            top_p_on_plain_pass=False)
         draws = winners and not (epilogue_warpgroups and batch > 64)
         assert any("streaming_sample_kernel" in n for n in names) != draws, names
         narrow_without_winners = 32 < batch <= 64 and not winners
@@ -428,18 +431,124 @@ def test_top_p_tile_winners_by_hidden_size(regime, batch, hidden_dim):
     draws them; up to 3072 the epilogue-warpgroup kernel's 64-wide scan draws none and the
     streaming pass samples the rows stage 2 hands on. Either way the same tokens and scores bit
     for bit as with the winners turned off (DispatchOptions::top_p_tile_winners). The profiler
-    checks which route ran."""
+    checks which route ran. (Such a call of 33-64 rows runs on the plain pass by default: here the
+    top-k scan's routes, DispatchOptions::top_p_on_plain_pass off.)"""
     weight = lm_head_weight(V, hidden_dim, seed=9).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch + hidden_dim)
     kwargs = dict(temperature=0.8, seed=torch.tensor(7, device="cuda"), offset=torch.tensor(2, device="cuda"),
                   truncation_path="fused_top_k", top_p=per_row("p", batch).cuda())
     draws = batch <= 32 or hidden_dim > 3072
-    got, names = sample_with_dispatch_options(hidden, weight, kwargs)
+    got, names = sample_with_dispatch_options(hidden, weight, kwargs, top_p_on_plain_pass=False)
     assert any("streaming_sample_kernel" in n for n in names) != draws, names
     assert ran_top_candidates_epilogue_warpgroups(names) == (batch > 32 and not draws), names
-    streamed, names = sample_with_dispatch_options(hidden, weight, kwargs, top_p_tile_winners=False)
+    streamed, names = sample_with_dispatch_options(hidden, weight, kwargs, top_p_tile_winners=False,
+                                                   top_p_on_plain_pass=False)
     assert any("streaming_sample_kernel" in n for n in names), names
     assert_same_bits(got, streamed, ("tokens", "scores"))
+
+
+def ran_top_p_on_plain_pass(kernel_names):
+    """Whether a fused truncation call ran on plain sampling's pass (SamplerParams::
+    top_p_on_plain_pass): the epilogue-warpgroup kernel's plain loop ((flashsampling::SamplerLoop)0
+    in its name), the top_p rounds, and no stage 2."""
+    return (any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)0" in n for n in kernel_names) and
+            any("top_p_round_kernel" in n for n in kernel_names) and
+            not any("truncate_candidates_kernel" in n for n in kernel_names))
+
+
+@requires_sm90
+@pytest.mark.parametrize("batch, vocab", [(33, V), (64, V - 3), (100, V), (200, V - 3)])
+@pytest.mark.parametrize("regime", ["flat", "peaked"])
+@pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.1"])
+def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab):
+    """top_p alone beyond 32 rows, one sample, plain sampling's batch-wide temperature and seed:
+    plain sampling's pass (the epilogue-warpgroup kernel's plain loop, which also stores the logits
+    and each tile's largest; no stage 2) hands each top_p row's plain token and first y to the
+    rounds, the rows whose top_p keeps only the first token (0, NaN) to the cut kernel, and keeps
+    plain sampling's token where top_p is off (1, 1.5). Tokens and scores as the CPU op's, bit for
+    bit, on exact logits (a small top_p fails most first winners: the drawing rounds run), and as
+    the top-k scan's route (DispatchOptions::top_p_on_plain_pass off). V - 3: the stored rows end
+    inside a 64-row half tile and a group of four tokens. The profiler checks which route ran."""
+    hidden, weight, logits = exact_problem(batch, regime, seed=batch + 11 * len(truncation), vocab=vocab)
+    kwargs = dict(temperature=2.5 if regime == "peaked" else 0.8, seed=torch.tensor(13), offset=torch.tensor(6))
+    trunc = dict(top_p=0.1) if truncation == "p0.1" else truncation_kwargs(truncation, batch, "cpu")
+    on = dict(on_cuda(kwargs), **on_cuda(trunc), truncation_path="fused_top_k")
+    h, w = hidden.cuda(), weight.cuda()
+    got, names = sample_with_dispatch_options(h, w, on)
+    assert ran_top_p_on_plain_pass(names), names
+    scan, names = sample_with_dispatch_options(h, w, on, top_p_on_plain_pass=False)
+    assert any("truncate_candidates_kernel" in n for n in names), names
+    op_kwargs = dict(kwargs)
+    for name, value in trunc.items():
+        op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
+    assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
+    assert torch.equal(got.scores.cpu(), expected[1])
+    assert_same_bits(got, scan, ("tokens", "scores"))
+    if truncation == "p_rows":
+        off = trunc["top_p"] >= 1.0
+        plain = fs.sample_with_scores(h, w, **on_cuda(kwargs))
+        assert off.any()
+        assert torch.equal(got.tokens.reshape(batch)[off.cuda()], plain.tokens.reshape(batch)[off.cuda()])
+
+
+@requires_sm90
+@pytest.mark.parametrize("batch", [48, 130])
+@pytest.mark.parametrize("regime", ["flat", "llm"])
+def test_top_p_on_plain_pass_equals_the_top_k_scan(regime, batch):
+    """bf16 logits of an LM head (the pass's own accumulators, D = LONG_MAINLOOP_D): top_p alone
+    on the plain pass gives the top-k scan's tokens and scores bit for bit (at 48 rows its tile
+    winners, at 130 its streaming pass), for a [B] top_p and a host one; plain sampling's token
+    where top_p is off. The calls the plain pass does not take keep the top-k scan: per-row
+    temperatures, a bias, per-row seeds, min_p with top_p, 32 rows or fewer."""
+    weight = lm_head_weight(V, LONG_MAINLOOP_D, seed=8).cuda()
+    hidden = hidden_states(weight, batch, regime, seed=batch + 1)
+    kwargs = dict(temperature=0.7, seed=torch.tensor(3, device="cuda"), offset=torch.tensor(9, device="cuda"),
+                  truncation_path="fused_top_k")
+    for top_p in (per_row("p", batch).cuda(), 0.9):
+        got, names = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p))
+        assert ran_top_p_on_plain_pass(names), names
+        scan, names = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p),
+                                                   top_p_on_plain_pass=False)
+        assert any("truncate_candidates_kernel" in n for n in names), names
+        assert_same_bits(got, scan, ("tokens", "scores"))
+    top_p = per_row("p", batch).cuda()
+    plain = fs.sample(hidden, weight, temperature=0.7, seed=kwargs["seed"], offset=kwargs["offset"])
+    off = top_p >= 1.0
+    got, _ = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p))
+    assert torch.equal(got.tokens.reshape(batch)[off], plain.reshape(batch)[off])
+    others = [dict(temperature=torch.full((batch,), 0.7, device="cuda")),
+              dict(logit_bias=torch.zeros(V, device="cuda")),
+              dict(seed=torch.arange(batch, device="cuda"), offset=torch.zeros(batch, dtype=torch.int64, device="cuda")),
+              dict(min_p=0.02)]
+    for other in others:
+        _, names = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p, **other))
+        assert not ran_top_p_on_plain_pass(names), (other.keys(), names)
+    _, names = sample_with_dispatch_options(hidden[:32], weight, dict(kwargs, top_p=top_p[:32]))
+    assert not ran_top_p_on_plain_pass(names), names
+
+
+@requires_sm90
+@pytest.mark.parametrize("regime, top_ps", [("llm", (0.8, 0.75, 0.85)), ("flat", (0.5, 0.45, 0.55, 0.6))])
+def test_top_p_on_plain_pass_chi_square(regime, top_ps):
+    """The plain pass's truncated distribution: 40 copies of one hidden row (each row its own noise
+    stream, so one call gives 40 independent samples), 250 calls at offsets 0-249; every token a
+    survivor of the float64 reference and chi-square against the renormalised distribution. top_p
+    is the first of `top_ps` whose cut lies clear of rounding in the reference."""
+    from flashsampling_cuda.reference import reference_truncation
+
+    batch, calls, vocab, temperature = 40, 250, 8192, 1.0
+    weight = lm_head_weight(vocab, 64, seed=1)
+    hidden = hidden_states(weight, 1, regime, seed=2)
+    top_p = next(p for p in top_ps
+                 if (reference_truncation(hidden, weight, temperature, top_p=p).boundary_gap > 1e-4).all())
+    rows = hidden.expand(batch, -1).contiguous()
+    names = run_listing_cuda_kernels(lambda: fs.sample(rows, weight, temperature=temperature, top_p=top_p, seed=5,
+                                                       offset=0, truncation_path="fused_top_k"))[1]
+    assert ran_top_p_on_plain_pass(names), names
+    tokens = torch.cat([fs.sample(rows, weight, temperature=temperature, top_p=top_p, seed=5, offset=o,
+                                  truncation_path="fused_top_k").reshape(batch) for o in range(calls)])
+    assert_truncated_distribution(tokens.reshape(1, -1).cpu(), hidden, weight, temperature, top_p=top_p)
 
 
 @requires_sm90
@@ -603,7 +712,8 @@ def test_top_p_rounds_graph_replay(batch):
     count on the device) run inside a captured CUDA graph. Each replay with a new offset gives the
     eager call's tokens and scores (top_p = 0.5 fails many first winners, so the drawing rounds and
     later rounds find rows), and the replays differ. At 16 rows the GEMM draws the winners (up
-    to 32 rows, and 33-64 beyond D = 3072); at 100 the streaming pass does."""
+    to 32 rows, and 33-64 beyond D = 3072); at 100 plain sampling's pass draws each row's token
+    (top_p on the plain pass: no stage 2, no streaming pass)."""
     hidden, weight, _ = exact_problem(batch, "flat", seed=batch)
     hidden, weight = hidden.cuda(), weight.cuda()
     top_p = torch.full((batch,), 0.5, dtype=torch.float64, device="cuda")
@@ -616,7 +726,8 @@ def test_top_p_rounds_graph_replay(batch):
 
     _, names = run_listing_cuda_kernels(lambda: step(offset))  # warm up outside the capture
     assert any("top_p_round_kernel" in n for n in names), names
-    assert any("streaming_sample_kernel" in n for n in names) == (batch > 64), names
+    assert not any("streaming_sample_kernel" in n for n in names), names
+    assert any("truncate_candidates_kernel" in n for n in names) == (batch <= 32), names
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step(offset)

@@ -141,6 +141,27 @@ __device__ bool mask_row_empty(SamplerParams const& p, int64_t row) {
   return __syncthreads_or(any) == 0;
 }
 
+// top_p on the plain pass (SamplerParams::top_p_on_plain_pass; one sample, plain sampling's
+// batch-wide temperature): a row whose top_p is on goes to the top_p rounds with its plain-sampling
+// winner and its first y = fl(max x / T), where the rounds verify the winner against top_p (the
+// same start as stage 2 gives the rows it hands on); a row without a winner or a finite first y, or
+// whose top_p keeps only its first token (<= 0, NaN), to the cut kernel's list; a row whose top_p is
+// off (>= 1) keeps the plain token written above. Every row's entry of streamed_first_y is written
+// (NaN: not streamed).
+__device__ void hand_on_top_p_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, bool found,
+                                  PackedCandidate winner, float max_x) {
+  double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+  float const first_y = fs_mul(max_x, p.inv_temperature);
+  bool const streams = found && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
+  buffers.streamed_first_y[row] = streams ? first_y : __uint_as_float(0x7fc00000u);
+  if (streams) {
+    buffers.streamed_winners[row] = winner;
+  } else if (!(top_p >= 1.0)) {
+    int const at = atomicAdd(p.fallback_rows, 1);
+    p.fallback_rows[1 + at] = static_cast<int32_t>(row);
+  }
+}
+
 __global__ void __launch_bounds__(kReduceThreads)
 reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, int64_t num_tiles) {
   int64_t const row = blockIdx.x;
@@ -150,19 +171,23 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   int64_t const col = static_cast<int64_t>(sample) * p.batch_size + row;
   PackedCandidate const* column = buffers.candidates + col;
 
-  // Best candidate and the tile it came from (for its logit).
+  // Best candidate and the tile it came from (for its logit); on the plain pass of top_p the
+  // row's largest logit (tile_max_logits).
+  float const* const tile_max_logits = buffers.tile_max_logits;
   PackedCandidate best = 0;
   int64_t best_tile = -1;
-  float lse_max = -INFINITY, lse_sum = 0.0f;
+  float lse_max = -INFINITY, lse_sum = 0.0f, max_x = -INFINITY;
   for (int64_t first = threadIdx.x; first < num_tiles; first += int64_t{kReduceThreads} * kTilesPerStep) {
     PackedCandidate c[kTilesPerStep];
     float2 part[kTilesPerStep];
+    float tile_max[kTilesPerStep];
 #pragma unroll
     for (int u = 0; u < kTilesPerStep; ++u) {  // the loads first, all in flight
       int64_t const tile = first + int64_t{u} * kReduceThreads;
       bool const in_range = tile < num_tiles;
       c[u] = in_range ? column[tile * columns] : PackedCandidate{0};
       part[u] = p.logprobs && in_range ? buffers.lse_parts[tile * columns + col] : make_float2(-INFINITY, 0.0f);
+      tile_max[u] = tile_max_logits != nullptr && in_range ? tile_max_logits[tile * columns + col] : -INFINITY;
     }
 #pragma unroll
     for (int u = 0; u < kTilesPerStep; ++u) {
@@ -171,6 +196,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
         best_tile = first + int64_t{u} * kReduceThreads;
       }
       if (p.logprobs) lse_merge(lse_max, lse_sum, part[u].x, part[u].y);
+      max_x = fmaxf(max_x, tile_max[u]);
     }
   }
 #pragma unroll
@@ -184,14 +210,17 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
     float const other_max = __shfl_xor_sync(0xFFFFFFFF, lse_max, delta);
     float const other_sum = __shfl_xor_sync(0xFFFFFFFF, lse_sum, delta);
     lse_merge(lse_max, lse_sum, other_max, other_sum);
+    max_x = fmaxf(max_x, __shfl_xor_sync(0xFFFFFFFF, max_x, delta));
   }
   __shared__ PackedCandidate warp_best[kReduceThreads / 32];
   __shared__ int64_t warp_tile[kReduceThreads / 32];
   __shared__ float2 warp_lse[kReduceThreads / 32];
+  __shared__ float warp_max_x[kReduceThreads / 32];
   if (threadIdx.x % 32 == 0) {
     warp_best[threadIdx.x / 32] = best;
     warp_tile[threadIdx.x / 32] = best_tile;
     warp_lse[threadIdx.x / 32] = make_float2(lse_max, lse_sum);
+    warp_max_x[threadIdx.x / 32] = max_x;
   }
   __syncthreads();
 #pragma unroll
@@ -200,6 +229,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
       best = warp_best[w];
       best_tile = warp_tile[w];
     }
+    max_x = fmaxf(max_x, warp_max_x[w]);
   }
   // "No candidate": every score NaN, an invalid temperature, or an empty mask.
   int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
@@ -231,6 +261,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
 
   p.tokens[out] = found ? index : empty_mask ? p.empty_mask_token : -1;
   if (p.scores) p.scores[out] = found ? unpack_score(best) : -INFINITY;
+  if (tile_max_logits != nullptr) hand_on_top_p_row(p, buffers, row, found, best, max_x);
   if (p.logprobs) {
     // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
     float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;

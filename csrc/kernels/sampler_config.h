@@ -46,8 +46,11 @@ inline int64_t candidates_per_slot(SamplerParams const& p) {
 }
 
 // Per-(tile, column) log-masses: the logprobs' (every loop), and the fused truncation's when it
-// stores the logits (top_p without top_k needs each row's).
-inline bool needs_lse_parts(SamplerParams const& p) { return p.logprobs || p.row_logits != nullptr; }
+// stores the logits (top_p without top_k needs each row's; not on the plain pass, whose rounds
+// sum the rows' masses themselves).
+inline bool needs_lse_parts(SamplerParams const& p) {
+  return p.logprobs || (p.row_logits != nullptr && !p.top_p_on_plain_pass);
+}
 
 inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
   return (p.vocab_size + vocab_tile - 1) / vocab_tile;
@@ -71,16 +74,24 @@ struct SamplerBuffers {
   // draw_tile_winners only: the top-k scan's winner of each (vocabulary tile, row) (pack_candidate of
   // the perturbed score and index; 0: none), and stage 2's row winners for the streaming kernels
   // (LogitsSamplerParams::streamed_winners).
+  // (and top_p_on_plain_pass: streamed_winners, the reduction's)
   PackedCandidate* tile_winners = nullptr;      // [num_vocab_tiles][columns]
   PackedCandidate* streamed_winners = nullptr;  // [B]
+  // top_p_on_plain_pass only: each (vocabulary tile, column)'s largest x.
+  float* tile_max_logits = nullptr;  // [num_vocab_tiles][columns]
 };
+
+// Whether a call's reduction hands rows on to the top_p rounds with their winners
+// (SamplerBuffers::streamed_winners): stage 2 where the GEMM drew the tile winners, or the plain
+// pass's reduction.
+inline bool hands_on_streamed_winners(SamplerParams const& p) { return p.draw_tile_winners || p.top_p_on_plain_pass; }
 
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
 // hidden rows (when padded), then the GEMM's own.
 struct SamplerWorkspaceLayout {
   size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, penalty_words = 0,
          penalty_slots = 0, penalty_lowers = 0, inv_temperatures = 0, noise_floors = 0, streamed_first_y = 0, logits_sampler = 0,
-         tile_winners = 0, streamed_winners = 0, padded_hidden = 0, gemm = 0, total = 0;
+         tile_winners = 0, streamed_winners = 0, tile_max_logits = 0, padded_hidden = 0, gemm = 0, total = 0;
 
   // logits_sampler_bytes: the fallback's logits sampler's workspace (0 unless
   // fused_truncation_streams_rows).
@@ -117,7 +128,9 @@ struct SamplerWorkspaceLayout {
     tile_winners = at;
     at += p.draw_tile_winners ? round_up(slots * sizeof(PackedCandidate)) : 0;
     streamed_winners = at;
-    at += p.draw_tile_winners ? round_up(static_cast<size_t>(p.batch_size) * sizeof(PackedCandidate)) : 0;
+    at += hands_on_streamed_winners(p) ? round_up(static_cast<size_t>(p.batch_size) * sizeof(PackedCandidate)) : 0;
+    tile_max_logits = at;
+    at += p.top_p_on_plain_pass ? round_up(slots * sizeof(float)) : 0;
     padded_hidden = at;
     at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
     gemm = at;
@@ -141,7 +154,9 @@ struct SamplerWorkspaceLayout {
     b.streamed_first_y = streams ? reinterpret_cast<float*>(base + streamed_first_y) : nullptr;
     b.logits_sampler = streams ? static_cast<void*>(base + logits_sampler) : nullptr;
     b.tile_winners = p.draw_tile_winners ? reinterpret_cast<PackedCandidate*>(base + tile_winners) : nullptr;
-    b.streamed_winners = p.draw_tile_winners ? reinterpret_cast<PackedCandidate*>(base + streamed_winners) : nullptr;
+    b.streamed_winners =
+        hands_on_streamed_winners(p) ? reinterpret_cast<PackedCandidate*>(base + streamed_winners) : nullptr;
+    b.tile_max_logits = p.top_p_on_plain_pass ? reinterpret_cast<float*>(base + tile_max_logits) : nullptr;
     return b;
   }
 };
@@ -187,7 +202,8 @@ cudaError_t launch_build_penalty_table(SamplerParams const& p, SamplerBuffers co
 cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream);
 
 // Stage 2: per (row, sample) the best candidate over vocabulary tiles -> token, score,
-// and with logprobs the merged log-sum-exp and the token's log-probability.
+// and with logprobs the merged log-sum-exp and the token's log-probability; on the plain pass
+// of top_p (top_p_on_plain_pass) also each top_p row's winner and first y for the rounds.
 cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
                                      cudaStream_t stream);
 

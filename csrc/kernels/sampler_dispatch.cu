@@ -173,6 +173,33 @@ bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& opti
          (!for_top_p_rows || top_p_tile_winners_pay(sampler_gemm_columns(p), p.hidden_dim));
 }
 
+// Whether a fused truncation call of top_p alone runs on plain sampling's pass instead of the
+// top-k scan (SamplerParams::top_p_on_plain_pass). A top_p row needs from the GEMM only its
+// plain-sampling token (the first t its rounds verify), its first y and its stored logits: plain
+// sampling's pass draws that token with its exact skip of the noise, where the top-k scan either
+// draws the tile winners without one or leaves the draw to a streaming pass over the stored
+// logits, and stage 2 and its launch go. Every row then takes round 0 (stage 2 decided most
+// LLM-like rows from their candidates), which the rest pays for (docs/truncation_kernels.md has
+// the A/B). Beyond 32 rows, where plain sampling runs the epilogue-warpgroup kernel, whose plain
+// loop stores the logits; plain sampling's own call otherwise (one sample, the batch-wide
+// temperature and noise key, no controls), sm90 (the fused truncation's other forms are sm90's).
+bool runs_top_p_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions const& options) {
+  return options.top_p_on_plain_pass && device_arch == 90 && p.fused_truncation && p.batch_size > 32 &&
+         fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !call_may_cut_min_p(p) &&
+         p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy &&
+         is_plain_sampling(p.controls, p.noise, p.num_samples, p.logprobs);
+}
+
+// The parameters of the pass a call runs: top_p on the plain pass (runs_top_p_on_plain_pass), else
+// the call's own.
+SamplerParams route_params(SamplerParams const& params, int device_arch) {
+  if (!runs_top_p_on_plain_pass(params, device_arch, sampler_dispatch_options())) return params;
+  SamplerParams p = params;
+  p.fused_truncation = false;
+  p.top_p_on_plain_pass = true;
+  return p;
+}
+
 ConfigEntry select_config(SamplerParams const& p, int device_arch) {
   LoopNeeds const needs = loop_needs(p.controls, p.noise, p.num_samples, p.logprobs);
   SamplerLoop const loop = p.fused_truncation ? SamplerLoop::kTopCandidates : sampler_loop_for(needs);
@@ -250,7 +277,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.noise_skip ? 0u : 4u) | (options.lse_references ? 0u : 8u) |
                                (options.top_candidates_epilogue_warpgroups ? 0u : 16u) |
                                (options.top_p_tile_winners ? 0u : 32u) |
-                               (options.narrow_ragged_columns ? 0u : 64u),
+                               (options.narrow_ragged_columns ? 0u : 64u) |
+                               (options.top_p_on_plain_pass ? 0u : 128u),
                            std::memory_order_relaxed);
 }
 
@@ -264,6 +292,7 @@ DispatchOptions sampler_dispatch_options() {
   o.top_candidates_epilogue_warpgroups = !(off & 16u);
   o.top_p_tile_winners = !(off & 32u);
   o.narrow_ragged_columns = !(off & 64u);
+  o.top_p_on_plain_pass = !(off & 128u);
   return o;
 }
 
@@ -334,15 +363,17 @@ static size_t fallback_workspace_bytes(SamplerParams const& p) {
   return streaming_rows_workspace_bytes(fallback_logits_params(p, nullptr), p.device_sm_count);
 }
 
-size_t sampler_workspace_bytes(SamplerParams const& params, int device_arch) {
+size_t sampler_workspace_bytes(SamplerParams const& call, int device_arch) {
+  SamplerParams const params = route_params(call, device_arch);
   ConfigEntry const entry = select_config(params, device_arch);
   if (entry.run == nullptr) return 0;
   SamplerParams const p = launch_params(params, entry);
   return SamplerWorkspaceLayout(p, entry.vocab_tile, entry.gemm_workspace(p), fallback_workspace_bytes(p)).total;
 }
 
-cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t workspace_bytes, int device_arch,
+cudaError_t launch_sampler(SamplerParams const& call, void* workspace, size_t workspace_bytes, int device_arch,
                            cudaStream_t stream) {
+  SamplerParams const params = route_params(call, device_arch);
   ConfigEntry const entry = select_config(params, device_arch);
   if (entry.run == nullptr) return cudaErrorNotSupported;
   if (params.batch_size == 0) return cudaSuccess;
@@ -378,7 +409,11 @@ cudaError_t launch_sampler(SamplerParams const& params, void* workspace, size_t 
     return launch_sample_from_logits(fallback_logits_params(p, buffers.streamed_first_y, buffers.streamed_winners),
                                      buffers.logits_sampler, p.device_sm_count, stream);
   }
-  return launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
+  err = launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
+  if (err != cudaSuccess || !p.top_p_on_plain_pass) return err;
+  // The top_p rows the reduction handed on, to the rounds; the rows it listed, to the cut kernel.
+  return launch_sample_from_logits(fallback_logits_params(p, buffers.streamed_first_y, buffers.streamed_winners),
+                                   buffers.logits_sampler, p.device_sm_count, stream);
 }
 
 }  // namespace flashsampling

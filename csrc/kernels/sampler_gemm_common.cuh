@@ -57,6 +57,7 @@ void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, Sa
   node.row_logits_stride = p.row_logits_stride;
   node.ptr_row_top_ks = p.row_logits_by_top_k ? p.top_ks : nullptr;
   node.ptr_tile_winners = p.draw_tile_winners ? buffers.tile_winners : nullptr;
+  node.ptr_tile_max_logits = buffers.tile_max_logits;
 }
 
 // Persistent grid over the device's SMs; neighbouring CTAs take the N tiles of one vocabulary

@@ -243,6 +243,13 @@ struct SamplerParams {
   // unwritten, and stage 2 recomputes their hidden tiles instead of reading them: the x no later
   // kernel reads cost the GEMM their write-back (a [B, V] fp32 array) as the weight streams in.
   bool row_logits_by_top_k = false;
+  // Set by launch_sampler, not by callers (sampler_dispatch.cu: runs_top_p_on_plain_pass): a fused
+  // truncation call of top_p alone that runs plain sampling's pass instead of the top-k scan
+  // (fused_truncation is then false): the GEMM also stores every x in row_logits and each
+  // (vocabulary tile, row)'s largest x, its reduction hands each top_p row's plain-sampling token
+  // and first y to the top_p rounds (LogitsSamplerParams::streamed_winners), which verify it
+  // against top_p, and gives the other rows their plain token. No stage 2, no tile winners.
+  bool top_p_on_plain_pass = false;
 };
 
 // Whether stage 2 of the fused truncation decides a row with this top_k from the candidates alone
@@ -337,6 +344,10 @@ struct DispatchOptions {
   // plain passes of 129-192 columns on three 64-wide column tiles (kernel_choice.h's
   // narrow_ragged_column_tiles; else two 128-wide tiles)
   bool narrow_ragged_columns = true;
+  // a fused truncation call of top_p alone beyond 32 rows runs plain sampling's pass, which
+  // stores the logits, and the rounds verify each row's plain token (SamplerParams::
+  // top_p_on_plain_pass; else the top-k scan and stage 2)
+  bool top_p_on_plain_pass = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

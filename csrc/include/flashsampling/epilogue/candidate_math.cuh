@@ -23,6 +23,9 @@ __device__ __forceinline__ void store_with_l2_policy(float4* address, float4 val
                "f"(value.y), "f"(value.z), "f"(value.w), "l"(policy)
                : "memory");
 }
+__device__ __forceinline__ void store_with_l2_policy(float* address, float value, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(address), "f"(value), "l"(policy) : "memory");
+}
 
 // Whether the top-k scan stores row `row`'s x where the call stores logits: every row's, but with
 // per-row top_k (SamplerParams::row_logits_by_top_k: `row_top_ks` given) not those stage 2 decides

@@ -317,6 +317,10 @@ struct Sm90GumbelArgmaxRowReduction {
     // (tile, row)'s plain-sampling winner over the tile, pack_candidate of its perturbed score and
     // index (0: none), at [m_tile * N + column].
     PackedCandidate* ptr_tile_winners = nullptr;
+    // SamplerParams::top_p_on_plain_pass (the epilogue-warpgroup kernel's plain loop, not this
+    // visitor): each (tile, column)'s largest raw logit at [tile * N + column], next to every x
+    // stored in ptr_row_logits.
+    float* ptr_tile_max_logits = nullptr;
     NoiseSource noise = {};
     SamplingControls controls = {};
     float inv_temperature = 1.0f;
@@ -345,6 +349,7 @@ struct Sm90GumbelArgmaxRowReduction {
             (args.controls.sparse_ids == nullptr && args.controls.logit_scale == 1.0f &&
              args.controls.logit_softcap == 0.0f && args.controls.penalty_ids == nullptr)) &&
            (args.ptr_row_logits == nullptr || (kTopScan && args.ptr_lse_parts != nullptr)) &&
+           args.ptr_tile_max_logits == nullptr &&
            (args.ptr_tile_winners == nullptr ||
             (kTopScan && args.num_samples == 1 && !args.logprobs && args.noise.row_seeds == nullptr &&
              args.noise.row_offsets == nullptr && args.noise.row_streams == nullptr)) &&

@@ -218,6 +218,11 @@ class Sm90SamplerEpilogueWarpGroups {
            (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
                                 controls.logit_softcap == 0.0f &&
                                 (args.node.ptr_row_logits == nullptr || args.node.ptr_lse_parts != nullptr))) &&
+           // top_p on the plain pass: the plain loop stores the raw logits of one sample, untransformed
+           (args.node.ptr_tile_max_logits == nullptr ||
+            (kLoop == SamplerLoop::kPlain && args.node.num_samples == 1 && controls.logit_scale == 1.0f &&
+             controls.logit_softcap == 0.0f && controls.penalty_ids == nullptr)) &&
+           (kLoop != SamplerLoop::kPlain || (args.node.ptr_row_logits == nullptr) == (args.node.ptr_tile_max_logits == nullptr)) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -519,6 +524,45 @@ class Sm90SamplerEpilogueWarpGroups {
       epilogue::noise_bits_lanes<4>(seeds, offsets, v, streams, block_bits);
       CUTLASS_PRAGMA_UNROLL
       for (int e = 0; e < 4; ++e) bits[4 * s + e] = block_bits[e];
+    }
+  }
+
+  // top_p on the plain pass (SamplerParams::top_p_on_plain_pass): the step's logits to the stored
+  // rows, row_logits[column * stride + v] (a store an element: each is a warp's four columns of
+  // eight neighbouring vocabulary rows, whole 32-byte sectors, kept in L2 for the rounds that read
+  // them next), and each of the step's columns' largest logit, merged over the column's eight
+  // lanes: lane l + 4 of a column pair keeps the pair's two in its kLseParts slot (result_slot),
+  // which this loop has no other use for, and the merge takes the largest over the warps.
+  // Columns past the batch (padding) are not stored; rows past the vocabulary neither, nor counted.
+  CUTLASS_DEVICE static void store_step_logits(NodeArguments const& node, HandOver& hand_over, int half, int t, int q0,
+                                               int num_rows, uint64_t l2_policy, float const (&x)[kStepElements],
+                                               uint32_t const (&vocab_index)[kStepElements],
+                                               uint32_t const (&column_index)[kStepElements]) {
+    int const lane = t % 32;
+    CUTLASS_PRAGMA_UNROLL
+    for (int s = 0; s < kBlocksPerStep; ++s) {
+      float column_max[2] = {-INFINITY, -INFINITY};
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < 4; ++j) {  // values (m, n), (m, n + 1), (m + 8, n), (m + 8, n + 1)
+        int const e = 4 * s + j;
+        uint32_t const local = vocab_index[e] - node.vocab_start;
+        bool const in_range = local < static_cast<uint32_t>(num_rows);
+        if (in_range && column_index[e] < node.batch_size) {
+          store_with_l2_policy(node.ptr_row_logits + static_cast<int64_t>(column_index[e]) * node.row_logits_stride + local,
+                               x[e], l2_policy);
+        }
+        column_max[j % 2] = in_range ? fmaxf(column_max[j % 2], x[e]) : column_max[j % 2];
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < 2; ++c) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int delta = 4; delta < 32; delta *= 2) {
+          column_max[c] = fmaxf(column_max[c], __shfl_xor_sync(0xFFFFFFFF, column_max[c], delta));
+        }
+      }
+      if (lane >= 4 && lane < 8) {  // result_slot(kLseParts) of the block's column pair: the lane's own slot
+        hand_over.accumulators[half][q0 + s][t] = make_float4(column_max[0], 0.0f, column_max[1], 0.0f);
+      }
     }
   }
 
@@ -930,6 +974,9 @@ class Sm90SamplerEpilogueWarpGroups {
     float const softcap = node.controls.logit_softcap, inv_softcap = node.controls.inv_logit_softcap;
     bool const model_transform = !kControls && (logit_scale != 1.0f || softcap != 0.0f);
     bool const penalties = !kControls && node.controls.penalty_words != nullptr;
+    // top_p on the plain pass (store_step_logits; the logit transforms and penalties are not among its calls).
+    bool const stores_logits = kLoop == SamplerLoop::kPlain && node.ptr_row_logits != nullptr;
+    uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
     if (skip) {
@@ -989,6 +1036,9 @@ class Sm90SamplerEpilogueWarpGroups {
           // (several samples: step_noise_bits' uniform branch on num_samples per block)
           load_step<true>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
                           column_index, bits);
+          if (stores_logits) {
+            store_step_logits(node, hand_over, half, t, q0, num_rows, keep_in_l2, x, vocab_index, column_index);
+          }
           // A call with logit_scale / logit_softcap and / or the penalties alone (fs_model_logit,
           // split, then the penalties, as the controls' loop applies them): the scale here, the
           // soft-cap and the penalties below, in steps whose exact scores are needed. The skip
@@ -1095,6 +1145,15 @@ class Sm90SamplerEpilogueWarpGroups {
         int64_t const out = static_cast<int64_t>(candidate_row) * num_cols + n_origin + column;
         if (written) {
           node.ptr_candidates[out] = best;
+        }
+        if (stores_logits && written) {  // the column's largest logit over the warps (store_step_logits)
+          float tile_max = -INFINITY;
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 0; w < 4; ++w) {
+            float4 const parts = result_slot(hand_over, half, column, w, kLseParts);
+            tile_max = fmaxf(tile_max, column % 2 ? parts.z : parts.x);
+          }
+          node.ptr_tile_max_logits[out] = tile_max;
         }
         if constexpr (kControls) {
           if (node.logprobs) {
