@@ -13,9 +13,13 @@ winners, its rows streamed). Each shape also
 takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
-top_p alone: the tile winners); and top-N logprobs with ranks (the
+top_p alone: the tile winners; beyond 32 rows at a host temperature, plain sampling's pass storing
+the logits); and top-N logprobs with ranks (the
 top-N kernel's split passes and workspace; where the fused pass suits the shape, its route too); the soft-cap, scale and penalties alone and with
-per-row temperatures."""
+per-row temperatures. Arguments: the batch sizes of the shapes to run (default: all).
+"""
+
+import sys
 
 import torch
 
@@ -33,7 +37,12 @@ SHAPES = [  # (B, V, D, dtype)
     (48, 32003, 136, torch.bfloat16),  # the top-k pass's 64-wide epilogue-warpgroup scan; top_p alone streamed (D <= 3072)
 ]
 
+# Optional arguments: the batch sizes of the shapes to run (all by default).
+ONLY = {int(b) for b in sys.argv[1:]}
+
 for batch, vocab, dim, dtype in SHAPES:
+    if ONLY and batch not in ONLY:
+        continue
     hidden = torch.randn(batch, dim, device="cuda", dtype=dtype)
     weight = torch.randn(vocab, dim, device="cuda", dtype=dtype)
     tokens = flashsampling_cuda.sample(hidden, weight, seed=7)
@@ -147,6 +156,12 @@ for batch, vocab, dim, dtype in SHAPES:
                                                truncation_path="fused_top_k", **truncation)
             torch.cuda.synchronize()
             assert bool(allowed.gather(1, tokens.view(batch, 1)).all())
+        # top_p alone at a host temperature without a mask: beyond 32 rows plain sampling's pass,
+        # which stores the logits and each tile's largest, then the rounds (top_p_on_plain_pass).
+        tokens = flashsampling_cuda.sample(hidden, weight, temperature=0.9, seed=7, top_p=top_p,
+                                           truncation_path="fused_top_k")
+        torch.cuda.synchronize()
+        assert bool(((tokens >= 0) & (tokens < vocab)).all())
         # min_p alone without a mask: the streamed rows' quads take the sparse pass (float4 loads).
         out = flashsampling_cuda.sample(hidden, weight, temperature=0.9, seed=7, min_p=min_p, return_logprobs=True,
                                         truncation_path="fused_top_k")
