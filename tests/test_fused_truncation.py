@@ -303,7 +303,8 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
     and leave a row still undecided after the last round to the cut kernel (with a top_k tensor
     such rows take the row list). Tokens and scores as the CPU op's, bit for bit; the profiler
     checks that the rounds ran where they should. V - 3: a row's last chunk ends inside a group of
-    four tokens (the verifying rounds' vector loads)."""
+    four tokens (the verifying rounds' vector loads). (Beyond 32 rows top_p alone runs on the plain
+    pass, whose reduction hands its rows to the same rounds: test_top_p_on_plain_pass_equals_cpu_op.)"""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 7 * len(truncation), vocab=vocab)
     temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 3.5 + 0.5
     temperatures[::7] = 0.0
@@ -348,8 +349,10 @@ def test_top_p_rows_whose_winner_is_among_their_first_tokens_equal_cpu_op(seed):
     top_ps = torch.full((batch,), 0.95, dtype=torch.float64)
     top_ps[5::11] = 1.0
     kwargs = dict(seed=torch.tensor(13), offset=torch.tensor(6))
-    got = fs.sample_with_scores(hidden.cuda(), weight.cuda(), truncation_path="fused_top_k",
-                                temperature=temperatures.cuda(), top_p=top_ps.cuda(), **on_cuda(kwargs))
+    got, names = sample_with_dispatch_options(  # (at 40 rows the plain pass by default)
+        hidden.cuda(), weight.cuda(), dict(truncation_path="fused_top_k", temperature=temperatures.cuda(),
+                                           top_p=top_ps.cuda(), **on_cuda(kwargs)), top_p_on_plain_pass=False)
+    assert any("truncate_candidates_kernel" in n for n in names), names
     tokens, scores = torch.ops.flashsampling.sample_from_logits(logits, temperatures=temperatures, top_ps=top_ps,
                                                                 **kwargs)[:2]
     assert torch.equal(got.tokens.cpu(), tokens), (got.tokens.cpu() != tokens).nonzero()[:8]
@@ -460,17 +463,26 @@ def ran_top_p_on_plain_pass(kernel_names):
 @pytest.mark.parametrize("batch, vocab", [(33, V), (64, V - 3), (100, V), (200, V - 3)])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
 @pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.1"])
-def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab):
-    """top_p alone beyond 32 rows, one sample, plain sampling's batch-wide temperature and seed:
-    plain sampling's pass (the epilogue-warpgroup kernel's plain loop, which also stores the logits
-    and each tile's largest; no stage 2) hands each top_p row's plain token and first y to the
-    rounds, the rows whose top_p keeps only the first token (0, NaN) to the cut kernel, and keeps
-    plain sampling's token where top_p is off (1, 1.5). Tokens and scores as the CPU op's, bit for
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
+def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
+    """top_p alone beyond 32 rows, one sample: the sampling pass (the epilogue-warpgroup kernel's
+    plain loop, or with per-row temperatures (greedy rows among them), the dense bias, the mask and
+    per-row seeds its controls' loop; each also storing the logits and each tile's largest allowed
+    one; no stage 2) hands each top_p row's plain token and first y to the rounds, the rows whose
+    top_p keeps only the first token (0, NaN) to the cut kernel, and keeps plain sampling's token
+    where top_p is off (1, 1.5) or the row is greedy. Tokens and scores as the CPU op's, bit for
     bit, on exact logits (a small top_p fails most first winners: the drawing rounds run), and as
     the top-k scan's route (DispatchOptions::top_p_on_plain_pass off). V - 3: the stored rows end
     inside a 64-row half tile and a group of four tokens. The profiler checks which route ran."""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 11 * len(truncation), vocab=vocab)
     kwargs = dict(temperature=2.5 if regime == "peaked" else 0.8, seed=torch.tensor(13), offset=torch.tensor(6))
+    if controls:
+        temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 2.5 + 0.5
+        temperatures[::7] = 0.0
+        c = random_controls(batch, vocab, "cpu", vocab_start=64, seed=batch, density=0.5)
+        kwargs.update(temperature=temperatures, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"],
+                      vocab_start=64, seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch),
+                      empty_mask_token=-7)
     trunc = dict(top_p=0.1) if truncation == "p0.1" else truncation_kwargs(truncation, batch, "cpu")
     on = dict(on_cuda(kwargs), **on_cuda(trunc), truncation_path="fused_top_k")
     h, w = hidden.cuda(), weight.cuda()
@@ -478,7 +490,7 @@ def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab):
     assert ran_top_p_on_plain_pass(names), names
     scan, names = sample_with_dispatch_options(h, w, on, top_p_on_plain_pass=False)
     assert any("truncate_candidates_kernel" in n for n in names), names
-    op_kwargs = dict(kwargs)
+    op_kwargs = cpu_op_kwargs(kwargs) if controls else dict(kwargs)
     for name, value in trunc.items():
         op_kwargs[name + "s" if isinstance(value, torch.Tensor) else name] = value
     expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
@@ -498,30 +510,32 @@ def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab):
 def test_top_p_on_plain_pass_equals_the_top_k_scan(regime, batch):
     """bf16 logits of an LM head (the pass's own accumulators, D = LONG_MAINLOOP_D): top_p alone
     on the plain pass gives the top-k scan's tokens and scores bit for bit (at 48 rows its tile
-    winners, at 130 its streaming pass), for a [B] top_p and a host one; plain sampling's token
-    where top_p is off. The calls the plain pass does not take keep the top-k scan: per-row
-    temperatures, a bias, per-row seeds, min_p with top_p, 32 rows or fewer."""
+    winners, at 130 its streaming pass), for a [B] top_p and a host one, and with per-row
+    temperatures and a bias, or per-row seeds; plain sampling's token where top_p is off. The calls
+    the plain pass does not take keep the top-k scan: min_p with top_p, a greedy call, 32 rows or
+    fewer."""
     weight = lm_head_weight(V, LONG_MAINLOOP_D, seed=8).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch + 1)
     kwargs = dict(temperature=0.7, seed=torch.tensor(3, device="cuda"), offset=torch.tensor(9, device="cuda"),
                   truncation_path="fused_top_k")
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    controls = [dict(), dict(temperature=torch.rand(batch, device="cuda", generator=g) + 0.4,
+                             logit_bias=torch.randn(V, device="cuda", generator=g)),
+                dict(seed=torch.arange(batch, device="cuda"), offset=torch.zeros(batch, dtype=torch.int64, device="cuda"))]
     for top_p in (per_row("p", batch).cuda(), 0.9):
-        got, names = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p))
-        assert ran_top_p_on_plain_pass(names), names
-        scan, names = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p),
-                                                   top_p_on_plain_pass=False)
-        assert any("truncate_candidates_kernel" in n for n in names), names
-        assert_same_bits(got, scan, ("tokens", "scores"))
+        for control in controls:
+            call = dict(kwargs, top_p=top_p, **control)
+            got, names = sample_with_dispatch_options(hidden, weight, call)
+            assert ran_top_p_on_plain_pass(names), names
+            scan, names = sample_with_dispatch_options(hidden, weight, call, top_p_on_plain_pass=False)
+            assert any("truncate_candidates_kernel" in n for n in names), names
+            assert_same_bits(got, scan, ("tokens", "scores"))
     top_p = per_row("p", batch).cuda()
     plain = fs.sample(hidden, weight, temperature=0.7, seed=kwargs["seed"], offset=kwargs["offset"])
     off = top_p >= 1.0
     got, _ = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p))
     assert torch.equal(got.tokens.reshape(batch)[off], plain.reshape(batch)[off])
-    others = [dict(temperature=torch.full((batch,), 0.7, device="cuda")),
-              dict(logit_bias=torch.zeros(V, device="cuda")),
-              dict(seed=torch.arange(batch, device="cuda"), offset=torch.zeros(batch, dtype=torch.int64, device="cuda")),
-              dict(min_p=0.02)]
-    for other in others:
+    for other in (dict(min_p=0.02), dict(temperature=0.0)):
         _, names = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p, **other))
         assert not ran_top_p_on_plain_pass(names), (other.keys(), names)
     _, names = sample_with_dispatch_options(hidden[:32], weight, dict(kwargs, top_p=top_p[:32]))

@@ -141,22 +141,27 @@ __device__ bool mask_row_empty(SamplerParams const& p, int64_t row) {
   return __syncthreads_or(any) == 0;
 }
 
-// top_p on the plain pass (SamplerParams::top_p_on_plain_pass; one sample, plain sampling's
-// batch-wide temperature): a row whose top_p is on goes to the top_p rounds with its plain-sampling
-// winner and its first y = fl(max x / T), where the rounds verify the winner against top_p (the
-// same start as stage 2 gives the rows it hands on); a row without a winner or a finite first y, or
-// whose top_p keeps only its first token (<= 0, NaN), to the cut kernel's list; a row whose top_p is
-// off (>= 1) keeps the plain token written above. Every row's entry of streamed_first_y is written
-// (NaN: not streamed).
+// top_p on the plain pass (SamplerParams::top_p_on_plain_pass; one sample): a row whose top_p is on
+// goes to the top_p rounds with its plain-sampling winner and its first y = fl(max allowed x * fl(1 /
+// T)), where the rounds verify the winner against top_p (the same start as stage 2 gives the rows
+// it hands on); a row without a winner or a finite first y, or whose top_p keeps only its first
+// token (<= 0, NaN), to the cut kernel's list; a greedy row (T = 0: its argmax, plain sampling's
+// token) and a row whose top_p is off (>= 1) keep the plain token written above. Every row's entry
+// of streamed_first_y is written (NaN: not streamed).
 __device__ void hand_on_top_p_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, bool found,
                                   PackedCandidate winner, float max_x) {
   double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
-  float const first_y = fs_mul(max_x, p.inv_temperature);
-  bool const streams = found && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
+  SamplingControls const& c = p.controls;
+  float const inv_t = c.inv_temperatures ? c.inv_temperatures[row]
+                      : c.temperatures   ? fs_inv_temperature(c.temperatures[row])
+                                         : p.inv_temperature;
+  float const first_y = fs_mul(max_x, inv_t);
+  bool const greedy = inv_t == 0.0f;
+  bool const streams = found && !greedy && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
   buffers.streamed_first_y[row] = streams ? first_y : __uint_as_float(0x7fc00000u);
   if (streams) {
     buffers.streamed_winners[row] = winner;
-  } else if (!(top_p >= 1.0)) {
+  } else if (!greedy && !(top_p >= 1.0)) {
     int const at = atomicAdd(p.fallback_rows, 1);
     p.fallback_rows[1 + at] = static_cast<int32_t>(row);
   }

@@ -180,14 +180,17 @@ bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& opti
 // draws the tile winners without one or leaves the draw to a streaming pass over the stored
 // logits, and stage 2 and its launch go. Every row then takes round 0 (stage 2 decided most
 // LLM-like rows from their candidates), which the rest pays for (docs/truncation_kernels.md has
-// the A/B). Beyond 32 rows, where plain sampling runs the epilogue-warpgroup kernel, whose plain
-// loop stores the logits; plain sampling's own call otherwise (one sample, the batch-wide
-// temperature and noise key, no controls), sm90 (the fused truncation's other forms are sm90's).
+// the A/B). Beyond 32 rows, where sampling runs the epilogue-warpgroup kernels, whose plain and
+// controls' loops store the logits (per-row temperatures, greedy rows, the dense bias, the mask,
+// per-row seeds); sm90 (the fused truncation's other forms are sm90's). Not a greedy call (its
+// rows keep their argmax), nor the model-side transforms, penalties or sparse bias, which the
+// fused truncation does not take.
 bool runs_top_p_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions const& options) {
+  LoopNeeds const needs = loop_needs(p.controls, p.noise, p.num_samples, p.logprobs);
   return options.top_p_on_plain_pass && device_arch == 90 && p.fused_truncation && p.batch_size > 32 &&
          fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !call_may_cut_min_p(p) &&
-         p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy &&
-         is_plain_sampling(p.controls, p.noise, p.num_samples, p.logprobs);
+         p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy && !needs.model_transform &&
+         !needs.penalties && !needs.sparse_bias;
 }
 
 // The parameters of the pass a call runs: top_p on the plain pass (runs_top_p_on_plain_pass), else

@@ -218,11 +218,12 @@ class Sm90SamplerEpilogueWarpGroups {
            (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
                                 controls.logit_softcap == 0.0f &&
                                 (args.node.ptr_row_logits == nullptr || args.node.ptr_lse_parts != nullptr))) &&
-           // top_p on the plain pass: the plain loop stores the raw logits of one sample, untransformed
+           // top_p on the plain pass: the plain and the controls' loop store x of one sample, without
+           // logprobs (their result slots), the model-side transforms, penalties or sparse bias
            (args.node.ptr_tile_max_logits == nullptr ||
-            (kLoop == SamplerLoop::kPlain && args.node.num_samples == 1 && controls.logit_scale == 1.0f &&
-             controls.logit_softcap == 0.0f && controls.penalty_ids == nullptr)) &&
-           (kLoop != SamplerLoop::kPlain || (args.node.ptr_row_logits == nullptr) == (args.node.ptr_tile_max_logits == nullptr)) &&
+            (!kTopCandidates && args.node.num_samples == 1 && !args.node.logprobs && controls.logit_scale == 1.0f &&
+             controls.logit_softcap == 0.0f && controls.penalty_ids == nullptr && controls.sparse_ids == nullptr)) &&
+           (kTopCandidates || (args.node.ptr_row_logits == nullptr) == (args.node.ptr_tile_max_logits == nullptr)) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -527,17 +528,20 @@ class Sm90SamplerEpilogueWarpGroups {
     }
   }
 
-  // top_p on the plain pass (SamplerParams::top_p_on_plain_pass): the step's logits to the stored
-  // rows, row_logits[column * stride + v] (a store an element: each is a warp's four columns of
-  // eight neighbouring vocabulary rows, whole 32-byte sectors, kept in L2 for the rounds that read
-  // them next), and each of the step's columns' largest logit, merged over the column's eight
-  // lanes: lane l + 4 of a column pair keeps the pair's two in its kLseParts slot (result_slot),
-  // which this loop has no other use for, and the merge takes the largest over the warps.
-  // Columns past the batch (padding) are not stored; rows past the vocabulary neither, nor counted.
+  // top_p on the plain pass (SamplerParams::top_p_on_plain_pass), in the plain and the controls'
+  // loop: the step's x to the stored rows, row_logits[column * stride + v], as the top-k scan
+  // stores them (top_scan_value: kExcludedLogitBits where `allowed` is false, the mask's) (a store
+  // an element: each is a warp's four columns of eight neighbouring vocabulary rows, whole 32-byte
+  // sectors, kept in L2 for the rounds that read them next), and each of the step's columns'
+  // largest allowed x, merged over the column's eight lanes: lane l + 4 of a column pair keeps the
+  // pair's two in its kLseParts slot (result_slot), which these loops use only with logprobs (not
+  // such a call), and the merge takes the largest over the warps. Columns past the batch (padding)
+  // are not stored; rows past the vocabulary neither, nor counted.
   CUTLASS_DEVICE static void store_step_logits(NodeArguments const& node, HandOver& hand_over, int half, int t, int q0,
                                                int num_rows, uint64_t l2_policy, float const (&x)[kStepElements],
                                                uint32_t const (&vocab_index)[kStepElements],
-                                               uint32_t const (&column_index)[kStepElements]) {
+                                               uint32_t const (&column_index)[kStepElements],
+                                               bool const (&allowed)[kStepElements]) {
     int const lane = t % 32;
     CUTLASS_PRAGMA_UNROLL
     for (int s = 0; s < kBlocksPerStep; ++s) {
@@ -549,9 +553,9 @@ class Sm90SamplerEpilogueWarpGroups {
         bool const in_range = local < static_cast<uint32_t>(num_rows);
         if (in_range && column_index[e] < node.batch_size) {
           store_with_l2_policy(node.ptr_row_logits + static_cast<int64_t>(column_index[e]) * node.row_logits_stride + local,
-                               x[e], l2_policy);
+                               top_scan_value(x[e], allowed[e]), l2_policy);
         }
-        column_max[j % 2] = in_range ? fmaxf(column_max[j % 2], x[e]) : column_max[j % 2];
+        column_max[j % 2] = in_range && allowed[e] ? fmaxf(column_max[j % 2], x[e]) : column_max[j % 2];
       }
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < 2; ++c) {
@@ -662,6 +666,8 @@ class Sm90SamplerEpilogueWarpGroups {
     bool const keyed_noise = needs_keyed_noise(node);
     bool const model_transform = controls.logit_scale != 1.0f || controls.logit_softcap != 0.0f;
     bool const penalties = controls.penalty_words != nullptr;
+    bool const stores_logits = node.ptr_row_logits != nullptr;  // top_p on the plain pass (store_step_logits)
+    uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
       constexpr int N = kStepElements;
@@ -768,6 +774,9 @@ class Sm90SamplerEpilogueWarpGroups {
             any_reachable |= may_reach_floor(keep[e], x[e], inv_temperature[s][c], bits[e], c ? floors.y : floors.x);
           }
         }
+      }
+      if (stores_logits) {  // top_p on the plain pass: x after the biases, the mask's tokens excluded
+        store_step_logits(node, hand_over, half, t, q0, num_rows, keep_in_l2, x, vocab_index, column_index, keep);
       }
       bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
       CUTLASS_PRAGMA_UNROLL
@@ -975,7 +984,7 @@ class Sm90SamplerEpilogueWarpGroups {
     bool const model_transform = !kControls && (logit_scale != 1.0f || softcap != 0.0f);
     bool const penalties = !kControls && node.controls.penalty_words != nullptr;
     // top_p on the plain pass (store_step_logits; the logit transforms and penalties are not among its calls).
-    bool const stores_logits = kLoop == SamplerLoop::kPlain && node.ptr_row_logits != nullptr;
+    bool const stores_logits = !kTopCandidates && node.ptr_row_logits != nullptr;
     uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
@@ -1037,7 +1046,11 @@ class Sm90SamplerEpilogueWarpGroups {
           load_step<true>(node, hand_over, tCcAcc, half, t, q0, m_origin, n_origin, seed, offset, x, vocab_index,
                           column_index, bits);
           if (stores_logits) {
-            store_step_logits(node, hand_over, half, t, q0, num_rows, keep_in_l2, x, vocab_index, column_index);
+            bool every_token[N];  // (no mask in the plain loop)
+            CUTLASS_PRAGMA_UNROLL
+            for (int e = 0; e < N; ++e) every_token[e] = true;
+            store_step_logits(node, hand_over, half, t, q0, num_rows, keep_in_l2, x, vocab_index, column_index,
+                              every_token);
           }
           // A call with logit_scale / logit_softcap and / or the penalties alone (fs_model_logit,
           // split, then the penalties, as the controls' loop applies them): the scale here, the
