@@ -452,9 +452,10 @@ def test_top_p_tile_winners_by_hidden_size(regime, batch, hidden_dim):
 
 def ran_top_p_on_plain_pass(kernel_names):
     """Whether a fused truncation call ran on plain sampling's pass (SamplerParams::
-    top_p_on_plain_pass): the epilogue-warpgroup kernel's plain loop ((flashsampling::SamplerLoop)0
-    in its name), the top_p rounds, and no stage 2."""
-    return (any("Sm90SamplerEpilogueWarpGroups" in n and "SamplerLoop)0" in n for n in kernel_names) and
+    top_p_on_plain_pass): the epilogue-warpgroup kernel's plain or controls' loop
+    ((flashsampling::SamplerLoop)0 or 1 in its name), the top_p rounds, and no stage 2."""
+    return (any("Sm90SamplerEpilogueWarpGroups" in n and ("SamplerLoop)0" in n or "SamplerLoop)1" in n)
+                for n in kernel_names) and
             any("top_p_round_kernel" in n for n in kernel_names) and
             not any("truncate_candidates_kernel" in n for n in kernel_names))
 

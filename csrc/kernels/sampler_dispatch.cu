@@ -158,7 +158,9 @@ std::atomic<unsigned> g_disabled_options{0};
 // epilogue, which a short mainloop does not hide: up to D = 3072 the epilogue-warpgroup kernel's
 // 64-wide scan without them, then the streaming pass over the rows stage 2 hands on, takes less;
 // from D = 3584 the pingpong tile with them takes less on flat rows (docs/truncation_kernels.md
-// has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D.
+// has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D. Beyond
+// 32 a top_p call takes the top-k scan only where it does not run on plain sampling's pass
+// (runs_top_p_on_plain_pass: a greedy call, or that option off).
 bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
   return columns <= 32 || columns > 64 || hidden_dim > 3072;
 }
