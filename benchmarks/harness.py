@@ -42,6 +42,13 @@ def shape_list(text: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in s.lower().split("x")) for s in text.split(",") if s.strip()]
 
 
+def add_problem_arguments(parser: argparse.ArgumentParser, shapes: str, batches: str, regimes: str) -> None:
+    """--shapes, --batches and --regimes, the comma lists lm_head_problems takes, with these defaults."""
+    parser.add_argument("--shapes", default=shapes)
+    parser.add_argument("--batches", default=batches)
+    parser.add_argument("--regimes", default=regimes)
+
+
 def lm_head_problems(shapes: str, regimes: str, batches: str):
     """The grid of an A/B probe: for each shape (``shape_list``), logits regime and batch (comma
     lists), yields (D, V, regime, B, weight, hidden), the weight made once a shape on the GPU

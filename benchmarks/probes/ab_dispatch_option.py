@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from bench_penalties import FORMS as PENALTY_FORMS, HISTORY_FORMS, histories, ours_kwargs, per_row_penalties  # noqa: E402
 from bench_sampler import median_us  # noqa: E402
 from bench_truncation import FORMS, form_arguments  # noqa: E402
-from harness import lm_head_problems, ratio_summary  # noqa: E402
+from harness import add_problem_arguments, lm_head_problems, ratio_summary  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402
 
@@ -48,9 +48,7 @@ def extra_arguments(form: str, batch: int, vocab: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--option", required=True, help="a DispatchOptions field, e.g. top_p_tile_winners")
-    parser.add_argument("--shapes", default="4096x151936")
-    parser.add_argument("--batches", default="1,16,64,256")
-    parser.add_argument("--regimes", default="flat,llm")
+    add_problem_arguments(parser, shapes="4096x151936", batches="1,16,64,256", regimes="flat,llm")
     parser.add_argument("--forms", default=None,
                         help="comma-separated bench_truncation FORMS (default: all; none: plain sampling alone)")
     parser.add_argument("--extras", default="", help=f"comma-separated, of {PENALTY_FORMS}")

@@ -18,16 +18,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*, harness
 import torch  # noqa: E402
 
 from bench_sampler import median_us  # noqa: E402
-from harness import lm_head_problems  # noqa: E402
+from harness import add_problem_arguments, lm_head_problems  # noqa: E402
 
 import flashsampling_cuda as fs  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="4096x151936")
-    parser.add_argument("--batches", default="64,128,256")
-    parser.add_argument("--regimes", default="flat,llm")
+    add_problem_arguments(parser, shapes="4096x151936", batches="64,128,256", regimes="flat,llm")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--top-p", type=float, default=0.9)
     args = parser.parse_args()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench_*
 import torch  # noqa: E402
 
 from bench_sampler import median_us  # noqa: E402
-from harness import lm_head_problems, ratio_summary  # noqa: E402
+from harness import add_problem_arguments, lm_head_problems, ratio_summary  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402
 from flashsampling_cuda import logprobs  # noqa: E402
@@ -32,9 +32,8 @@ from flashsampling_cuda import logprobs  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", default="1024x151936,2048x151936,3072x128256,4096x151936")
-    parser.add_argument("--batches", default="16,33,48,64")
-    parser.add_argument("--regimes", default="llm,flat")
+    add_problem_arguments(parser, shapes="1024x151936,2048x151936,3072x128256,4096x151936", batches="16,33,48,64",
+                          regimes="llm,flat")
     parser.add_argument("--top-logprobs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--option", default=None, help="a DispatchOptions field: its off in place of the logits route")
