@@ -472,9 +472,10 @@ def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, con
     one; no stage 2) hands each top_p row's plain token and first y to the rounds, the rows whose
     top_p keeps only the first token (0, NaN) to the cut kernel, and keeps plain sampling's token
     where top_p is off (1, 1.5) or the row is greedy. Tokens and scores as the CPU op's, bit for
-    bit, on exact logits (a small top_p fails most first winners: the drawing rounds run), and as
-    the top-k scan's route (DispatchOptions::top_p_on_plain_pass off). V - 3: the stored rows end
-    inside a 64-row half tile and a group of four tokens. The profiler checks which route ran."""
+    bit, on exact logits (a small top_p fails most first winners, so the drawing rounds have rows),
+    and as the top-k scan's route (DispatchOptions::top_p_on_plain_pass off). V - 3: the stored rows
+    end inside a 64-row half tile and a group of four tokens. The profiler checks which route ran
+    (not which rounds found rows: every round launches either way)."""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 11 * len(truncation), vocab=vocab)
     kwargs = dict(temperature=2.5 if regime == "peaked" else 0.8, seed=torch.tensor(13), offset=torch.tensor(6))
     if controls:
@@ -511,7 +512,8 @@ def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, con
 def test_top_p_on_plain_pass_equals_the_top_k_scan(regime, batch):
     """bf16 logits of an LM head (the pass's own accumulators, D = LONG_MAINLOOP_D): top_p alone
     on the plain pass gives the top-k scan's tokens and scores bit for bit (at 48 rows its tile
-    winners, at 130 its streaming pass), for a [B] top_p and a host one, and with per-row
+    winners where the seed is batch-wide, else and at 130 its streaming pass), for a [B] top_p and
+    a host one, and with per-row
     temperatures and a bias, or per-row seeds; plain sampling's token where top_p is off. The calls
     the plain pass does not take keep the top-k scan: min_p with top_p, a greedy call, 32 rows or
     fewer."""
