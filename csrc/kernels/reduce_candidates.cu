@@ -151,10 +151,7 @@ __device__ bool mask_row_empty(SamplerParams const& p, int64_t row) {
 __device__ void hand_on_top_p_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, bool found,
                                   PackedCandidate winner, float max_x) {
   double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
-  SamplingControls const& c = p.controls;
-  float const inv_t = c.inv_temperatures ? c.inv_temperatures[row]
-                      : c.temperatures   ? fs_inv_temperature(c.temperatures[row])
-                                         : p.inv_temperature;
+  float const inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
   float const first_y = fs_mul(max_x, inv_t);
   bool const greedy = inv_t == 0.0f;
   bool const streams = found && !greedy && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
@@ -162,8 +159,7 @@ __device__ void hand_on_top_p_row(SamplerParams const& p, SamplerBuffers const& 
   if (streams) {
     buffers.streamed_winners[row] = winner;
   } else if (!greedy && !(top_p >= 1.0)) {
-    int const at = atomicAdd(p.fallback_rows, 1);
-    p.fallback_rows[1 + at] = static_cast<int32_t>(row);
+    append_to_row_list(p.fallback_rows, row);
   }
 }
 

@@ -857,13 +857,6 @@ __global__ void __launch_bounds__(kThreads, kStreamingCtasPerSm)
   sample_quad_chunk<kMinPRows>(p, ws, at);
 }
 
-// Appends `row` to a device row list (a count, then the rows): the rounds' lists and the cut
-// kernel's.
-__device__ __forceinline__ void append_row(int32_t* list, int64_t row) {
-  int const at = atomicAdd(list, 1);
-  list[1 + at] = static_cast<int32_t>(row);
-}
-
 // 2. A warp a row: the chunks merged, the row's outputs written.
 __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerParams const p, Workspace ws) {
   int const lane = threadIdx.x % 32;
@@ -941,7 +934,7 @@ __global__ void __launch_bounds__(128) streaming_finish_kernel(LogitsSamplerPara
     double const top_p = row_top_p(p, row);
     if (ws.round_rows != nullptr && index != kNoCandidate && top_p > 0.0 && top_p < 1.0) {
       ws.round_rows[row] = {pack_top_candidate(static_cast<float>(best_y), static_cast<uint32_t>(index)), 0ull};
-      append_row(ws.round_lists, row);
+      append_to_row_list(ws.round_lists, row);
     }
   }
 }
@@ -993,7 +986,7 @@ __device__ void decide_round(LogitsSamplerParams const& p, Workspace const& ws, 
   if (!pending) return;
   int32_t* const next = round + 1 < kRounds ? ws.round_lists + int64_t{round + 1} * (p.batch_size + 1) : p.rows;
   if (next == p.rows) p.streamed_first_y[row] = __uint_as_float(0x7fc00000u);  // the cut kernel runs after the rounds
-  append_row(next, row);
+  append_to_row_list(next, row);
 }
 
 // One (row, chunk) item of a round: verifying (!kDraw), the mass of the allowed keys strictly

@@ -293,8 +293,7 @@ __device__ float warp_dot(SamplerParams const& p, int64_t v, int64_t row) {
 // Hands the row to the logits sampler (SamplerParams::fallback_rows); thread 0 of the block.
 __device__ void leave_to_logits_sampler(SamplerParams const& p, int64_t row) {
   if (p.fallback_rows == nullptr) return;  // the binding gives the buffer wherever a row may need it
-  int const at = atomicAdd(p.fallback_rows, 1);
-  p.fallback_rows[1 + at] = static_cast<int32_t>(row);
+  append_to_row_list(p.fallback_rows, row);
 }
 
 // The row's probability mass relative to the first token's, sum of exp(y - y0) over every

@@ -70,6 +70,14 @@ __device__ __forceinline__ float row_inv_temperature(SamplingControls const& c, 
   return call_inv_temperature;
 }
 
+// Appends `row` to a device row list (a count, then the rows; the count zeroed before the kernels
+// that append): the cut kernel's list, which stage 2 and the plain pass's reduction fill, and the
+// top_p rounds' lists.
+__device__ __forceinline__ void append_to_row_list(int32_t* list, int64_t row) {
+  int const at = atomicAdd(list, 1);
+  list[1 + at] = static_cast<int32_t>(row);
+}
+
 // Order-preserving bits of a number: unsigned order of the bits = numeric order of the floats.
 // +0.0f folds -0 into +0: the two compare equal as floats, so must as keys. NaN has no place in
 // that order; each key below gives it a code of its own under every number's bits (>= 2).
