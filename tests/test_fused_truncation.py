@@ -304,7 +304,7 @@ def test_top_p_rows_verified_in_rounds_equal_cpu_op(truncation, regime, batch, v
     such rows take the row list). Tokens and scores as the CPU op's, bit for bit; the profiler
     checks that the rounds ran where they should. V - 3: a row's last chunk ends inside a group of
     four tokens (the verifying rounds' vector loads). (Beyond 32 rows top_p alone runs on the plain
-    pass, whose reduction hands its rows to the same rounds: test_top_p_on_plain_pass_equals_cpu_op.)"""
+    pass, whose reduction hands its rows to the same rounds: test_plain_pass_equals_cpu_op.)"""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 7 * len(truncation), vocab=vocab)
     temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 3.5 + 0.5
     temperatures[::7] = 0.0
@@ -450,32 +450,39 @@ def test_top_p_tile_winners_by_hidden_size(regime, batch, hidden_dim):
     assert_same_bits(got, streamed, ("tokens", "scores"))
 
 
-def ran_top_p_on_plain_pass(kernel_names):
+def ran_plain_pass(kernel_names):
     """Whether a fused truncation call ran on plain sampling's pass (SamplerParams::
-    top_p_on_plain_pass): the epilogue-warpgroup kernel's plain or controls' loop
-    ((flashsampling::SamplerLoop)0 or 1 in its name), the top_p rounds, and no stage 2."""
+    truncation_on_plain_pass): the epilogue-warpgroup kernel's plain or controls' loop
+    ((flashsampling::SamplerLoop)0 or 1 in its name), its reduction, and no stage 2."""
     return (any("Sm90SamplerEpilogueWarpGroups" in n and ("SamplerLoop)0" in n or "SamplerLoop)1" in n)
                 for n in kernel_names) and
-            any("top_p_round_kernel" in n for n in kernel_names) and
+            any("reduce_candidates_kernel" in n for n in kernel_names) and
             not any("truncate_candidates_kernel" in n for n in kernel_names))
+
+
+def ran_top_p_on_plain_pass(kernel_names):
+    """ran_plain_pass, and the top_p rounds after it."""
+    return ran_plain_pass(kernel_names) and any("top_p_round_kernel" in n for n in kernel_names)
 
 
 @requires_sm90
 @pytest.mark.parametrize("batch, vocab", [(33, V), (64, V - 3), (100, V), (200, V - 3)])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
-@pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.1"])
+@pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.1", "min_p_rows", "min_p_scalar", "min_p0.3"])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
-def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
-    """top_p alone beyond 32 rows, one sample: the sampling pass (the epilogue-warpgroup kernel's
-    plain loop, or with per-row temperatures (greedy rows among them), the dense bias, the mask and
-    per-row seeds its controls' loop; each also storing the logits and each tile's largest allowed
-    one; no stage 2) hands each top_p row's plain token and first y to the rounds, the rows whose
-    top_p keeps only the first token (0, NaN) to the cut kernel, and keeps plain sampling's token
-    where top_p is off (1, 1.5) or the row is greedy. Tokens and scores as the CPU op's, bit for
-    bit, on exact logits (a small top_p fails most first winners, so the drawing rounds have rows),
-    and as the top-k scan's route (DispatchOptions::top_p_on_plain_pass off). V - 3: the stored rows
-    end inside a 64-row half tile and a group of four tokens. The profiler checks which route ran
-    (not which rounds found rows: every round launches either way)."""
+def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
+    """top_p alone or min_p alone beyond 32 rows, one sample: the sampling pass (the
+    epilogue-warpgroup kernel's plain loop, or with per-row temperatures (greedy rows among them),
+    the dense bias, the mask and per-row seeds its controls' loop; each also storing the logits and
+    each tile's largest allowed one; no stage 2) hands each top_p row's plain token and first y to
+    the rounds, gives a min_p row whose plain token passes min_p that token and hands the others to
+    the streaming pass over their survivors, lists the rows whose cut keeps only the first token
+    (top_p 0 or NaN, min_p above 1 or NaN) for the cut kernel, and keeps plain sampling's token
+    where the cut is off or the row is greedy. Tokens and scores as the CPU op's, bit for bit, on
+    exact logits (a small top_p fails most first winners, so the drawing rounds have rows), and as
+    the top-k scan's route (DispatchOptions::top_p_on_plain_pass / min_p_on_plain_pass off). V - 3:
+    the stored rows end inside a 64-row half tile and a group of four tokens. The profiler checks
+    which route ran (not which rounds found rows: every round launches either way)."""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 11 * len(truncation), vocab=vocab)
     kwargs = dict(temperature=2.5 if regime == "peaked" else 0.8, seed=torch.tensor(13), offset=torch.tensor(6))
     if controls:
@@ -485,12 +492,15 @@ def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, con
         kwargs.update(temperature=temperatures, logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"],
                       vocab_start=64, seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch),
                       empty_mask_token=-7)
-    trunc = dict(top_p=0.1) if truncation == "p0.1" else truncation_kwargs(truncation, batch, "cpu")
+    special = {"p0.1": dict(top_p=0.1), "min_p0.3": dict(min_p=0.3)}
+    trunc = special.get(truncation) or truncation_kwargs(truncation, batch, "cpu")
+    top_p = "top_p" in trunc
     on = dict(on_cuda(kwargs), **on_cuda(trunc), truncation_path="fused_top_k")
     h, w = hidden.cuda(), weight.cuda()
     got, names = sample_with_dispatch_options(h, w, on)
-    assert ran_top_p_on_plain_pass(names), names
-    scan, names = sample_with_dispatch_options(h, w, on, top_p_on_plain_pass=False)
+    assert (ran_top_p_on_plain_pass if top_p else ran_plain_pass)(names), names
+    option = "top_p_on_plain_pass" if top_p else "min_p_on_plain_pass"
+    scan, names = sample_with_dispatch_options(h, w, on, **{option: False})
     assert any("truncate_candidates_kernel" in n for n in names), names
     op_kwargs = cpu_op_kwargs(kwargs) if controls else dict(kwargs)
     for name, value in trunc.items():
@@ -499,8 +509,8 @@ def test_top_p_on_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, con
     assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
     assert torch.equal(got.scores.cpu(), expected[1])
     assert_same_bits(got, scan, ("tokens", "scores"))
-    if truncation == "p_rows":
-        off = trunc["top_p"] >= 1.0
+    if truncation in ("p_rows", "min_p_rows"):
+        off = trunc["top_p"] >= 1.0 if top_p else trunc["min_p"] <= 0.0
         plain = fs.sample_with_scores(h, w, **on_cuda(kwargs))
         assert off.any()
         assert torch.equal(got.tokens.reshape(batch)[off.cuda()], plain.tokens.reshape(batch)[off.cuda()])
@@ -546,29 +556,35 @@ def test_top_p_on_plain_pass_equals_the_top_k_scan(regime, batch):
 
 
 @requires_sm90
-@pytest.mark.parametrize("temperature, top_ps", [(1.0, (0.8, 0.75, 0.85, 0.7, 0.9)),
-                                                  (2.5, (0.5, 0.45, 0.55, 0.4, 0.6, 0.35, 0.65))])
-def test_top_p_on_plain_pass_chi_square(temperature, top_ps):
+@pytest.mark.parametrize("temperature, cut, values", [
+    (1.0, "top_p", (0.8, 0.75, 0.85, 0.7, 0.9)),
+    (2.5, "top_p", (0.5, 0.45, 0.55, 0.4, 0.6, 0.35, 0.65)),
+    (2.5, "min_p", (0.05, 0.03, 0.07, 0.02, 0.1)),
+])
+def test_plain_pass_chi_square(temperature, cut, values):
     """The plain pass's truncated distribution: 40 copies of one hidden row (each row its own noise
     stream, so one call gives 40 independent samples), 250 calls at offsets 0-249; every token a
     survivor of the float64 reference and chi-square against the renormalised distribution, on an
-    LLM-like row (at T = 2.5 hundreds of survivors, whose first winners often fail; a flat row's
-    cut always lies within rounding of the reference). top_p is the first of `top_ps` whose cut
-    lies clear of rounding."""
+    LLM-like row (at T = 2.5 hundreds of top_p survivors, whose first winners often fail; a flat
+    row's cut always lies within rounding of the reference). The cut is the first of `values` that
+    lies clear of rounding; min_p's rows whose winner fails it take the streaming pass."""
     from flashsampling_cuda.reference import reference_truncation
 
     batch, calls, vocab = 40, 250, 8192
     weight = lm_head_weight(vocab, 64, seed=1)
     hidden = hidden_states(weight, 1, "llm", seed=2)
-    top_p = next(p for p in top_ps
-                 if (reference_truncation(hidden, weight, temperature, top_p=p).boundary_gap > 1e-4).all())
+    value = next(v for v in values
+                 if (reference_truncation(hidden, weight, temperature, **{cut: v}).boundary_gap > 1e-4).all())
     rows = hidden.expand(batch, -1).contiguous()
-    names = run_listing_cuda_kernels(lambda: fs.sample(rows, weight, temperature=temperature, top_p=top_p, seed=5,
-                                                       offset=0, truncation_path="fused_top_k"))[1]
-    assert ran_top_p_on_plain_pass(names), names
-    tokens = torch.cat([fs.sample(rows, weight, temperature=temperature, top_p=top_p, seed=5, offset=o,
-                                  truncation_path="fused_top_k").reshape(batch) for o in range(calls)])
-    assert_truncated_distribution(tokens.reshape(1, -1).cpu(), hidden, weight, temperature, top_p=top_p)
+
+    def call(offset):
+        return fs.sample(rows, weight, temperature=temperature, seed=5, offset=offset, truncation_path="fused_top_k",
+                         **{cut: value})
+
+    names = run_listing_cuda_kernels(lambda: call(0))[1]
+    assert (ran_top_p_on_plain_pass if cut == "top_p" else ran_plain_pass)(names), names
+    tokens = torch.cat([call(o).reshape(batch) for o in range(calls)])
+    assert_truncated_distribution(tokens.reshape(1, -1).cpu(), hidden, weight, temperature, **{cut: value})
 
 
 @requires_sm90
@@ -696,9 +712,9 @@ def test_streamed_min_p_rows_equal_cpu_op(vocab, batch, num_samples, return_logp
                   dict(seed=torch.arange(batch) + 5, offset=torch.arange(batch) % 3)):
         kwargs = dict(num_samples=num_samples, return_logprobs=return_logprobs, **seeds)
         on = {name: value.cuda() for name, value in kwargs.items() if isinstance(value, torch.Tensor)}
-        got, kernels = sample_with_dispatch_options(
+        got, kernels = sample_with_dispatch_options(  # (at 44 rows one sample takes the plain pass by default)
             hidden.cuda(), weight.cuda(), dict(kwargs, **on, temperature=temperatures.cuda(), min_p=min_ps.cuda(),
-                                               truncation_path="fused_top_k"))
+                                               truncation_path="fused_top_k"), min_p_on_plain_pass=False)
         assert any("streaming_sample_kernel" in name for name in kernels)
         expected = torch.ops.flashsampling.sample_from_logits(logits, temperatures=temperatures, min_ps=min_ps,
                                                               **kwargs)

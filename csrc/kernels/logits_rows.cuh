@@ -118,14 +118,20 @@ struct MinP {
   }
 };
 
-// The row's min_p; set_first once the row's first token is known.
-__device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t row) {
+// The test of a min_p `value` (`on`: the call has min_p); set_first once the row's first token is
+// known.
+__device__ __forceinline__ MinP min_p_test(bool on, double value) {
   MinP min_p{};
-  min_p.on = p.min_ps != nullptr || p.min_p > 0.0;
-  min_p.value = p.min_ps ? __ldg(p.min_ps + row) : p.min_p;
-  min_p.log_value = min_p.value > 0.0 ? log(min_p.value) : -INFINITY;
+  min_p.on = on;
+  min_p.value = value;
+  min_p.log_value = value > 0.0 ? log(value) : -INFINITY;
   min_p.set_first(0.0, false);
   return min_p;
+}
+
+// The row's min_p (min_p_test).
+__device__ __forceinline__ MinP row_min_p(LogitsSamplerParams const& p, int64_t row) {
+  return min_p_test(p.min_ps != nullptr || p.min_p > 0.0, p.min_ps ? __ldg(p.min_ps + row) : p.min_p);
 }
 
 // A streaming row keeps every allowed token: no top_k cut (off, or at least V), no top_p cut

@@ -11,6 +11,7 @@
 
 #include "flashsampling/epilogue/candidate_math.cuh"
 #include "flashsampling/philox_gumbel.h"
+#include "logits_rows.cuh"
 #include "sampler_config.h"
 
 namespace flashsampling {
@@ -141,24 +142,48 @@ __device__ bool mask_row_empty(SamplerParams const& p, int64_t row) {
   return __syncthreads_or(any) == 0;
 }
 
-// top_p on the plain pass (SamplerParams::top_p_on_plain_pass; one sample): a row whose top_p is on
+// top_p on the plain pass (SamplerParams::truncation_on_plain_pass; one sample): a row whose top_p is on
 // goes to the top_p rounds with its plain-sampling winner and its first y = fl(max allowed x * fl(1 /
 // T)), where the rounds verify the winner against top_p (the same start as stage 2 gives the rows
 // it hands on); a row without a winner or a finite first y, or whose top_p keeps only its first
 // token (<= 0, NaN), to the cut kernel's list; a greedy row (T = 0: its argmax, plain sampling's
 // token) and a row whose top_p is off (>= 1) keep the plain token written above. Every row's entry
 // of streamed_first_y is written (NaN: not streamed).
-__device__ void hand_on_top_p_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, bool found,
-                                  PackedCandidate winner, float max_x) {
-  double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+//
+// min_p on the plain pass (a call of min_p alone): a row whose min_p is on (in (0, 1]) keeps its
+// plain token where the winner passes min_p against the row's first y (MinP::keeps, the survivors'
+// test of every other path: the winner beats every survivor), else goes to the streaming pass over
+// its survivors with its first y; min_p above 1 or NaN (the first token only), no winner or no
+// finite first y to the cut kernel's list; greedy rows and rows whose min_p is off (<= 0) keep the
+// plain token.
+__device__ void hand_on_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, bool found,
+                            PackedCandidate winner, float max_x) {
   float const inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
   float const first_y = fs_mul(max_x, inv_t);
   bool const greedy = inv_t == 0.0f;
-  bool const streams = found && !greedy && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
+  bool off, streams;
+  if (p.top_ps != nullptr || p.top_p < 1.0) {  // a call of top_p alone (call_may_cut_top_p)
+    double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+    off = top_p >= 1.0;
+    streams = found && !greedy && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
+    if (streams) buffers.streamed_winners[row] = winner;
+  } else {
+    double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+    off = min_p <= 0.0;
+    bool const cut = found && !greedy && min_p > 0.0 && min_p <= 1.0 && isfinite(first_y);
+    bool winner_survives = false;
+    if (cut) {
+      uint32_t const index = ~static_cast<uint32_t>(winner);
+      float const x = p.row_logits[row * p.row_logits_stride + (index - static_cast<uint32_t>(p.vocab_start))];
+      MinP test = min_p_test(true, min_p);
+      test.set_first(static_cast<double>(first_y), true);
+      winner_survives = test.keeps(fs_mul(x, inv_t));
+    }
+    streams = cut && !winner_survives;
+    off = off || winner_survives;
+  }
   buffers.streamed_first_y[row] = streams ? first_y : __uint_as_float(0x7fc00000u);
-  if (streams) {
-    buffers.streamed_winners[row] = winner;
-  } else if (!greedy && !(top_p >= 1.0)) {
+  if (!streams && !greedy && !off) {
     append_to_row_list(p.fallback_rows, row);
   }
 }
@@ -262,7 +287,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
 
   p.tokens[out] = found ? index : empty_mask ? p.empty_mask_token : -1;
   if (p.scores) p.scores[out] = found ? unpack_score(best) : -INFINITY;
-  if (tile_max_logits != nullptr) hand_on_top_p_row(p, buffers, row, found, best, max_x);
+  if (tile_max_logits != nullptr) hand_on_row(p, buffers, row, found, best, max_x);
   if (p.logprobs) {
     // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
     float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;

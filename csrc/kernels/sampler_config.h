@@ -49,7 +49,7 @@ inline int64_t candidates_per_slot(SamplerParams const& p) {
 // stores the logits (top_p without top_k needs each row's; not on the plain pass, whose rounds
 // sum the rows' masses themselves).
 inline bool needs_lse_parts(SamplerParams const& p) {
-  return p.logprobs || (p.row_logits != nullptr && !p.top_p_on_plain_pass);
+  return p.logprobs || (p.row_logits != nullptr && !p.truncation_on_plain_pass);
 }
 
 inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
@@ -74,17 +74,19 @@ struct SamplerBuffers {
   // draw_tile_winners only: the top-k scan's winner of each (vocabulary tile, row) (pack_candidate of
   // the perturbed score and index; 0: none), and stage 2's row winners for the streaming kernels
   // (LogitsSamplerParams::streamed_winners).
-  // (and top_p_on_plain_pass: streamed_winners, the reduction's)
+  // (and truncation_on_plain_pass with top_p: streamed_winners, the reduction's)
   PackedCandidate* tile_winners = nullptr;      // [num_vocab_tiles][columns]
   PackedCandidate* streamed_winners = nullptr;  // [B]
-  // top_p_on_plain_pass only: each (vocabulary tile, column)'s largest x.
+  // truncation_on_plain_pass only: each (vocabulary tile, column)'s largest x.
   float* tile_max_logits = nullptr;  // [num_vocab_tiles][columns]
 };
 
 // Whether a call's reduction hands rows on to the top_p rounds with their winners
 // (SamplerBuffers::streamed_winners): stage 2 where the GEMM drew the tile winners, or the plain
 // pass's reduction.
-inline bool hands_on_streamed_winners(SamplerParams const& p) { return p.draw_tile_winners || p.top_p_on_plain_pass; }
+inline bool hands_on_streamed_winners(SamplerParams const& p) {
+  return p.draw_tile_winners || (p.truncation_on_plain_pass && call_may_cut_top_p(p));
+}
 
 // Byte offsets of SamplerBuffers in the workspace (each 256-aligned), the padded copy of the
 // hidden rows (when padded), then the GEMM's own.
@@ -130,7 +132,7 @@ struct SamplerWorkspaceLayout {
     streamed_winners = at;
     at += hands_on_streamed_winners(p) ? round_up(static_cast<size_t>(p.batch_size) * sizeof(PackedCandidate)) : 0;
     tile_max_logits = at;
-    at += p.top_p_on_plain_pass ? round_up(slots * sizeof(float)) : 0;
+    at += p.truncation_on_plain_pass ? round_up(slots * sizeof(float)) : 0;
     padded_hidden = at;
     at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
     gemm = at;
@@ -156,7 +158,7 @@ struct SamplerWorkspaceLayout {
     b.tile_winners = p.draw_tile_winners ? reinterpret_cast<PackedCandidate*>(base + tile_winners) : nullptr;
     b.streamed_winners =
         hands_on_streamed_winners(p) ? reinterpret_cast<PackedCandidate*>(base + streamed_winners) : nullptr;
-    b.tile_max_logits = p.top_p_on_plain_pass ? reinterpret_cast<float*>(base + tile_max_logits) : nullptr;
+    b.tile_max_logits = p.truncation_on_plain_pass ? reinterpret_cast<float*>(base + tile_max_logits) : nullptr;
     return b;
   }
 };
@@ -203,7 +205,7 @@ cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers co
 
 // Stage 2: per (row, sample) the best candidate over vocabulary tiles -> token, score,
 // and with logprobs the merged log-sum-exp and the token's log-probability; on the plain pass
-// of top_p (top_p_on_plain_pass) also each top_p row's winner and first y for the rounds.
+// of top_p (truncation_on_plain_pass) also each top_p row's winner and first y for the rounds.
 cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
                                      cudaStream_t stream);
 

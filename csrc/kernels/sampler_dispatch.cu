@@ -160,7 +160,7 @@ std::atomic<unsigned> g_disabled_options{0};
 // from D = 3584 the pingpong tile with them takes less on flat rows (docs/truncation_kernels.md
 // has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D. Beyond
 // 32 a top_p call takes the top-k scan only where it does not run on plain sampling's pass
-// (runs_top_p_on_plain_pass: a greedy call, or that option off).
+// (runs_on_plain_pass: a greedy call, or that option off).
 bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
   return columns <= 32 || columns > 64 || hidden_dim > 3072;
 }
@@ -175,8 +175,8 @@ bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& opti
          (!for_top_p_rows || top_p_tile_winners_pay(sampler_gemm_columns(p), p.hidden_dim));
 }
 
-// Whether a fused truncation call of top_p alone runs on plain sampling's pass instead of the
-// top-k scan (SamplerParams::top_p_on_plain_pass). A top_p row needs from the GEMM only its
+// Whether a fused truncation call of top_p alone (or min_p alone, below) runs on plain sampling's pass instead of the
+// top-k scan (SamplerParams::truncation_on_plain_pass). A top_p row needs from the GEMM only its
 // plain-sampling token (the first t its rounds verify), its first y and its stored logits: plain
 // sampling's pass draws that token with its exact skip of the noise, where the top-k scan either
 // draws the tile winners without one or leaves the draw to a streaming pass over the stored
@@ -187,21 +187,26 @@ bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& opti
 // per-row seeds); sm90 (the fused truncation's other forms are sm90's). Not a greedy call (its
 // rows keep their argmax), nor the model-side transforms, penalties or sparse bias, which the
 // fused truncation does not take.
-bool runs_top_p_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions const& options) {
+//
+// min_p alone takes the same pass: a row whose plain-sampling token passes min_p has it as its
+// sample (it beats every survivor), and the others go to the streaming pass over their survivors
+// with their first y, as stage 2 hands on the flat rows.
+bool runs_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions const& options) {
   LoopNeeds const needs = loop_needs(p.controls, p.noise, p.num_samples, p.logprobs);
-  return options.top_p_on_plain_pass && device_arch == 90 && p.fused_truncation && p.batch_size > 32 &&
-         fused_truncation_streams_rows(p) && fused_truncation_streams_top_p_rows(p) && !call_may_cut_min_p(p) &&
-         p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy && !needs.model_transform &&
-         !needs.penalties && !needs.sparse_bias;
+  bool const one_cut_alone = p.top_ks == nullptr && p.top_k < 1 && p.num_samples == 1 && !p.logprobs &&
+                             call_may_cut_top_p(p) != call_may_cut_min_p(p);
+  bool const asked = call_may_cut_top_p(p) ? options.top_p_on_plain_pass : options.min_p_on_plain_pass;
+  return asked && one_cut_alone && device_arch == 90 && p.fused_truncation && p.batch_size > 32 &&
+         fused_truncation_streams_rows(p) && p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy &&
+         !needs.model_transform && !needs.penalties && !needs.sparse_bias;
 }
 
-// The parameters of the pass a call runs: top_p on the plain pass (runs_top_p_on_plain_pass), else
-// the call's own.
+// The parameters of the pass a call runs: the plain pass (runs_on_plain_pass), else the call's own.
 SamplerParams route_params(SamplerParams const& params, int device_arch) {
-  if (!runs_top_p_on_plain_pass(params, device_arch, sampler_dispatch_options())) return params;
+  if (!runs_on_plain_pass(params, device_arch, sampler_dispatch_options())) return params;
   SamplerParams p = params;
   p.fused_truncation = false;
-  p.top_p_on_plain_pass = true;
+  p.truncation_on_plain_pass = true;
   return p;
 }
 
@@ -283,7 +288,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.top_candidates_epilogue_warpgroups ? 0u : 16u) |
                                (options.top_p_tile_winners ? 0u : 32u) |
                                (options.narrow_ragged_columns ? 0u : 64u) |
-                               (options.top_p_on_plain_pass ? 0u : 128u),
+                               (options.top_p_on_plain_pass ? 0u : 128u) |
+                               (options.min_p_on_plain_pass ? 0u : 256u),
                            std::memory_order_relaxed);
 }
 
@@ -298,6 +304,7 @@ DispatchOptions sampler_dispatch_options() {
   o.top_p_tile_winners = !(off & 32u);
   o.narrow_ragged_columns = !(off & 64u);
   o.top_p_on_plain_pass = !(off & 128u);
+  o.min_p_on_plain_pass = !(off & 256u);
   return o;
 }
 
@@ -415,8 +422,9 @@ cudaError_t launch_sampler(SamplerParams const& call, void* workspace, size_t wo
                                      buffers.logits_sampler, p.device_sm_count, stream);
   }
   err = launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
-  if (err != cudaSuccess || !p.top_p_on_plain_pass) return err;
-  // The top_p rows the reduction handed on, to the rounds; the rows it listed, to the cut kernel.
+  if (err != cudaSuccess || !p.truncation_on_plain_pass) return err;
+  // The top_p rows the reduction handed on, to the rounds (with their winners), or the min_p rows,
+  // to the streaming pass; the rows it listed, to the cut kernel.
   return launch_sample_from_logits(fallback_logits_params(p, buffers.streamed_first_y, buffers.streamed_winners),
                                    buffers.logits_sampler, p.device_sm_count, stream);
 }

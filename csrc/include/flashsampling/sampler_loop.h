@@ -16,7 +16,7 @@ namespace flashsampling {
 //                    the tokens each row has seen (repetition, frequency, presence).
 //   (On sm90 beyond 32 columns the plain and common controls' loops of the epilogue-warpgroup
 //   kernel also store the logits for top_p alone on plain sampling's pass, where a call asks:
-//   SamplerParams::top_p_on_plain_pass.)
+//   SamplerParams::truncation_on_plain_pass.)
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
 //                    sm90 beyond 16 GEMM columns the epilogue-warpgroup kernels' kCommonControls
 //                    loop takes these too: kernel_choice.h).

@@ -243,13 +243,15 @@ struct SamplerParams {
   // unwritten, and stage 2 recomputes their hidden tiles instead of reading them: the x no later
   // kernel reads cost the GEMM their write-back (a [B, V] fp32 array) as the weight streams in.
   bool row_logits_by_top_k = false;
-  // Set by launch_sampler, not by callers (sampler_dispatch.cu: runs_top_p_on_plain_pass): a fused
-  // truncation call of top_p alone that runs plain sampling's pass instead of the top-k scan
-  // (fused_truncation is then false): the GEMM also stores every x in row_logits and each
-  // (vocabulary tile, row)'s largest x, its reduction hands each top_p row's plain-sampling token
-  // and first y to the top_p rounds (LogitsSamplerParams::streamed_winners), which verify it
-  // against top_p, and gives the other rows their plain token. No stage 2, no tile winners.
-  bool top_p_on_plain_pass = false;
+  // Set by launch_sampler, not by callers (sampler_dispatch.cu: runs_on_plain_pass): a fused
+  // truncation call of top_p alone or min_p alone that runs plain sampling's pass instead of the
+  // top-k scan (fused_truncation is then false): the GEMM also stores every x in row_logits and
+  // each (vocabulary tile, row)'s largest x, and its reduction gives each row its plain-sampling
+  // token where that is its sample (no cut; with min_p, a winner that passes it) and hands the
+  // other rows on: top_p rows with their winner and first y to the top_p rounds
+  // (LogitsSamplerParams::streamed_winners), which verify it against top_p; min_p rows with their
+  // first y to the streaming pass over their survivors. No stage 2, no tile winners.
+  bool truncation_on_plain_pass = false;
 };
 
 // Whether stage 2 of the fused truncation decides a row with this top_k from the candidates alone
@@ -346,8 +348,11 @@ struct DispatchOptions {
   bool narrow_ragged_columns = true;
   // a fused truncation call of top_p alone beyond 32 rows runs plain sampling's pass, which
   // stores the logits, and the rounds verify each row's plain token (SamplerParams::
-  // top_p_on_plain_pass; else the top-k scan and stage 2)
+  // truncation_on_plain_pass; else the top-k scan and stage 2) ...
   bool top_p_on_plain_pass = true;
+  // ... and so does one of min_p alone, whose rows keep their plain token where it passes min_p
+  // and else take the streaming pass over their survivors
+  bool min_p_on_plain_pass = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

@@ -317,7 +317,7 @@ struct Sm90GumbelArgmaxRowReduction {
     // (tile, row)'s plain-sampling winner over the tile, pack_candidate of its perturbed score and
     // index (0: none), at [m_tile * N + column].
     PackedCandidate* ptr_tile_winners = nullptr;
-    // SamplerParams::top_p_on_plain_pass (the epilogue-warpgroup kernel's plain loop, not this
+    // SamplerParams::truncation_on_plain_pass (the epilogue-warpgroup kernel's plain loop, not this
     // visitor): each (tile, column)'s largest raw logit at [tile * N + column], next to every x
     // stored in ptr_row_logits.
     float* ptr_tile_max_logits = nullptr;

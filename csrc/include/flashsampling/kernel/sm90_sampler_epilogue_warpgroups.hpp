@@ -528,7 +528,7 @@ class Sm90SamplerEpilogueWarpGroups {
     }
   }
 
-  // top_p on the plain pass (SamplerParams::top_p_on_plain_pass), in the plain and the controls'
+  // top_p on the plain pass (SamplerParams::truncation_on_plain_pass), in the plain and the controls'
   // loop: the step's x to the stored rows, row_logits[column * stride + v], as the top-k scan
   // stores them (top_scan_value: kExcludedLogitBits where `allowed` is false, the mask's) (a store
   // an element: each is a warp's four columns of eight neighbouring vocabulary rows, whole 32-byte
