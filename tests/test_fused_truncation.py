@@ -480,7 +480,8 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     (top_p 0 or NaN, min_p above 1 or NaN) for the cut kernel, and keeps plain sampling's token
     where the cut is off or the row is greedy. Tokens and scores as the CPU op's, bit for bit, on
     exact logits (a small top_p fails most first winners, so the drawing rounds have rows), and as
-    the top-k scan's route (DispatchOptions::top_p_on_plain_pass / min_p_on_plain_pass off). V - 3:
+    the top-k scan's route (DispatchOptions::top_p_on_plain_pass / min_p_on_plain_pass off; min_p
+    takes the plain pass up to 128 rows, so at 200 both calls run the top-k scan). V - 3:
     the stored rows end inside a 64-row half tile and a group of four tokens. The profiler checks
     which route ran (not which rounds found rows: every round launches either way)."""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 11 * len(truncation), vocab=vocab)
@@ -498,7 +499,8 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     on = dict(on_cuda(kwargs), **on_cuda(trunc), truncation_path="fused_top_k")
     h, w = hidden.cuda(), weight.cuda()
     got, names = sample_with_dispatch_options(h, w, on)
-    assert (ran_top_p_on_plain_pass if top_p else ran_plain_pass)(names), names
+    on_plain_pass = top_p or batch <= 128  # min_p alone: up to 128 rows (min_p_plain_pass_pays)
+    assert (ran_top_p_on_plain_pass if top_p else ran_plain_pass)(names) == on_plain_pass, names
     option = "top_p_on_plain_pass" if top_p else "min_p_on_plain_pass"
     scan, names = sample_with_dispatch_options(h, w, on, **{option: False})
     assert any("truncate_candidates_kernel" in n for n in names), names

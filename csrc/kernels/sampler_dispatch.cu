@@ -165,6 +165,12 @@ bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
   return columns <= 32 || columns > 64 || hidden_dim > 3072;
 }
 
+// Whether min_p alone pays on plain sampling's pass at these GEMM columns. Its flat rows' winners
+// mostly fail min_p, so the pass saves stage 2 and little else: 1-6% at 64-128 rows and 13% slower
+// at 256 on an H200, where the pass's stores of the logits cost the most
+// (benchmarks/probes/results/ab_min_p_on_plain_pass_NVIDIA_H200_2026-11-28.txt).
+bool min_p_plain_pass_pays(int64_t columns) { return columns <= 128; }
+
 // Whether the call's fused truncation is to draw the tile winners: the kernel choice keeps a scan
 // that can draw them (kernel_choice.h), and the launch draws them where the chosen one can. A
 // large top_k's or the top-N logprobs' sample has no streaming pass to take it instead (its rows
@@ -188,14 +194,17 @@ bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& opti
 // rows keep their argmax), nor the model-side transforms, penalties or sparse bias, which the
 // fused truncation does not take.
 //
-// min_p alone takes the same pass: a row whose plain-sampling token passes min_p has it as its
-// sample (it beats every survivor), and the others go to the streaming pass over their survivors
-// with their first y, as stage 2 hands on the flat rows.
+// min_p alone takes the same pass up to 128 GEMM columns (min_p_plain_pass_pays): a row whose
+// plain-sampling token passes min_p has it as its sample (it beats every survivor), and the
+// others go to the streaming pass over their survivors with their first y, as stage 2 hands on
+// the flat rows.
 bool runs_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions const& options) {
   LoopNeeds const needs = loop_needs(p.controls, p.noise, p.num_samples, p.logprobs);
   bool const one_cut_alone = p.top_ks == nullptr && p.top_k < 1 && p.num_samples == 1 && !p.logprobs &&
                              call_may_cut_top_p(p) != call_may_cut_min_p(p);
-  bool const asked = call_may_cut_top_p(p) ? options.top_p_on_plain_pass : options.min_p_on_plain_pass;
+  bool const asked = call_may_cut_top_p(p)
+                         ? options.top_p_on_plain_pass
+                         : options.min_p_on_plain_pass && min_p_plain_pass_pays(sampler_gemm_columns(p));
   return asked && one_cut_alone && device_arch == 90 && p.fused_truncation && p.batch_size > 32 &&
          fused_truncation_streams_rows(p) && p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy &&
          !needs.model_transform && !needs.penalties && !needs.sparse_bias;
