@@ -475,7 +475,8 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     epilogue-warpgroup kernel's plain loop, or with per-row temperatures (greedy rows among them),
     the dense bias, the mask and per-row seeds its controls' loop; each also storing the logits and
     each tile's largest allowed one; no stage 2) hands each top_p row's plain token and first y to
-    the rounds, gives a min_p row whose plain token passes min_p that token and hands the others to
+    the rounds (or keeps that token where it is the row's first: DispatchOptions::
+    first_winners_in_reduction), gives a min_p row whose plain token passes min_p that token and hands the others to
     the streaming pass over their survivors, lists the rows whose cut keeps only the first token
     (top_p 0 or NaN, min_p above 1 or NaN) for the cut kernel, and keeps plain sampling's token
     where the cut is off or the row is greedy. Tokens and scores as the CPU op's, bit for bit, on
@@ -516,6 +517,51 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
         plain = fs.sample_with_scores(h, w, **on_cuda(kwargs))
         assert off.any()
         assert torch.equal(got.tokens.reshape(batch)[off.cuda()], plain.tokens.reshape(batch)[off.cuda()])
+
+
+@requires_sm90
+@pytest.mark.parametrize("batch", [48, 130])
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "row_temperatures_seeds"])
+def test_first_winners_in_reduction_with_tied_first_tokens(batch, controls):
+    """top_p alone on the plain pass: the reduction keeps a row's plain token itself where no
+    allowed key lies ahead of it in the truncation order (DispatchOptions::
+    first_winners_in_reduction), which ties of a row's largest logit put to the test. Each row's
+    largest logit is copied to a token just before it (its vocabulary tile), just after it, 300
+    before (an earlier tile) or 300 after, so that a row's winner is often a first token with a tie
+    ahead of it, which top_p 0.1 then fails. Tokens and scores as the CPU op's on exact logits and
+    as the rounds' (the option off), bit for bit, for top_p 0.1 and [B] top_p; with per-row
+    temperatures (greedy rows among them) and per-row seeds too."""
+    hidden, weight, _ = exact_problem(batch, "peaked", seed=batch + 5)
+    w = weight.float()
+    first = (hidden.float() @ w.T).argmax(1)
+    shifts = torch.tensor([-1, 1, -300, 300])
+    w[(first + shifts[torch.arange(batch) % 4]).clamp(0, V - 1)] = w[first]
+    weight = w.bfloat16()
+    logits = hidden.float() @ weight.float().T
+    assert ((logits == logits.max(1, keepdim=True).values).sum(1) > 1).float().mean() > 0.5
+    kwargs = dict(temperature=0.8, seed=torch.tensor(21), offset=torch.tensor(4))
+    if controls:
+        temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) + 0.5
+        temperatures[::9] = 0.0
+        kwargs.update(temperature=temperatures, seed=torch.arange(batch) * 5 + 2, offset=torch.arange(batch))
+    h, w = hidden.cuda(), weight.cuda()
+    # [B] top_p clear of the shares a tie of two, three or four first tokens puts ahead of a winner
+    # (1/4, 1/3, 1/2, ...): there the rounds' fixed-point masses, whose tail rounds to 0, reach top_p
+    # exactly, and the CPU op's float64 ones do not.
+    values = [0.1, 0.3, 0.7, 0.9, 1.0, 0.0, float("nan"), 0.95, 0.2]
+    top_ps = torch.tensor([values[b % len(values)] for b in range(batch)], dtype=torch.float64)
+    for top_p in (0.1, top_ps):
+        on = dict(on_cuda(kwargs), top_p=top_p.cuda() if isinstance(top_p, torch.Tensor) else top_p,
+                  truncation_path="fused_top_k")
+        got, names = sample_with_dispatch_options(h, w, on)
+        assert ran_top_p_on_plain_pass(names), names
+        rounds, _ = sample_with_dispatch_options(h, w, on, first_winners_in_reduction=False)
+        assert_same_bits(got, rounds, ("tokens", "scores"))
+        op_kwargs = cpu_op_kwargs(kwargs) if controls else dict(kwargs)
+        op_kwargs["top_ps" if isinstance(top_p, torch.Tensor) else "top_p"] = top_p
+        expected = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)  # the CPU op
+        assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
+        assert torch.equal(got.scores.cpu(), expected[1])
 
 
 @requires_sm90

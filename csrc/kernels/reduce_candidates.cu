@@ -142,13 +142,33 @@ __device__ bool mask_row_empty(SamplerParams const& p, int64_t row) {
   return __syncthreads_or(any) == 0;
 }
 
+// Whether no allowed key lies strictly ahead of the winner (local id v) in the truncation order (y
+// descending, then index ascending), on the plain pass: its y is the row's first y, and no token
+// before it has that y, neither in the vocabulary tiles before its own (their largest x, in L2)
+// nor before it in its own tile (the stored x). Ties of y from different x (the rounding of x *
+// fl(1 / T)) count as ties. Block-wide: every thread returns the same.
+__device__ bool winner_leads_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, int64_t col,
+                                 int64_t columns, int vocab_tile, int64_t v, float inv_t, float first_y) {
+  float const* const x = p.row_logits + row * p.row_logits_stride;
+  int64_t const tile = v / vocab_tile;
+  bool behind = !(fs_mul(x[v], inv_t) == first_y);
+  for (int64_t t = threadIdx.x; t < tile; t += kReduceThreads) {
+    behind = behind || fs_mul(buffers.tile_max_logits[t * columns + col], inv_t) == first_y;
+  }
+  for (int64_t u = tile * vocab_tile + threadIdx.x; u < v; u += kReduceThreads) {
+    behind = behind || fs_mul(x[u], inv_t) == first_y;
+  }
+  return __syncthreads_or(behind) == 0;
+}
+
 // top_p on the plain pass (SamplerParams::truncation_on_plain_pass; one sample): a row whose top_p is on
 // goes to the top_p rounds with its plain-sampling winner and its first y = fl(max allowed x * fl(1 /
 // T)), where the rounds verify the winner against top_p (the same start as stage 2 gives the rows
-// it hands on); a row without a winner or a finite first y, or whose top_p keeps only its first
-// token (<= 0, NaN), to the cut kernel's list; a greedy row (T = 0: its argmax, plain sampling's
-// token) and a row whose top_p is off (>= 1) keep the plain token written above. Every row's entry
-// of streamed_first_y is written (NaN: not streamed).
+// it hands on), unless the winner leads the row (winner_leads_row: top_p > 0 keeps the first token,
+// and round 0 would find no mass ahead of it); a row without a winner or a finite first y, or whose
+// top_p keeps only its first token (<= 0, NaN), to the cut kernel's list; a greedy row (T = 0: its
+// argmax, plain sampling's token) and a row whose top_p is off (>= 1) keep the plain token written
+// above. Every row's entry of streamed_first_y is written (NaN: not streamed).
 //
 // min_p on the plain pass (a call of min_p alone): a row whose min_p is on (in (0, 1]) keeps its
 // plain token where the winner passes min_p against the row's first y (MinP::keeps, the survivors'
@@ -157,15 +177,15 @@ __device__ bool mask_row_empty(SamplerParams const& p, int64_t row) {
 // finite first y to the cut kernel's list; greedy rows and rows whose min_p is off (<= 0) keep the
 // plain token.
 __device__ void hand_on_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, bool found,
-                            PackedCandidate winner, float max_x) {
-  float const inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
-  float const first_y = fs_mul(max_x, inv_t);
+                            PackedCandidate winner, float inv_t, float first_y, bool winner_leads) {
   bool const greedy = inv_t == 0.0f;
   bool off, streams;
-  if (p.top_ps != nullptr || p.top_p < 1.0) {  // a call of top_p alone (call_may_cut_top_p)
+  bool const top_p_call = p.top_ps != nullptr || p.top_p < 1.0;  // (call_may_cut_top_p)
+  if (top_p_call) {  // a call of top_p alone
     double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
-    off = top_p >= 1.0;
-    streams = found && !greedy && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
+    bool const kept = winner_leads && top_p > 0.0;
+    off = top_p >= 1.0 || kept;
+    streams = !kept && found && !greedy && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
     if (streams) buffers.streamed_winners[row] = winner;
   } else {
     double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
@@ -189,7 +209,7 @@ __device__ void hand_on_row(SamplerParams const& p, SamplerBuffers const& buffer
 }
 
 __global__ void __launch_bounds__(kReduceThreads)
-reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, int64_t num_tiles) {
+reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, int64_t num_tiles, int vocab_tile) {
   int64_t const row = blockIdx.x;
   int const sample = blockIdx.y;
   // GEMM column s * B + b holds (sample s, row b); tiles are `columns` apart.
@@ -197,12 +217,12 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   int64_t const col = static_cast<int64_t>(sample) * p.batch_size + row;
   PackedCandidate const* column = buffers.candidates + col;
 
-  // Best candidate and the tile it came from (for its logit); on the plain pass of top_p the
-  // row's largest logit (tile_max_logits).
+  // Best candidate and the tile it came from (for its logit); on the plain pass the row's largest
+  // logit and the largest of the best candidate's tile (tile_max_logits).
   float const* const tile_max_logits = buffers.tile_max_logits;
   PackedCandidate best = 0;
   int64_t best_tile = -1;
-  float lse_max = -INFINITY, lse_sum = 0.0f, max_x = -INFINITY;
+  float lse_max = -INFINITY, lse_sum = 0.0f, max_x = -INFINITY, best_tile_max = -INFINITY;
   for (int64_t first = threadIdx.x; first < num_tiles; first += int64_t{kReduceThreads} * kTilesPerStep) {
     PackedCandidate c[kTilesPerStep];
     float2 part[kTilesPerStep];
@@ -220,6 +240,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
       if (c[u] > best) {
         best = c[u];
         best_tile = first + int64_t{u} * kReduceThreads;
+        best_tile_max = tile_max[u];
       }
       if (p.logprobs) lse_merge(lse_max, lse_sum, part[u].x, part[u].y);
       max_x = fmaxf(max_x, tile_max[u]);
@@ -229,9 +250,11 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   for (int delta = 16; delta > 0; delta >>= 1) {
     PackedCandidate const other = __shfl_xor_sync(0xFFFFFFFF, best, delta);
     int64_t const other_tile = __shfl_xor_sync(0xFFFFFFFF, best_tile, delta);
+    float const other_tile_max = __shfl_xor_sync(0xFFFFFFFF, best_tile_max, delta);
     if (other > best) {
       best = other;
       best_tile = other_tile;
+      best_tile_max = other_tile_max;
     }
     float const other_max = __shfl_xor_sync(0xFFFFFFFF, lse_max, delta);
     float const other_sum = __shfl_xor_sync(0xFFFFFFFF, lse_sum, delta);
@@ -242,9 +265,11 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   __shared__ int64_t warp_tile[kReduceThreads / 32];
   __shared__ float2 warp_lse[kReduceThreads / 32];
   __shared__ float warp_max_x[kReduceThreads / 32];
+  __shared__ float warp_best_tile_max[kReduceThreads / 32];
   if (threadIdx.x % 32 == 0) {
     warp_best[threadIdx.x / 32] = best;
     warp_tile[threadIdx.x / 32] = best_tile;
+    warp_best_tile_max[threadIdx.x / 32] = best_tile_max;
     warp_lse[threadIdx.x / 32] = make_float2(lse_max, lse_sum);
     warp_max_x[threadIdx.x / 32] = max_x;
   }
@@ -254,6 +279,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
     if (warp_best[w] > best) {
       best = warp_best[w];
       best_tile = warp_tile[w];
+      best_tile_max = warp_best_tile_max[w];
     }
     max_x = fmaxf(max_x, warp_max_x[w]);
   }
@@ -261,6 +287,21 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
   bool const found = best != 0 && index != kNoCandidate;
   bool const empty_mask = !found && p.controls.allowed_mask != nullptr && mask_row_empty(p, row);
+  // The plain pass's row: its fl(1 / T), first y, and whether its winner leads it. Only a winner
+  // whose tile holds the row's first y may (most of a peaked row's winners, few of a flat row's),
+  // so the others load nothing more.
+  float inv_t = 0.0f, first_y = 0.0f;
+  bool winner_leads = false;
+  if (tile_max_logits != nullptr) {
+    inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
+    first_y = fs_mul(max_x, inv_t);
+    bool const top_p_call = p.top_ps != nullptr || p.top_p < 1.0;  // (call_may_cut_top_p)
+    if (p.first_winners_in_reduction && top_p_call && found && inv_t != 0.0f && isfinite(first_y) &&
+        fs_mul(best_tile_max, inv_t) == first_y) {
+      int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
+      winner_leads = winner_leads_row(p, buffers, row, col, columns, vocab_tile, v, inv_t, first_y);
+    }
+  }
   if (threadIdx.x >= 32) return;
 
   // Warp 0 finishes: the token's logit is asked for first, so its L2 round trip runs under the
@@ -287,7 +328,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
 
   p.tokens[out] = found ? index : empty_mask ? p.empty_mask_token : -1;
   if (p.scores) p.scores[out] = found ? unpack_score(best) : -INFINITY;
-  if (tile_max_logits != nullptr) hand_on_row(p, buffers, row, found, best, max_x);
+  if (tile_max_logits != nullptr) hand_on_row(p, buffers, row, found, best, inv_t, first_y, winner_leads);
   if (p.logprobs) {
     // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
     float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;
@@ -336,12 +377,12 @@ cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers co
 }
 
 cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
-                                     cudaStream_t stream) {
+                                     int vocab_tile, cudaStream_t stream) {
   if (p.batch_size == 0) {
     return cudaSuccess;
   }
   dim3 const grid(static_cast<unsigned>(p.batch_size), static_cast<unsigned>(p.num_samples));
-  reduce_candidates_kernel<<<grid, kReduceThreads, 0, stream>>>(p, buffers, num_tiles);
+  reduce_candidates_kernel<<<grid, kReduceThreads, 0, stream>>>(p, buffers, num_tiles, vocab_tile);
   return cudaGetLastError();
 }
 

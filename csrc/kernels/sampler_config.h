@@ -207,7 +207,7 @@ cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers co
 // and with logprobs the merged log-sum-exp and the token's log-probability; on the plain pass
 // of top_p (truncation_on_plain_pass) also each top_p row's winner and first y for the rounds.
 cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
-                                     cudaStream_t stream);
+                                     int vocab_tile, cudaStream_t stream);
 
 // Stage 2 of the fused truncation (truncate_candidates.cu): per row, the top_k of the
 // candidates (tiles that may hide more are recomputed), top-p / min-p, then the samples of

@@ -212,10 +212,12 @@ bool runs_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions
 
 // The parameters of the pass a call runs: the plain pass (runs_on_plain_pass), else the call's own.
 SamplerParams route_params(SamplerParams const& params, int device_arch) {
-  if (!runs_on_plain_pass(params, device_arch, sampler_dispatch_options())) return params;
+  DispatchOptions const options = sampler_dispatch_options();
+  if (!runs_on_plain_pass(params, device_arch, options)) return params;
   SamplerParams p = params;
   p.fused_truncation = false;
   p.truncation_on_plain_pass = true;
+  p.first_winners_in_reduction = options.first_winners_in_reduction;
   return p;
 }
 
@@ -298,7 +300,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.top_p_tile_winners ? 0u : 32u) |
                                (options.narrow_ragged_columns ? 0u : 64u) |
                                (options.top_p_on_plain_pass ? 0u : 128u) |
-                               (options.min_p_on_plain_pass ? 0u : 256u),
+                               (options.min_p_on_plain_pass ? 0u : 256u) |
+                               (options.first_winners_in_reduction ? 0u : 512u),
                            std::memory_order_relaxed);
 }
 
@@ -314,6 +317,7 @@ DispatchOptions sampler_dispatch_options() {
   o.narrow_ragged_columns = !(off & 64u);
   o.top_p_on_plain_pass = !(off & 128u);
   o.min_p_on_plain_pass = !(off & 256u);
+  o.first_winners_in_reduction = !(off & 512u);
   return o;
 }
 
@@ -430,7 +434,7 @@ cudaError_t launch_sampler(SamplerParams const& call, void* workspace, size_t wo
     return launch_sample_from_logits(fallback_logits_params(p, buffers.streamed_first_y, buffers.streamed_winners),
                                      buffers.logits_sampler, p.device_sm_count, stream);
   }
-  err = launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), stream);
+  err = launch_reduce_candidates(p, buffers, num_vocab_tiles(p, entry.vocab_tile), entry.vocab_tile, stream);
   if (err != cudaSuccess || !p.truncation_on_plain_pass) return err;
   // The top_p rows the reduction handed on, to the rounds (with their winners), or the min_p rows,
   // to the streaming pass; the rows it listed, to the cut kernel.

@@ -252,6 +252,11 @@ struct SamplerParams {
   // (LogitsSamplerParams::streamed_winners), which verify it against top_p; min_p rows with their
   // first y to the streaming pass over their survivors. No stage 2, no tile winners.
   bool truncation_on_plain_pass = false;
+  // Set by launch_sampler with truncation_on_plain_pass (DispatchOptions::first_winners_in_reduction):
+  // the reduction keeps a top_p row's plain token itself where no allowed key lies ahead of it in
+  // the truncation order (the row's first token, which top_p always keeps), instead of handing the
+  // row to the rounds, whose round 0 would find no mass ahead of it.
+  bool first_winners_in_reduction = false;
 };
 
 // Whether stage 2 of the fused truncation decides a row with this top_k from the candidates alone
@@ -353,6 +358,9 @@ struct DispatchOptions {
   // ... and so does one of min_p alone, whose rows keep their plain token where it passes min_p
   // and else take the streaming pass over their survivors
   bool min_p_on_plain_pass = true;
+  // on the plain pass, the reduction keeps the top_p rows whose winner is their first token
+  // (SamplerParams::first_winners_in_reduction; else round 0 verifies every top_p row)
+  bool first_winners_in_reduction = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);
