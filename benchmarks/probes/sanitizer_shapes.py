@@ -14,7 +14,7 @@ takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
 top_p alone: the tile winners; beyond 32 rows at a host temperature, plain sampling's pass storing
-the logits); and top-N logprobs with ranks (the
+the logits, on flat and peaked rows, and min_p alone's up to 128 rows); and top-N logprobs with ranks (the
 top-N kernel's split passes and workspace; where the fused pass suits the shape, its route too); the soft-cap, scale and penalties alone and with
 per-row temperatures. Arguments: the batch sizes of the shapes to run (default: all).
 """
@@ -162,6 +162,15 @@ for batch, vocab, dim, dtype in SHAPES:
                                            truncation_path="fused_top_k")
         torch.cuda.synchronize()
         assert bool(((tokens >= 0) & (tokens < vocab)).all())
+        # The same on peaked rows (each a weight row, scaled), whose winners mostly lead their rows:
+        # the plain pass's reduction keeps them (winner_leads_row); and min_p alone without
+        # log-probabilities, which takes the plain pass up to 128 rows.
+        peaked = weight[torch.arange(batch, device="cuda") * 7 % vocab] * 4
+        for inputs, truncation in ((peaked, dict(top_p=top_p)), (hidden, dict(min_p=min_p))):
+            tokens = flashsampling_cuda.sample(inputs, weight, temperature=0.9, seed=7, truncation_path="fused_top_k",
+                                               **truncation)
+            torch.cuda.synchronize()
+            assert bool(((tokens >= 0) & (tokens < vocab)).all())
         # min_p alone without a mask: the streamed rows' quads take the sparse pass (float4 loads).
         out = flashsampling_cuda.sample(hidden, weight, temperature=0.9, seed=7, min_p=min_p, return_logprobs=True,
                                         truncation_path="fused_top_k")

@@ -15,7 +15,7 @@ namespace flashsampling {
 //                    and the model-side logit_scale / logit_softcap, and the penalties of
 //                    the tokens each row has seen (repetition, frequency, presence).
 //   (On sm90 beyond 32 columns the plain and common controls' loops of the epilogue-warpgroup
-//   kernel also store the logits for top_p alone on plain sampling's pass, where a call asks:
+//   kernel also store the logits for top_p or min_p alone on plain sampling's pass, where a call asks:
 //   SamplerParams::truncation_on_plain_pass.)
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
 //                    sm90 beyond 16 GEMM columns the epilogue-warpgroup kernels' kCommonControls
