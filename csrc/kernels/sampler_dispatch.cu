@@ -166,9 +166,8 @@ bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
 }
 
 // Whether min_p alone pays on plain sampling's pass at these GEMM columns. Its flat rows' winners
-// mostly fail min_p, so the pass saves stage 2 and little else: 1-6% at 64-128 rows and 13% slower
-// at 256 on an H200, where the pass's stores of the logits cost the most
-// (benchmarks/probes/results/ab_min_p_on_plain_pass_NVIDIA_H200_2026-11-28.txt).
+// mostly fail min_p, so the pass saves stage 2 and little else, and at 256 columns, where its
+// stores of the logits cost the most, it loses (the A/B: docs/truncation.md, min_p alone).
 bool min_p_plain_pass_pays(int64_t columns) { return columns <= 128; }
 
 // Whether the call's fused truncation is to draw the tile winners: the kernel choice keeps a scan
