@@ -361,6 +361,10 @@ struct DispatchOptions {
   // on the plain pass, the reduction keeps the top_p rows whose winner is their first token
   // (SamplerParams::first_winners_in_reduction; else round 0 verifies every top_p row)
   bool first_winners_in_reduction = true;
+  // top_p alone up to 32 rows runs the plain pass too where the call takes the plain loop (a
+  // host temperature, no mask or bias, the batch-wide seed): CUTLASS's narrow plain tiles store
+  // the logits (epilogue/sm90_visitor_gumbel_argmax.hpp: kStoresPlainLogits); else the top-k scan
+  bool narrow_plain_pass = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);
