@@ -158,9 +158,10 @@ std::atomic<unsigned> g_disabled_options{0};
 // epilogue, which a short mainloop does not hide: up to D = 3072 the epilogue-warpgroup kernel's
 // 64-wide scan without them, then the streaming pass over the rows stage 2 hands on, takes less;
 // from D = 3584 the pingpong tile with them takes less on flat rows (docs/truncation_kernels.md
-// has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D. Beyond
-// 32 a top_p call takes the top-k scan only where it does not run on plain sampling's pass
-// (runs_on_plain_pass: a greedy call, or that option off).
+// has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D. A top_p
+// call takes the top-k scan only where it does not run on plain sampling's pass
+// (runs_on_plain_pass: a greedy call, up to 32 rows a call of the controls' loops, or the option
+// off).
 bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
   return columns <= 32 || columns > 64 || hidden_dim > 3072;
 }
@@ -307,7 +308,7 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.top_p_on_plain_pass ? 0u : 128u) |
                                (options.min_p_on_plain_pass ? 0u : 256u) |
                                (options.first_winners_in_reduction ? 0u : 512u) |
-                               (options.narrow_plain_pass ? 0u : 2048u),
+                               (options.narrow_plain_pass ? 0u : 1024u),
                            std::memory_order_relaxed);
 }
 
@@ -324,7 +325,7 @@ DispatchOptions sampler_dispatch_options() {
   o.top_p_on_plain_pass = !(off & 128u);
   o.min_p_on_plain_pass = !(off & 256u);
   o.first_winners_in_reduction = !(off & 512u);
-  o.narrow_plain_pass = !(off & 2048u);
+  o.narrow_plain_pass = !(off & 1024u);
   return o;
 }
 

@@ -308,9 +308,10 @@ struct Sm90GumbelArgmaxRowReduction {
     PackedCandidate* ptr_candidates = nullptr;
     float* ptr_candidate_logits = nullptr;  // y of each candidate (logprobs only)
     float2* ptr_lse_parts = nullptr;        // (max2, sum) of each column (logprobs, or row_logits)
-    // The fused truncation's rows that stage 2 may leave to the logits sampler (kTopScan only):
-    // every x goes to row_logits[row * row_logits_stride + v] as visit() encodes it, and each
-    // (tile, row)'s log-mass of y = x / T to ptr_lse_parts (top_p without top_k needs the row's).
+    // The fused truncation's rows that stage 2 may leave to the logits sampler (kTopScan): every x
+    // goes to row_logits[row * row_logits_stride + v] as visit() encodes it, and each (tile, row)'s
+    // log-mass of y = x / T to ptr_lse_parts (top_p without top_k needs the row's). Also the plain
+    // pass's stored x (kStoresPlainLogits, with ptr_tile_max_logits).
     float* ptr_row_logits = nullptr;
     int64_t row_logits_stride = 0;
     // SamplerParams::row_logits_by_top_k: each row's top_k ([B]), whose rows that stage 2 decides
