@@ -10,6 +10,8 @@ whichever route each row takes; rows whose truncation is off get the plain-sampl
 chi-square of the truncated distribution; CUDA-graph replay and torch.compile(fullgraph=True).
 """
 
+import re
+
 import pytest
 import torch
 
@@ -450,12 +452,20 @@ def test_top_p_tile_winners_by_hidden_size(regime, batch, hidden_dim):
     assert_same_bits(got, streamed, ("tokens", "scores"))
 
 
+def ran_sampler_loop(kernel_names, loops):
+    """Whether a GEMM of one of these SamplerLoop values ran: (flashsampling::SamplerLoop)N in a
+    demangled name (the epilogue-warpgroup kernels), or SamplerLoopEN in a mangled one (the
+    profiler keeps CUTLASS's long device_kernel names mangled)."""
+    return any(f"SamplerLoop){loop}" in n or re.search(rf"11SamplerLoopE{loop}E", n)
+               for n in kernel_names for loop in loops)
+
+
 def ran_plain_pass(kernel_names):
     """Whether a fused truncation call ran on plain sampling's pass (SamplerParams::
-    truncation_on_plain_pass): a GEMM of the plain or controls' loop ((flashsampling::SamplerLoop)0
-    or 1 in its name: beyond 32 rows the epilogue-warpgroup kernel, up to 32 CUTLASS's narrow plain
-    tile), its reduction, and no stage 2."""
-    return (any("SamplerLoop)0" in n or "SamplerLoop)1" in n for n in kernel_names) and
+    truncation_on_plain_pass): a GEMM of the plain or controls' loop (beyond 32 rows the
+    epilogue-warpgroup kernel, up to 32 CUTLASS's narrow plain tile), its reduction, and no stage
+    2."""
+    return (ran_sampler_loop(kernel_names, (0, 1)) and
             any("reduce_candidates_kernel" in n for n in kernel_names) and
             not any("truncate_candidates_kernel" in n for n in kernel_names))
 
