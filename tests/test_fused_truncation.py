@@ -10,6 +10,8 @@ whichever route each row takes; rows whose truncation is off get the plain-sampl
 chi-square of the truncated distribution; CUDA-graph replay and torch.compile(fullgraph=True).
 """
 
+import re
+
 import pytest
 import torch
 
@@ -450,12 +452,20 @@ def test_top_p_tile_winners_by_hidden_size(regime, batch, hidden_dim):
     assert_same_bits(got, streamed, ("tokens", "scores"))
 
 
+def ran_sampler_loop(kernel_names, loops):
+    """Whether a GEMM of one of these SamplerLoop values ran: (flashsampling::SamplerLoop)N in a
+    demangled name (the epilogue-warpgroup kernels), or SamplerLoopEN in a mangled one (the
+    profiler keeps CUTLASS's long device_kernel names mangled)."""
+    return any(f"SamplerLoop){loop}" in n or re.search(rf"11SamplerLoopE{loop}E", n)
+               for n in kernel_names for loop in loops)
+
+
 def ran_plain_pass(kernel_names):
     """Whether a fused truncation call ran on plain sampling's pass (SamplerParams::
-    truncation_on_plain_pass): the epilogue-warpgroup kernel's plain or controls' loop
-    ((flashsampling::SamplerLoop)0 or 1 in its name), its reduction, and no stage 2."""
-    return (any("Sm90SamplerEpilogueWarpGroups" in n and ("SamplerLoop)0" in n or "SamplerLoop)1" in n)
-                for n in kernel_names) and
+    truncation_on_plain_pass): a GEMM of the plain or controls' loop (beyond 32 rows the
+    epilogue-warpgroup kernel, up to 32 CUTLASS's narrow plain tile), its reduction, and no stage
+    2."""
+    return (ran_sampler_loop(kernel_names, (0, 1)) and
             any("reduce_candidates_kernel" in n for n in kernel_names) and
             not any("truncate_candidates_kernel" in n for n in kernel_names))
 
@@ -466,14 +476,15 @@ def ran_top_p_on_plain_pass(kernel_names):
 
 
 @requires_sm90
-@pytest.mark.parametrize("batch, vocab", [(33, V), (64, V - 3), (100, V), (200, V - 3)])
+@pytest.mark.parametrize("batch, vocab", [(1, V), (16, V - 3), (20, V), (33, V), (64, V - 3), (100, V), (200, V - 3)])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
 @pytest.mark.parametrize("truncation", ["p_rows", "p_scalar", "p0.1", "min_p_rows", "min_p_scalar", "min_p0.3"])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "controls"])
 def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
-    """top_p alone or min_p alone beyond 32 rows, one sample: the sampling pass (the
+    """top_p alone or min_p alone, one sample: the sampling pass (beyond 32 rows the
     epilogue-warpgroup kernel's plain loop, or with per-row temperatures (greedy rows among them),
-    the dense bias, the mask and per-row seeds its controls' loop; each also storing the logits and
+    the dense bias, the mask and per-row seeds its controls' loop; up to 32 rows, top_p alone in a
+    call of the plain loop, CUTLASS's narrow plain tile; each also storing the logits and
     each tile's largest allowed one; no stage 2) hands each top_p row's plain token and first y to
     the rounds (or keeps that token where it is the row's first: DispatchOptions::
     first_winners_in_reduction), gives a min_p row whose plain token passes min_p that token and hands the others to
@@ -482,7 +493,9 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     where the cut is off or the row is greedy. Tokens and scores as the CPU op's, bit for bit, on
     exact logits (a small top_p fails most first winners, so the drawing rounds have rows), and as
     the top-k scan's route (DispatchOptions::top_p_on_plain_pass / min_p_on_plain_pass off; min_p
-    takes the plain pass up to 128 rows, so at 200 both calls run the top-k scan). V - 3:
+    takes the plain pass at 33-128 rows, so at 200 both calls run the top-k scan; up to 32 rows
+    top_p alone takes it in calls of the plain loop, CUTLASS's narrow tiles storing the logits,
+    and the controls' calls keep the top-k scan). V - 3:
     the stored rows end inside a 64-row half tile and a group of four tokens. The profiler checks
     which route ran (not which rounds found rows: every round launches either way)."""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 11 * len(truncation), vocab=vocab)
@@ -500,7 +513,9 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     on = dict(on_cuda(kwargs), **on_cuda(trunc), truncation_path="fused_top_k")
     h, w = hidden.cuda(), weight.cuda()
     got, names = sample_with_dispatch_options(h, w, on)
-    on_plain_pass = top_p or batch <= 128  # min_p alone: up to 128 rows (min_p_plain_pass_pays)
+    # min_p alone: 33-128 rows (min_p_plain_pass_pays); up to 32 rows top_p alone in calls of the
+    # plain loop (DispatchOptions::narrow_plain_pass), not with the controls
+    on_plain_pass = (top_p or batch <= 128) and (batch > 32 or (top_p and not controls))
     assert (ran_top_p_on_plain_pass if top_p else ran_plain_pass)(names) == on_plain_pass, names
     option = "top_p_on_plain_pass" if top_p else "min_p_on_plain_pass"
     scan, names = sample_with_dispatch_options(h, w, on, **{option: False})
@@ -512,7 +527,7 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
     assert torch.equal(got.scores.cpu(), expected[1])
     assert_same_bits(got, scan, ("tokens", "scores"))
-    if truncation in ("p_rows", "min_p_rows"):
+    if truncation in ("p_rows", "min_p_rows") and batch > 1:  # (one row: its cut is on)
         off = trunc["top_p"] >= 1.0 if top_p else trunc["min_p"] <= 0.0
         plain = fs.sample_with_scores(h, w, **on_cuda(kwargs))
         assert off.any()
@@ -520,7 +535,7 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
 
 
 @requires_sm90
-@pytest.mark.parametrize("batch", [48, 130])
+@pytest.mark.parametrize("batch", [16, 32, 48, 130])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "row_temperatures_seeds"])
 def test_first_winners_in_reduction_with_tied_first_tokens(batch, controls):
     """top_p alone on the plain pass: the reduction keeps a row's plain token itself where no
@@ -554,7 +569,8 @@ def test_first_winners_in_reduction_with_tied_first_tokens(batch, controls):
         on = dict(on_cuda(kwargs), top_p=top_p.cuda() if isinstance(top_p, torch.Tensor) else top_p,
                   truncation_path="fused_top_k")
         got, names = sample_with_dispatch_options(h, w, on)
-        assert ran_top_p_on_plain_pass(names), names
+        # up to 32 rows the plain pass takes the calls of the plain loop (narrow_plain_pass)
+        assert ran_top_p_on_plain_pass(names) == (batch > 32 or not controls), names
         rounds, _ = sample_with_dispatch_options(h, w, on, first_winners_in_reduction=False)
         assert_same_bits(got, rounds, ("tokens", "scores"))
         op_kwargs = cpu_op_kwargs(kwargs) if controls else dict(kwargs)
@@ -573,8 +589,9 @@ def test_top_p_on_plain_pass_equals_the_top_k_scan(regime, batch):
     winners where the seed is batch-wide, else and at 130 its streaming pass), for a [B] top_p and
     a host one, and with per-row
     temperatures and a bias, or per-row seeds; plain sampling's token where top_p is off. The calls
-    the plain pass does not take keep the top-k scan: min_p with top_p, a greedy call, 32 rows or
-    fewer."""
+    the plain pass does not take keep the top-k scan: min_p with top_p, a greedy call, and up to 32
+    rows one with per-row temperatures (there a call of the plain loop takes CUTLASS's narrow plain
+    tiles, DispatchOptions::narrow_plain_pass)."""
     weight = lm_head_weight(V, LONG_MAINLOOP_D, seed=8).cuda()
     hidden = hidden_states(weight, batch, regime, seed=batch + 1)
     kwargs = dict(temperature=0.7, seed=torch.tensor(3, device="cuda"), offset=torch.tensor(9, device="cuda"),
@@ -599,8 +616,19 @@ def test_top_p_on_plain_pass_equals_the_top_k_scan(regime, batch):
     for other in (dict(min_p=0.02), dict(temperature=0.0)):
         _, names = sample_with_dispatch_options(hidden, weight, dict(kwargs, top_p=top_p, **other))
         assert not ran_top_p_on_plain_pass(names), (other.keys(), names)
-    _, names = sample_with_dispatch_options(hidden[:32], weight, dict(kwargs, top_p=top_p[:32]))
-    assert not ran_top_p_on_plain_pass(names), names
+    # Up to 32 rows a call of the plain loop runs on CUTLASS's narrow plain tiles (16 wide, 32 wide
+    # in clusters), whose visitor stores the logits, and gives the top-k scan's bits; one with
+    # per-row temperatures keeps the top-k scan.
+    for rows in (16, 32):
+        narrow = dict(kwargs, top_p=top_p[:rows])
+        got, names = sample_with_dispatch_options(hidden[:rows], weight, narrow)
+        assert ran_top_p_on_plain_pass(names), names
+        scan, names = sample_with_dispatch_options(hidden[:rows], weight, narrow, narrow_plain_pass=False)
+        assert any("truncate_candidates_kernel" in n for n in names), names
+        assert_same_bits(got, scan, ("tokens", "scores"))
+        _, names = sample_with_dispatch_options(hidden[:rows], weight,
+                                                dict(narrow, temperature=controls[1]["temperature"][:rows]))
+        assert not ran_top_p_on_plain_pass(names), names
 
 
 @requires_sm90
@@ -790,28 +818,31 @@ def test_fused_truncation_chi_square(truncation, temperature):
 
 
 @requires_sm90
-@pytest.mark.parametrize("batch", [16, 100])
-def test_top_p_rounds_graph_replay(batch):
+@pytest.mark.parametrize("batch, row_temperatures", [(16, False), (16, True), (100, False)])
+def test_top_p_rounds_graph_replay(batch, row_temperatures):
     """top_p alone on flat rows, one sample: the top_p rounds (launches that read their rows'
     count on the device) run inside a captured CUDA graph. Each replay with a new offset gives the
     eager call's tokens and scores (top_p = 0.5 fails many first winners, so the drawing rounds and
-    later rounds find rows), and the replays differ. At 16 rows the GEMM draws the winners (up
-    to 32 rows, and 33-64 beyond D = 3072); at 100 plain sampling's pass draws each row's token
-    (top_p on the plain pass: no stage 2, no streaming pass)."""
+    later rounds find rows), and the replays differ. At a host temperature plain sampling's pass
+    draws each row's token (top_p on the plain pass: no stage 2, no streaming pass; at 16 rows
+    CUTLASS's narrow plain tile); with per-row temperatures at 16 rows the top-k scan's GEMM draws
+    the winners for stage 2."""
     hidden, weight, _ = exact_problem(batch, "flat", seed=batch)
     hidden, weight = hidden.cuda(), weight.cuda()
     top_p = torch.full((batch,), 0.5, dtype=torch.float64, device="cuda")
     offset = torch.tensor(0, device="cuda")
     seed = torch.tensor(17, device="cuda")
 
+    temperature = torch.full((batch,), 0.8, device="cuda") if row_temperatures else 0.8
+
     def step(o):
-        return fs.sample_with_scores(hidden, weight, temperature=0.8, seed=seed, offset=o, top_p=top_p,
+        return fs.sample_with_scores(hidden, weight, temperature=temperature, seed=seed, offset=o, top_p=top_p,
                                      truncation_path="fused_top_k")
 
     _, names = run_listing_cuda_kernels(lambda: step(offset))  # warm up outside the capture
     assert any("top_p_round_kernel" in n for n in names), names
     assert not any("streaming_sample_kernel" in n for n in names), names
-    assert any("truncate_candidates_kernel" in n for n in names) == (batch <= 32), names
+    assert any("truncate_candidates_kernel" in n for n in names) == row_temperatures, names
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step(offset)

@@ -5,7 +5,9 @@ tokens and scores. Prints on / off per cell and the ratio off / on (> 1: the swi
 
   python benchmarks/probes/ab_dispatch_option.py --option top_p_tile_winners
       [--shapes 4096x151936] [--batches 1,16,64,256] [--regimes flat,llm] [--forms "p0.9 [B],..." | none]
-      [--offsets 0,1,2] [--extras softcap,logit_scale,penalties,freq+pres]
+      [--offsets 0,1,2] [--extras softcap,logit_scale,penalties,freq+pres] [--fixed narrow_plain_pass=off]
+
+--fixed sets other switches in both arms (e.g. a route's switch off, to time a part only that route runs).
 
 --extras adds calls of bench_penalties.py's forms (penalties, freq+pres, softcap, logit_scale: its
 constants, the penalties over 2048-token histories) without truncation.
@@ -55,12 +57,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--offsets", default="0",
                         help="comma-separated noise offsets: each cell is the mean over them (draws that differ)")
+    parser.add_argument("--fixed", default="",
+                        help="comma-separated name=on|off: other DispatchOptions fields, the same in both arms")
     args = parser.parse_args()
+    fixed = {}
+    for item in filter(None, args.fixed.split(",")):
+        name, _, value = item.partition("=")
+        if value not in ("on", "off"):
+            parser.error(f"--fixed: {item!r} is not name=on or name=off")
+        fixed[name] = value == "on"
     set_options = torch.ops.flashsampling._set_dispatch_options
     named = [] if args.forms == "none" else args.forms.split(",") if args.forms else list(FORMS)
     forms = {"plain": (0.8, {})} | {f: FORMS[f] for f in named} | {
         f: (0.8, None) for f in args.extras.split(",") if f}
-    print(f"# {torch.cuda.get_device_name()}; {args.option}: on / off µs, off / on")
+    print(f"# {torch.cuda.get_device_name()}; {args.option}: on / off µs, off / on"
+          + "".join(f"; {name} {'on' if on else 'off'}" for name, on in fixed.items()))
     ratios = []
     for dim, vocab, regime, batch, weight, hidden in lm_head_problems(args.shapes, args.regimes, args.batches):
         for form, (temperature, spec) in forms.items():
@@ -77,7 +88,7 @@ def main() -> None:
                 outputs = {}
                 for _ in range(args.rounds):
                     for on in (True, False):
-                        set_options(**{args.option: on})
+                        set_options(**fixed, **{args.option: on})
                         outputs[on] = call()
                         times[on].append(median_us(call, graph=True))
                 set_options()

@@ -180,8 +180,7 @@ __device__ void hand_on_row(SamplerParams const& p, SamplerBuffers const& buffer
                             PackedCandidate winner, float inv_t, float first_y, bool winner_leads) {
   bool const greedy = inv_t == 0.0f;
   bool off, streams;
-  bool const top_p_call = p.top_ps != nullptr || p.top_p < 1.0;  // (call_may_cut_top_p)
-  if (top_p_call) {  // a call of top_p alone
+  if (call_may_cut_top_p(p)) {  // a call of top_p alone
     double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
     bool const kept = winner_leads && top_p > 0.0;
     off = top_p >= 1.0 || kept;
@@ -295,8 +294,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   if (tile_max_logits != nullptr) {
     inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
     first_y = fs_mul(max_x, inv_t);
-    bool const top_p_call = p.top_ps != nullptr || p.top_p < 1.0;  // (call_may_cut_top_p)
-    if (p.first_winners_in_reduction && top_p_call && found && inv_t != 0.0f && isfinite(first_y) &&
+    if (p.first_winners_in_reduction && call_may_cut_top_p(p) && found && inv_t != 0.0f && isfinite(first_y) &&
         fs_mul(best_tile_max, inv_t) == first_y) {
       int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
       winner_leads = winner_leads_row(p, buffers, row, col, columns, vocab_tile, v, inv_t, first_y);

@@ -158,9 +158,10 @@ std::atomic<unsigned> g_disabled_options{0};
 // epilogue, which a short mainloop does not hide: up to D = 3072 the epilogue-warpgroup kernel's
 // 64-wide scan without them, then the streaming pass over the rows stage 2 hands on, takes less;
 // from D = 3584 the pingpong tile with them takes less on flat rows (docs/truncation_kernels.md
-// has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D. Beyond
-// 32 a top_p call takes the top-k scan only where it does not run on plain sampling's pass
-// (runs_on_plain_pass: a greedy call, or that option off).
+// has the A/B by hidden size). Up to 32 columns the 16-wide tile's winners pay at every D. A top_p
+// call takes the top-k scan only where it does not run on plain sampling's pass
+// (runs_on_plain_pass: a greedy call, up to 32 rows a call of the controls' loops, or the option
+// off).
 bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
   return columns <= 32 || columns > 64 || hidden_dim > 3072;
 }
@@ -189,7 +190,8 @@ bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& opti
 // LLM-like rows from their candidates), which the rest pays for (docs/truncation_kernels.md has
 // the A/B). Beyond 32 rows, where sampling runs the epilogue-warpgroup kernels, whose plain and
 // controls' loops store the logits (per-row temperatures, greedy rows, the dense bias, the mask,
-// per-row seeds); sm90 (the fused truncation's other forms are sm90's). Not a greedy call (its
+// per-row seeds); up to 32 rows only in calls of the plain loop, whose narrow CUTLASS tiles store
+// them (DispatchOptions::narrow_plain_pass); sm90 (the fused truncation's other forms are sm90's). Not a greedy call (its
 // rows keep their argmax), nor the model-side transforms, penalties or sparse bias, which the
 // fused truncation does not take.
 //
@@ -204,7 +206,11 @@ bool runs_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions
   bool const asked = call_may_cut_top_p(p)
                          ? options.top_p_on_plain_pass
                          : options.min_p_on_plain_pass && min_p_plain_pass_pays(sampler_gemm_columns(p));
-  return asked && one_cut_alone && device_arch == 90 && p.fused_truncation && p.batch_size > 32 &&
+  // Up to 32 rows the plain loop runs CUTLASS's narrow pingpong tiles, whose visitor stores the
+  // logits for top_p alone; the controls' loops there do not.
+  bool const narrow =
+      options.narrow_plain_pass && call_may_cut_top_p(p) && sampler_loop_for(needs) == SamplerLoop::kPlain;
+  return asked && one_cut_alone && device_arch == 90 && p.fused_truncation && (p.batch_size > 32 || narrow) &&
          fused_truncation_streams_rows(p) && p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy &&
          !needs.model_transform && !needs.penalties && !needs.sparse_bias;
 }
@@ -300,7 +306,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.narrow_ragged_columns ? 0u : 64u) |
                                (options.top_p_on_plain_pass ? 0u : 128u) |
                                (options.min_p_on_plain_pass ? 0u : 256u) |
-                               (options.first_winners_in_reduction ? 0u : 512u),
+                               (options.first_winners_in_reduction ? 0u : 512u) |
+                               (options.narrow_plain_pass ? 0u : 1024u),
                            std::memory_order_relaxed);
 }
 
@@ -317,6 +324,7 @@ DispatchOptions sampler_dispatch_options() {
   o.top_p_on_plain_pass = !(off & 128u);
   o.min_p_on_plain_pass = !(off & 256u);
   o.first_winners_in_reduction = !(off & 512u);
+  o.narrow_plain_pass = !(off & 1024u);
   return o;
 }
 

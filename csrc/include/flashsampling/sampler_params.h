@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "flashsampling/philox_gumbel.h"  // FS_HOST_DEVICE
 #include "flashsampling/sampler_loop.h"
 #include "flashsampling/top_logprobs.h"
 
@@ -277,9 +278,10 @@ inline bool fused_truncation_stores_logits_by_top_k(SamplerParams const& p) {
   return p.row_logits != nullptr && p.top_ks != nullptr && p.top_logprobs.top_n < 0;
 }
 
-// Whether some row of a call may have top_p / min_p on (a [B] tensor, or an on host value).
-inline bool call_may_cut_top_p(SamplerParams const& p) { return p.top_ps != nullptr || p.top_p < 1.0; }
-inline bool call_may_cut_min_p(SamplerParams const& p) { return p.min_ps != nullptr || p.min_p > 0.0; }
+// Whether some row of a call may have top_p / min_p on (a [B] tensor, or an on host value); the
+// dispatch and the plain pass's reduction ask.
+FS_HOST_DEVICE bool call_may_cut_top_p(SamplerParams const& p) { return p.top_ps != nullptr || p.top_p < 1.0; }
+FS_HOST_DEVICE bool call_may_cut_min_p(SamplerParams const& p) { return p.min_ps != nullptr || p.min_p > 0.0; }
 
 // Whether stage 2 selects a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] in shared memory
 // (truncate_candidates.cu: select_large_top_k_kernel), deciding every row: its repairs read the
@@ -361,6 +363,10 @@ struct DispatchOptions {
   // on the plain pass, the reduction keeps the top_p rows whose winner is their first token
   // (SamplerParams::first_winners_in_reduction; else round 0 verifies every top_p row)
   bool first_winners_in_reduction = true;
+  // top_p alone up to 32 rows runs the plain pass too where the call takes the plain loop (a
+  // host temperature, no mask or bias, the batch-wide seed): CUTLASS's narrow plain tiles store
+  // the logits (epilogue/sm90_visitor_gumbel_argmax.hpp: kStoresPlainLogits); else the top-k scan
+  bool narrow_plain_pass = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

@@ -294,6 +294,9 @@ struct Sm90GumbelArgmaxRowReduction {
   // visit()'s encoding of a token the mask excludes (or past the problem), as the fused
   // truncation stores it (candidate_math.cuh).
   static constexpr uint32_t kExcludedBits = kExcludedLogitBits;
+  // The plain loop of narrow tiles (visit_plain) may store the logits for the plain pass of a
+  // truncation call up to 32 rows (Arguments::ptr_tile_max_logits), behind a branch.
+  static constexpr bool kStoresPlainLogits = kLoop == SamplerLoop::kPlain && !kNoiseOutOfLine;
 
   struct SharedStorage {};
 
@@ -305,9 +308,10 @@ struct Sm90GumbelArgmaxRowReduction {
     PackedCandidate* ptr_candidates = nullptr;
     float* ptr_candidate_logits = nullptr;  // y of each candidate (logprobs only)
     float2* ptr_lse_parts = nullptr;        // (max2, sum) of each column (logprobs, or row_logits)
-    // The fused truncation's rows that stage 2 may leave to the logits sampler (kTopScan only):
-    // every x goes to row_logits[row * row_logits_stride + v] as visit() encodes it, and each
-    // (tile, row)'s log-mass of y = x / T to ptr_lse_parts (top_p without top_k needs the row's).
+    // The fused truncation's rows that stage 2 may leave to the logits sampler (kTopScan): every x
+    // goes to row_logits[row * row_logits_stride + v] as visit() encodes it, and each (tile, row)'s
+    // log-mass of y = x / T to ptr_lse_parts (top_p without top_k needs the row's). Also the plain
+    // pass's stored x (kStoresPlainLogits, with ptr_tile_max_logits).
     float* ptr_row_logits = nullptr;
     int64_t row_logits_stride = 0;
     // SamplerParams::row_logits_by_top_k: each row's top_k ([B]), whose rows that stage 2 decides
@@ -317,9 +321,10 @@ struct Sm90GumbelArgmaxRowReduction {
     // (tile, row)'s plain-sampling winner over the tile, pack_candidate of its perturbed score and
     // index (0: none), at [m_tile * N + column].
     PackedCandidate* ptr_tile_winners = nullptr;
-    // SamplerParams::truncation_on_plain_pass (the epilogue-warpgroup kernel's plain loop, not this
-    // visitor): each (tile, column)'s largest raw logit at [tile * N + column], next to every x
-    // stored in ptr_row_logits.
+    // SamplerParams::truncation_on_plain_pass (the epilogue-warpgroup kernel's plain and controls'
+    // loops, and this visitor's plain loop of narrow tiles: kStoresPlainLogits): each (tile,
+    // column)'s largest raw logit at [tile * N + column], next to every x stored in ptr_row_logits
+    // (columns below batch_size).
     float* ptr_tile_max_logits = nullptr;
     NoiseSource noise = {};
     SamplingControls controls = {};
@@ -348,8 +353,10 @@ struct Sm90GumbelArgmaxRowReduction {
            (kLoop != SamplerLoop::kTopCandidates ||
             (args.controls.sparse_ids == nullptr && args.controls.logit_scale == 1.0f &&
              args.controls.logit_softcap == 0.0f && args.controls.penalty_ids == nullptr)) &&
-           (args.ptr_row_logits == nullptr || (kTopScan && args.ptr_lse_parts != nullptr)) &&
-           args.ptr_tile_max_logits == nullptr &&
+           (args.ptr_row_logits == nullptr || (kTopScan && args.ptr_lse_parts != nullptr) ||
+            args.ptr_tile_max_logits != nullptr) &&
+           (args.ptr_tile_max_logits == nullptr ||
+            (kStoresPlainLogits && args.ptr_row_logits != nullptr && args.num_samples == 1 && !args.logprobs)) &&
            (args.ptr_tile_winners == nullptr ||
             (kTopScan && args.num_samples == 1 && !args.logprobs && args.noise.row_seeds == nullptr &&
              args.noise.row_offsets == nullptr && args.noise.row_streams == nullptr)) &&
@@ -449,11 +456,18 @@ struct Sm90GumbelArgmaxRowReduction {
       }
       fill(arg<kScore>(), -INFINITY);
       fill(arg<kIndex>(), int32_t{kNoCandidate});
+      if (stores_plain_logits()) fill(arg<kLseMax>(), -INFINITY);  // the strip columns' largest x
       if (kLoop != SamplerLoop::kPlain && params.logprobs) {
         fill(arg<kLogit>(), 0.0f);
         fill(arg<kLseMax>(), -INFINITY);
         fill(arg<kLseSum>(), 0.0f);
       }
+    }
+
+    // Whether this plain loop stores the logits and keeps each strip column's largest
+    // (kStoresPlainLogits, where the call asks: the plain pass up to 32 rows).
+    CUTLASS_DEVICE bool stores_plain_logits() const {
+      return kStoresPlainLogits && params.ptr_tile_max_logits != nullptr;
     }
 
     // The running best of the strip column that fragment slot frg_idx belongs to (registers
@@ -544,6 +558,8 @@ struct Sm90GumbelArgmaxRowReduction {
       uint64_t const offset_plus_sample = offset;
       uint32_t block_vocab = ~0u, block_quad = ~0u;
       Philox4 block{};
+      bool const stores = stores_plain_logits();
+      uint64_t const keep_in_l2 = stores ? l2_evict_last_policy() : 0ull;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < FragmentSize; ++i) {
         int const frg_idx = epi_v * FragmentSize + i;
@@ -552,6 +568,7 @@ struct Sm90GumbelArgmaxRowReduction {
           uint32_t const vocab_index = params.vocab_start + static_cast<uint32_t>(m_origin + get<0>(coord));
           uint32_t const batch_row = static_cast<uint32_t>(n_origin + get<1>(coord));
           float const logit = static_cast<float>(frg_logits[i]);
+          if (stores) store_plain_logit(frg_idx, batch_row, m_origin + get<0>(coord), logit, keep_in_l2);
           float score = logit;
           if (!params.greedy) {
             if (vocab_index != block_vocab || (batch_row >> 2) != block_quad) {
@@ -566,6 +583,18 @@ struct Sm90GumbelArgmaxRowReduction {
           keep_better(frg_idx, score, vocab_index);
         }
       }
+    }
+
+    // The plain pass's store of one x (stores_plain_logits): to the row's stored logits as the
+    // top-k scan stores them (top_scan_value; the plain loop has no mask), with the L2 evict_last
+    // policy, and into the strip column's largest. Padding columns (past batch_size) have no row.
+    CUTLASS_DEVICE void store_plain_logit(int frg_idx, uint32_t batch_row, int vocab_local, float logit,
+                                          uint64_t l2_policy) {
+      if (batch_row >= params.batch_size) return;
+      store_with_l2_policy(params.ptr_row_logits + static_cast<int64_t>(batch_row) * params.row_logits_stride +
+                               vocab_local,
+                           top_scan_value(logit, true), l2_policy);
+      arg<kLseMax>()(frg_idx) = fmaxf(arg<kLseMax>()(frg_idx), logit);
     }
 
     // The common controls' loop: the plain loop of wide tiles plus the controls' few operations
@@ -836,9 +865,14 @@ struct Sm90GumbelArgmaxRowReduction {
           make_smem_ptr(reinterpret_cast<float2*>(smem + kEntries * (sizeof(PackedCandidate) + sizeof(float)))),
           sBuf_layout);
 
-      // The log-sum-exp of each column (once per strip, not per sample).
+      // The log-sum-exp of each column (once per strip, not per sample); or the plain pass's
+      // largest x of each column.
       if (logprobs) {
         merge_lse_over_lanes();
+      }
+      bool const tile_max = stores_plain_logits();
+      if (tile_max) {
+        merge_max_over_lanes();
       }
 
       // 1. Pack this thread's distinct columns and reduce over the lanes that share them.
@@ -857,11 +891,11 @@ struct Sm90GumbelArgmaxRowReduction {
 
       // 2. Lanes at M position 0 hold their warp's result: stage it per warp in shared memory.
       sync_fn();  // the previous readers are done with the scratch
-      stage_warp_candidates(sCand, sLogit, sLse, packed, logit, logprobs);
+      stage_warp_candidates(sCand, sLogit, sLse, packed, logit, logprobs, tile_max);
       sync_fn();
 
       // 3. Reduce over the warps stacked in M and write one candidate per column.
-      write_column_candidates(sCand, sLogit, sLse, col_base, num_cols, out_base, m_tile, logprobs);
+      write_column_candidates(sCand, sLogit, sLse, col_base, num_cols, out_base, m_tile, logprobs, tile_max);
     }
 
     // The online (max2, sum) pairs of this thread's distinct columns, merged over the lanes
@@ -879,6 +913,22 @@ struct Sm90GumbelArgmaxRowReduction {
           float const other_max = __shfl_down_sync(0xFFFFFFFF, tCrLseMax_flt(i), lane_delta);
           float const other_sum = __shfl_down_sync(0xFFFFFFFF, tCrLseSum_flt(i), lane_delta);
           lse_merge(tCrLseMax_flt(i), tCrLseSum_flt(i), other_max, other_sum);
+        }
+      }
+    }
+
+    // The plain pass's largest x of this thread's distinct columns (kLseMax), merged over the
+    // lanes that share them.
+    CUTLASS_DEVICE void merge_max_over_lanes() {
+      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
+      Tensor tCrMax_flt = filter(arg<kLseMax>());
+      constexpr int NumCols = decltype(size(tCrMax_flt))::value;
+      CUTLASS_PRAGMA_UNROLL
+      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
+        int const lane_delta = lane_layout_MN(rows, _0{});
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < NumCols; ++i) {
+          tCrMax_flt(i) = fmaxf(tCrMax_flt(i), __shfl_down_sync(0xFFFFFFFF, tCrMax_flt(i), lane_delta));
         }
       }
     }
@@ -909,7 +959,7 @@ struct Sm90GumbelArgmaxRowReduction {
     template <class CandTensor, class LogitTensor, class LseTensor, int NumCols>
     CUTLASS_DEVICE void stage_warp_candidates(CandTensor& sCand, LogitTensor& sLogit, LseTensor& sLse,
                                               PackedCandidate const (&packed)[NumCols],
-                                              float const (&logit)[NumCols], bool logprobs) {
+                                              float const (&logit)[NumCols], bool logprobs, bool tile_max) {
       auto&& lane_mn = arg<kLaneMN>();
       auto&& warp_mn = arg<kWarpMN>();
       auto&& epi_tile = arg<kEpiTile>();
@@ -938,6 +988,15 @@ struct Sm90GumbelArgmaxRowReduction {
             tCsLse(i) = make_float2(tCrLseMax_flt(i), tCrLseSum_flt(i));
           }
         }
+        if (tile_max) {  // the plain pass's largest x, in the log-sum-exp parts' place (no logprobs)
+          Tensor tCsLse = filter(sm90_partition_for_epilogue<ReferenceSrc>(sLse(_, _, get<0>(warp_mn)), epi_tile,
+                                                                           tiled_copy, thread_idx));
+          Tensor tCrMax_flt = filter(arg<kLseMax>());
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < NumCols; ++i) {
+            tCsLse(i) = make_float2(tCrMax_flt(i), 0.0f);
+          }
+        }
       }
     }
 
@@ -947,7 +1006,7 @@ struct Sm90GumbelArgmaxRowReduction {
     template <class CandTensor, class LogitTensor, class LseTensor, class MTile>
     CUTLASS_DEVICE void write_column_candidates(CandTensor const& sCand, LogitTensor const& sLogit,
                                                 LseTensor const& sLse, int col_base, int num_cols, int64_t out_base,
-                                                MTile m_tile, bool logprobs) {
+                                                MTile m_tile, bool logprobs, bool tile_max) {
       auto&& problem_mn = arg<kProblemMN>();
       auto&& tiled_copy = arg<kTiledCopy>();
       auto&& thread_idx = arg<kThreadIdx>();
@@ -976,6 +1035,12 @@ struct Sm90GumbelArgmaxRowReduction {
             lse_merge(lse.x, lse.y, other.x, other.y);
           }
           params.ptr_lse_parts[out_base + col] = lse;
+        }
+        if (tile_max) {
+          float largest = sLse(0, col, 0).x;
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 1; w < WarpsM; ++w) largest = fmaxf(largest, sLse(0, col, w).x);
+          params.ptr_tile_max_logits[out_base + col] = largest;
         }
       }
     }
