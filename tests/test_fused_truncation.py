@@ -483,8 +483,8 @@ def ran_top_p_on_plain_pass(kernel_names):
 def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     """top_p alone or min_p alone, one sample: the sampling pass (beyond 32 rows the
     epilogue-warpgroup kernel's plain loop, or with per-row temperatures (greedy rows among them),
-    the dense bias, the mask and per-row seeds its controls' loop; up to 32 rows, top_p alone in a
-    call of the plain loop, CUTLASS's narrow plain tile; each also storing the logits and
+    the dense bias, the mask and per-row seeds its controls' loop; up to 32 rows, in a call of the
+    plain loop, CUTLASS's narrow plain tile; each also storing the logits and
     each tile's largest allowed one; no stage 2) hands each top_p row's plain token and first y to
     the rounds (or keeps that token where it is the row's first: DispatchOptions::
     first_winners_in_reduction), gives a min_p row whose plain token passes min_p that token and hands the others to
@@ -493,9 +493,9 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     where the cut is off or the row is greedy. Tokens and scores as the CPU op's, bit for bit, on
     exact logits (a small top_p fails most first winners, so the drawing rounds have rows), and as
     the top-k scan's route (DispatchOptions::top_p_on_plain_pass / min_p_on_plain_pass off; min_p
-    takes the plain pass at 33-128 rows, so at 200 both calls run the top-k scan; up to 32 rows
-    top_p alone takes it in calls of the plain loop, CUTLASS's narrow tiles storing the logits,
-    and the controls' calls keep the top-k scan). V - 3:
+    takes the plain pass up to 128 rows, so at 200 both calls run the top-k scan; up to 32 rows
+    either takes it in calls of the plain loop, CUTLASS's narrow tiles storing the logits, and the
+    controls' calls keep the top-k scan). V - 3:
     the stored rows end inside a 64-row half tile and a group of four tokens. The profiler checks
     which route ran (not which rounds found rows: every round launches either way)."""
     hidden, weight, logits = exact_problem(batch, regime, seed=batch + 11 * len(truncation), vocab=vocab)
@@ -513,9 +513,9 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     on = dict(on_cuda(kwargs), **on_cuda(trunc), truncation_path="fused_top_k")
     h, w = hidden.cuda(), weight.cuda()
     got, names = sample_with_dispatch_options(h, w, on)
-    # min_p alone: 33-128 rows (min_p_plain_pass_pays); up to 32 rows top_p alone in calls of the
-    # plain loop (DispatchOptions::narrow_plain_pass), not with the controls
-    on_plain_pass = (top_p or batch <= 128) and (batch > 32 or (top_p and not controls))
+    # min_p alone: up to 128 rows (min_p_plain_pass_pays); up to 32 rows in calls of the plain
+    # loop (DispatchOptions::narrow_plain_pass), not with the controls
+    on_plain_pass = (top_p or batch <= 128) and (batch > 32 or not controls)
     assert (ran_top_p_on_plain_pass if top_p else ran_plain_pass)(names) == on_plain_pass, names
     option = "top_p_on_plain_pass" if top_p else "min_p_on_plain_pass"
     scan, names = sample_with_dispatch_options(h, w, on, **{option: False})

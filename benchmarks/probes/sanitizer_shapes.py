@@ -13,8 +13,9 @@ winners, its rows streamed). Each shape also
 takes the logits path of truncation (sample_from_logits.cu: clusters of 8, 4 and 2 CTAs a row,
 several rows per cluster at B = 257; one sample of top_p / min_p rows: its winner-first rows) and, on sm90 where V suits it, the fused pass with every form,
 with per-row top_k / top_p / min_p, a mask and logprobs, and with one sample (the top_p rounds;
-top_p alone: the tile winners; beyond 32 rows at a host temperature, plain sampling's pass storing
-the logits, on flat and peaked rows, and min_p alone's up to 128 rows); and top-N logprobs with ranks (the
+top_p alone: the tile winners; at a host temperature, plain sampling's pass storing the logits (up
+to 32 rows on CUTLASS's narrow plain tile), on flat and peaked rows, and min_p alone's up to 128
+rows); and top-N logprobs with ranks (the
 top-N kernel's split passes and workspace; where the fused pass suits the shape, its route too); the soft-cap, scale and penalties alone and with
 per-row temperatures. Arguments: the batch sizes of the shapes to run (default: all).
 """
@@ -156,8 +157,9 @@ for batch, vocab, dim, dtype in SHAPES:
                                                truncation_path="fused_top_k", **truncation)
             torch.cuda.synchronize()
             assert bool(allowed.gather(1, tokens.view(batch, 1)).all())
-        # top_p alone at a host temperature without a mask: beyond 32 rows plain sampling's pass,
-        # which stores the logits and each tile's largest, then the rounds (top_p_on_plain_pass).
+        # top_p alone at a host temperature without a mask: plain sampling's pass (up to 32 rows
+        # CUTLASS's narrow plain tile), which stores the logits and each tile's largest, then the
+        # rounds (top_p_on_plain_pass, narrow_plain_pass).
         tokens = flashsampling_cuda.sample(hidden, weight, temperature=0.9, seed=7, top_p=top_p,
                                            truncation_path="fused_top_k")
         torch.cuda.synchronize()

@@ -191,9 +191,9 @@ bool call_wants_tile_winners(SamplerParams const& p, DispatchOptions const& opti
 // the A/B). Beyond 32 rows, where sampling runs the epilogue-warpgroup kernels, whose plain and
 // controls' loops store the logits (per-row temperatures, greedy rows, the dense bias, the mask,
 // per-row seeds); up to 32 rows only in calls of the plain loop, whose narrow CUTLASS tiles store
-// them (DispatchOptions::narrow_plain_pass); sm90 (the fused truncation's other forms are sm90's). Not a greedy call (its
-// rows keep their argmax), nor the model-side transforms, penalties or sparse bias, which the
-// fused truncation does not take.
+// them (DispatchOptions::narrow_plain_pass); sm90 (the fused truncation's other forms are sm90's).
+// Not a greedy call (its rows keep their argmax), nor the model-side transforms, penalties or
+// sparse bias, which the fused truncation does not take.
 //
 // min_p alone takes the same pass up to 128 GEMM columns (min_p_plain_pass_pays): a row whose
 // plain-sampling token passes min_p has it as its sample (it beats every survivor), and the
@@ -207,9 +207,8 @@ bool runs_on_plain_pass(SamplerParams const& p, int device_arch, DispatchOptions
                          ? options.top_p_on_plain_pass
                          : options.min_p_on_plain_pass && min_p_plain_pass_pays(sampler_gemm_columns(p));
   // Up to 32 rows the plain loop runs CUTLASS's narrow pingpong tiles, whose visitor stores the
-  // logits for top_p alone; the controls' loops there do not.
-  bool const narrow =
-      options.narrow_plain_pass && call_may_cut_top_p(p) && sampler_loop_for(needs) == SamplerLoop::kPlain;
+  // logits; the controls' loops there do not.
+  bool const narrow = options.narrow_plain_pass && sampler_loop_for(needs) == SamplerLoop::kPlain;
   return asked && one_cut_alone && device_arch == 90 && p.fused_truncation && (p.batch_size > 32 || narrow) &&
          fused_truncation_streams_rows(p) && p.top_logprobs.top_n < 0 && p.row_logits != nullptr && !p.greedy &&
          !needs.model_transform && !needs.penalties && !needs.sparse_bias;

@@ -363,8 +363,8 @@ struct DispatchOptions {
   // on the plain pass, the reduction keeps the top_p rows whose winner is their first token
   // (SamplerParams::first_winners_in_reduction; else round 0 verifies every top_p row)
   bool first_winners_in_reduction = true;
-  // top_p alone up to 32 rows runs the plain pass too where the call takes the plain loop (a
-  // host temperature, no mask or bias, the batch-wide seed): CUTLASS's narrow plain tiles store
+  // top_p or min_p alone up to 32 rows runs the plain pass too where the call takes the plain loop
+  // (a host temperature, no mask or bias, the batch-wide seed): CUTLASS's narrow plain tiles store
   // the logits (epilogue/sm90_visitor_gumbel_argmax.hpp: kStoresPlainLogits); else the top-k scan
   bool narrow_plain_pass = true;
 };
