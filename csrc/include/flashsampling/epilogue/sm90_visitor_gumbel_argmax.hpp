@@ -898,39 +898,42 @@ struct Sm90GumbelArgmaxRowReduction {
       write_column_candidates(sCand, sLogit, sLse, col_base, num_cols, out_base, m_tile, logprobs, tile_max);
     }
 
+    // merge(lane_delta) for each step of a tree over the lanes that share this thread's columns
+    // (the lane `lane_delta` below holds the other half at that step).
+    template <class MergeFn>
+    CUTLASS_DEVICE void for_each_lane_step(MergeFn&& merge) {
+      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
+      CUTLASS_PRAGMA_UNROLL
+      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) merge(lane_layout_MN(rows, _0{}));
+    }
+
     // The online (max2, sum) pairs of this thread's distinct columns, merged over the lanes
     // that share them.
     CUTLASS_DEVICE void merge_lse_over_lanes() {
-      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
       Tensor tCrLseMax_flt = filter(arg<kLseMax>());
       Tensor tCrLseSum_flt = filter(arg<kLseSum>());
       constexpr int NumCols = decltype(size(tCrLseMax_flt))::value;
-      CUTLASS_PRAGMA_UNROLL
-      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
-        int const lane_delta = lane_layout_MN(rows, _0{});
+      for_each_lane_step([&](int lane_delta) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < NumCols; ++i) {
           float const other_max = __shfl_down_sync(0xFFFFFFFF, tCrLseMax_flt(i), lane_delta);
           float const other_sum = __shfl_down_sync(0xFFFFFFFF, tCrLseSum_flt(i), lane_delta);
           lse_merge(tCrLseMax_flt(i), tCrLseSum_flt(i), other_max, other_sum);
         }
-      }
+      });
     }
 
     // The plain pass's largest x of this thread's distinct columns (kLseMax), merged over the
     // lanes that share them.
     CUTLASS_DEVICE void merge_max_over_lanes() {
-      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
       Tensor tCrMax_flt = filter(arg<kLseMax>());
       constexpr int NumCols = decltype(size(tCrMax_flt))::value;
-      CUTLASS_PRAGMA_UNROLL
-      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
-        int const lane_delta = lane_layout_MN(rows, _0{});
+      for_each_lane_step([&](int lane_delta) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < NumCols; ++i) {
           tCrMax_flt(i) = fmaxf(tCrMax_flt(i), __shfl_down_sync(0xFFFFFFFF, tCrMax_flt(i), lane_delta));
         }
-      }
+      });
     }
 
     // A tree over the lanes that share a column: the larger packed candidate wins, its logit
@@ -938,10 +941,7 @@ struct Sm90GumbelArgmaxRowReduction {
     template <int NumCols>
     CUTLASS_DEVICE void merge_candidates_over_lanes(PackedCandidate (&packed)[NumCols], float (&logit)[NumCols],
                                                     bool logprobs) {
-      auto&& lane_layout_MN = arg<kLaneLayoutMN>();
-      CUTLASS_PRAGMA_UNROLL
-      for (int rows = size<0>(lane_layout_MN) / 2; rows > 0; rows /= 2) {
-        int const lane_delta = lane_layout_MN(rows, _0{});
+      for_each_lane_step([&](int lane_delta) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < NumCols; ++i) {
           PackedCandidate const other = __shfl_down_sync(0xFFFFFFFF, packed[i], lane_delta);
@@ -951,7 +951,7 @@ struct Sm90GumbelArgmaxRowReduction {
             logit[i] = other_logit;
           }
         }
-      }
+      });
     }
 
     // Lanes at M position 0 write their warp's bests (and logits and log-sum-exp parts) to
