@@ -205,7 +205,8 @@ cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers co
 
 // Stage 2: per (row, sample) the best candidate over vocabulary tiles -> token, score,
 // and with logprobs the merged log-sum-exp and the token's log-probability; on the plain pass
-// of top_p (truncation_on_plain_pass) also each top_p row's winner and first y for the rounds.
+// (truncation_on_plain_pass) also each top_p row's winner and first y for the rounds, or each
+// min_p row's first y for the streaming pass.
 cudaError_t launch_reduce_candidates(SamplerParams const& p, SamplerBuffers const& buffers, int64_t num_tiles,
                                      int vocab_tile, cudaStream_t stream);
 

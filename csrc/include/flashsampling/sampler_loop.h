@@ -14,9 +14,9 @@ namespace flashsampling {
 //                    logit bias, allowed-token mask, logprobs: what serving engines send every step;
 //                    and the model-side logit_scale / logit_softcap, and the penalties of
 //                    the tokens each row has seen (repetition, frequency, presence).
-//   (On sm90 beyond 32 columns the plain and common controls' loops of the epilogue-warpgroup
-//   kernel also store the logits for top_p or min_p alone on plain sampling's pass, where a call asks:
-//   SamplerParams::truncation_on_plain_pass.)
+//   (On sm90 the plain and common controls' loops of the epilogue-warpgroup kernel beyond 32
+//   columns, and the plain loop of CUTLASS's narrow tiles up to 32, also store the logits for top_p
+//   or min_p alone on plain sampling's pass, where a call asks: SamplerParams::truncation_on_plain_pass.)
 //   kAllControls:    anything, also sparse bias, per-row seeds / offsets and several samples (on
 //                    sm90 beyond 16 GEMM columns the epilogue-warpgroup kernels' kCommonControls
 //                    loop takes these too: kernel_choice.h).

@@ -218,8 +218,9 @@ class Sm90SamplerEpilogueWarpGroups {
            (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
                                 controls.logit_softcap == 0.0f &&
                                 (args.node.ptr_row_logits == nullptr || args.node.ptr_lse_parts != nullptr))) &&
-           // top_p on the plain pass: the plain and the controls' loop store x of one sample, without
-           // logprobs (their result slots), the model-side transforms, penalties or sparse bias
+           // top_p or min_p alone on the plain pass: the plain and the controls' loop store x of one
+           // sample, without logprobs (their result slots), the model-side transforms, penalties or
+           // sparse bias
            (args.node.ptr_tile_max_logits == nullptr ||
             (!kTopCandidates && args.node.num_samples == 1 && !args.node.logprobs && controls.logit_scale == 1.0f &&
              controls.logit_softcap == 0.0f && controls.penalty_ids == nullptr && controls.sparse_ids == nullptr)) &&
@@ -528,8 +529,8 @@ class Sm90SamplerEpilogueWarpGroups {
     }
   }
 
-  // top_p on the plain pass (SamplerParams::truncation_on_plain_pass), in the plain and the controls'
-  // loop: the step's x to the stored rows, row_logits[column * stride + v], as the top-k scan
+  // top_p or min_p alone on the plain pass (SamplerParams::truncation_on_plain_pass), in the plain
+  // and the controls' loop: the step's x to the stored rows, row_logits[column * stride + v], as the top-k scan
   // stores them (top_scan_value: kExcludedLogitBits where `allowed` is false, the mask's) (a store
   // an element: each is a warp's four columns of eight neighbouring vocabulary rows, whole 32-byte
   // sectors, kept in L2 for the rounds that read them next), and each of the step's columns'
@@ -666,7 +667,7 @@ class Sm90SamplerEpilogueWarpGroups {
     bool const keyed_noise = needs_keyed_noise(node);
     bool const model_transform = controls.logit_scale != 1.0f || controls.logit_softcap != 0.0f;
     bool const penalties = controls.penalty_words != nullptr;
-    bool const stores_logits = node.ptr_row_logits != nullptr;  // top_p on the plain pass (store_step_logits)
+    bool const stores_logits = node.ptr_row_logits != nullptr;  // the plain pass (store_step_logits)
     uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
     CUTLASS_PRAGMA_NO_UNROLL
     for (int q0 = 0; q0 < kBlocksPerThread; q0 += kBlocksPerStep) {
@@ -775,7 +776,7 @@ class Sm90SamplerEpilogueWarpGroups {
           }
         }
       }
-      if (stores_logits) {  // top_p on the plain pass: x after the biases, the mask's tokens excluded
+      if (stores_logits) {  // the plain pass: x after the biases, the mask's tokens excluded
         store_step_logits(node, hand_over, half, t, q0, num_rows, keep_in_l2, x, vocab_index, column_index, keep);
       }
       bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
@@ -983,7 +984,7 @@ class Sm90SamplerEpilogueWarpGroups {
     float const softcap = node.controls.logit_softcap, inv_softcap = node.controls.inv_logit_softcap;
     bool const model_transform = !kControls && (logit_scale != 1.0f || softcap != 0.0f);
     bool const penalties = !kControls && node.controls.penalty_words != nullptr;
-    // top_p on the plain pass (store_step_logits; the logit transforms and penalties are not among its calls).
+    // the plain pass of top_p or min_p alone (store_step_logits; the logit transforms and penalties are not among its calls).
     bool const stores_logits = !kTopCandidates && node.ptr_row_logits != nullptr;
     uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
     uint32_t next_floor_code = 0;
