@@ -52,11 +52,16 @@ def noise_tensors() -> tuple[dict, dict]:
     return ours, {name: value.reshape(1) for name, value in ours.items()}
 
 
-def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False) -> float:
-    """Median time of fn() in microseconds, each call timed with its own CUDA events on an
-    idle GPU. graph=False times eager calls, so the host's work before the first kernel
-    launch counts too; graph=True captures fn once in a CUDA graph and times its replays:
-    device time alone, as in a CUDA-graph decode loop."""
+def replay_times_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False,
+                    draws: torch.Tensor | None = None) -> list[float]:
+    """Times of reps calls of fn() in microseconds, each timed with its own CUDA events on an
+    idle GPU. graph=False times eager calls, so the host's work before the first kernel launch
+    counts too; graph=True captures fn once in a CUDA graph and times its replays: device time
+    alone, as in a CUDA-graph decode loop. draws: a 0-d integer device tensor fn's calls read
+    their noise offset from; it is set to the call's number before each call (outside the timed
+    events), so that each call draws other noise, as a decode loop's steps do. A path whose work
+    depends on the draw (the top_p rounds, FlashInfer's rejection loops) is then timed over reps
+    draws instead of one."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up off the default stream, as capture requires
@@ -72,7 +77,9 @@ def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False) -> float
         call = cuda_graph.replay
         call()
     times = []
-    for _ in range(reps):
+    for rep in range(reps):
+        if draws is not None:
+            draws.fill_(rep + 1)
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
@@ -80,7 +87,14 @@ def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False) -> float
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    if draws is not None:
+        draws.fill_(0)
+    return times
+
+
+def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False, draws: torch.Tensor | None = None) -> float:
+    """Median of replay_times_us(...): the time of a typical call."""
+    return statistics.median(replay_times_us(fn, warmup, reps, graph, draws))
 
 
 def measure_copy_bandwidth() -> float:

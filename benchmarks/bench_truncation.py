@@ -12,7 +12,12 @@ every contender side by side (CUDA-graph replays, median µs):
             the softmax of logits / T
 
 Noise: every call draws from explicit seed and offset device tensors (ours 0-d, FlashInfer's
-1-element int64, its graph-safe form), not from torch's generator. A graph whose calls draw
+1-element int64, its graph-safe form), not from torch's generator. The offset is set anew before
+each timed replay (outside its events), so each of the 30 replays draws other noise, as a decode
+loop's steps do: the work of some paths depends on the draw (ours' top_p rounds verify the
+plain-sampling winner and draw another where it fails; FlashInfer's samplers loop until a draw is
+accepted), and one fixed draw would time one sample of it. The table gives the medians, the JSON
+also the means (`*_mean_us`), which count the rare costly draws. A graph whose calls draw
 from the generator has torch fill the generator's seed and offset before each replay (two
 kernels launched from the host, ~10-25 µs of a replay on an H200), while FlashInfer reads the
 generator's state on the host when its call is captured (its replays then draw the same noise
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,7 +49,7 @@ import torch
 
 import flashsampling_cuda
 from flashsampling_cuda import truncation
-from bench_sampler import median_us, noise_tensors
+from bench_sampler import median_us, noise_tensors, replay_times_us
 from flashsampling_cuda.problems import REGIMES, hidden_states, lm_head_weight, row_statistics
 from report import pyplot_or_none, run_header, write_results
 
@@ -120,8 +126,15 @@ def run(args) -> dict:
         fi = None
     props = torch.cuda.get_device_properties(0)
     results = {**run_header(props.name), "dtype": "bf16", "timing": "graph",
-               "noise": "seed and offset device tensors", "records": []}
+               "noise": "seed and offset device tensors, the offset set anew before each replay",
+               "records": []}
     noise, fi_noise = noise_tensors()
+
+    def timed(fn) -> tuple[float, float]:
+        """(median, mean) µs of graph replays of fn, each replay drawing at its own offset."""
+        times = replay_times_us(fn, graph=True, draws=noise["offset"])
+        return statistics.median(times), statistics.fmean(times)
+
     for shape in args.shapes.split(","):
         dim, vocab = (int(x) for x in shape.lower().split("x"))
         weight = lm_head_weight(vocab, dim)
@@ -132,26 +145,26 @@ def run(args) -> dict:
                 stats = {t: row_statistics(logits, t) for t in sorted({t for t, _ in FORMS.values()})}
                 del logits
                 mm_us = median_us(lambda: hidden @ weight.T, graph=True)
-                plain = {t: median_us(lambda t=t: flashsampling_cuda.sample(hidden, weight, temperature=t, **noise),
-                                      graph=True) for t in stats}
+                plain = {t: timed(lambda t=t: flashsampling_cuda.sample(hidden, weight, temperature=t, **noise))
+                         for t in stats}
                 for form, (temperature, spec) in FORMS.items():
                     if args.forms and form not in args.forms.split(","):
                         continue
                     kwargs = form_arguments(spec, batch)
                     record = {"D": dim, "V": vocab, "B": batch, "regime": regime, "form": form,
-                              "temperature": temperature, "mm_us": mm_us, "plain_us": plain[temperature],
-                              **stats[temperature]}
-                    record["ours_us"] = median_us(lambda: flashsampling_cuda.sample(
-                        hidden, weight, temperature=temperature, **kwargs, **noise), graph=True)
+                              "temperature": temperature, "mm_us": mm_us, "plain_us": plain[temperature][0],
+                              "plain_mean_us": plain[temperature][1], **stats[temperature]}
+                    record["ours_us"], record["ours_mean_us"] = timed(lambda: flashsampling_cuda.sample(
+                        hidden, weight, temperature=temperature, **kwargs, **noise))
                     record["path"] = auto_path(hidden, weight, kwargs)
                     for path in alternative_paths(hidden, weight, kwargs, record["path"]):
-                        record[f"ours_{path}_us"] = median_us(lambda path=path: flashsampling_cuda.sample(
-                            hidden, weight, temperature=temperature, truncation_path=path, **kwargs, **noise),
-                            graph=True)
+                        record[f"ours_{path}_us"] = timed(lambda path=path: flashsampling_cuda.sample(
+                            hidden, weight, temperature=temperature, truncation_path=path, **kwargs, **noise))[0]
                     call = flashinfer_call(fi, spec, batch, temperature, fi_noise) if fi is not None else None
                     if call is not None:
                         try:
-                            record["flashinfer_us"] = median_us(lambda: call(hidden, weight), graph=True)
+                            record["flashinfer_us"], record["flashinfer_mean_us"] = timed(
+                                lambda: call(hidden, weight))
                         except Exception as exc:  # noqa: BLE001 - report and keep going
                             print(f"[bench] FlashInfer failed for {form} B={batch}: {exc}", file=sys.stderr)
                     record["ours_over_plain"] = record["ours_us"] / record["plain_us"]
@@ -173,18 +186,22 @@ def markdown_table(results: dict) -> str:
         noise = results.get("noise", "torch's default generator")
         lines.append(f"\n**D={dim}, V={vocab}, {regime} logits** ({results['device']}, {results['date']}, "
                      f"CUDA-graph replays, median µs; noise: {noise}; ratios from the same run)\n")
+        means = all("ours_mean_us" in r for r in rows)  # files before the per-replay offsets have none
         lines.append("| B | entropy (form's T) | top-p 0.9 survivors (median / p90) | form | mm | plain | ours | "
-                     "ours / plain | FlashInfer | FlashInfer / ours | ours' path | other path |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+                     "ours / plain | " + ("ours / plain, means | " if means else "") +
+                     "FlashInfer | FlashInfer / ours | ours' path | other path |")
+        lines.append("|---" * (13 if means else 12) + "|")
         for r in rows:
             other = "; ".join(f"{k[5:-3]} {v:.0f}" for k, v in r.items()
-                              if k.startswith("ours_") and k.endswith("_us") and k != "ours_us")
+                              if k.startswith("ours_") and k.endswith("_us") and k not in ("ours_us", "ours_mean_us"))
             fi_us = r.get("flashinfer_us")
             fi_cells = (f"{fi_us:.0f} | {fi_us / r['ours_us']:.2f}" if fi_us else "— | —")
             lines.append(
                 f"| {r['B']} | {r['entropy_median']:.2f} | {r['top_p_survivors_median']:.0f} / "
                 f"{r['top_p_survivors_p90']:.0f} | {r['form']} | {r['mm_us']:.0f} | {r['plain_us']:.0f} | "
-                f"{r['ours_us']:.0f} | {r['ours_over_plain']:.3f} | {fi_cells} | {r.get('path', '—')} | {other or '—'} |")
+                f"{r['ours_us']:.0f} | {r['ours_over_plain']:.3f} | "
+                + (f"{r['ours_mean_us'] / r['plain_mean_us']:.3f} | " if means else "")
+                + f"{fi_cells} | {r.get('path', '—')} | {other or '—'} |")
     return "\n".join(lines)
 
 
