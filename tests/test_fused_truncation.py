@@ -533,6 +533,54 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
 
 
 @requires_sm90
+@pytest.mark.parametrize("batch", [1, 16, 48, 100])
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "row_temperatures_seeds"])
+def test_min_p_rows_sampled_in_the_reduction(batch, controls):
+    """min_p alone on the plain pass: a row whose plain token fails min_p and whose survivors lie
+    in at most 64 vocabulary tiles (the tiles whose largest stored x passes min_p: a peaked row)
+    is sampled by the reduction over those tiles' survivors; a row with more such tiles (a flat
+    row, every third row here, at min_p 0.05) goes to the streaming pass. Peaked rows at
+    temperatures where the plain token often fails min_p (a third to a half of them), next to flat
+    rows in one batch: tokens and scores as the CPU
+    op's on exact logits and as the top-k scan's route (DispatchOptions::min_p_on_plain_pass
+    off), bit for bit; with per-row temperatures (greedy rows among them) and per-row seeds too
+    (beyond 32 rows the controls' loop: up to 32 such calls keep the top-k scan). The mask keeps
+    every row on the streaming pass (its stored logits are the mask's too), as
+    test_plain_pass_equals_cpu_op checks."""
+    hidden, weight, _ = exact_problem(batch, "peaked", seed=batch + 17)
+    g = torch.Generator().manual_seed(batch)
+    flat_rows = torch.arange(batch) % 3 == 2
+    hidden[flat_rows] = (torch.randint(-2, 3, (int(flat_rows.sum()), D), generator=g).float() / 8).bfloat16()
+    logits = hidden.float() @ weight.float().T
+    kwargs = dict(temperature=8.0, seed=torch.tensor(5), offset=torch.tensor(3))
+    if controls:
+        temperatures = torch.rand(batch, generator=g) * 8.0 + 4.0
+        temperatures[::7] = 0.0
+        kwargs.update(temperature=temperatures, seed=torch.arange(batch) * 7 + 3, offset=torch.arange(batch) + 1)
+    values = [0.5, 0.3, 0.9, 0.05, 0.2, 1.0, 0.7]
+    min_ps = torch.tensor([values[b % len(values)] for b in range(batch)], dtype=torch.float64)
+    min_ps[flat_rows] = 0.05  # every tile holds survivors: the streaming pass
+    on = dict(on_cuda(kwargs), min_p=min_ps.cuda(), truncation_path="fused_top_k")
+    h, w = hidden.cuda(), weight.cuda()
+    got, names = sample_with_dispatch_options(h, w, on)
+    assert ran_plain_pass(names) == (batch > 32 or not controls), names
+    scan, _ = sample_with_dispatch_options(h, w, on, min_p_on_plain_pass=False)
+    assert_same_bits(got, scan, ("tokens", "scores"))
+    op_kwargs = cpu_op_kwargs(kwargs) if controls else dict(kwargs)
+    expected = torch.ops.flashsampling.sample_from_logits(logits, min_ps=min_ps, **op_kwargs)  # the CPU op
+    assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
+    assert torch.equal(got.scores.cpu(), expected[1])
+    # The rows this is about: peaked rows whose plain token fails min_p.
+    plain = torch.ops.flashsampling.sample_from_logits(logits, **op_kwargs)[0].reshape(batch, 1)
+    temperature = kwargs["temperature"]
+    t = temperature if isinstance(temperature, torch.Tensor) else torch.full((batch,), temperature)
+    y = logits / t.clamp(min=1e-6)[:, None]
+    ratio = torch.exp((y.gather(1, plain) - y.max(1, keepdim=True).values).double())[:, 0]
+    fails = (ratio < min_ps) & (t > 0) & ~flat_rows
+    assert batch < 16 or int(fails.sum()) >= batch // 8, int(fails.sum())
+
+
+@requires_sm90
 @pytest.mark.parametrize("batch", [16, 32, 48, 130])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "row_temperatures_seeds"])
 def test_first_winners_in_reduction_with_tied_first_tokens(batch, controls):

@@ -161,6 +161,94 @@ __device__ bool winner_leads_row(SamplerParams const& p, SamplerBuffers const& b
   return __syncthreads_or(behind) == 0;
 }
 
+// min_p on the plain pass (a call of min_p alone), a row whose min_p is on: `cut` where it may
+// cut (a winner, not greedy, min_p in (0, 1], a finite first y), `winner_survives` where the
+// winner passes min_p against the row's first y (MinP::keeps, the survivors' test of every other
+// path: the winner beats every survivor, so it is the sample), and `decided` where the row's
+// sample was drawn here over its survivors instead (sample_min_p_from_tiles: `best`).
+struct MinPRow {
+  bool cut = false, winner_survives = false, decided = false;
+  PackedCandidate best = 0;
+};
+
+// Where the plain token fails min_p, the survivors lie in the vocabulary tiles whose largest x
+// passes it (the stored tile maxima; y = fl(x * fl(1 / T)) is monotone in x, and so is the test):
+// on a peaked row a handful of tiles. Up to this many such tiles the block draws the row's sample
+// over their survivors itself (Gumbel-Max with the noise of plain sampling, as the streaming
+// pass would, so the same token and score); with more (a flat row) the row goes to the streaming
+// pass over the whole row.
+constexpr int kMinPSampleTiles = 64;
+
+// Block-wide (every thread gets the same): the sample of a min_p row over the survivors of its
+// tiles, or decided = false where more than kMinPSampleTiles tiles may hold survivors. The tiles'
+// list order depends on the atomics; the sample (the largest packed candidate) does not. (Counting
+// the tiles first without atomics, then listing them at the threads' exclusive offsets, cost a
+// flat row as much and a peaked one 1-3 µs more: two passes and the scan's barriers.)
+__device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row,
+                                        int64_t col, int64_t columns, int64_t num_tiles, int vocab_tile,
+                                        float inv_t, MinP const& test, MinPRow& out) {
+  __shared__ int32_t tiles[kMinPSampleTiles];
+  __shared__ int count;
+  __shared__ PackedCandidate warp_best[kReduceThreads / 32];
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kReduceThreads) {
+    if (test.keeps(fs_mul(buffers.tile_max_logits[t * columns + col], inv_t))) {
+      int const slot = atomicAdd(&count, 1);
+      if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
+    }
+  }
+  __syncthreads();
+  int const listed = count;
+  if (listed > kMinPSampleTiles) return;  // every thread: the row streams
+  uint64_t seed, offset;
+  resolve_noise_source(p.noise, seed, offset);
+  RowNoiseKey const noise = row_noise_key(p.noise, seed, offset, static_cast<uint32_t>(row), 0);
+  float const* const x = p.row_logits + row * p.row_logits_stride;
+  PackedCandidate best = 0;
+  for (int64_t i = threadIdx.x; i < int64_t{listed} * vocab_tile; i += kReduceThreads) {
+    int64_t const v = int64_t{tiles[i / vocab_tile]} * vocab_tile + i % vocab_tile;
+    if (v >= p.vocab_size) continue;
+    float const xv = x[v];
+    if (!test.keeps(fs_mul(xv, inv_t))) continue;
+    uint32_t const index = static_cast<uint32_t>(p.vocab_start + v);
+    float const score =
+        fs_perturbed_score(xv, inv_t, fs_gumbel_noise(noise.seed, noise.offset, noise.stream, 0, index));
+    PackedCandidate const c = pack_candidate(score, static_cast<int32_t>(index));
+    best = c > best ? c : best;
+  }
+#pragma unroll
+  for (int delta = 16; delta > 0; delta >>= 1) {
+    PackedCandidate const other = __shfl_xor_sync(0xFFFFFFFF, best, delta);
+    best = other > best ? other : best;
+  }
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kReduceThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+  out.decided = true;
+  out.best = best;
+}
+
+// min_p on the plain pass: the row's MinPRow (block-wide, every thread the same).
+__device__ MinPRow min_p_row_on_plain_pass(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row,
+                                         int64_t col, int64_t columns, int64_t num_tiles, int vocab_tile,
+                                         bool found, int32_t index, float inv_t, float first_y) {
+  MinPRow out;
+  double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+  out.cut = found && inv_t != 0.0f && min_p > 0.0 && min_p <= 1.0 && isfinite(first_y);
+  if (!out.cut) return out;
+  MinP test = min_p_test(true, min_p);
+  test.set_first(static_cast<double>(first_y), true);
+  int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
+  out.winner_survives = test.keeps(fs_mul(p.row_logits[row * p.row_logits_stride + v], inv_t));
+  // The mask's tokens are stored too (the streaming pass tests the mask): those rows stream.
+  if (!out.winner_survives && p.controls.allowed_mask == nullptr) {
+    sample_min_p_from_tiles(p, buffers, row, col, columns, num_tiles, vocab_tile, inv_t, test, out);
+  }
+  return out;
+}
+
 // top_p on the plain pass (SamplerParams::truncation_on_plain_pass; one sample): a row whose top_p is on
 // goes to the top_p rounds with its plain-sampling winner and its first y = fl(max allowed x * fl(1 /
 // T)), where the rounds verify the winner against top_p (the same start as stage 2 gives the rows
@@ -170,15 +258,14 @@ __device__ bool winner_leads_row(SamplerParams const& p, SamplerBuffers const& b
 // argmax, plain sampling's token) and a row whose top_p is off (>= 1) keep the plain token written
 // above. Every row's entry of streamed_first_y is written (NaN: not streamed).
 //
-// min_p on the plain pass (a call of min_p alone): a row whose min_p is on (in (0, 1]) keeps its
-// plain token where the winner passes min_p against the row's first y (MinP::keeps, the survivors'
-// test of every other path: the winner beats every survivor), else goes to the streaming pass over
-// its survivors with its first y; min_p above 1 or NaN (the first token only), no winner or no
-// finite first y to the cut kernel's list; greedy rows and rows whose min_p is off (<= 0) keep the
-// plain token.
+// min_p on the plain pass (a call of min_p alone; min_p_row as MinPRow says): a row whose min_p is
+// on keeps its plain token where the winner survives, takes the sample drawn over its few tiles
+// where there is one (written by the caller), else goes to the streaming pass over its survivors
+// with its first y; min_p above 1 or NaN (the first token only), no winner or no finite first y
+// to the cut kernel's list; greedy rows and rows whose min_p is off (<= 0) keep the plain token.
 __device__ void hand_on_row(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row, bool found,
-                            PackedCandidate winner, float inv_t, float first_y, bool winner_leads) {
-  bool const greedy = inv_t == 0.0f;
+                            PackedCandidate winner, float first_y, bool greedy, bool winner_leads,
+                            MinPRow const& min_p_row) {
   bool off, streams;
   if (call_may_cut_top_p(p)) {  // a call of top_p alone
     double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
@@ -188,18 +275,8 @@ __device__ void hand_on_row(SamplerParams const& p, SamplerBuffers const& buffer
     if (streams) buffers.streamed_winners[row] = winner;
   } else {
     double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
-    off = min_p <= 0.0;
-    bool const cut = found && !greedy && min_p > 0.0 && min_p <= 1.0 && isfinite(first_y);
-    bool winner_survives = false;
-    if (cut) {
-      uint32_t const index = ~static_cast<uint32_t>(winner);
-      float const x = p.row_logits[row * p.row_logits_stride + (index - static_cast<uint32_t>(p.vocab_start))];
-      MinP test = min_p_test(true, min_p);
-      test.set_first(static_cast<double>(first_y), true);
-      winner_survives = test.keeps(fs_mul(x, inv_t));
-    }
-    streams = cut && !winner_survives;
-    off = off || winner_survives;
+    streams = min_p_row.cut && !min_p_row.winner_survives && !min_p_row.decided;
+    off = min_p <= 0.0 || min_p_row.winner_survives || min_p_row.decided;
   }
   buffers.streamed_first_y[row] = streams ? first_y : __uint_as_float(0x7fc00000u);
   if (!streams && !greedy && !off) {
@@ -300,6 +377,11 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
       winner_leads = winner_leads_row(p, buffers, row, col, columns, vocab_tile, v, inv_t, first_y);
     }
   }
+  MinPRow min_p_row;
+  if (tile_max_logits != nullptr && !call_may_cut_top_p(p)) {
+    min_p_row = min_p_row_on_plain_pass(p, buffers, row, col, columns, num_tiles, vocab_tile, found, index, inv_t,
+                                        first_y);
+  }
   if (threadIdx.x >= 32) return;
 
   // Warp 0 finishes: the token's logit is asked for first, so its L2 round trip runs under the
@@ -324,9 +406,17 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   }
   if (threadIdx.x != 0) return;
 
-  p.tokens[out] = found ? index : empty_mask ? p.empty_mask_token : -1;
-  if (p.scores) p.scores[out] = found ? unpack_score(best) : -INFINITY;
-  if (tile_max_logits != nullptr) hand_on_row(p, buffers, row, found, best, inv_t, first_y, winner_leads);
+  if (min_p_row.decided) {  // the sample over the min_p survivors of the row's few tiles
+    bool const any = min_p_row.best != 0;
+    p.tokens[out] = any ? static_cast<int32_t>(~static_cast<uint32_t>(min_p_row.best)) : -1;
+    if (p.scores) p.scores[out] = any ? unpack_score(min_p_row.best) : -INFINITY;
+  } else {
+    p.tokens[out] = found ? index : empty_mask ? p.empty_mask_token : -1;
+    if (p.scores) p.scores[out] = found ? unpack_score(best) : -INFINITY;
+  }
+  if (tile_max_logits != nullptr) {
+    hand_on_row(p, buffers, row, found, best, first_y, inv_t == 0.0f, winner_leads, min_p_row);
+  }
   if (p.logprobs) {
     // lse = ln(sum_v e^y) = (max2 + log2(sum)) * ln 2.
     float const lse = m == -INFINITY ? (s == s ? -INFINITY : s) : (m + log2f(s)) * kLn2;
