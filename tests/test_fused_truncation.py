@@ -485,8 +485,9 @@ def test_plain_pass_equals_cpu_op(truncation, regime, batch, vocab, controls):
     plain loop, CUTLASS's narrow plain tile; each also storing the logits and
     each tile's largest allowed one; no stage 2) hands each top_p row's plain token and first y to
     the rounds (or keeps that token where it is the row's first: DispatchOptions::
-    first_winners_in_reduction), gives a min_p row whose plain token passes min_p that token and hands the others to
-    the streaming pass over their survivors, lists the rows whose cut keeps only the first token
+    first_winners_in_reduction), gives a min_p row whose plain token passes min_p that token,
+    samples the others itself where at most 64 tiles hold their survivors (without the mask) and
+    hands the rest to the streaming pass over their survivors, lists the rows whose cut keeps only the first token
     (top_p 0 or NaN, min_p above 1 or NaN) for the cut kernel, and keeps plain sampling's token
     where the cut is off or the row is greedy. Tokens and scores as the CPU op's, bit for bit, on
     exact logits (a small top_p fails most first winners, so the drawing rounds have rows), and as
