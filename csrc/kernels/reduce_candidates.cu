@@ -235,7 +235,7 @@ __device__ MinPRow min_p_row_on_plain_pass(SamplerParams const& p, SamplerBuffer
                                          int64_t col, int64_t columns, int64_t num_tiles, int vocab_tile,
                                          bool found, int32_t index, float inv_t, float first_y) {
   MinPRow out;
-  double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+  double const min_p = min_p_of_row(p, row);
   out.cut = found && inv_t != 0.0f && min_p > 0.0 && min_p <= 1.0 && isfinite(first_y);
   if (!out.cut) return out;
   MinP test = min_p_test(true, min_p);
@@ -268,13 +268,13 @@ __device__ void hand_on_row(SamplerParams const& p, SamplerBuffers const& buffer
                             MinPRow const& min_p_row) {
   bool off, streams;
   if (call_may_cut_top_p(p)) {  // a call of top_p alone
-    double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+    double const top_p = top_p_of_row(p, row);
     bool const kept = winner_leads && top_p > 0.0;
     off = top_p >= 1.0 || kept;
     streams = !kept && found && !greedy && top_p > 0.0 && top_p < 1.0 && isfinite(first_y);
     if (streams) buffers.streamed_winners[row] = winner;
   } else {
-    double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+    double const min_p = min_p_of_row(p, row);
     streams = min_p_row.cut && !min_p_row.winner_survives && !min_p_row.decided;
     off = min_p <= 0.0 || min_p_row.winner_survives || min_p_row.decided;
   }

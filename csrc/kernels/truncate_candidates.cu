@@ -779,8 +779,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   // The row's truncation (device values are not checked: out-of-range ones act as documented
   // in sampler_params.h, NaN keeps the first token).
   int64_t const given_k = p.top_ks ? p.top_ks[row] : p.top_k;
-  double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
-  double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+  double const top_p = top_p_of_row(p, row);
+  double const min_p = min_p_of_row(p, row);
   bool const top_p_on = !(top_p >= 1.0);
   bool const min_p_on = !(min_p <= 0.0);
   // Without top_k the first kMaxFusedTopK tokens are selected as if it were that, and the row
@@ -1207,7 +1207,7 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
   int64_t const row = blockIdx.x;
   int64_t const columns = sampler_gemm_columns(p);  // tiles are `columns` apart
   int const k = static_cast<int>(p.top_k);
-  double const min_p = p.min_ps ? p.min_ps[row] : p.min_p;
+  double const min_p = min_p_of_row(p, row);
   float const inv_t = row_inv_temperature(p.controls, static_cast<uint32_t>(row), p.inv_temperature);
   bool const greedy = inv_t == 0.0f;
   bool const scale_exact = greedy || inv_t == 1.0f;
@@ -1335,7 +1335,7 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
   }
 
   // 4. top_p, min_p and the samples.
-  double const top_p = p.top_ps ? p.top_ps[row] : p.top_p;
+  double const top_p = top_p_of_row(p, row);
   finish_large_top_k_row(p, row, keys, xs, n, !(top_p >= 1.0), top_p, !(min_p <= 0.0), min_p, inv_t, sh);
 }
 

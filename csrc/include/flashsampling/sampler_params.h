@@ -283,6 +283,11 @@ inline bool fused_truncation_stores_logits_by_top_k(SamplerParams const& p) {
 FS_HOST_DEVICE bool call_may_cut_top_p(SamplerParams const& p) { return p.top_ps != nullptr || p.top_p < 1.0; }
 FS_HOST_DEVICE bool call_may_cut_min_p(SamplerParams const& p) { return p.min_ps != nullptr || p.min_p > 0.0; }
 
+// Row `row`'s top_p / min_p: its entry of the [B] tensor where the call has one, else the call's
+// value (on the device: the kernels that decide a row's cut read it here).
+FS_HOST_DEVICE double top_p_of_row(SamplerParams const& p, int64_t row) { return p.top_ps ? p.top_ps[row] : p.top_p; }
+FS_HOST_DEVICE double min_p_of_row(SamplerParams const& p, int64_t row) { return p.min_ps ? p.min_ps[row] : p.min_p; }
+
 // Whether stage 2 selects a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] in shared memory
 // (truncate_candidates.cu: select_large_top_k_kernel), deciding every row: its repairs read the
 // stored logits (row_logits), and no row is left to the logits sampler.
