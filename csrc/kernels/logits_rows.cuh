@@ -14,6 +14,23 @@
 
 namespace flashsampling {
 
+// The largest over the warp's lanes (every lane gets it): of packed candidates (the best
+// candidate) and of floats.
+__device__ __forceinline__ PackedCandidate warp_max(PackedCandidate v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) {
+    PackedCandidate const o = __shfl_xor_sync(0xFFFFFFFFu, v, d);
+    v = o > v ? o : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, d));
+  return v;
+}
+
 // What an element of the row is: its transformed logit x, y and truncation key (0: excluded).
 struct RowInput {
   const float* logits;

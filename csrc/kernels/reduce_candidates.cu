@@ -217,11 +217,7 @@ __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers c
     PackedCandidate const c = pack_candidate(score, static_cast<int32_t>(index));
     best = c > best ? c : best;
   }
-#pragma unroll
-  for (int delta = 16; delta > 0; delta >>= 1) {
-    PackedCandidate const other = __shfl_xor_sync(0xFFFFFFFF, best, delta);
-    best = other > best ? other : best;
-  }
+  best = warp_max(best);
   if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
   __syncthreads();
 #pragma unroll

@@ -158,21 +158,6 @@ struct WorkspaceLayout {
   }
 };
 
-__device__ __forceinline__ PackedCandidate warp_max(PackedCandidate v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) {
-    PackedCandidate const o = __shfl_xor_sync(kFullMask, v, d);
-    v = o > v ? o : v;
-  }
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, d));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t warp_sum(uint32_t v) {
 #pragma unroll
   for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(kFullMask, v, d);
