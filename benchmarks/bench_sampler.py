@@ -92,9 +92,9 @@ def replay_times_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False,
     return times
 
 
-def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False, draws: torch.Tensor | None = None) -> float:
+def median_us(fn, warmup: int = 5, reps: int = 30, graph: bool = False) -> float:
     """Median of replay_times_us(...): the time of a typical call."""
-    return statistics.median(replay_times_us(fn, warmup, reps, graph, draws))
+    return statistics.median(replay_times_us(fn, warmup, reps, graph))
 
 
 def measure_copy_bandwidth() -> float:
