@@ -182,8 +182,8 @@ constexpr int kMinPSampleTiles = 64;
 // Block-wide (every thread gets the same): the sample of a min_p row over the survivors of its
 // tiles, or decided = false where more than kMinPSampleTiles tiles may hold survivors. The tiles'
 // list order depends on the atomics; the sample (the largest packed candidate) does not. (Counting
-// the tiles first without atomics, then listing them at the threads' exclusive offsets, cost a
-// flat row as much and a peaked one 1-3 µs more: two passes and the scan's barriers.)
+// the tiles first without atomics, then listing them at the threads' exclusive offsets, takes a
+// second pass and a scan's barriers, and was slower on peaked rows: docs/truncation.md.)
 __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row,
                                         int64_t col, int64_t columns, int64_t num_tiles, int vocab_tile,
                                         float inv_t, MinP const& test, MinPRow& out) {
