@@ -191,12 +191,18 @@ __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers c
   __shared__ int count;
   __shared__ PackedCandidate warp_best[kReduceThreads / 32];
   if (threadIdx.x == 0) count = 0;
-  __syncthreads();
-  for (int64_t t = threadIdx.x; t < num_tiles; t += kReduceThreads) {
-    if (test.keeps(fs_mul(buffers.tile_max_logits[t * columns + col], inv_t))) {
-      int const slot = atomicAdd(&count, 1);
-      if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
-    }
+  // The first kReduceThreads tiles, a load a thread, are counted at one barrier: a flat row, whose
+  // survivors lie in most tiles, leaves here without an atomic.
+  bool const first_keeps =
+      threadIdx.x < num_tiles && test.keeps(fs_mul(buffers.tile_max_logits[threadIdx.x * columns + col], inv_t));
+  if (__syncthreads_count(first_keeps) > kMinPSampleTiles) return;  // every thread: the row streams
+  auto list = [&](int64_t t) {
+    int const slot = atomicAdd(&count, 1);
+    if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
+  };
+  if (first_keeps) list(threadIdx.x);
+  for (int64_t t = threadIdx.x + kReduceThreads; t < num_tiles; t += kReduceThreads) {
+    if (test.keeps(fs_mul(buffers.tile_max_logits[t * columns + col], inv_t))) list(t);
   }
   __syncthreads();
   int const listed = count;
