@@ -1056,16 +1056,25 @@ struct RoundChunk {
     uint32_t const t_index = top_candidate_index(t_key);
     FixedMass every = 0;  // the masses of every key, the row's total where with_total
     int64_t base = begin;
-    for (; base + kStep <= end; base += kStep) verify_step<false>(base, end, inv_t, t_order, t_index, every);
-    if (base < end) verify_step<true>(base, end, inv_t, t_order, t_index, every);
+    // Where t's y is a number, "ahead of t" is two float comparisons and the index's: the order
+    // bits map every number monotonically (-0 and +0 alike), and a NaN y is behind every number
+    // in both orders (and has no mass).
+    float const t_y = from_order_bits(t_order);
+    if (t_y == t_y) {
+      for (; base + kStep <= end; base += kStep) verify_step<false, true>(base, end, inv_t, t_order, t_index, t_y, every);
+      if (base < end) verify_step<true, true>(base, end, inv_t, t_order, t_index, t_y, every);
+    } else {
+      for (; base + kStep <= end; base += kStep) verify_step<false, false>(base, end, inv_t, t_order, t_index, t_y, every);
+      if (base < end) verify_step<true, false>(base, end, inv_t, t_order, t_index, t_y, every);
+    }
     total += with_total ? every : 0ull;
   }
 
   // One step of run_verify_vectorized: kRoundUnroll float4 loads a thread from `base`; kBounded
   // for a step that reaches past `end` (its tokens there load nothing and add no mass).
-  template <bool kBounded>
+  template <bool kBounded, bool kFloatOrder>
   __device__ __forceinline__ void verify_step(int64_t base, int64_t end, float inv_t, uint32_t t_order,
-                                              uint32_t t_index, FixedMass& every) {
+                                              uint32_t t_index, float t_y, FixedMass& every) {
     float4 raw[kRoundUnroll];
 #pragma unroll
     for (int j = 0; j < kRoundUnroll; ++j) {
@@ -1087,12 +1096,17 @@ struct RoundChunk {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float const y = fs_mul(xs[e], inv_t);
-        uint32_t const order = order_bits(y);  // pack_top_candidate's high half
-        bool const is_ahead = order > t_order || (order == t_order && index + e < t_index);
+        bool is_ahead;
+        if constexpr (kFloatOrder) {
+          is_ahead = y > t_y || (y == t_y && static_cast<int32_t>(index) < static_cast<int32_t>(t_index) - e);
+        } else {
+          uint32_t const order = order_bits(y);  // pack_top_candidate's high half
+          is_ahead = order > t_order || (order == t_order && index + e < t_index);
+        }
         FixedMass m = fixed_mass(y, y0);
         if constexpr (kBounded) m = v + e < end ? m : 0ull;
         every += m;
-        ahead += is_ahead ? m : 0ull;
+        if (is_ahead) ahead += m;
       }
     }
   }
