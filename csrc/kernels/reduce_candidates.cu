@@ -119,14 +119,16 @@ __global__ void __launch_bounds__(kPenaltyTableThreads)
   if (t == 0) lowers[row] = raises ? 0u : 1u;
 }
 
-// The rows' fl(1 / T) (per-row temperatures) and the zeroed floors of the exact skip: one
-// small kernel before the GEMM rather than a kernel and a memset (a graph node each).
+// The rows' fl(1 / T) (per-row temperatures) and the zeroed per-column codes the GEMM raises (the
+// floors of the exact skip, or the columns' largest x for the filtered min_p winners): one small
+// kernel before the GEMM rather than a kernel and a memset (a graph node each).
 __global__ void prepare_gemm_inputs_kernel(float const* __restrict__ temperatures, int64_t batch_size,
                                            float* __restrict__ inv_temperatures, uint32_t* __restrict__ noise_floors,
-                                           int64_t num_floors) {
+                                           uint32_t* __restrict__ column_max_codes, int64_t num_columns) {
   int64_t const i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (inv_temperatures != nullptr && i < batch_size) inv_temperatures[i] = fs_inv_temperature(temperatures[i]);
-  if (noise_floors != nullptr && i < num_floors) noise_floors[i] = 0u;
+  if (noise_floors != nullptr && i < num_columns) noise_floors[i] = 0u;
+  if (column_max_codes != nullptr && i < num_columns) column_max_codes[i] = 0u;
 }
 
 // Whether row `row` of the allowed mask allows no token of [0, V) (block-wide).
@@ -165,7 +167,8 @@ __device__ bool winner_leads_row(SamplerParams const& p, SamplerBuffers const& b
 // cut (a winner, not greedy, min_p in (0, 1], a finite first y), `winner_survives` where the
 // winner passes min_p against the row's first y (MinP::keeps, the survivors' test of every other
 // path: the winner beats every survivor, so it is the sample), and `decided` where the row's
-// sample was drawn here over its survivors instead (sample_min_p_from_tiles: `best`).
+// sample was drawn here over its survivors instead (`best`: sample_min_p_from_tiles, or with the
+// filtered winners sample_min_p_past_filtered_winners).
 struct MinPRow {
   bool cut = false, winner_survives = false, decided = false;
   PackedCandidate best = 0;
@@ -179,6 +182,36 @@ struct MinPRow {
 // pass over the whole row.
 constexpr int kMinPSampleTiles = 64;
 
+// Block-wide (every thread gets the same): the best survivor of the `listed` tiles in `tiles` (their
+// stored x that pass min_p, Gumbel-Max with the noise of plain sampling, as the streaming pass
+// would draw them: the same token and score), or `best` where that is better.
+__device__ PackedCandidate best_survivor_of_tiles(SamplerParams const& p, int64_t row, int32_t const* tiles,
+                                                  int listed, int vocab_tile, float inv_t, MinP const& test,
+                                                  PackedCandidate best) {
+  __shared__ PackedCandidate warp_best[kReduceThreads / 32];
+  uint64_t seed, offset;
+  resolve_noise_source(p.noise, seed, offset);
+  RowNoiseKey const noise = row_noise_key(p.noise, seed, offset, static_cast<uint32_t>(row), 0);
+  float const* const x = p.row_logits + row * p.row_logits_stride;
+  for (int64_t i = threadIdx.x; i < int64_t{listed} * vocab_tile; i += kReduceThreads) {
+    int64_t const v = int64_t{tiles[i / vocab_tile]} * vocab_tile + i % vocab_tile;
+    if (v >= p.vocab_size) continue;
+    float const xv = x[v];
+    if (!test.keeps(fs_mul(xv, inv_t))) continue;
+    uint32_t const index = static_cast<uint32_t>(p.vocab_start + v);
+    float const score =
+        fs_perturbed_score(xv, inv_t, fs_gumbel_noise(noise.seed, noise.offset, noise.stream, 0, index));
+    PackedCandidate const c = pack_candidate(score, static_cast<int32_t>(index));
+    best = c > best ? c : best;
+  }
+  best = warp_max(best);
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kReduceThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+  return best;
+}
+
 // Block-wide (every thread gets the same): the sample of a min_p row over the survivors of its
 // tiles, or decided = false where more than kMinPSampleTiles tiles may hold survivors. The tiles'
 // list order depends on the atomics; the sample (the largest packed candidate) does not. (Counting
@@ -189,7 +222,6 @@ __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers c
                                         float inv_t, MinP const& test, MinPRow& out) {
   __shared__ int32_t tiles[kMinPSampleTiles];
   __shared__ int count;
-  __shared__ PackedCandidate warp_best[kReduceThreads / 32];
   if (threadIdx.x == 0) count = 0;
   // The first kReduceThreads tiles, a load a thread, are counted at one barrier: a flat row, whose
   // survivors lie in most tiles, leaves here without an atomic.
@@ -207,29 +239,74 @@ __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers c
   __syncthreads();
   int const listed = count;
   if (listed > kMinPSampleTiles) return;  // every thread: the row streams
-  uint64_t seed, offset;
-  resolve_noise_source(p.noise, seed, offset);
-  RowNoiseKey const noise = row_noise_key(p.noise, seed, offset, static_cast<uint32_t>(row), 0);
+  out.decided = true;
+  out.best = best_survivor_of_tiles(p, row, tiles, listed, vocab_tile, inv_t, test, 0);
+}
+
+// Whether a tile's candidate is a token (not "none": every token of the tile below its floor).
+__device__ __forceinline__ bool is_token_candidate(PackedCandidate c) {
+  return c != 0 && static_cast<int32_t>(~static_cast<uint32_t>(c)) != kNoCandidate;
+}
+
+// Block-wide (every thread gets the same), SamplerParams::min_p_filtered_winners: each tile's
+// candidate is the best score among its tokens that may pass min_p (every survivor among them),
+// so a tile whose candidate survives holds no better survivor, and a tile whose candidate fails
+// holds only survivors below the candidate. The row's sample is therefore the best surviving
+// candidate W, unless a failing candidate beats W: only those tiles' stored x are read (their
+// survivors sampled as the streaming pass would), up to kMinPSampleTiles of them; with more, the
+// row streams (decided = false). A flat row's floors rise within the GEMM's first tiles, so its
+// failing candidates that beat W come from those few tiles. Candidates are loaded four tiles at a
+// time, then their x, all in flight.
+__device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, SamplerBuffers const& buffers,
+                                                   int64_t row, int64_t col, int64_t columns, int64_t num_tiles,
+                                                   int vocab_tile, float inv_t, MinP const& test, MinPRow& out) {
+  constexpr int kLoads = 4;
+  __shared__ int32_t tiles[kMinPSampleTiles];
+  __shared__ int count;
+  __shared__ PackedCandidate warp_best[kReduceThreads / 32];
   float const* const x = p.row_logits + row * p.row_logits_stride;
-  PackedCandidate best = 0;
-  for (int64_t i = threadIdx.x; i < int64_t{listed} * vocab_tile; i += kReduceThreads) {
-    int64_t const v = int64_t{tiles[i / vocab_tile]} * vocab_tile + i % vocab_tile;
-    if (v >= p.vocab_size) continue;
-    float const xv = x[v];
-    if (!test.keeps(fs_mul(xv, inv_t))) continue;
-    uint32_t const index = static_cast<uint32_t>(p.vocab_start + v);
-    float const score =
-        fs_perturbed_score(xv, inv_t, fs_gumbel_noise(noise.seed, noise.offset, noise.stream, 0, index));
-    PackedCandidate const c = pack_candidate(score, static_cast<int32_t>(index));
-    best = c > best ? c : best;
+  auto survives = [&](PackedCandidate c) {
+    int64_t const v = static_cast<int64_t>(~static_cast<uint32_t>(c)) - p.vocab_start;
+    return test.keeps(fs_mul(x[v], inv_t));
+  };
+  PackedCandidate surviving = 0;  // W
+  for (int64_t first = threadIdx.x; first < num_tiles; first += int64_t{kReduceThreads} * kLoads) {
+    PackedCandidate c[kLoads];
+    float xv[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      int64_t const tile = first + int64_t{u} * kReduceThreads;
+      c[u] = tile < num_tiles ? buffers.candidates[tile * columns + col] : PackedCandidate{0};
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      int64_t const v = static_cast<int64_t>(~static_cast<uint32_t>(c[u])) - p.vocab_start;
+      xv[u] = is_token_candidate(c[u]) ? x[v] : __uint_as_float(0x7fc00000u);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      if (c[u] > surviving && is_token_candidate(c[u]) && test.keeps(fs_mul(xv[u], inv_t))) surviving = c[u];
+    }
   }
-  best = warp_max(best);
-  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+  surviving = warp_max(surviving);
+  if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = surviving;
+  if (threadIdx.x == 0) count = 0;
   __syncthreads();
 #pragma unroll
-  for (int w = 0; w < kReduceThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+  for (int w = 0; w < kReduceThreads / 32; ++w) surviving = warp_best[w] > surviving ? warp_best[w] : surviving;
+  for (int64_t t = threadIdx.x; t < num_tiles; t += kReduceThreads) {
+    PackedCandidate const c = buffers.candidates[t * columns + col];
+    if (c > surviving && is_token_candidate(c) && !survives(c)) {
+      int const slot = atomicAdd(&count, 1);
+      if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
+    }
+  }
+  __syncthreads();
+  int const listed = count;
+  if (listed > kMinPSampleTiles) return;  // every thread: the row streams
   out.decided = true;
-  out.best = best;
+  out.best = listed == 0 ? surviving
+                         : best_survivor_of_tiles(p, row, tiles, listed, vocab_tile, inv_t, test, surviving);
 }
 
 // min_p on the plain pass: the row's MinPRow (block-wide, every thread the same).
@@ -245,7 +322,9 @@ __device__ MinPRow min_p_row_on_plain_pass(SamplerParams const& p, SamplerBuffer
   int64_t const v = static_cast<int64_t>(static_cast<uint32_t>(index)) - p.vocab_start;
   out.winner_survives = test.keeps(fs_mul(p.row_logits[row * p.row_logits_stride + v], inv_t));
   // The mask's tokens are stored too (the streaming pass tests the mask): those rows stream.
-  if (!out.winner_survives && p.controls.allowed_mask == nullptr) {
+  if (!out.winner_survives && p.min_p_filtered_winners) {  // (the plain loop: no mask)
+    sample_min_p_past_filtered_winners(p, buffers, row, col, columns, num_tiles, vocab_tile, inv_t, test, out);
+  } else if (!out.winner_survives && p.controls.allowed_mask == nullptr) {
     sample_min_p_from_tiles(p, buffers, row, col, columns, num_tiles, vocab_tile, inv_t, test, out);
   }
   return out;
@@ -457,12 +536,14 @@ cudaError_t launch_build_penalty_table(SamplerParams const& p, SamplerBuffers co
 }
 
 cudaError_t launch_prepare_gemm_inputs(SamplerParams const& p, SamplerBuffers const& buffers, cudaStream_t stream) {
-  int64_t const num_floors = buffers.noise_floors != nullptr ? sampler_gemm_columns(p) : 0;
-  int64_t const threads_needed = std::max(buffers.inv_temperatures != nullptr ? p.batch_size : 0, num_floors);
+  bool const column_codes = buffers.noise_floors != nullptr || buffers.column_max_codes != nullptr;
+  int64_t const num_columns = column_codes ? sampler_gemm_columns(p) : 0;
+  int64_t const threads_needed = std::max(buffers.inv_temperatures != nullptr ? p.batch_size : 0, num_columns);
   if (threads_needed == 0) return cudaSuccess;  // nothing asked: no launch
   int const threads = 256;
   prepare_gemm_inputs_kernel<<<static_cast<unsigned>((threads_needed + threads - 1) / threads), threads, 0, stream>>>(
-      p.controls.temperatures, p.batch_size, buffers.inv_temperatures, buffers.noise_floors, num_floors);
+      p.controls.temperatures, p.batch_size, buffers.inv_temperatures, buffers.noise_floors, buffers.column_max_codes,
+      num_columns);
   return cudaGetLastError();
 }
 

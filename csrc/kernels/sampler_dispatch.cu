@@ -265,7 +265,14 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entry) {
   DispatchOptions const options = sampler_dispatch_options();
   SamplerParams p = params;
-  p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise;
+  // min_p alone on the plain pass, on the epilogue-warpgroup kernel's plain loop: the filtered
+  // winners need each tile's best exactly, so no exact skip (beyond 32 and up to 128 columns the
+  // epilogue draws the noise within the weight's streaming time).
+  p.min_p_filtered_winners = options.min_p_filtered_winners && p.truncation_on_plain_pass &&
+                             !call_may_cut_top_p(p) && entry.skips_unreachable_noise &&
+                             sampler_loop_for(loop_needs(p.controls, p.noise, p.num_samples, p.logprobs)) ==
+                                 SamplerLoop::kPlain;
+  p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise && !p.min_p_filtered_winners;
   p.lse_references = options.lse_references && entry.skips_unreachable_noise;
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   p.draw_tile_winners = entry.scans_tile_winners && call_wants_tile_winners(p, options);
@@ -306,7 +313,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.top_p_on_plain_pass ? 0u : 128u) |
                                (options.min_p_on_plain_pass ? 0u : 256u) |
                                (options.first_winners_in_reduction ? 0u : 512u) |
-                               (options.narrow_plain_pass ? 0u : 1024u),
+                               (options.narrow_plain_pass ? 0u : 1024u) |
+                               (options.min_p_filtered_winners ? 0u : 2048u),
                            std::memory_order_relaxed);
 }
 
@@ -324,6 +332,7 @@ DispatchOptions sampler_dispatch_options() {
   o.min_p_on_plain_pass = !(off & 256u);
   o.first_winners_in_reduction = !(off & 512u);
   o.narrow_plain_pass = !(off & 1024u);
+  o.min_p_filtered_winners = !(off & 2048u);
   return o;
 }
 

@@ -93,6 +93,9 @@ struct SamplerGemmSm90EpilogueWarpGroups {
     fill_sampler_node_arguments(args.node, p, buffers);
     fill_sampler_schedule_arguments(args, p);
     args.noise_floors = buffers.noise_floors;
+    args.column_max_codes = buffers.column_max_codes;
+    args.min_ps = p.min_ps;
+    args.min_p = p.min_p;
     args.lse_references = p.lse_references;
     if (!GemmKernel::can_implement(args)) {
       return cudaErrorInvalidValue;

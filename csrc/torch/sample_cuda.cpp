@@ -582,7 +582,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sample_from_logits_cu
 static void set_dispatch_options(bool column_clusters, bool pad_columns, bool noise_skip, bool lse_references,
                                  bool top_candidates_epilogue_warpgroups, bool top_p_tile_winners,
                                  bool narrow_ragged_columns, bool top_p_on_plain_pass, bool min_p_on_plain_pass,
-                                 bool first_winners_in_reduction, bool narrow_plain_pass) {
+                                 bool first_winners_in_reduction, bool narrow_plain_pass,
+                                 bool min_p_filtered_winners) {
   DispatchOptions options;
   options.column_clusters = column_clusters;
   options.pad_columns = pad_columns;
@@ -595,6 +596,7 @@ static void set_dispatch_options(bool column_clusters, bool pad_columns, bool no
   options.min_p_on_plain_pass = min_p_on_plain_pass;
   options.first_winners_in_reduction = first_winners_in_reduction;
   options.narrow_plain_pass = narrow_plain_pass;
+  options.min_p_filtered_winners = min_p_filtered_winners;
   set_sampler_dispatch_options(options);
 }
 
@@ -602,7 +604,7 @@ TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
   m.def("_set_dispatch_options(bool column_clusters=True, bool pad_columns=True, bool noise_skip=True, "
         "bool lse_references=True, bool top_candidates_epilogue_warpgroups=True, bool top_p_tile_winners=True, "
         "bool narrow_ragged_columns=True, bool top_p_on_plain_pass=True, bool min_p_on_plain_pass=True, "
-        "bool first_winners_in_reduction=True, bool narrow_plain_pass=True) -> ()",
+        "bool first_winners_in_reduction=True, bool narrow_plain_pass=True, bool min_p_filtered_winners=True) -> ()",
         &set_dispatch_options);
 }
 

@@ -258,6 +258,14 @@ struct SamplerParams {
   // the truncation order (the row's first token, which top_p always keeps), instead of handing the
   // row to the rounds, whose round 0 would find no mass ahead of it.
   bool first_winners_in_reduction = false;
+  // Set by launch_sampler (DispatchOptions::min_p_filtered_winners), not by callers: a call of
+  // min_p alone on the plain pass whose GEMM runs the epilogue-warpgroup kernel's plain loop. Each
+  // (tile, row)'s candidate is then the best score among the tile's tokens whose y reaches a floor
+  // no survivor of the row's min_p is below (the row's largest x so far over every CTA, in a
+  // [columns] array, minus min_p's drop; no exact skip of the noise), so the reduction finds most
+  // rows' samples among the candidates and reads the stored x of the few tiles whose failing
+  // candidate beats the best surviving one, where the streaming pass would read every x of the row.
+  bool min_p_filtered_winners = false;
 };
 
 // Whether stage 2 of the fused truncation decides a row with this top_k from the candidates alone
@@ -372,6 +380,10 @@ struct DispatchOptions {
   // (a host temperature, no mask or bias, the batch-wide seed): CUTLASS's narrow plain tiles store
   // the logits (epilogue/sm90_visitor_gumbel_argmax.hpp: kStoresPlainLogits); else the top-k scan
   bool narrow_plain_pass = true;
+  // min_p alone on the plain pass beyond 32 rows (the plain loop): the epilogue keeps each tile's
+  // best among the tokens that may pass min_p, and the reduction samples most rows from those
+  // (SamplerParams::min_p_filtered_winners; else the tiles' plain winners and the streaming pass)
+  bool min_p_filtered_winners = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

@@ -172,6 +172,13 @@ class Sm90SamplerEpilogueWarpGroups {
     uint32_t* noise_floors = nullptr;
     // The controls' loop sums log-sum-exp terms against references (LseReferences).
     bool lse_references = true;
+    // SamplerParams::min_p_filtered_winners (the plain loop, storing x, no exact skip): [N] zeroed
+    // order codes of each GEMM column's largest x so far, raised with atomicMax by every CTA, and
+    // the rows' min_p (the [B] float64 tensor where there is one, else the call's value); each
+    // column's candidate is then the best of the tile's tokens whose y reaches min_p_floor.
+    uint32_t* column_max_codes = nullptr;
+    double const* min_ps = nullptr;
+    double min_p = 0.0;
   };
 
   struct Params {
@@ -182,6 +189,9 @@ class Sm90SamplerEpilogueWarpGroups {
     TileSchedulerParams scheduler{};
     uint32_t* noise_floors = nullptr;
     bool lse_references = true;
+    uint32_t* column_max_codes = nullptr;
+    double const* min_ps = nullptr;
+    double min_p = 0.0;
   };
 
   static Params to_underlying_arguments(Arguments const& args, void* /*workspace*/) {
@@ -193,7 +203,10 @@ class Sm90SamplerEpilogueWarpGroups {
             TileScheduler::to_underlying_arguments(problem_shape_mnkl, TileShape{}, ClusterShape{}, args.hw_info,
                                                    args.scheduler, nullptr),
             args.noise_floors,
-            args.lse_references};
+            args.lse_references,
+            args.column_max_codes,
+            args.min_ps,
+            args.min_p};
   }
 
   static bool can_implement(Arguments const& args) {
@@ -225,6 +238,10 @@ class Sm90SamplerEpilogueWarpGroups {
             (!kTopCandidates && args.node.num_samples == 1 && !args.node.logprobs && controls.logit_scale == 1.0f &&
              controls.logit_softcap == 0.0f && controls.penalty_ids == nullptr && controls.sparse_ids == nullptr)) &&
            (kTopCandidates || (args.node.ptr_row_logits == nullptr) == (args.node.ptr_tile_max_logits == nullptr)) &&
+           // the filtered min_p winners: the plain loop of a call storing x, every tile's best exact
+           (args.column_max_codes == nullptr ||
+            (kLoop == SamplerLoop::kPlain && args.node.ptr_tile_max_logits != nullptr && args.noise_floors == nullptr &&
+             !args.node.greedy)) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -943,6 +960,22 @@ class Sm90SamplerEpilogueWarpGroups {
     int const column = work.N_idx * kTileN + t;
     return t < kTileN && column < get<1>(params.problem_shape) ? __ldcg(params.noise_floors + column) : 0u;
   }
+  // The filtered min_p winners (Params::column_max_codes): the floor in y of column `column`'s
+  // tokens that may pass its row's min_p. A survivor's y is at least y0 + log(min_p) - 1e-9
+  // (logits_rows.cuh's MinP::keeps, y0 the row's first y), and y0 is at least fl(x * fl(1 / T))
+  // of the column's largest x so far on any SM (rounding is monotone), so this floor, 1e-8 lower
+  // and rounded down, is below every survivor. -inf before the column has a largest x, or where the
+  // row's min_p does not cut (off, above 1 or NaN: the reduction does not read its candidates).
+  CUTLASS_DEVICE static float min_p_floor(Params const& params, int column) {
+    NodeArguments const& node = params.node;
+    if (column >= get<1>(params.problem_shape)) return -INFINITY;
+    uint32_t const code = __ldcg(params.column_max_codes + column);
+    double const min_p = params.min_ps ? params.min_ps[min(static_cast<uint32_t>(column), node.batch_size - 1)]
+                                       : params.min_p;
+    float const first_y_bound = code > 1u ? fs_mul(from_order_bits(code), node.inv_temperature) : -INFINITY;
+    if (!(min_p > 0.0 && min_p <= 1.0) || !(fabsf(first_y_bound) < 1e6f)) return -INFINITY;
+    return __double2float_rd(static_cast<double>(first_y_bound) + log(min_p) - 1e-8);
+  }
   CUTLASS_DEVICE static void prefetch_to_l2(void const* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
   }
@@ -987,6 +1020,9 @@ class Sm90SamplerEpilogueWarpGroups {
     // the plain pass of top_p or min_p alone (store_step_logits; the logit transforms and penalties are not among its calls).
     bool const stores_logits = !kTopCandidates && node.ptr_row_logits != nullptr;
     uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
+    // min_p alone with filtered winners: the floors in hand_over.score_floor are min_p_floor's
+    // (no exact skip in such a call), read at each tile's start for the freshest largest x.
+    bool const filters_min_p = kLoop == SamplerLoop::kPlain && params.column_max_codes != nullptr;
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
     if (skip) {
@@ -1016,6 +1052,9 @@ class Sm90SamplerEpilogueWarpGroups {
       }
       if (skip && t < kTileN) {
         refresh_floor(hand_over, half, t, n_origin, floor_n_origin, next_floor_code);
+      }
+      if (filters_min_p && t < kTileN) {
+        hand_over.score_floor[half][t] = __float2bfloat16_rd(min_p_floor(params, n_origin + t));
       }
       // Orders this tile's floors (and the mask bits above) before the loop's reads.
       cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
@@ -1080,17 +1119,23 @@ class Sm90SamplerEpilogueWarpGroups {
             }
           }
           bool in_range[N];
-          bool any_reachable = !skip;
+          bool any_reachable = !skip && !filters_min_p;
           CUTLASS_PRAGMA_UNROLL
           for (int s = 0; s < kBlocksPerStep; ++s) {
-            float2 const floors =
-                skip ? column_floors(hand_over, half, static_cast<int>(column_index[4 * s]) - n_origin) : float2{};
+            float2 const floors = skip || filters_min_p
+                                      ? column_floors(hand_over, half, static_cast<int>(column_index[4 * s]) - n_origin)
+                                      : float2{};
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < 4; ++j) {
               int const e = 4 * s + j;
+              float const floor = j % 2 ? floors.y : floors.x;
               in_range[e] = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
-              any_reachable |= may_reach_floor(in_range[e], bounded_x[e], node.inv_temperature, bits[e],
-                                               j % 2 ? floors.y : floors.x);
+              if (filters_min_p) {  // a token below its min_p floor is no candidate (a NaN stays one)
+                in_range[e] = in_range[e] & !(fs_mul(x[e], node.inv_temperature) < floor);
+                any_reachable |= in_range[e];
+              } else {
+                any_reachable |= may_reach_floor(in_range[e], bounded_x[e], node.inv_temperature, bits[e], floor);
+              }
             }
           }
           bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
@@ -1168,6 +1213,9 @@ class Sm90SamplerEpilogueWarpGroups {
             tile_max = fmaxf(tile_max, column % 2 ? parts.z : parts.x);
           }
           node.ptr_tile_max_logits[out] = tile_max;
+          if (filters_min_p && tile_max > -INFINITY) {  // the later tiles' min_p floors
+            atomicMax(params.column_max_codes + n_origin + column, number_order_bits(tile_max));
+          }
         }
         if constexpr (kControls) {
           if (node.logprobs) {
