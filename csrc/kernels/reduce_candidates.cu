@@ -249,43 +249,36 @@ __device__ __forceinline__ bool is_token_candidate(PackedCandidate c) {
 }
 
 // Block-wide (every thread gets the same), SamplerParams::min_p_filtered_winners: each tile's
-// candidate is the best score among its tokens that may pass min_p (every survivor among them),
-// so a tile whose candidate survives holds no better survivor, and a tile whose candidate fails
-// holds only survivors below the candidate. The row's sample is therefore the best surviving
-// candidate W, unless a failing candidate beats W: only those tiles' stored x are read (their
-// survivors sampled as the streaming pass would), up to kMinPSampleTiles of them; with more, the
-// row streams (decided = false). A flat row's floors rise within the GEMM's first tiles, so its
-// failing candidates that beat W come from those few tiles. Candidates are loaded four tiles at a
-// time, then their x, all in flight.
+// candidate is the best score among its tokens that may pass min_p (every survivor among them)
+// but those the exact skip left out, whose scores lie below the row's final floor. So a tile whose
+// candidate survives holds no better survivor, and a tile whose candidate fails holds only
+// survivors below the candidate (or below the floor). Where the floor does not beat the best
+// surviving candidate W, the row's sample is W unless a failing candidate beats W: only those
+// tiles' stored x are read (their survivors sampled as the streaming pass would), up to
+// kMinPSampleTiles of them. With more, or a floor above W (a floor raised by a winner that then
+// failed min_p), the row streams (decided = false). The candidates' y come from the GEMM
+// (candidate_logits), four tiles' loads at a time in flight.
 __device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, SamplerBuffers const& buffers,
                                                    int64_t row, int64_t col, int64_t columns, int64_t num_tiles,
-                                                   int vocab_tile, float inv_t, MinP const& test, MinPRow& out) {
+                                                   int vocab_tile, MinP const& test, MinPRow& out, float inv_t) {
   constexpr int kLoads = 4;
   __shared__ int32_t tiles[kMinPSampleTiles];
   __shared__ int count;
   __shared__ PackedCandidate warp_best[kReduceThreads / 32];
-  float const* const x = p.row_logits + row * p.row_logits_stride;
-  auto survives = [&](PackedCandidate c) {
-    int64_t const v = static_cast<int64_t>(~static_cast<uint32_t>(c)) - p.vocab_start;
-    return test.keeps(fs_mul(x[v], inv_t));
-  };
   PackedCandidate surviving = 0;  // W
   for (int64_t first = threadIdx.x; first < num_tiles; first += int64_t{kReduceThreads} * kLoads) {
     PackedCandidate c[kLoads];
-    float xv[kLoads];
+    float y[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       int64_t const tile = first + int64_t{u} * kReduceThreads;
-      c[u] = tile < num_tiles ? buffers.candidates[tile * columns + col] : PackedCandidate{0};
+      bool const in_range = tile < num_tiles;
+      c[u] = in_range ? buffers.candidates[tile * columns + col] : PackedCandidate{0};
+      y[u] = in_range ? buffers.candidate_logits[tile * columns + col] : -INFINITY;
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      int64_t const v = static_cast<int64_t>(~static_cast<uint32_t>(c[u])) - p.vocab_start;
-      xv[u] = is_token_candidate(c[u]) ? x[v] : __uint_as_float(0x7fc00000u);
-    }
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      if (c[u] > surviving && is_token_candidate(c[u]) && test.keeps(fs_mul(xv[u], inv_t))) surviving = c[u];
+      if (c[u] > surviving && is_token_candidate(c[u]) && test.keeps(y[u])) surviving = c[u];
     }
   }
   surviving = warp_max(surviving);
@@ -294,9 +287,14 @@ __device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, Sampl
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kReduceThreads / 32; ++w) surviving = warp_best[w] > surviving ? warp_best[w] : surviving;
+  if (buffers.noise_floors != nullptr) {
+    uint32_t const floor_code = buffers.noise_floors[col];
+    float const floor = floor_code > 1u ? from_order_bits(floor_code) : -INFINITY;
+    if (floor > (surviving == 0 ? -INFINITY : unpack_score(surviving))) return;  // every thread: the row streams
+  }
   for (int64_t t = threadIdx.x; t < num_tiles; t += kReduceThreads) {
     PackedCandidate const c = buffers.candidates[t * columns + col];
-    if (c > surviving && is_token_candidate(c) && !survives(c)) {
+    if (c > surviving && is_token_candidate(c) && !test.keeps(buffers.candidate_logits[t * columns + col])) {
       int const slot = atomicAdd(&count, 1);
       if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
     }
@@ -323,7 +321,7 @@ __device__ MinPRow min_p_row_on_plain_pass(SamplerParams const& p, SamplerBuffer
   out.winner_survives = test.keeps(fs_mul(p.row_logits[row * p.row_logits_stride + v], inv_t));
   // The mask's tokens are stored too (the streaming pass tests the mask): those rows stream.
   if (!out.winner_survives && p.min_p_filtered_winners) {  // (the plain loop: no mask)
-    sample_min_p_past_filtered_winners(p, buffers, row, col, columns, num_tiles, vocab_tile, inv_t, test, out);
+    sample_min_p_past_filtered_winners(p, buffers, row, col, columns, num_tiles, vocab_tile, test, out, inv_t);
   } else if (!out.winner_survives && p.controls.allowed_mask == nullptr) {
     sample_min_p_from_tiles(p, buffers, row, col, columns, num_tiles, vocab_tile, inv_t, test, out);
   }

@@ -265,14 +265,12 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entry) {
   DispatchOptions const options = sampler_dispatch_options();
   SamplerParams p = params;
-  // min_p alone on the plain pass, on the epilogue-warpgroup kernel's plain loop: the filtered
-  // winners need each tile's best exactly, so no exact skip (beyond 32 and up to 128 columns the
-  // epilogue draws the noise within the weight's streaming time).
+  p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise;
+  // min_p alone on the plain pass, on the epilogue-warpgroup kernel's plain loop (beyond 32 columns).
   p.min_p_filtered_winners = options.min_p_filtered_winners && p.truncation_on_plain_pass &&
                              !call_may_cut_top_p(p) && entry.skips_unreachable_noise &&
                              sampler_loop_for(loop_needs(p.controls, p.noise, p.num_samples, p.logprobs)) ==
                                  SamplerLoop::kPlain;
-  p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise && !p.min_p_filtered_winners;
   p.lse_references = options.lse_references && entry.skips_unreachable_noise;
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   p.draw_tile_winners = entry.scans_tile_winners && call_wants_tile_winners(p, options);

@@ -85,6 +85,9 @@ struct EpilogueWarpGroupsStorage {
   // bf16: the best exact score each column has drawn so far, here or on any SM. Any score a
   // column really drew is a valid floor, and so is anything below it.
   alignas(4) __nv_bfloat16 score_floor[kHalves][kTileN];
+  // The filtered min_p winners' floors in y (min_p_floor, rounded down to bf16) of the tile's
+  // columns: a token below its column's is no candidate (the plain loop only).
+  alignas(4) __nv_bfloat16 min_p_floor[kHalves][kControls ? 2 : kTileN];
   alignas(8) uint64_t full[kHalves];   // logits of half w are in shared memory
   alignas(8) uint64_t empty[kHalves];  // half w's buffer may be overwritten
 };
@@ -240,8 +243,8 @@ class Sm90SamplerEpilogueWarpGroups {
            (kTopCandidates || (args.node.ptr_row_logits == nullptr) == (args.node.ptr_tile_max_logits == nullptr)) &&
            // the filtered min_p winners: the plain loop of a call storing x, every tile's best exact
            (args.column_max_codes == nullptr ||
-            (kLoop == SamplerLoop::kPlain && args.node.ptr_tile_max_logits != nullptr && args.noise_floors == nullptr &&
-             !args.node.greedy)) &&
+            (kLoop == SamplerLoop::kPlain && args.node.ptr_tile_max_logits != nullptr &&
+             args.node.ptr_candidate_logits != nullptr && !args.node.greedy)) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -588,9 +591,11 @@ class Sm90SamplerEpilogueWarpGroups {
     }
   }
 
-  // The exact skip: the floors of a block's column pair (n, n + 1).
-  CUTLASS_DEVICE static float2 column_floors(HandOver const& hand_over, int half, int column) {
-    return __bfloat1622float2(reinterpret_cast<__nv_bfloat162 const&>(hand_over.score_floor[half][column]));
+  // The floors of a block's column pair (n, n + 1): the exact skip's (score_floor) or the filtered
+  // min_p winners' (min_p_floor).
+  CUTLASS_DEVICE static float2 column_floors(__nv_bfloat16 const (&floors)[HandOver::kHalves][kTileN], int half,
+                                             int column) {
+    return __bfloat1622float2(reinterpret_cast<__nv_bfloat162 const&>(floors[half][column]));
   }
 
   // A score from its order code (number_order_bits); codes at or below -inf's (0: nothing yet) -inf.
@@ -775,7 +780,7 @@ class Sm90SamplerEpilogueWarpGroups {
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < kBlocksPerStep; ++s) {
         int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;  // even
-        float2 const floors = skip ? column_floors(hand_over, half, tile_column) : float2{};
+        float2 const floors = skip ? column_floors(hand_over.score_floor, half, tile_column) : float2{};
         // the mask words of the block's column pair: (n, low), (n, high), (n + 1, low), (n + 1, high)
         uint4 const mask_words = controls.allowed_mask
                                      ? reinterpret_cast<uint4 const&>(hand_over.mask_bits[half][tile_column])
@@ -960,21 +965,34 @@ class Sm90SamplerEpilogueWarpGroups {
     int const column = work.N_idx * kTileN + t;
     return t < kTileN && column < get<1>(params.problem_shape) ? __ldcg(params.noise_floors + column) : 0u;
   }
-  // The filtered min_p winners (Params::column_max_codes): the floor in y of column `column`'s
-  // tokens that may pass its row's min_p. A survivor's y is at least y0 + log(min_p) - 1e-9
-  // (logits_rows.cuh's MinP::keeps, y0 the row's first y), and y0 is at least fl(x * fl(1 / T))
-  // of the column's largest x so far on any SM (rounding is monotone), so this floor, 1e-8 lower
-  // and rounded down, is below every survivor. -inf before the column has a largest x, or where the
-  // row's min_p does not cut (off, above 1 or NaN: the reduction does not read its candidates).
-  CUTLASS_DEVICE static float min_p_floor(Params const& params, int column) {
-    NodeArguments const& node = params.node;
+  // The filtered min_p winners (Params::column_max_codes): column `column`'s min_p, and whether it
+  // cuts (in (0, 1]; off, above 1 or NaN: the reduction does not read the row's candidates).
+  CUTLASS_DEVICE static double column_min_p(Params const& params, int column) {
+    return params.min_ps ? params.min_ps[min(static_cast<uint32_t>(column), params.node.batch_size - 1)] : params.min_p;
+  }
+  CUTLASS_DEVICE static bool min_p_cuts(double min_p) { return min_p > 0.0 && min_p <= 1.0; }
+  // The floor in y of the column's tokens that may pass its row's min_p. A survivor's y is at least
+  // y0 + log(min_p) - 1e-9 (logits_rows.cuh's MinP::keeps, y0 the row's first y), and y0 is at
+  // least fl(x * fl(1 / T)) of the column's largest x so far on any SM (rounding is monotone), so
+  // this floor, 1e-8 lower and rounded down, is below every survivor. -inf before the column has a
+  // largest x, or where min_p does not cut.
+  CUTLASS_DEVICE static float min_p_floor(Params const& params, int column, double min_p) {
     if (column >= get<1>(params.problem_shape)) return -INFINITY;
     uint32_t const code = __ldcg(params.column_max_codes + column);
-    double const min_p = params.min_ps ? params.min_ps[min(static_cast<uint32_t>(column), node.batch_size - 1)]
-                                       : params.min_p;
-    float const first_y_bound = code > 1u ? fs_mul(from_order_bits(code), node.inv_temperature) : -INFINITY;
-    if (!(min_p > 0.0 && min_p <= 1.0) || !(fabsf(first_y_bound) < 1e6f)) return -INFINITY;
+    float const first_y_bound = code > 1u ? fs_mul(from_order_bits(code), params.node.inv_temperature) : -INFINITY;
+    if (!min_p_cuts(min_p) || !(fabsf(first_y_bound) < 1e6f)) return -INFINITY;
     return __double2float_rd(static_cast<double>(first_y_bound) + log(min_p) - 1e-8);
+  }
+  // Whether a min_p row's tile winner (its y) may raise the exact skip's floors. The reduction needs
+  // every skipped token below the row's best surviving candidate, so the floors must come from
+  // survivors (it streams a row whose final floor beats that candidate): a winner is taken where
+  // its y lies this far above the floor it was filtered with, which it fails only if the row's
+  // first y lies that much above the largest x the CTA knew at the tile's start (early tiles of
+  // a row whose first token comes late). Rows whose min_p does not cut raise them as plain
+  // sampling does.
+  static constexpr float kMinPRaiseMargin = 1.0f;
+  CUTLASS_DEVICE static bool may_raise_min_p_floor(bool cuts, float min_p_floor, float winner_y) {
+    return !cuts || (min_p_floor > -INFINITY && winner_y >= min_p_floor + kMinPRaiseMargin);
   }
   CUTLASS_DEVICE static void prefetch_to_l2(void const* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
@@ -1020,9 +1038,12 @@ class Sm90SamplerEpilogueWarpGroups {
     // the plain pass of top_p or min_p alone (store_step_logits; the logit transforms and penalties are not among its calls).
     bool const stores_logits = !kTopCandidates && node.ptr_row_logits != nullptr;
     uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
-    // min_p alone with filtered winners: the floors in hand_over.score_floor are min_p_floor's
-    // (no exact skip in such a call), read at each tile's start for the freshest largest x.
+    // min_p alone with filtered winners: each column's min_p floor in hand_over.min_p_floor, read
+    // at each tile's start for the freshest largest x; thread t keeps column t's as a float for the
+    // tile's merge (may_raise_min_p_floor).
     bool const filters_min_p = kLoop == SamplerLoop::kPlain && params.column_max_codes != nullptr;
+    float column_min_p_floor = -INFINITY;
+    bool column_min_p_cuts = false;
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
     if (skip) {
@@ -1054,7 +1075,10 @@ class Sm90SamplerEpilogueWarpGroups {
         refresh_floor(hand_over, half, t, n_origin, floor_n_origin, next_floor_code);
       }
       if (filters_min_p && t < kTileN) {
-        hand_over.score_floor[half][t] = __float2bfloat16_rd(min_p_floor(params, n_origin + t));
+        double const min_p = column_min_p(params, n_origin + t);
+        column_min_p_cuts = min_p_cuts(min_p);
+        column_min_p_floor = min_p_floor(params, n_origin + t, min_p);
+        hand_over.min_p_floor[half][t] = __float2bfloat16_rd(column_min_p_floor);
       }
       // Orders this tile's floors (and the mask bits above) before the loop's reads.
       cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
@@ -1119,23 +1143,22 @@ class Sm90SamplerEpilogueWarpGroups {
             }
           }
           bool in_range[N];
-          bool any_reachable = !skip && !filters_min_p;
+          bool any_reachable = !skip;
           CUTLASS_PRAGMA_UNROLL
           for (int s = 0; s < kBlocksPerStep; ++s) {
-            float2 const floors = skip || filters_min_p
-                                      ? column_floors(hand_over, half, static_cast<int>(column_index[4 * s]) - n_origin)
-                                      : float2{};
+            int const tile_column = static_cast<int>(column_index[4 * s]) - n_origin;
+            float2 const floors = skip ? column_floors(hand_over.score_floor, half, tile_column) : float2{};
+            float2 const min_p_floors =
+                filters_min_p ? column_floors(hand_over.min_p_floor, half, tile_column) : float2{};
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < 4; ++j) {
               int const e = 4 * s + j;
-              float const floor = j % 2 ? floors.y : floors.x;
               in_range[e] = vocab_index[e] - node.vocab_start < static_cast<uint32_t>(num_rows);
               if (filters_min_p) {  // a token below its min_p floor is no candidate (a NaN stays one)
-                in_range[e] = in_range[e] & !(fs_mul(x[e], node.inv_temperature) < floor);
-                any_reachable |= in_range[e];
-              } else {
-                any_reachable |= may_reach_floor(in_range[e], bounded_x[e], node.inv_temperature, bits[e], floor);
+                in_range[e] = in_range[e] & !(fs_mul(x[e], node.inv_temperature) < (j % 2 ? min_p_floors.y : min_p_floors.x));
               }
+              any_reachable |= may_reach_floor(in_range[e], bounded_x[e], node.inv_temperature, bits[e],
+                                               j % 2 ? floors.y : floors.x);
             }
           }
           bool const exact = exact_noise_needed(any_reachable, node.greedy, bits, gumbel);
@@ -1238,7 +1261,18 @@ class Sm90SamplerEpilogueWarpGroups {
             }
           }
         }
-        if (skip && n_origin + column < num_cols) {
+        // The filtered min_p winners: the winner's y for the reduction, from the x this warpgroup
+        // stored (the barrier above orders the stores before this load).
+        float winner_y = -INFINITY;
+        uint32_t const winner_index = ~static_cast<uint32_t>(best);
+        if (filters_min_p && written && best != 0 && winner_index != static_cast<uint32_t>(kNoCandidate)) {
+          int64_t const stored = static_cast<int64_t>(n_origin + column) * node.row_logits_stride +
+                                 (winner_index - node.vocab_start);
+          winner_y = fs_mul(__ldcg(node.ptr_row_logits + stored), node.inv_temperature);
+          node.ptr_candidate_logits[out] = winner_y;
+        }
+        if (skip && n_origin + column < num_cols &&
+            (!filters_min_p || may_raise_min_p_floor(column_min_p_cuts, column_min_p_floor, winner_y))) {
           raise_floor(hand_over, params.noise_floors, half, t, n_origin + column, best);
         }
       }
