@@ -582,14 +582,15 @@ def test_min_p_rows_sampled_in_the_reduction(batch, controls):
 
 
 @requires_sm90
-@pytest.mark.parametrize("batch", [33, 64, 128])
+@pytest.mark.parametrize("batch", [33, 64, 100])
 @pytest.mark.parametrize("temperature", [0.8, 4.0])
 def test_min_p_filtered_winners(batch, temperature):
-    """min_p alone on the plain pass beyond 32 rows (the epilogue-warpgroup kernel's plain loop):
-    each tile's candidate is the best score among its tokens whose y reaches the column's min_p
-    floor (from the column's largest x so far on any SM; DispatchOptions::min_p_filtered_winners),
-    and the reduction samples a row from its surviving candidates, reading the stored x of the
-    tiles whose failing candidate beats them (up to 64; with more the row streams). Flat and
+    """min_p alone on the plain pass at 33-64 GEMM columns (the epilogue-warpgroup kernel's plain
+    loop): each tile's candidate is the best score among its tokens whose y reaches the column's
+    min_p floor (from the column's largest x so far on any SM; DispatchOptions::
+    min_p_filtered_winners), and the reduction samples a row from its surviving candidates, reading
+    the stored x of the tiles whose failing candidate beats them (up to 64; with more the row
+    streams); at 100 rows both calls take the tiles' plain winners (min_p_filtered_winners_pay). Flat and
     peaked rows side by side, min_p from 0.01 to 1 (small ones keep thousands of a flat row's
     tokens, large ones a few, so that many early tiles' candidates fail), off, above-1 and NaN
     rows among them: tokens and scores as the CPU op's on exact logits and as the route of the

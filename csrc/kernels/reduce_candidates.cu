@@ -249,15 +249,15 @@ __device__ __forceinline__ bool is_token_candidate(PackedCandidate c) {
 }
 
 // Block-wide (every thread gets the same), SamplerParams::min_p_filtered_winners: each tile's
-// candidate is the best score among its tokens that may pass min_p (every survivor among them)
-// but those the exact skip left out, whose scores lie below the row's final floor. So a tile whose
+// candidate is the best score among its tokens that may pass min_p (every survivor among them;
+// the exact skip leaves none out of such a row: its floors stay unraised). So a tile whose
 // candidate survives holds no better survivor, and a tile whose candidate fails holds only
-// survivors below the candidate (or below the floor). Where the floor does not beat the best
-// surviving candidate W, the row's sample is W unless a failing candidate beats W: only those
-// tiles' stored x are read (their survivors sampled as the streaming pass would), up to
-// kMinPSampleTiles of them. With more, or a floor above W (a floor raised by a winner that then
-// failed min_p), the row streams (decided = false). The candidates' y come from the GEMM
-// (candidate_logits), four tiles' loads at a time in flight.
+// survivors below the candidate: the row's sample is the best surviving candidate W unless a
+// failing candidate beats W, and only those tiles' stored x are read (their survivors sampled as
+// the streaming pass would), up to kMinPSampleTiles of them; with more the row streams (decided
+// = false), as it does where the row's final floor beats W (a guard: no winner of such a row raises
+// it). The candidates' y come from the GEMM (candidate_logits), four tiles' loads at a time in
+// flight.
 __device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, SamplerBuffers const& buffers,
                                                    int64_t row, int64_t col, int64_t columns, int64_t num_tiles,
                                                    int vocab_tile, MinP const& test, MinPRow& out, float inv_t) {

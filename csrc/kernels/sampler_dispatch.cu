@@ -171,6 +171,13 @@ bool top_p_tile_winners_pay(int64_t columns, int64_t hidden_dim) {
 // stores of the logits cost the most, it loses (the A/B: docs/truncation.md, min_p alone).
 bool min_p_plain_pass_pays(int64_t columns) { return columns <= 128; }
 
+// Whether min_p alone on the plain pass pays with filtered winners (SamplerParams::
+// min_p_filtered_winners) at these GEMM columns. A row whose min_p cuts draws the noise of every
+// token that may pass it (no exact skip for it), which the epilogue hides under the weight's
+// stream on 64-wide column tiles but not on 128-wide ones: flat rows' GEMM 357 -> 405 us at 128
+// rows, D = 4096 (docs/truncation.md, min_p alone).
+bool min_p_filtered_winners_pay(int64_t columns) { return columns <= 64; }
+
 // Whether the call's fused truncation is to draw the tile winners: the kernel choice keeps a scan
 // that can draw them (kernel_choice.h), and the launch draws them where the chosen one can. A
 // large top_k's or the top-N logprobs' sample has no streaming pass to take it instead (its rows
@@ -268,6 +275,7 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   p.skip_unreachable_noise = options.noise_skip && entry.skips_unreachable_noise;
   // min_p alone on the plain pass, on the epilogue-warpgroup kernel's plain loop (beyond 32 columns).
   p.min_p_filtered_winners = options.min_p_filtered_winners && p.truncation_on_plain_pass &&
+                             min_p_filtered_winners_pay(sampler_gemm_columns(p)) &&
                              !call_may_cut_top_p(p) && entry.skips_unreachable_noise &&
                              sampler_loop_for(loop_needs(p.controls, p.noise, p.num_samples, p.logprobs)) ==
                                  SamplerLoop::kPlain;

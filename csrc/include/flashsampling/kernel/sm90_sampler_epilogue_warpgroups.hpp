@@ -983,16 +983,14 @@ class Sm90SamplerEpilogueWarpGroups {
     if (!min_p_cuts(min_p) || !(fabsf(first_y_bound) < 1e6f)) return -INFINITY;
     return __double2float_rd(static_cast<double>(first_y_bound) + log(min_p) - 1e-8);
   }
-  // Whether a min_p row's tile winner (its y) may raise the exact skip's floors. The reduction needs
-  // every skipped token below the row's best surviving candidate, so the floors must come from
-  // survivors (it streams a row whose final floor beats that candidate): a winner is taken where
-  // its y lies this far above the floor it was filtered with, which it fails only if the row's
-  // first y lies that much above the largest x the CTA knew at the tile's start (early tiles of
-  // a row whose first token comes late). Rows whose min_p does not cut raise them as plain
-  // sampling does.
-  static constexpr float kMinPRaiseMargin = 1.0f;
-  CUTLASS_DEVICE static bool may_raise_min_p_floor(bool cuts, float min_p_floor, float winner_y) {
-    return !cuts || (min_p_floor > -INFINITY && winner_y >= min_p_floor + kMinPRaiseMargin);
+  // Whether a column's tile winner may raise the exact skip's floors: not where min_p cuts. The
+  // reduction needs every token the skip leaves out below the row's best surviving candidate, and
+  // a floor from a winner that later fails min_p can lie above it (on LLM-like rows, whose first
+  // token may come late, most early winners fail; raising only winners some way above the min_p
+  // floor still made a third of the rows stream on an H200). Rows whose min_p does not cut raise
+  // them as plain sampling does.
+  CUTLASS_DEVICE static bool may_raise_floor(bool filters_min_p, bool min_p_cuts) {
+    return !filters_min_p || !min_p_cuts;
   }
   CUTLASS_DEVICE static void prefetch_to_l2(void const* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
@@ -1039,10 +1037,9 @@ class Sm90SamplerEpilogueWarpGroups {
     bool const stores_logits = !kTopCandidates && node.ptr_row_logits != nullptr;
     uint64_t const keep_in_l2 = stores_logits ? l2_evict_last_policy() : 0ull;
     // min_p alone with filtered winners: each column's min_p floor in hand_over.min_p_floor, read
-    // at each tile's start for the freshest largest x; thread t keeps column t's as a float for the
-    // tile's merge (may_raise_min_p_floor).
+    // at each tile's start for the freshest largest x; thread t keeps whether column t's min_p
+    // cuts for the tile's merge (may_raise_floor).
     bool const filters_min_p = kLoop == SamplerLoop::kPlain && params.column_max_codes != nullptr;
-    float column_min_p_floor = -INFINITY;
     bool column_min_p_cuts = false;
     uint32_t next_floor_code = 0;
     int floor_n_origin = -1;
@@ -1077,8 +1074,7 @@ class Sm90SamplerEpilogueWarpGroups {
       if (filters_min_p && t < kTileN) {
         double const min_p = column_min_p(params, n_origin + t);
         column_min_p_cuts = min_p_cuts(min_p);
-        column_min_p_floor = min_p_floor(params, n_origin + t, min_p);
-        hand_over.min_p_floor[half][t] = __float2bfloat16_rd(column_min_p_floor);
+        hand_over.min_p_floor[half][t] = __float2bfloat16_rd(min_p_floor(params, n_origin + t, min_p));
       }
       // Orders this tile's floors (and the mask bits above) before the loop's reads.
       cutlass::arch::NamedBarrier::sync(NumThreadsPerWarpGroup, half);
@@ -1265,14 +1261,14 @@ class Sm90SamplerEpilogueWarpGroups {
         // stored (the barrier above orders the stores before this load).
         float winner_y = -INFINITY;
         uint32_t const winner_index = ~static_cast<uint32_t>(best);
-        if (filters_min_p && written && best != 0 && winner_index != static_cast<uint32_t>(kNoCandidate)) {
+        if (filters_min_p && written && n_origin + column < static_cast<int>(node.batch_size) && best != 0 &&
+            winner_index != static_cast<uint32_t>(kNoCandidate)) {
           int64_t const stored = static_cast<int64_t>(n_origin + column) * node.row_logits_stride +
                                  (winner_index - node.vocab_start);
           winner_y = fs_mul(__ldcg(node.ptr_row_logits + stored), node.inv_temperature);
           node.ptr_candidate_logits[out] = winner_y;
         }
-        if (skip && n_origin + column < num_cols &&
-            (!filters_min_p || may_raise_min_p_floor(column_min_p_cuts, column_min_p_floor, winner_y))) {
+        if (skip && n_origin + column < num_cols && may_raise_floor(filters_min_p, column_min_p_cuts)) {
           raise_floor(hand_over, params.noise_floors, half, t, n_origin + column, best);
         }
       }
