@@ -256,29 +256,33 @@ __device__ __forceinline__ bool is_token_candidate(PackedCandidate c) {
 // failing candidate beats W, and only those tiles' stored x are read (their survivors sampled as
 // the streaming pass would), up to kMinPSampleTiles of them; with more the row streams (decided
 // = false), as it does where the row's final floor beats W (a guard: no winner of such a row raises
-// it). The candidates' y come from the GEMM (candidate_logits), four tiles' loads at a time in
-// flight.
+// it). The candidates' x are read from the stored x, four tiles' loads at a time in flight
+// (the GEMM reading each winner's x back for the reduction made LLM-like rows' calls slower).
 __device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, SamplerBuffers const& buffers,
                                                    int64_t row, int64_t col, int64_t columns, int64_t num_tiles,
-                                                   int vocab_tile, MinP const& test, MinPRow& out, float inv_t) {
+                                                   int vocab_tile, float inv_t, MinP const& test, MinPRow& out) {
   constexpr int kLoads = 4;
   __shared__ int32_t tiles[kMinPSampleTiles];
   __shared__ int count;
   __shared__ PackedCandidate warp_best[kReduceThreads / 32];
+  float const* const x = p.row_logits + row * p.row_logits_stride;
+  auto candidate_x = [&](PackedCandidate c) {
+    return x[static_cast<int64_t>(~static_cast<uint32_t>(c)) - p.vocab_start];
+  };
   PackedCandidate surviving = 0;  // W
   for (int64_t first = threadIdx.x; first < num_tiles; first += int64_t{kReduceThreads} * kLoads) {
     PackedCandidate c[kLoads];
-    float y[kLoads];
+    float xv[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       int64_t const tile = first + int64_t{u} * kReduceThreads;
-      bool const in_range = tile < num_tiles;
-      c[u] = in_range ? buffers.candidates[tile * columns + col] : PackedCandidate{0};
-      y[u] = in_range ? buffers.candidate_logits[tile * columns + col] : -INFINITY;
+      c[u] = tile < num_tiles ? buffers.candidates[tile * columns + col] : PackedCandidate{0};
     }
 #pragma unroll
+    for (int u = 0; u < kLoads; ++u) xv[u] = is_token_candidate(c[u]) ? candidate_x(c[u]) : -INFINITY;
+#pragma unroll
     for (int u = 0; u < kLoads; ++u) {
-      if (c[u] > surviving && is_token_candidate(c[u]) && test.keeps(y[u])) surviving = c[u];
+      if (c[u] > surviving && is_token_candidate(c[u]) && test.keeps(fs_mul(xv[u], inv_t))) surviving = c[u];
     }
   }
   surviving = warp_max(surviving);
@@ -294,7 +298,7 @@ __device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, Sampl
   }
   for (int64_t t = threadIdx.x; t < num_tiles; t += kReduceThreads) {
     PackedCandidate const c = buffers.candidates[t * columns + col];
-    if (c > surviving && is_token_candidate(c) && !test.keeps(buffers.candidate_logits[t * columns + col])) {
+    if (c > surviving && is_token_candidate(c) && !test.keeps(fs_mul(candidate_x(c), inv_t))) {
       int const slot = atomicAdd(&count, 1);
       if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
     }
@@ -321,7 +325,7 @@ __device__ MinPRow min_p_row_on_plain_pass(SamplerParams const& p, SamplerBuffer
   out.winner_survives = test.keeps(fs_mul(p.row_logits[row * p.row_logits_stride + v], inv_t));
   // The mask's tokens are stored too (the streaming pass tests the mask): those rows stream.
   if (!out.winner_survives && p.min_p_filtered_winners) {  // (the plain loop: no mask)
-    sample_min_p_past_filtered_winners(p, buffers, row, col, columns, num_tiles, vocab_tile, test, out, inv_t);
+    sample_min_p_past_filtered_winners(p, buffers, row, col, columns, num_tiles, vocab_tile, inv_t, test, out);
   } else if (!out.winner_survives && p.controls.allowed_mask == nullptr) {
     sample_min_p_from_tiles(p, buffers, row, col, columns, num_tiles, vocab_tile, inv_t, test, out);
   }

@@ -59,7 +59,7 @@ inline int64_t num_vocab_tiles(SamplerParams const& p, int vocab_tile) {
 // Stage-1 outputs in the workspace, per (sample, vocabulary tile, batch row).
 struct SamplerBuffers {
   PackedCandidate* candidates = nullptr;  // [num_vocab_tiles][S * B] ([num_vocab_tiles][B][4] for top-k)
-  float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs, min_p_filtered_winners)
+  float* candidate_logits = nullptr;      // [num_vocab_tiles][S * B] (logprobs only)
   float2* lse_parts = nullptr;            // [num_vocab_tiles][S * B] (needs_lse_parts)
   uint32_t* sparse_bitmap = nullptr;      // [B][mask_words] (sparse bias only)
   uint32_t* penalty_words = nullptr;      // [B][mask_words][2] (penalties only: SamplingControls)
@@ -109,7 +109,7 @@ struct SamplerWorkspaceLayout {
     candidates = at;
     at += round_up(slots * static_cast<size_t>(candidates_per_slot(p)) * sizeof(PackedCandidate));
     candidate_logits = at;
-    at += p.logprobs || p.min_p_filtered_winners ? round_up(slots * sizeof(float)) : 0;
+    at += p.logprobs ? round_up(slots * sizeof(float)) : 0;
     lse_parts = at;
     at += needs_lse_parts(p) ? round_up(slots * sizeof(float2)) : 0;
     sparse_bitmap = at;
@@ -149,8 +149,7 @@ struct SamplerWorkspaceLayout {
     char* base = static_cast<char*>(workspace);
     SamplerBuffers b;
     b.candidates = reinterpret_cast<PackedCandidate*>(base + candidates);
-    b.candidate_logits =
-        p.logprobs || p.min_p_filtered_winners ? reinterpret_cast<float*>(base + candidate_logits) : nullptr;
+    b.candidate_logits = p.logprobs ? reinterpret_cast<float*>(base + candidate_logits) : nullptr;
     b.lse_parts = needs_lse_parts(p) ? reinterpret_cast<float2*>(base + lse_parts) : nullptr;
     b.sparse_bitmap = p.controls.sparse_ids ? reinterpret_cast<uint32_t*>(base + sparse_bitmap) : nullptr;
     bool const penalties = p.controls.penalty_ids != nullptr;

@@ -262,10 +262,10 @@ struct SamplerParams {
   // min_p alone on the plain pass whose GEMM runs the epilogue-warpgroup kernel's plain loop. Each
   // (tile, row)'s candidate is then the best score among the tile's tokens whose y reaches a floor
   // no survivor of the row's min_p is below (from the row's largest x so far over every CTA, in a
-  // [columns] array), with its y; the exact skip's floors rise only with winners well above
-  // that floor. So the reduction finds most rows' samples among the candidates and reads the
-  // stored x of the few tiles whose failing candidate beats the best surviving one, where the
-  // streaming pass would read every x of the row.
+  // [columns] array), and the exact skip's floors are not raised for the rows min_p cuts (up to
+  // 64 GEMM columns: min_p_filtered_winners_pay). So the reduction finds most rows' samples among
+  // the candidates and reads the stored x of the few tiles whose failing candidate beats the best
+  // surviving one, where the streaming pass would read every x of the row.
   bool min_p_filtered_winners = false;
 };
 

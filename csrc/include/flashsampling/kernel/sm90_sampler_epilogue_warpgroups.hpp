@@ -243,8 +243,7 @@ class Sm90SamplerEpilogueWarpGroups {
            (kTopCandidates || (args.node.ptr_row_logits == nullptr) == (args.node.ptr_tile_max_logits == nullptr)) &&
            // the filtered min_p winners: the plain loop of a call storing x, every tile's best exact
            (args.column_max_codes == nullptr ||
-            (kLoop == SamplerLoop::kPlain && args.node.ptr_tile_max_logits != nullptr &&
-             args.node.ptr_candidate_logits != nullptr && !args.node.greedy)) &&
+            (kLoop == SamplerLoop::kPlain && args.node.ptr_tile_max_logits != nullptr && !args.node.greedy)) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
@@ -1256,17 +1255,6 @@ class Sm90SamplerEpilogueWarpGroups {
               node.ptr_lse_parts[out] = lse;
             }
           }
-        }
-        // The filtered min_p winners: the winner's y for the reduction, from the x this warpgroup
-        // stored (the barrier above orders the stores before this load).
-        float winner_y = -INFINITY;
-        uint32_t const winner_index = ~static_cast<uint32_t>(best);
-        if (filters_min_p && written && n_origin + column < static_cast<int>(node.batch_size) && best != 0 &&
-            winner_index != static_cast<uint32_t>(kNoCandidate)) {
-          int64_t const stored = static_cast<int64_t>(n_origin + column) * node.row_logits_stride +
-                                 (winner_index - node.vocab_start);
-          winner_y = fs_mul(__ldcg(node.ptr_row_logits + stored), node.inv_temperature);
-          node.ptr_candidate_logits[out] = winner_y;
         }
         if (skip && n_origin + column < num_cols && may_raise_floor(filters_min_p, column_min_p_cuts)) {
           raise_floor(hand_over, params.noise_floors, half, t, n_origin + column, best);
