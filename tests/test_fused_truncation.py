@@ -584,17 +584,19 @@ def test_min_p_rows_sampled_in_the_reduction(batch, controls):
 @requires_sm90
 @pytest.mark.parametrize("batch", [33, 64, 100])
 @pytest.mark.parametrize("temperature", [0.8, 4.0])
-def test_min_p_filtered_winners(batch, temperature):
+@pytest.mark.parametrize("host_min_p", [None, 0.3], ids=["tensor", "host"])
+def test_min_p_filtered_winners(batch, temperature, host_min_p):
     """min_p alone on the plain pass at 33-64 GEMM columns (the epilogue-warpgroup kernel's plain
     loop): each tile's candidate is the best score among its tokens whose y reaches the column's
     min_p floor (from the column's largest x so far on any SM; DispatchOptions::
-    min_p_filtered_winners), and the reduction samples a row from its surviving candidates, reading
-    the stored x of the tiles whose failing candidate beats them (up to 64; with more the row
-    streams); at 100 rows both calls take the tiles' plain winners (min_p_filtered_winners_pay). Flat and
-    peaked rows side by side, min_p from 0.01 to 1 (small ones keep thousands of a flat row's
-    tokens, large ones a few, so that many early tiles' candidates fail), off, above-1 and NaN
-    rows among them: tokens and scores as the CPU op's on exact logits and as the route of the
-    tiles' plain winners (the option off), bit for bit, and off rows get plain sampling's token."""
+    min_p_filtered_winners), and the reduction samples a row from its surviving candidates,
+    reading the stored x of the tiles whose failing candidate beats them (up to 64; with more the
+    row streams); at 100 rows both calls take the tiles' plain winners
+    (min_p_filtered_winners_pay). Flat and peaked rows side by side, min_p from 0.01 to 1 (small
+    ones keep thousands of a flat row's tokens, large ones a few, so that many early tiles'
+    candidates fail), off, above-1 and NaN rows among them, or a host min_p of 0.3 for every row:
+    tokens and scores as the CPU op's on exact logits and as the route of the tiles' plain
+    winners (the option off), bit for bit, and off rows get plain sampling's token."""
     hidden, weight, _ = exact_problem(batch, "peaked", seed=batch + 29)
     g = torch.Generator().manual_seed(batch + 1)
     flat_rows = torch.arange(batch) % 2 == 1
@@ -602,8 +604,11 @@ def test_min_p_filtered_winners(batch, temperature):
     logits = hidden.float() @ weight.float().T
     values = [0.05, 0.3, 0.01, 0.6, 0.0, 0.9, 0.1, 1.0, 0.2, 1.5, float("nan"), 0.02, 0.5]
     min_ps = torch.tensor([values[b % len(values)] for b in range(batch)], dtype=torch.float64)
+    if host_min_p is not None:
+        min_ps = torch.full((batch,), host_min_p, dtype=torch.float64)
     kwargs = dict(temperature=temperature, seed=torch.tensor(9), offset=torch.tensor(4))
-    on = dict(on_cuda(kwargs), min_p=min_ps.cuda(), truncation_path="fused_top_k")
+    min_p = host_min_p if host_min_p is not None else min_ps.cuda()
+    on = dict(on_cuda(kwargs), min_p=min_p, truncation_path="fused_top_k")
     h, w = hidden.cuda(), weight.cuda()
     got, names = sample_with_dispatch_options(h, w, on)
     assert ran_plain_pass(names) and ran_sampler_loop(names, (0,)), names
@@ -612,9 +617,10 @@ def test_min_p_filtered_winners(batch, temperature):
     expected = torch.ops.flashsampling.sample_from_logits(logits, min_ps=min_ps, **kwargs)  # the CPU op
     assert torch.equal(got.tokens.cpu(), expected[0]), (got.tokens.cpu() != expected[0]).nonzero()[:8]
     assert torch.equal(got.scores.cpu(), expected[1])
-    off = (min_ps <= 0.0).cuda()
-    plain = fs.sample_with_scores(h, w, **on_cuda(kwargs))
-    assert torch.equal(got.tokens.reshape(batch)[off], plain.tokens.reshape(batch)[off])
+    if host_min_p is None:
+        off = (min_ps <= 0.0).cuda()
+        plain = fs.sample_with_scores(h, w, **on_cuda(kwargs))
+        assert torch.equal(got.tokens.reshape(batch)[off], plain.tokens.reshape(batch)[off])
 
 
 @requires_sm90

@@ -381,9 +381,10 @@ struct DispatchOptions {
   // (a host temperature, no mask or bias, the batch-wide seed): CUTLASS's narrow plain tiles store
   // the logits (epilogue/sm90_visitor_gumbel_argmax.hpp: kStoresPlainLogits); else the top-k scan
   bool narrow_plain_pass = true;
-  // min_p alone on the plain pass beyond 32 rows (the plain loop): the epilogue keeps each tile's
-  // best among the tokens that may pass min_p, and the reduction samples most rows from those
-  // (SamplerParams::min_p_filtered_winners; else the tiles' plain winners and the streaming pass)
+  // min_p alone on the plain pass at 33-64 GEMM columns (the plain loop): the epilogue keeps each
+  // tile's best among the tokens that may pass min_p, and the reduction samples most rows from
+  // those (SamplerParams::min_p_filtered_winners; else the tiles' plain winners and the streaming
+  // pass)
   bool min_p_filtered_winners = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.

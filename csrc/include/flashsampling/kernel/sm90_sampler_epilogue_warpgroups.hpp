@@ -241,9 +241,11 @@ class Sm90SamplerEpilogueWarpGroups {
             (!kTopCandidates && args.node.num_samples == 1 && !args.node.logprobs && controls.logit_scale == 1.0f &&
              controls.logit_softcap == 0.0f && controls.penalty_ids == nullptr && controls.sparse_ids == nullptr)) &&
            (kTopCandidates || (args.node.ptr_row_logits == nullptr) == (args.node.ptr_tile_max_logits == nullptr)) &&
-           // the filtered min_p winners: the plain loop of a call storing x, every tile's best exact
+           // the filtered min_p winners: the plain loop of a call storing x, none of its logit
+           // transforms (the floors are of y = x / T)
            (args.column_max_codes == nullptr ||
-            (kLoop == SamplerLoop::kPlain && args.node.ptr_tile_max_logits != nullptr && !args.node.greedy)) &&
+            (kLoop == SamplerLoop::kPlain && args.node.ptr_tile_max_logits != nullptr && !args.node.greedy &&
+             controls.logit_scale == 1.0f && controls.logit_softcap == 0.0f && controls.penalty_ids == nullptr)) &&
            (!args.node.logprobs || (args.node.ptr_candidate_logits != nullptr && args.node.ptr_lse_parts != nullptr));
   }
 
