@@ -243,7 +243,8 @@ __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers c
   out.best = best_survivor_of_tiles(p, row, tiles, listed, vocab_tile, inv_t, test, 0);
 }
 
-// Whether a tile's candidate is a token (not "none": every token of the tile below its floor).
+// Whether a packed candidate is a token (not 0, nor "none": every score NaN, an invalid
+// temperature, an empty mask, or every token of a filtered winners' tile below its floor).
 __device__ __forceinline__ bool is_token_candidate(PackedCandidate c) {
   return c != 0 && static_cast<int32_t>(~static_cast<uint32_t>(c)) != kNoCandidate;
 }
@@ -317,7 +318,7 @@ __device__ MinPRow min_p_row_on_plain_pass(SamplerParams const& p, SamplerBuffer
                                          bool found, int32_t index, float inv_t, float first_y) {
   MinPRow out;
   double const min_p = min_p_of_row(p, row);
-  out.cut = found && inv_t != 0.0f && min_p > 0.0 && min_p <= 1.0 && isfinite(first_y);
+  out.cut = found && inv_t != 0.0f && min_p_cuts(min_p) && isfinite(first_y);
   if (!out.cut) return out;
   MinP test = min_p_test(true, min_p);
   test.set_first(static_cast<double>(first_y), true);
@@ -444,7 +445,7 @@ reduce_candidates_kernel(SamplerParams const p, SamplerBuffers const buffers, in
   }
   // "No candidate": every score NaN, an invalid temperature, or an empty mask.
   int32_t const index = static_cast<int32_t>(~static_cast<uint32_t>(best));
-  bool const found = best != 0 && index != kNoCandidate;
+  bool const found = is_token_candidate(best);
   bool const empty_mask = !found && p.controls.allowed_mask != nullptr && mask_row_empty(p, row);
   // The plain pass's row: its fl(1 / T), first y, and whether its winner leads it. Only a winner
   // whose tile holds the row's first y may (most of a peaked row's winners, few of a flat row's),

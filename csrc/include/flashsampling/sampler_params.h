@@ -292,6 +292,11 @@ inline bool fused_truncation_stores_logits_by_top_k(SamplerParams const& p) {
 FS_HOST_DEVICE bool call_may_cut_top_p(SamplerParams const& p) { return p.top_ps != nullptr || p.top_p < 1.0; }
 FS_HOST_DEVICE bool call_may_cut_min_p(SamplerParams const& p) { return p.min_ps != nullptr || p.min_p > 0.0; }
 
+// Whether a row's min_p keeps the tokens whose probability reaches min_p times the first token's
+// (in (0, 1]); off at <= 0, and above 1 or NaN it keeps the first token alone (the cut kernel's).
+// The plain pass's reduction and its filtered winners' floors ask.
+FS_HOST_DEVICE bool min_p_cuts(double min_p) { return min_p > 0.0 && min_p <= 1.0; }
+
 // Row `row`'s top_p / min_p: its entry of the [B] tensor where the call has one, else the call's
 // value (on the device: the kernels that decide a row's cut read it here).
 FS_HOST_DEVICE double top_p_of_row(SamplerParams const& p, int64_t row) { return p.top_ps ? p.top_ps[row] : p.top_p; }

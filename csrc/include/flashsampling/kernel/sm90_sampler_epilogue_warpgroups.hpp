@@ -966,12 +966,11 @@ class Sm90SamplerEpilogueWarpGroups {
     int const column = work.N_idx * kTileN + t;
     return t < kTileN && column < get<1>(params.problem_shape) ? __ldcg(params.noise_floors + column) : 0u;
   }
-  // The filtered min_p winners (Params::column_max_codes): column `column`'s min_p, and whether it
-  // cuts (in (0, 1]; off, above 1 or NaN: the reduction does not read the row's candidates).
+  // The filtered min_p winners (Params::column_max_codes): column `column`'s min_p (where it does
+  // not cut, sampler_params.h's min_p_cuts, the reduction does not read the row's candidates).
   CUTLASS_DEVICE static double column_min_p(Params const& params, int column) {
     return params.min_ps ? params.min_ps[min(static_cast<uint32_t>(column), params.node.batch_size - 1)] : params.min_p;
   }
-  CUTLASS_DEVICE static bool min_p_cuts(double min_p) { return min_p > 0.0 && min_p <= 1.0; }
   // The floor in y of the column's tokens that may pass its row's min_p. A survivor's y is at least
   // y0 + log(min_p) - 1e-9 (logits_rows.cuh's MinP::keeps, y0 the row's first y), and y0 is at
   // least fl(x * fl(1 / T)) of the column's largest x so far on any SM (rounding is monotone), so
@@ -990,9 +989,7 @@ class Sm90SamplerEpilogueWarpGroups {
   // token may come late, most early winners fail; raising only winners some way above the min_p
   // floor still made a third of the rows stream on an H200). Rows whose min_p does not cut raise
   // them as plain sampling does.
-  CUTLASS_DEVICE static bool may_raise_floor(bool filters_min_p, bool min_p_cuts) {
-    return !filters_min_p || !min_p_cuts;
-  }
+  CUTLASS_DEVICE static bool may_raise_floor(bool filters_min_p, bool cuts) { return !filters_min_p || !cuts; }
   CUTLASS_DEVICE static void prefetch_to_l2(void const* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
   }
