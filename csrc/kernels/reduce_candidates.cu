@@ -257,8 +257,8 @@ __device__ __forceinline__ bool is_token_candidate(PackedCandidate c) {
 // failing candidate beats W, and only those tiles' stored x are read (their survivors sampled as
 // the streaming pass would), up to kMinPSampleTiles of them; with more the row streams (decided
 // = false), as it does where the row's final floor beats W (a guard: no winner of such a row raises
-// it). The candidates' x are read from the stored x, four tiles' loads at a time in flight
-// (the GEMM reading each winner's x back for the reduction made LLM-like rows' calls slower).
+// it). The candidates' x are read from the stored x, four tiles' loads at a time in flight (not
+// read back by the GEMM at its merge, which costs its epilogue more: docs/truncation_kernels.md).
 __device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, SamplerBuffers const& buffers,
                                                    int64_t row, int64_t col, int64_t columns, int64_t num_tiles,
                                                    int vocab_tile, float inv_t, MinP const& test, MinPRow& out) {

@@ -174,8 +174,8 @@ bool min_p_plain_pass_pays(int64_t columns) { return columns <= 128; }
 // Whether min_p alone on the plain pass pays with filtered winners (SamplerParams::
 // min_p_filtered_winners) at these GEMM columns. A row whose min_p cuts draws the noise of every
 // token that may pass it (no exact skip for it), which the epilogue hides under the weight's
-// stream on 64-wide column tiles but not on 128-wide ones: flat rows' GEMM 357 -> 405 us at 128
-// rows, D = 4096 (docs/truncation.md, min_p alone).
+// stream on 64-wide column tiles but not on 128-wide ones (docs/truncation.md, min_p alone, has
+// the A/B).
 bool min_p_filtered_winners_pay(int64_t columns) { return columns <= 64; }
 
 // Whether the call's fused truncation is to draw the tile winners: the kernel choice keeps a scan

@@ -986,9 +986,9 @@ class Sm90SamplerEpilogueWarpGroups {
   // Whether a column's tile winner may raise the exact skip's floors: not where min_p cuts. The
   // reduction needs every token the skip leaves out below the row's best surviving candidate, and
   // a floor from a winner that later fails min_p can lie above it (on LLM-like rows, whose first
-  // token may come late, most early winners fail; raising only winners some way above the min_p
-  // floor still made a third of the rows stream on an H200). Rows whose min_p does not cut raise
-  // them as plain sampling does.
+  // token may come late, most early winners fail, and raising only winners some way above the
+  // min_p floor still made many rows stream: docs/truncation_kernels.md). Rows whose min_p does
+  // not cut raise them as plain sampling does.
   CUTLASS_DEVICE static bool may_raise_floor(bool filters_min_p, bool cuts) { return !filters_min_p || !cuts; }
   CUTLASS_DEVICE static void prefetch_to_l2(void const* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
