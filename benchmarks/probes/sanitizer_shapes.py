@@ -166,9 +166,12 @@ for batch, vocab, dim, dtype in SHAPES:
         assert bool(((tokens >= 0) & (tokens < vocab)).all())
         # The same on peaked rows (each a weight row, scaled), whose winners mostly lead their rows:
         # the plain pass's reduction keeps them (winner_leads_row); and min_p alone without
-        # log-probabilities, which takes the plain pass up to 128 rows.
+        # log-probabilities, which takes the plain pass up to 128 rows (at 33-64 rows the filtered
+        # tile winners: on peaked rows the reduction reads the tiles whose failing candidate beats
+        # the surviving ones).
         peaked = weight[torch.arange(batch, device="cuda") * 7 % vocab] * 4
-        for inputs, truncation in ((peaked, dict(top_p=top_p)), (hidden, dict(min_p=min_p))):
+        for inputs, truncation in ((peaked, dict(top_p=top_p)), (hidden, dict(min_p=min_p)),
+                                   (peaked, dict(min_p=min_p))):
             tokens = flashsampling_cuda.sample(inputs, weight, temperature=0.9, seed=7, truncation_path="fused_top_k",
                                                **truncation)
             torch.cuda.synchronize()
