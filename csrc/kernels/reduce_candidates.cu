@@ -182,6 +182,14 @@ struct MinPRow {
 // pass over the whole row.
 constexpr int kMinPSampleTiles = 64;
 
+// Puts tile t on a block's list of up to kMinPSampleTiles tiles, at a slot from an atomic (the
+// order depends on the atomics; what is drawn from the list does not); `count` past the list's
+// length says it overflowed.
+__device__ __forceinline__ void list_tile(int32_t* tiles, int* count, int64_t t) {
+  int const slot = atomicAdd(count, 1);
+  if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
+}
+
 // Block-wide (every thread gets the same): the best survivor of the `listed` tiles in `tiles` (their
 // stored x that pass min_p, Gumbel-Max with the noise of plain sampling, as the streaming pass
 // would draw them: the same token and score), or `best` where that is better.
@@ -213,8 +221,7 @@ __device__ PackedCandidate best_survivor_of_tiles(SamplerParams const& p, int64_
 }
 
 // Block-wide (every thread gets the same): the sample of a min_p row over the survivors of its
-// tiles, or decided = false where more than kMinPSampleTiles tiles may hold survivors. The tiles'
-// list order depends on the atomics; the sample (the largest packed candidate) does not. (Counting
+// tiles, or decided = false where more than kMinPSampleTiles tiles may hold survivors. (Counting
 // the tiles first without atomics, then listing them at the threads' exclusive offsets, takes a
 // second pass and a scan's barriers, and was slower on peaked rows: docs/truncation.md.)
 __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers const& buffers, int64_t row,
@@ -228,13 +235,9 @@ __device__ void sample_min_p_from_tiles(SamplerParams const& p, SamplerBuffers c
   bool const first_keeps =
       threadIdx.x < num_tiles && test.keeps(fs_mul(buffers.tile_max_logits[threadIdx.x * columns + col], inv_t));
   if (__syncthreads_count(first_keeps) > kMinPSampleTiles) return;  // every thread: the row streams
-  auto list = [&](int64_t t) {
-    int const slot = atomicAdd(&count, 1);
-    if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
-  };
-  if (first_keeps) list(threadIdx.x);
+  if (first_keeps) list_tile(tiles, &count, threadIdx.x);
   for (int64_t t = threadIdx.x + kReduceThreads; t < num_tiles; t += kReduceThreads) {
-    if (test.keeps(fs_mul(buffers.tile_max_logits[t * columns + col], inv_t))) list(t);
+    if (test.keeps(fs_mul(buffers.tile_max_logits[t * columns + col], inv_t))) list_tile(tiles, &count, t);
   }
   __syncthreads();
   int const listed = count;
@@ -300,8 +303,7 @@ __device__ void sample_min_p_past_filtered_winners(SamplerParams const& p, Sampl
   for (int64_t t = threadIdx.x; t < num_tiles; t += kReduceThreads) {
     PackedCandidate const c = buffers.candidates[t * columns + col];
     if (c > surviving && is_token_candidate(c) && !test.keeps(fs_mul(candidate_x(c), inv_t))) {
-      int const slot = atomicAdd(&count, 1);
-      if (slot < kMinPSampleTiles) tiles[slot] = static_cast<int32_t>(t);
+      list_tile(tiles, &count, t);
     }
   }
   __syncthreads();
