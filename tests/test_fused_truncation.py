@@ -840,6 +840,44 @@ def test_large_top_k_at_a_full_vocabulary_equals_cpu_op():
 
 
 @requires_sm90
+@pytest.mark.parametrize("batch", [40, 64, 130])
+@pytest.mark.parametrize("regime", ["flat", "peaked"])
+@pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
+def test_large_top_k_run_keys_equal_stored_logits(batch, regime, controls):
+    """A host top_k = 1000 on the epilogue-warpgroup top-k scan (33 rows and more) with
+    DispatchOptions::large_top_k_stores_logits off: the scan stores each 16-token run's four
+    largest keys in place of x, and the selection's repairs read those, recomputing a run whose
+    fourth key may hide more of the top k (at V = 32768 a row's tiles mostly need repairs, and a
+    few runs a row hold four of its top k). Rows 0 and 1 also get a run of 12 / 7 tokens far ahead
+    of the rest. Tokens, scores and log-probabilities as with the stored x (the option on), bit for
+    bit, and the CPU op's tokens and scores on the same exact logits."""
+    hidden, weight, _ = exact_problem(batch, regime, seed=batch + 71)
+    weight = weight.float()
+    for row, run, tokens in ((0, 300, 12), (1, 1500, 7)):
+        weight[run * 16 + torch.arange(tokens)] = 3 / 8 * hidden[row].float().sign()
+    weight = weight.bfloat16()
+    logits = hidden.float() @ weight.float().T
+    assert logits.abs().max() < 2**11  # exact in fp32 in every summation order
+    temperatures = torch.rand(batch, generator=torch.Generator().manual_seed(batch)) * 1.5 + 0.4
+    temperatures[::5] = 0.0
+    kwargs = dict(temperature=temperatures, seed=torch.tensor(11), offset=torch.tensor(3), top_k=1000,
+                  num_samples=2, return_logprobs=True)
+    if controls:
+        c = random_controls(batch, V, "cpu", vocab_start=32, seed=batch, density=0.7)
+        kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=32, empty_mask_token=-3)
+    on = {**on_cuda(kwargs), "truncation_path": "fused_top_k"}
+    h, w = hidden.cuda(), weight.cuda()
+    results = {}
+    for stores in (True, False):
+        results[stores], names = sample_with_dispatch_options(h, w, on, large_top_k_stores_logits=stores)
+        assert ran_top_candidates_epilogue_warpgroups(names), names
+    assert_same_bits(results[False], results[True], ("tokens", "scores", "token_logprobs", "logsumexp"))
+    expected = torch.ops.flashsampling.sample_from_logits(logits, **cpu_op_kwargs(kwargs))  # the CPU op
+    assert torch.equal(results[False].tokens.cpu(), expected[0]), (results[False].tokens.cpu() != expected[0]).nonzero()[:8]
+    assert torch.equal(results[False].scores.cpu(), expected[1])
+
+
+@requires_sm90
 def test_min_p_call_rows_without_a_finite_first_y_equal_cpu_op():
     """A min_p call whose rows' first y is -inf (a bias of -inf everywhere, one NaN): min_p's test
     keeps the first token alone in every row, also in rows whose own min_p is off (the cut kernel

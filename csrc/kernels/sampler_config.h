@@ -82,6 +82,9 @@ struct SamplerBuffers {
   // min_p_filtered_winners only: each GEMM column's largest x so far (number_order_bits; 0: none
   // yet), zeroed before the GEMM, raised by every CTA.
   uint32_t* column_max_codes = nullptr;  // [columns]
+  // large_top_k_run_keys only: each row's 16-token runs' four largest keys (top_scan_key of x, 0
+  // where a run has fewer tokens), in place of x: [B][large_top_k_runs(p)][kTopCandidatesPerTile].
+  PackedCandidate* run_keys = nullptr;
 };
 
 // Whether a call's reduction hands rows on to the top_p rounds with their winners
@@ -96,8 +99,8 @@ inline bool hands_on_streamed_winners(SamplerParams const& p) {
 struct SamplerWorkspaceLayout {
   size_t candidates = 0, candidate_logits = 0, lse_parts = 0, sparse_bitmap = 0, penalty_words = 0,
          penalty_slots = 0, penalty_lowers = 0, inv_temperatures = 0, noise_floors = 0, streamed_first_y = 0, logits_sampler = 0,
-         tile_winners = 0, streamed_winners = 0, tile_max_logits = 0, column_max_codes = 0, padded_hidden = 0, gemm = 0,
-         total = 0;
+         tile_winners = 0, streamed_winners = 0, tile_max_logits = 0, column_max_codes = 0, run_keys = 0,
+         padded_hidden = 0, gemm = 0, total = 0;
 
   // logits_sampler_bytes: the fallback's logits sampler's workspace (0 unless
   // fused_truncation_streams_rows).
@@ -139,6 +142,10 @@ struct SamplerWorkspaceLayout {
     at += p.truncation_on_plain_pass ? round_up(slots * sizeof(float)) : 0;
     column_max_codes = at;
     at += p.min_p_filtered_winners ? round_up(static_cast<size_t>(sampler_gemm_columns(p)) * sizeof(uint32_t)) : 0;
+    run_keys = at;
+    at += p.large_top_k_run_keys ? round_up(static_cast<size_t>(p.batch_size * large_top_k_runs(p)) *
+                                            kTopCandidatesPerTile * sizeof(PackedCandidate))
+                                 : 0;
     padded_hidden = at;
     at += p.padded_columns > 0 ? round_up(static_cast<size_t>(p.padded_columns * p.hidden_dim) * kElementBytes) : 0;
     gemm = at;
@@ -166,6 +173,7 @@ struct SamplerWorkspaceLayout {
         hands_on_streamed_winners(p) ? reinterpret_cast<PackedCandidate*>(base + streamed_winners) : nullptr;
     b.tile_max_logits = p.truncation_on_plain_pass ? reinterpret_cast<float*>(base + tile_max_logits) : nullptr;
     b.column_max_codes = p.min_p_filtered_winners ? reinterpret_cast<uint32_t*>(base + column_max_codes) : nullptr;
+    b.run_keys = p.large_top_k_run_keys ? reinterpret_cast<PackedCandidate*>(base + run_keys) : nullptr;
     return b;
   }
 };

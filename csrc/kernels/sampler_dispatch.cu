@@ -25,6 +25,9 @@ struct ConfigEntry {
   // Whether the kernel's top-k scan can draw the tile winners (SamplerParams::draw_tile_winners):
   // the visitor's scan on CUTLASS's sm90 schedules.
   bool scans_tile_winners = false;
+  // Whether the kernel's top-k scan can store each 16-token run's four largest keys in place of x
+  // (SamplerParams::large_top_k_run_keys): the epilogue-warpgroup kernel's.
+  bool stores_run_keys = false;
 };
 
 #if defined(FLASHSAMPLING_ENABLE_SM90)
@@ -55,7 +58,8 @@ template <class Element, int TileN = 128, int kClusterN = 1>
 ConfigEntry sm90_top_candidates_epilogue_warpgroups_entry() {
   return {run_sampler_gemm_sm90_epilogue_warpgroups<Element, TileN, SamplerLoop::kTopCandidates, 1, kClusterN>,
           [](SamplerParams const&) { return size_t{0}; }, kEpilogueWarpGroupsTopCandidatesVocabTile, TileN,
-          /*skips_unreachable_noise=*/false, /*loads_inv_temperatures=*/false};
+          /*skips_unreachable_noise=*/false, /*loads_inv_temperatures=*/false, /*scans_tile_winners=*/false,
+          /*stores_run_keys=*/true};
 }
 #endif
 
@@ -283,6 +287,12 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   p.draw_tile_winners = entry.scans_tile_winners && call_wants_tile_winners(p, options);
   p.row_logits_by_top_k = fused_truncation_stores_logits_by_top_k(p);
+  p.large_top_k_run_keys = !options.large_top_k_stores_logits && entry.stores_run_keys &&
+                           fused_truncation_selects_large_top_k(p) && p.row_logits != nullptr;
+  if (p.large_top_k_run_keys) {  // the runs' keys in the workspace take the place of x
+    p.row_logits = nullptr;
+    p.row_logits_stride = 0;
+  }
   int64_t const columns = sampler_unpadded_columns(p);
   int64_t const tile = entry.column_tile;
   int64_t const last_tile_rows = tile > 0 ? columns % tile : 0;
@@ -320,7 +330,8 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.min_p_on_plain_pass ? 0u : 256u) |
                                (options.first_winners_in_reduction ? 0u : 512u) |
                                (options.narrow_plain_pass ? 0u : 1024u) |
-                               (options.min_p_filtered_winners ? 0u : 2048u),
+                               (options.min_p_filtered_winners ? 0u : 2048u) |
+                               (options.large_top_k_stores_logits ? 0u : 4096u),
                            std::memory_order_relaxed);
 }
 
@@ -339,6 +350,7 @@ DispatchOptions sampler_dispatch_options() {
   o.first_winners_in_reduction = !(off & 512u);
   o.narrow_plain_pass = !(off & 1024u);
   o.min_p_filtered_winners = !(off & 2048u);
+  o.large_top_k_stores_logits = !(off & 4096u);
   return o;
 }
 

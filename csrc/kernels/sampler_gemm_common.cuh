@@ -58,6 +58,8 @@ void fill_sampler_node_arguments(NodeArguments& node, SamplerParams const& p, Sa
   node.ptr_row_top_ks = p.row_logits_by_top_k ? p.top_ks : nullptr;
   node.ptr_tile_winners = p.draw_tile_winners ? buffers.tile_winners : nullptr;
   node.ptr_tile_max_logits = buffers.tile_max_logits;
+  node.ptr_run_keys = buffers.run_keys;
+  node.run_keys_stride = buffers.run_keys != nullptr ? large_top_k_runs(p) * kTopCandidatesPerTile : 0;
 }
 
 // Persistent grid over the device's SMs; neighbouring CTAs take the N tiles of one vocabulary

@@ -73,6 +73,7 @@ struct Stage2Shared {
   int min_p_tiles;        // tiles whose first token passes min_p
   int tiles_ahead;        // tiles whose first y is above the winner's (a row with a large top_k)
   int count, survivors, repair_count, digit;
+  int runs_listed;  // select_large_top_k_kernel: runs whose tokens a repair round recomputes
   unsigned remaining;
 };
 
@@ -1184,6 +1185,67 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   }
 }
 
+// A repair round of select_large_top_k_kernel where the GEMM stored each 16-token run's four
+// largest keys in place of x (SamplerParams::large_top_k_run_keys): the keys at or above kappa_now
+// of the round's tiles' runs join the list (keys, xs; sh.count entries), and a run whose fourth key
+// may hide more of the top k (tile_may_hide_more, as for a tile) has its tokens recomputed instead
+// (warp_dot, the mask and the dense bias, as stage 2 recomputes its tiles; rare: a run holding four
+// of the row's top k). Block-wide; `tiles` the round's tiles, `elements` their tokens.
+__device__ void add_repaired_runs(SamplerParams const& p, int64_t row, PackedCandidate const* __restrict__ run_keys,
+                                  int const* tiles, int elements, int vocab_tile, PackedCandidate kappa_now,
+                                  float inv_t, bool greedy, bool scale_exact, PackedCandidate* keys, float* xs,
+                                  Stage2Shared& sh) {
+  int const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int const runs_per_tile = vocab_tile / kRunKeysRunTokens;
+  int const runs = elements / kRunKeysRunTokens;
+  int64_t const row_runs = large_top_k_runs(p);
+  PackedCandidate const* const row_keys = run_keys + row * row_runs * C;
+  SamplingControls const& controls = p.controls;
+  auto add = [&](PackedCandidate key, float x) {
+    int const at = atomicAdd(&sh.count, 1);
+    keys[at] = key;
+    xs[at] = x;
+  };
+  for (int chunk = 0; chunk < runs; chunk += kThreads) {
+    if (threadIdx.x == 0) sh.runs_listed = 0;
+    __syncthreads();
+    int const r = chunk + threadIdx.x;
+    int64_t const run = r < runs ? int64_t{tiles[r / runs_per_tile]} * runs_per_tile + r % runs_per_tile : row_runs;
+    if (run < row_runs) {
+      static_assert(C == 4, "a run's keys: two 16-byte loads");
+      ulonglong2 const* const list = reinterpret_cast<ulonglong2 const*>(row_keys + run * C);
+      ulonglong2 const first = list[0], second = list[1];
+      PackedCandidate const x_key[C] = {first.x, first.y, second.x, second.y};
+      uint32_t const run_start = static_cast<uint32_t>(p.vocab_start + run * kRunKeysRunTokens);
+      if (tile_may_hide_more(y_key(x_key[C - 1], inv_t, greedy), kappa_now, scale_exact, run_start)) {
+        sh.repair_tiles[atomicAdd(&sh.runs_listed, 1)] = static_cast<int>(run);
+      } else {
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+          PackedCandidate const key = y_key(x_key[j], inv_t, greedy);
+          if (x_key[j] != 0 && key >= kappa_now) add(key, from_order_bits(static_cast<uint32_t>(x_key[j] >> 32)));
+        }
+      }
+    }
+    __syncthreads();
+    int const listed = sh.runs_listed;
+    for (int e = warp; e < listed * kRunKeysRunTokens; e += kWarps) {
+      int64_t const v = int64_t{sh.repair_tiles[e / kRunKeysRunTokens]} * kRunKeysRunTokens + e % kRunKeysRunTokens;
+      if (v >= p.vocab_size) continue;
+      float x = warp_dot(p, v, row);
+      if (lane != 0) continue;
+      if (controls.allowed_mask &&
+          !((controls.allowed_mask[row * controls.mask_words + (v >> 5)] >> (v & 31)) & 1u)) {
+        continue;
+      }
+      if (controls.logit_bias) x = fs_add(x, controls.logit_bias[v]);
+      PackedCandidate const key = y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)), inv_t, greedy);
+      if (key >= kappa_now) add(key, x);
+    }
+    __syncthreads();  // the list and its count are written again for the next chunk
+  }
+}
+
 // Entries of select_large_top_k_kernel's key list: every key of the tiles' lists, and room for k
 // kept keys beside a repair round of kRepairTiles tiles or more.
 __host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int vocab_tile) {
@@ -1200,8 +1262,8 @@ __host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int v
 // as the kernel above; it decides every row. Two blocks an SM where their shared memory fits (vocab
 // tiles of 128 tokens: 256 rows in one wave), so at most 64 registers a thread.
 __global__ void __launch_bounds__(kThreads, 2)
-select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates, int64_t num_tiles,
-                          int vocab_tile) {
+select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates,
+                          PackedCandidate const* __restrict__ run_keys, int64_t num_tiles, int vocab_tile) {
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   __shared__ Stage2Shared sh;
   int64_t const row = blockIdx.x;
@@ -1301,7 +1363,11 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
           if (threadIdx.x == 0) sh.count = n;
           __syncthreads();
           constexpr int kLoads = 4;  // loads a thread has in flight
-          for (int chunk = 0; chunk < elements; chunk += kLoads * kThreads) {
+          if (run_keys != nullptr) {
+            add_repaired_runs(p, row, run_keys, &repair_tiles[first], elements, vocab_tile, kappa_now, inv_t, greedy,
+                              scale_exact, keys, xs, sh);
+          }
+          for (int chunk = 0; chunk < elements && run_keys == nullptr; chunk += kLoads * kThreads) {
             int64_t v[kLoads];
             float x[kLoads];
   #pragma unroll
@@ -1363,13 +1429,13 @@ cudaError_t launch_truncate_candidates(SamplerParams const& p, SamplerBuffers co
   if (p.batch_size == 0) return cudaSuccess;
   if (!p.fused_truncation || truncate_candidates_smem_bytes(num_tiles, vocab_tile) == 0) return cudaErrorInvalidValue;
   if (fused_truncation_selects_large_top_k(p)) {
-    if (p.row_logits == nullptr) return cudaErrorInvalidValue;  // its repairs read them
+    if (p.row_logits == nullptr && buffers.run_keys == nullptr) return cudaErrorInvalidValue;  // its repairs read them
     size_t const smem = large_top_k_smem_bytes(num_tiles, vocab_tile);
     cudaError_t const err = cudaFuncSetAttribute(select_large_top_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  static_cast<int>(smem));
     if (err != cudaSuccess) return err;
-    select_large_top_k_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(p, buffers.candidates,
-                                                                                                num_tiles, vocab_tile);
+    select_large_top_k_kernel<<<static_cast<unsigned>(p.batch_size), kThreads, smem, stream>>>(
+        p, buffers.candidates, buffers.run_keys, num_tiles, vocab_tile);
     return cudaGetLastError();
   }
   // Without the logits, every row must be one stage 2 decides.

@@ -583,7 +583,7 @@ static void set_dispatch_options(bool column_clusters, bool pad_columns, bool no
                                  bool top_candidates_epilogue_warpgroups, bool top_p_tile_winners,
                                  bool narrow_ragged_columns, bool top_p_on_plain_pass, bool min_p_on_plain_pass,
                                  bool first_winners_in_reduction, bool narrow_plain_pass,
-                                 bool min_p_filtered_winners) {
+                                 bool min_p_filtered_winners, bool large_top_k_stores_logits) {
   DispatchOptions options;
   options.column_clusters = column_clusters;
   options.pad_columns = pad_columns;
@@ -597,6 +597,7 @@ static void set_dispatch_options(bool column_clusters, bool pad_columns, bool no
   options.first_winners_in_reduction = first_winners_in_reduction;
   options.narrow_plain_pass = narrow_plain_pass;
   options.min_p_filtered_winners = min_p_filtered_winners;
+  options.large_top_k_stores_logits = large_top_k_stores_logits;
   set_sampler_dispatch_options(options);
 }
 
@@ -604,7 +605,8 @@ TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
   m.def("_set_dispatch_options(bool column_clusters=True, bool pad_columns=True, bool noise_skip=True, "
         "bool lse_references=True, bool top_candidates_epilogue_warpgroups=True, bool top_p_tile_winners=True, "
         "bool narrow_ragged_columns=True, bool top_p_on_plain_pass=True, bool min_p_on_plain_pass=True, "
-        "bool first_winners_in_reduction=True, bool narrow_plain_pass=True, bool min_p_filtered_winners=True) -> ()",
+        "bool first_winners_in_reduction=True, bool narrow_plain_pass=True, bool min_p_filtered_winners=True, "
+        "bool large_top_k_stores_logits=True) -> ()",
         &set_dispatch_options);
 }
 

@@ -244,6 +244,11 @@ struct SamplerParams {
   // unwritten, and stage 2 recomputes their hidden tiles instead of reading them: the x no later
   // kernel reads cost the GEMM their write-back (a [B, V] fp32 array) as the weight streams in.
   bool row_logits_by_top_k = false;
+  // Set by launch_sampler, not by callers (DispatchOptions::large_top_k_stores_logits off): a call
+  // that selects a large top_k (fused_truncation_selects_large_top_k) on the epilogue-warpgroup
+  // top-k scan stores, in place of x (row_logits is then null), each 16-token run's four largest
+  // keys (SamplerBuffers::run_keys), from which the selection's repairs read a tile.
+  bool large_top_k_run_keys = false;
   // Set by launch_sampler, not by callers (sampler_dispatch.cu: runs_on_plain_pass): a fused
   // truncation call of top_p alone or min_p alone that runs plain sampling's pass instead of the
   // top-k scan (fused_truncation is then false): the GEMM also stores every x in row_logits and
@@ -307,6 +312,13 @@ FS_HOST_DEVICE double min_p_of_row(SamplerParams const& p, int64_t row) { return
 // stored logits (row_logits), and no row is left to the logits sampler.
 inline bool fused_truncation_selects_large_top_k(SamplerParams const& p) {
   return p.top_ks == nullptr && p.top_k > kMaxFusedTopK && p.top_k <= kMaxFusedLargeTopK;
+}
+
+// Tokens of a run of the large top_k's run keys (SamplerParams::large_top_k_run_keys: the
+// epilogue-warpgroup scan's runs), and a row's runs (the last may be partial).
+constexpr int kRunKeysRunTokens = 16;
+FS_HOST_DEVICE int64_t large_top_k_runs(SamplerParams const& p) {
+  return (p.vocab_size + kRunKeysRunTokens - 1) / kRunKeysRunTokens;
 }
 
 // Whether the fused truncation's stage 2 hands the top_p rows it cannot decide to the logits
@@ -391,6 +403,14 @@ struct DispatchOptions {
   // those (SamplerParams::min_p_filtered_winners; else the tiles' plain winners and the streaming
   // pass)
   bool min_p_filtered_winners = true;
+  // (An experiment, not yet measured.) A host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] on the
+  // epilogue-warpgroup top-k scan stores x for the selection's repairs; off, it stores each 16-token
+  // run's four largest keys instead (SamplerParams::large_top_k_run_keys): half the bytes written
+  // back while the weight streams in. The same tokens and scores either way, but where a run's
+  // keys may hide more of the top k: its x are then recomputed, as stage 2's tiles are for a host
+  // top_k up to kMaxFusedTopK (the GEMM's rounding, not necessarily its bits). (The binding still
+  // allocates the x it no longer stores: the A/B's shortcut, to go if the keys are kept.)
+  bool large_top_k_stores_logits = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);

@@ -326,6 +326,10 @@ struct Sm90GumbelArgmaxRowReduction {
     // column)'s largest raw logit at [tile * N + column], next to every x stored in ptr_row_logits
     // (columns below batch_size).
     float* ptr_tile_max_logits = nullptr;
+    // SamplerParams::large_top_k_run_keys (the epilogue-warpgroup kernel's top-k scan only, without
+    // ptr_row_logits): each 16-token run's four largest keys at [row * run_keys_stride + run * 4].
+    PackedCandidate* ptr_run_keys = nullptr;
+    int64_t run_keys_stride = 0;
     NoiseSource noise = {};
     SamplingControls controls = {};
     float inv_temperature = 1.0f;
@@ -360,6 +364,7 @@ struct Sm90GumbelArgmaxRowReduction {
            (args.ptr_tile_winners == nullptr ||
             (kTopScan && args.num_samples == 1 && !args.logprobs && args.noise.row_seeds == nullptr &&
              args.noise.row_offsets == nullptr && args.noise.row_streams == nullptr)) &&
+           args.ptr_run_keys == nullptr &&  // (only the epilogue-warpgroup kernel's scan stores them)
            (!args.logprobs || (args.ptr_candidate_logits != nullptr && args.ptr_lse_parts != nullptr));
   }
 

@@ -234,6 +234,8 @@ class Sm90SamplerEpilogueWarpGroups {
            (!kTopCandidates || (controls.sparse_ids == nullptr && controls.logit_scale == 1.0f &&
                                 controls.logit_softcap == 0.0f &&
                                 (args.node.ptr_row_logits == nullptr || args.node.ptr_lse_parts != nullptr))) &&
+           // each run's keys in place of x (SamplerParams::large_top_k_run_keys)
+           (args.node.ptr_run_keys == nullptr || (kTopCandidates && args.node.ptr_row_logits == nullptr)) &&
            // top_p or min_p alone on the plain pass: the plain and the controls' loop store x of one
            // sample, without logprobs (their result slots), the model-side transforms, penalties or
            // sparse bias
@@ -1377,6 +1379,15 @@ class Sm90SamplerEpilogueWarpGroups {
           make_ulonglong2(top[0], top[1]);
       reinterpret_cast<ulonglong2&>(scan_slot(hand_over, half, pair, warp, kKeySlot + 2 * c + 1)) =
           make_ulonglong2(top[2], top[3]);
+      if (node.ptr_run_keys != nullptr && column < node.batch_size && first_local < static_cast<uint32_t>(num_rows)) {
+        // the run's keys where the large top_k's selection reads them in place of its x
+        static_assert(kScanRunRows == kRunKeysRunTokens && kTopCandidatesPerTile == 4, "a run's keys: two 16-byte stores");
+        ulonglong2* const out = reinterpret_cast<ulonglong2*>(node.ptr_run_keys +
+                                                              static_cast<int64_t>(column) * node.run_keys_stride +
+                                                              (first_local / kScanRunRows) * kTopCandidatesPerTile);
+        out[0] = make_ulonglong2(top[0], top[1]);
+        out[1] = make_ulonglong2(top[2], top[3]);
+      }
       part[c] = make_float2(-INFINITY, 0.0f);
       if (node.ptr_row_logits != nullptr && column < node.batch_size) {
         // x where a later kernel may read them (the row's stride covers whole 128-row tiles, so
