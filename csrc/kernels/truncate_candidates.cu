@@ -291,6 +291,17 @@ __device__ float warp_dot(SamplerParams const& p, int64_t v, int64_t row) {
   return sum;
 }
 
+// x of token v (local id) of row `row` recomputed from the weight (warp_dot, then the dense bias as
+// the GEMM adds it), for a tile or run whose stored keys may hide more of a top k; false where the
+// mask excludes the token. Warp-wide: every lane gets the same.
+__device__ bool recomputed_logit(SamplerParams const& p, int64_t v, int64_t row, float& x) {
+  SamplingControls const& c = p.controls;
+  x = warp_dot(p, v, row);
+  if (c.allowed_mask && !((c.allowed_mask[row * c.mask_words + (v >> 5)] >> (v & 31)) & 1u)) return false;
+  if (c.logit_bias) x = fs_add(x, c.logit_bias[v]);
+  return true;
+}
+
 // Hands the row to the logits sampler (SamplerParams::fallback_rows); thread 0 of the block.
 __device__ void leave_to_logits_sampler(SamplerParams const& p, int64_t row) {
   if (p.fallback_rows == nullptr) return;  // the binding gives the buffer wherever a row may need it
@@ -1021,14 +1032,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
           for (int e = warp; e < tiles * vocab_tile; e += kWarps) {
             int64_t const v = int64_t{sh.repair_tiles[first + e / vocab_tile]} * vocab_tile + e % vocab_tile;
             if (v >= p.vocab_size) continue;
-            float x = warp_dot(p, v, row);
-            if (lane != 0) continue;
-            if (controls.allowed_mask &&
-                !((controls.allowed_mask[row * controls.mask_words + (v >> 5)] >> (v & 31)) & 1u)) {
-              continue;
-            }
-            if (controls.logit_bias) x = fs_add(x, controls.logit_bias[v]);
-            add_token(v, x);
+            float x;
+            if (recomputed_logit(p, v, row, x) && lane == 0) add_token(v, x);
           }
         }
         __syncthreads();
@@ -1200,7 +1205,6 @@ __device__ void add_repaired_runs(SamplerParams const& p, int64_t row, PackedCan
   int const runs = elements / kRunKeysRunTokens;
   int64_t const row_runs = large_top_k_runs(p);
   PackedCandidate const* const row_keys = run_keys + row * row_runs * C;
-  SamplingControls const& controls = p.controls;
   auto add = [&](PackedCandidate key, float x) {
     int const at = atomicAdd(&sh.count, 1);
     keys[at] = key;
@@ -1232,13 +1236,8 @@ __device__ void add_repaired_runs(SamplerParams const& p, int64_t row, PackedCan
     for (int e = warp; e < listed * kRunKeysRunTokens; e += kWarps) {
       int64_t const v = int64_t{sh.repair_tiles[e / kRunKeysRunTokens]} * kRunKeysRunTokens + e % kRunKeysRunTokens;
       if (v >= p.vocab_size) continue;
-      float x = warp_dot(p, v, row);
-      if (lane != 0) continue;
-      if (controls.allowed_mask &&
-          !((controls.allowed_mask[row * controls.mask_words + (v >> 5)] >> (v & 31)) & 1u)) {
-        continue;
-      }
-      if (controls.logit_bias) x = fs_add(x, controls.logit_bias[v]);
+      float x;
+      if (!recomputed_logit(p, v, row, x) || lane != 0) continue;
       PackedCandidate const key = y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)), inv_t, greedy);
       if (key >= kappa_now) add(key, x);
     }
