@@ -844,13 +844,13 @@ def test_large_top_k_at_a_full_vocabulary_equals_cpu_op():
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
 def test_large_top_k_run_keys_equal_stored_logits(batch, regime, controls):
-    """A host top_k = 1000 on the epilogue-warpgroup top-k scan (33 rows and more) with
-    DispatchOptions::large_top_k_stores_logits off: the scan stores each 16-token run's four
-    largest keys in place of x, and the selection's repairs read those, recomputing a run whose
-    fourth key may hide more of the top k (at V = 32768 a row's tiles mostly need repairs, and a
-    few runs a row hold four of its top k). Rows 0 and 1 also get a run of 12 / 7 tokens far ahead
-    of the rest. Tokens, scores and log-probabilities as with the stored x (the option on), bit for
-    bit, and the CPU op's tokens and scores on the same exact logits."""
+    """A host top_k = 1000 on the epilogue-warpgroup top-k scan (33 rows and more) stores each
+    16-token run's four largest keys in place of x, and the selection's repairs read those,
+    recomputing a run whose fourth key may hide more of the top k (at V = 32768 a row's tiles
+    mostly need repairs, and a few runs a row hold four of its top k). Rows 0 and 1 also get a run
+    of 12 / 7 tokens far ahead of the rest. Tokens, scores and log-probabilities as CUTLASS's scan
+    gives them from the x it stores (DispatchOptions::top_candidates_epilogue_warpgroups off), bit
+    for bit, and the CPU op's tokens and scores on the same exact logits."""
     hidden, weight, _ = exact_problem(batch, regime, seed=batch + 71)
     weight = weight.float()
     for row, run, tokens in ((0, 300, 12), (1, 1500, 7)):
@@ -867,14 +867,14 @@ def test_large_top_k_run_keys_equal_stored_logits(batch, regime, controls):
         kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=32, empty_mask_token=-3)
     on = {**on_cuda(kwargs), "truncation_path": "fused_top_k"}
     h, w = hidden.cuda(), weight.cuda()
-    results = {}
-    for stores in (True, False):
-        results[stores], names = sample_with_dispatch_options(h, w, on, large_top_k_stores_logits=stores)
-        assert ran_top_candidates_epilogue_warpgroups(names), names
-    assert_same_bits(results[False], results[True], ("tokens", "scores", "token_logprobs", "logsumexp"))
+    run_keys, names = sample_with_dispatch_options(h, w, on)
+    assert ran_top_candidates_epilogue_warpgroups(names), names
+    stored_x, names = sample_with_dispatch_options(h, w, on, top_candidates_epilogue_warpgroups=False)
+    assert not ran_top_candidates_epilogue_warpgroups(names), names
+    assert_same_bits(run_keys, stored_x, ("tokens", "scores", "token_logprobs", "logsumexp"))
     expected = torch.ops.flashsampling.sample_from_logits(logits, **cpu_op_kwargs(kwargs))  # the CPU op
-    assert torch.equal(results[False].tokens.cpu(), expected[0]), (results[False].tokens.cpu() != expected[0]).nonzero()[:8]
-    assert torch.equal(results[False].scores.cpu(), expected[1])
+    assert torch.equal(run_keys.tokens.cpu(), expected[0]), (run_keys.tokens.cpu() != expected[0]).nonzero()[:8]
+    assert torch.equal(run_keys.scores.cpu(), expected[1])
 
 
 @requires_sm90

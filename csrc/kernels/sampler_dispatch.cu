@@ -259,6 +259,17 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 #endif
 }
 
+// Whether a call's GEMM stores each 16-token run's four largest keys in place of x
+// (SamplerParams::large_top_k_run_keys): a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] on
+// the epilogue-warpgroup top-k scan. Its selection reads x only in the tiles it repairs (about 1%
+// of a flat row's at k = 1000), and from a run's keys it gets all of them but where the run may
+// hide more of the top k (4 of them in 16 tokens), whose x it recomputes: half the bytes x costs
+// the GEMM's write-back while the weight streams in (a [B, V] fp32 array).
+bool stores_run_keys(SamplerParams const& p, ConfigEntry const& entry) {
+  return entry.stores_run_keys && p.fused_truncation && fused_truncation_selects_large_top_k(p) &&
+         p.top_logprobs.top_n < 0;
+}
+
 // The hidden rows padded with zero rows to a whole number of N tiles where the last tile's TMA
 // box would reach far past the last hidden row: a ragged box (the TMA unit filling the rows past
 // the tensor with zeros) is slower than reading zero rows from memory when the last tile is
@@ -287,8 +298,7 @@ SamplerParams launch_params(SamplerParams const& params, ConfigEntry const& entr
   p.prepare_inv_temperatures = p.controls.temperatures != nullptr && entry.loads_inv_temperatures;
   p.draw_tile_winners = entry.scans_tile_winners && call_wants_tile_winners(p, options);
   p.row_logits_by_top_k = fused_truncation_stores_logits_by_top_k(p);
-  p.large_top_k_run_keys = !options.large_top_k_stores_logits && entry.stores_run_keys &&
-                           fused_truncation_selects_large_top_k(p) && p.row_logits != nullptr;
+  p.large_top_k_run_keys = stores_run_keys(p, entry);
   if (p.large_top_k_run_keys) {  // the runs' keys in the workspace take the place of x
     p.row_logits = nullptr;
     p.row_logits_stride = 0;
@@ -330,8 +340,7 @@ void set_sampler_dispatch_options(DispatchOptions const& options) {
                                (options.min_p_on_plain_pass ? 0u : 256u) |
                                (options.first_winners_in_reduction ? 0u : 512u) |
                                (options.narrow_plain_pass ? 0u : 1024u) |
-                               (options.min_p_filtered_winners ? 0u : 2048u) |
-                               (options.large_top_k_stores_logits ? 0u : 4096u),
+                               (options.min_p_filtered_winners ? 0u : 2048u),
                            std::memory_order_relaxed);
 }
 
@@ -350,7 +359,6 @@ DispatchOptions sampler_dispatch_options() {
   o.first_winners_in_reduction = !(off & 512u);
   o.narrow_plain_pass = !(off & 1024u);
   o.min_p_filtered_winners = !(off & 2048u);
-  o.large_top_k_stores_logits = !(off & 4096u);
   return o;
 }
 
@@ -372,6 +380,11 @@ const char* sampler_compiled_archs() {
   return "";
 #endif
 #undef FLASHSAMPLING_ELEMENT_TYPES_BUILT
+}
+
+bool sampler_stores_run_keys(SamplerParams const& call, int device_arch) {
+  SamplerParams const params = route_params(call, device_arch);
+  return stores_run_keys(params, select_config(params, device_arch));
 }
 
 bool fused_top_k_fits(SamplerParams const& p, int device_arch) {

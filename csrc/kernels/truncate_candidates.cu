@@ -1190,12 +1190,25 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
   }
 }
 
+// A run's four keys (top_scan_key of x, 0 where the run has fewer tokens): two 16-byte loads.
+__device__ __forceinline__ void load_run_keys(PackedCandidate const* row_keys, int64_t run, PackedCandidate (&x_key)[C]) {
+  static_assert(C == 4, "a run's keys: two 16-byte loads");
+  ulonglong2 const* const list = reinterpret_cast<ulonglong2 const*>(row_keys + run * C);
+  ulonglong2 const first = list[0], second = list[1];
+  x_key[0] = first.x;
+  x_key[1] = first.y;
+  x_key[2] = second.x;
+  x_key[3] = second.y;
+}
+
 // A repair round of select_large_top_k_kernel where the GEMM stored each 16-token run's four
 // largest keys in place of x (SamplerParams::large_top_k_run_keys): the keys at or above kappa_now
 // of the round's tiles' runs join the list (keys, xs; sh.count entries), and a run whose fourth key
-// may hide more of the top k (tile_may_hide_more, as for a tile) has its tokens recomputed instead
+// may hide more of the top k (tile_may_hide_more, as for a tile) has its other tokens recomputed
 // (warp_dot, the mask and the dense bias, as stage 2 recomputes its tiles; rare: a run holding four
-// of the row's top k). Block-wide; `tiles` the round's tiles, `elements` their tokens.
+// of the row's top k). Its four largest keep the GEMM's x, so a recomputed x (summed in another
+// order) decides a sample only where a run holds five of the top k. Block-wide; `tiles` the
+// round's tiles, `elements` their tokens.
 __device__ void add_repaired_runs(SamplerParams const& p, int64_t row, PackedCandidate const* __restrict__ run_keys,
                                   int const* tiles, int elements, int vocab_tile, PackedCandidate kappa_now,
                                   float inv_t, bool greedy, bool scale_exact, PackedCandidate* keys, float* xs,
@@ -1216,29 +1229,33 @@ __device__ void add_repaired_runs(SamplerParams const& p, int64_t row, PackedCan
     int const r = chunk + threadIdx.x;
     int64_t const run = r < runs ? int64_t{tiles[r / runs_per_tile]} * runs_per_tile + r % runs_per_tile : row_runs;
     if (run < row_runs) {
-      static_assert(C == 4, "a run's keys: two 16-byte loads");
-      ulonglong2 const* const list = reinterpret_cast<ulonglong2 const*>(row_keys + run * C);
-      ulonglong2 const first = list[0], second = list[1];
-      PackedCandidate const x_key[C] = {first.x, first.y, second.x, second.y};
+      PackedCandidate x_key[C];
+      load_run_keys(row_keys, run, x_key);
       uint32_t const run_start = static_cast<uint32_t>(p.vocab_start + run * kRunKeysRunTokens);
       if (tile_may_hide_more(y_key(x_key[C - 1], inv_t, greedy), kappa_now, scale_exact, run_start)) {
         sh.repair_tiles[atomicAdd(&sh.runs_listed, 1)] = static_cast<int>(run);
-      } else {
+      }
 #pragma unroll
-        for (int j = 0; j < C; ++j) {
-          PackedCandidate const key = y_key(x_key[j], inv_t, greedy);
-          if (x_key[j] != 0 && key >= kappa_now) add(key, from_order_bits(static_cast<uint32_t>(x_key[j] >> 32)));
-        }
+      for (int j = 0; j < C; ++j) {
+        PackedCandidate const key = y_key(x_key[j], inv_t, greedy);
+        if (x_key[j] != 0 && key >= kappa_now) add(key, from_order_bits(static_cast<uint32_t>(x_key[j] >> 32)));
       }
     }
     __syncthreads();
     int const listed = sh.runs_listed;
     for (int e = warp; e < listed * kRunKeysRunTokens; e += kWarps) {
-      int64_t const v = int64_t{sh.repair_tiles[e / kRunKeysRunTokens]} * kRunKeysRunTokens + e % kRunKeysRunTokens;
+      int64_t const run = sh.repair_tiles[e / kRunKeysRunTokens];
+      int64_t const v = run * kRunKeysRunTokens + e % kRunKeysRunTokens;
       if (v >= p.vocab_size) continue;
+      PackedCandidate x_key[C];
+      load_run_keys(row_keys, run, x_key);
+      uint32_t const id = static_cast<uint32_t>(p.vocab_start + v);
+      bool stored = false;  // added above with the GEMM's x
+#pragma unroll
+      for (int j = 0; j < C; ++j) stored |= x_key[j] != 0 && top_candidate_index(x_key[j]) == id;
       float x;
-      if (!recomputed_logit(p, v, row, x) || lane != 0) continue;
-      PackedCandidate const key = y_key(pack_top_candidate(x, static_cast<uint32_t>(p.vocab_start + v)), inv_t, greedy);
+      if (stored || !recomputed_logit(p, v, row, x) || lane != 0) continue;
+      PackedCandidate const key = y_key(pack_top_candidate(x, id), inv_t, greedy);
       if (key >= kappa_now) add(key, x);
     }
     __syncthreads();  // the list and its count are written again for the next chunk

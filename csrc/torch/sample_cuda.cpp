@@ -345,10 +345,14 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
                                   kMaxFusedTopK, "] and top_p / min_p without top_k need sm_90 on the fused path (this "
                                   "GPU is sm_", arch, "); flashsampling_cuda.sample takes the logits path there");
       const int64_t stride = (vocab + 127) / 128 * 128;
-      const at::Tensor row_logits = at::empty({batch, stride}, float_options);
-      keep_alive.push_back(row_logits);
-      p.row_logits = row_logits.data_ptr<float>();
-      p.row_logits_stride = stride;
+      // A large host top_k on the epilogue-warpgroup scan stores its runs' keys in the workspace instead.
+      const at::Tensor row_logits =
+          top_n < 0 && sampler_stores_run_keys(p, arch) ? at::Tensor() : at::empty({batch, stride}, float_options);
+      if (row_logits.defined()) {
+        keep_alive.push_back(row_logits);
+        p.row_logits = row_logits.data_ptr<float>();
+        p.row_logits_stride = stride;
+      }
       if (!fused_truncation_selects_large_top_k(p)) {  // which decides every row from the logits too
         // Its count is zeroed with the widening, below.
         const at::Tensor fallback_rows = at::empty({batch + 1}, hidden.options().dtype(at::kInt));
@@ -583,7 +587,7 @@ static void set_dispatch_options(bool column_clusters, bool pad_columns, bool no
                                  bool top_candidates_epilogue_warpgroups, bool top_p_tile_winners,
                                  bool narrow_ragged_columns, bool top_p_on_plain_pass, bool min_p_on_plain_pass,
                                  bool first_winners_in_reduction, bool narrow_plain_pass,
-                                 bool min_p_filtered_winners, bool large_top_k_stores_logits) {
+                                 bool min_p_filtered_winners) {
   DispatchOptions options;
   options.column_clusters = column_clusters;
   options.pad_columns = pad_columns;
@@ -597,7 +601,6 @@ static void set_dispatch_options(bool column_clusters, bool pad_columns, bool no
   options.first_winners_in_reduction = first_winners_in_reduction;
   options.narrow_plain_pass = narrow_plain_pass;
   options.min_p_filtered_winners = min_p_filtered_winners;
-  options.large_top_k_stores_logits = large_top_k_stores_logits;
   set_sampler_dispatch_options(options);
 }
 
@@ -605,8 +608,7 @@ TORCH_LIBRARY_FRAGMENT(flashsampling, m) {
   m.def("_set_dispatch_options(bool column_clusters=True, bool pad_columns=True, bool noise_skip=True, "
         "bool lse_references=True, bool top_candidates_epilogue_warpgroups=True, bool top_p_tile_winners=True, "
         "bool narrow_ragged_columns=True, bool top_p_on_plain_pass=True, bool min_p_on_plain_pass=True, "
-        "bool first_winners_in_reduction=True, bool narrow_plain_pass=True, bool min_p_filtered_winners=True, "
-        "bool large_top_k_stores_logits=True) -> ()",
+        "bool first_winners_in_reduction=True, bool narrow_plain_pass=True, bool min_p_filtered_winners=True) -> ()",
         &set_dispatch_options);
 }
 

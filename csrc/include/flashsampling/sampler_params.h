@@ -244,10 +244,10 @@ struct SamplerParams {
   // unwritten, and stage 2 recomputes their hidden tiles instead of reading them: the x no later
   // kernel reads cost the GEMM their write-back (a [B, V] fp32 array) as the weight streams in.
   bool row_logits_by_top_k = false;
-  // Set by launch_sampler, not by callers (DispatchOptions::large_top_k_stores_logits off): a call
-  // that selects a large top_k (fused_truncation_selects_large_top_k) on the epilogue-warpgroup
-  // top-k scan stores, in place of x (row_logits is then null), each 16-token run's four largest
-  // keys (SamplerBuffers::run_keys), from which the selection's repairs read a tile.
+  // Set by launch_sampler, not by callers (sampler_stores_run_keys): a call that selects a large
+  // top_k (fused_truncation_selects_large_top_k) on the epilogue-warpgroup top-k scan stores, in
+  // place of x (row_logits is then null), each 16-token run's four largest keys
+  // (SamplerBuffers::run_keys), from which the selection's repairs read a tile.
   bool large_top_k_run_keys = false;
   // Set by launch_sampler, not by callers (sampler_dispatch.cu: runs_on_plain_pass): a fused
   // truncation call of top_p alone or min_p alone that runs plain sampling's pass instead of the
@@ -403,14 +403,6 @@ struct DispatchOptions {
   // those (SamplerParams::min_p_filtered_winners; else the tiles' plain winners and the streaming
   // pass)
   bool min_p_filtered_winners = true;
-  // (An experiment, not yet measured.) A host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] on the
-  // epilogue-warpgroup top-k scan stores x for the selection's repairs; off, it stores each 16-token
-  // run's four largest keys instead (SamplerParams::large_top_k_run_keys): half the bytes written
-  // back while the weight streams in. The same tokens and scores either way, but where a run's
-  // keys may hide more of the top k: its x are then recomputed, as stage 2's tiles are for a host
-  // top_k up to kMaxFusedTopK (the GEMM's rounding, not necessarily its bits). (The binding still
-  // allocates the x it no longer stores: the A/B's shortcut, to go if the keys are kept.)
-  bool large_top_k_stores_logits = true;
 };
 // Process-wide; read at each launch (host), so a CUDA graph keeps the options it was captured with.
 void set_sampler_dispatch_options(const DispatchOptions& options);
@@ -429,6 +421,10 @@ cudaError_t launch_sampler(const SamplerParams& params, void* workspace, size_t 
 // Whether the fused top-k pass's stage 2 holds this vocabulary's candidates (its shared memory
 // bounds V, ~300K tokens on sm90); false: the caller takes the logits path.
 bool fused_top_k_fits(const SamplerParams& params, int device_arch);
+
+// Whether the call's GEMM stores its 16-token runs' largest keys in place of x
+// (SamplerParams::large_top_k_run_keys): the caller then gives no row_logits.
+bool sampler_stores_run_keys(const SamplerParams& params, int device_arch);
 
 // Which architectures this build compiled kernels for (e.g. "sm90a,sm100a").
 const char* sampler_compiled_archs();
