@@ -268,12 +268,14 @@ __device__ __forceinline__ float element_to_float(uint16_t bits, ElementType typ
 }
 
 // fp32 dot product of weight row v and hidden row `row` (warp-wide; D is a multiple of 8 and
-// rows are 16-byte aligned, as the GEMM's TMA requires).
+// rows are 16-byte aligned, as the GEMM's TMA requires). The weight row comes from memory (the
+// GEMM streamed it long ago): the unrolled loop keeps four of a lane's loads in flight.
 __device__ float warp_dot(SamplerParams const& p, int64_t v, int64_t row) {
   int const lane = threadIdx.x % 32;
   auto const* w = reinterpret_cast<uint16_t const*>(p.weight) + v * p.weight_row_stride;
   auto const* h = reinterpret_cast<uint16_t const*>(p.hidden) + row * p.hidden_row_stride;
   float sum = 0.0f;
+#pragma unroll 4
   for (int64_t d = int64_t{lane} * 8; d < p.hidden_dim; d += 32 * 8) {
     uint4 const wv = *reinterpret_cast<uint4 const*>(w + d);
     uint4 const hv = *reinterpret_cast<uint4 const*>(h + d);
