@@ -840,18 +840,22 @@ def test_large_top_k_at_a_full_vocabulary_equals_cpu_op():
 
 
 @requires_sm90
+@pytest.mark.parametrize("vocab", [V, V - 40], ids=["whole_tiles", "ragged_last_tile"])
 @pytest.mark.parametrize("batch", [40, 64, 130])
 @pytest.mark.parametrize("regime", ["flat", "peaked"])
-@pytest.mark.parametrize("controls", [False, True], ids=["plain", "bias_mask"])
-def test_large_top_k_run_keys_equal_stored_logits(batch, regime, controls):
+@pytest.mark.parametrize("controls", ["plain", "bias_mask", "few_allowed"])
+def test_large_top_k_run_keys_equal_stored_logits(batch, regime, controls, vocab):
     """A host top_k = 1000 on the epilogue-warpgroup top-k scan (33 rows and more) stores each
     16-token run's four largest keys in place of x, and the selection's repairs read those,
-    recomputing a run whose fourth key may hide more of the top k (at V = 32768 a row's tiles
-    mostly need repairs, and a few runs a row hold four of its top k). Rows 0 and 1 also get a run
-    of 12 / 7 tokens far ahead of the rest. Tokens, scores and log-probabilities as CUTLASS's scan
-    gives them from the x it stores (DispatchOptions::top_candidates_epilogue_warpgroups off), bit
-    for bit, and the CPU op's tokens and scores on the same exact logits."""
-    hidden, weight, _ = exact_problem(batch, regime, seed=batch + 71)
+    recomputing the other tokens of a run whose fourth key may hide more of the top k (at
+    V = 32768 a row's tiles mostly need repairs, a few runs a row hold four of its top k, and the
+    flat rows' logits tie by the hundred). Rows 0 and 1 also get a run of 12 / 7 tokens far ahead
+    of the rest. Also with a vocabulary whose last run and last tile end past V, and with a mask
+    that leaves each row fewer tokens than k (~650: kappa is then no bound, every run holding four
+    of them is repaired). Tokens, scores and log-probabilities as CUTLASS's scan gives them from
+    the x it stores (DispatchOptions::top_candidates_epilogue_warpgroups off), bit for bit, and
+    the CPU op's tokens and scores on the same exact logits."""
+    hidden, weight, _ = exact_problem(batch, regime, seed=batch + 71, vocab=vocab)
     weight = weight.float()
     for row, run, tokens in ((0, 300, 12), (1, 1500, 7)):
         weight[run * 16 + torch.arange(tokens)] = 3 / 8 * hidden[row].float().sign()
@@ -862,8 +866,9 @@ def test_large_top_k_run_keys_equal_stored_logits(batch, regime, controls):
     temperatures[::5] = 0.0
     kwargs = dict(temperature=temperatures, seed=torch.tensor(11), offset=torch.tensor(3), top_k=1000,
                   num_samples=2, return_logprobs=True)
-    if controls:
-        c = random_controls(batch, V, "cpu", vocab_start=32, seed=batch, density=0.7)
+    if controls != "plain":
+        c = random_controls(batch, vocab, "cpu", vocab_start=32, seed=batch,
+                            density=0.7 if controls == "bias_mask" else 0.02)
         kwargs.update(logit_bias=c["logit_bias"], allowed_mask=c["allowed_mask"], vocab_start=32, empty_mask_token=-3)
     on = {**on_cuda(kwargs), "truncation_path": "fused_top_k"}
     h, w = hidden.cuda(), weight.cuda()

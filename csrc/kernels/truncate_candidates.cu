@@ -295,11 +295,12 @@ __device__ float warp_dot(SamplerParams const& p, int64_t v, int64_t row) {
 
 // x of token v (local id) of row `row` recomputed from the weight (warp_dot, then the dense bias as
 // the GEMM adds it), for a tile or run whose stored keys may hide more of a top k; false where the
-// mask excludes the token. Warp-wide: every lane gets the same.
+// mask excludes the token, before its dot product (a row whose mask leaves fewer than k tokens
+// recomputes every tile or run that holds four of them). Warp-wide: every lane gets the same.
 __device__ bool recomputed_logit(SamplerParams const& p, int64_t v, int64_t row, float& x) {
   SamplingControls const& c = p.controls;
-  x = warp_dot(p, v, row);
   if (c.allowed_mask && !((c.allowed_mask[row * c.mask_words + (v >> 5)] >> (v & 31)) & 1u)) return false;
+  x = warp_dot(p, v, row);
   if (c.logit_bias) x = fs_add(x, c.logit_bias[v]);
   return true;
 }
@@ -1208,9 +1209,10 @@ __device__ __forceinline__ void load_run_keys(PackedCandidate const* row_keys, i
 // of the round's tiles' runs join the list (keys, xs; sh.count entries), and a run whose fourth key
 // may hide more of the top k (tile_may_hide_more, as for a tile) has its other tokens recomputed
 // (warp_dot, the mask and the dense bias, as stage 2 recomputes its tiles; rare: a run holding four
-// of the row's top k). Its four largest keep the GEMM's x, so a recomputed x (summed in another
-// order) decides a sample only where a run holds five of the top k. Block-wide; `tiles` the
-// round's tiles, `elements` their tokens.
+// of the row's top k). Its four largest keep the GEMM's x; a recomputed x is summed in another
+// order than the GEMM's, so it can move a token across the k-th key only within that rounding, or
+// decide a sample where the token is in the top k (a run holding five of it). Block-wide; `tiles`
+// the round's tiles, `elements` their tokens.
 __device__ void add_repaired_runs(SamplerParams const& p, int64_t row, PackedCandidate const* __restrict__ run_keys,
                                   int const* tiles, int elements, int vocab_tile, PackedCandidate kappa_now,
                                   float inv_t, bool greedy, bool scale_exact, PackedCandidate* keys, float* xs,
@@ -1274,10 +1276,12 @@ __host__ __device__ inline int64_t large_top_k_capacity(int64_t num_tiles, int v
 // Stage 2 of a call with a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK]
 // (fused_truncation_selects_large_top_k), one block a row: every key of the tiles' lists at its
 // own place, those at or above the k-th of the tiles' first (two) keys kept, their k-th largest
-// kappa, the tiles whose list may hide more of the top k recomputed from the logits the GEMM
-// stored (about 1% of a flat row's tiles at k = 1024, V = 152K), in rounds as wide as fit beside
-// k entries with the k best kept after each, then finish_large_top_k_row. Exact whatever the data,
-// as the kernel above; it decides every row. Two blocks an SM where their shared memory fits (vocab
+// kappa, the tiles whose list may hide more of the top k repaired (about 1% of a flat row's tiles
+// at k = 1024, V = 152K) from the logits the GEMM stored, or from its runs' keys where it stored
+// those instead (add_repaired_runs), in rounds as wide as fit beside k entries with the k best
+// kept after each, then finish_large_top_k_row. Exact whatever the data, as the kernel above (of
+// the x it reads or recomputes: a recomputed run's other tokens are summed in another order than
+// the GEMM's); it decides every row. Two blocks an SM where their shared memory fits (vocab
 // tiles of 128 tokens: 256 rows in one wave), so at most 64 registers a thread.
 __global__ void __launch_bounds__(kThreads, 2)
 select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restrict__ candidates,
@@ -1375,8 +1379,8 @@ select_large_top_k_kernel(SamplerParams const p, PackedCandidate const* __restri
         __syncthreads();
         int const repair_count = sh.repair_count;
         for (int first = 0; first < repair_count; first += round_tiles) {
-          // The GEMM's own x of the round's tiles, as it stored them (bias added, excluded tokens
-          // marked), beside the n <= k entries kept so far.
+          // The round's tiles' tokens beside the n <= k entries kept so far: their runs' keys, or
+          // the GEMM's own x as it stored them (bias added, excluded tokens marked).
           int const elements = min(round_tiles, repair_count - first) * vocab_tile;
           if (threadIdx.x == 0) sh.count = n;
           __syncthreads();

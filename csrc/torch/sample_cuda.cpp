@@ -353,7 +353,7 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
         p.row_logits = row_logits.data_ptr<float>();
         p.row_logits_stride = stride;
       }
-      if (!fused_truncation_selects_large_top_k(p)) {  // which decides every row from the logits too
+      if (!fused_truncation_selects_large_top_k(p)) {  // which decides every row itself
         // Its count is zeroed with the widening, below.
         const at::Tensor fallback_rows = at::empty({batch + 1}, hidden.options().dtype(at::kInt));
         keep_alive.push_back(fallback_rows);

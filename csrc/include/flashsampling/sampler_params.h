@@ -309,7 +309,8 @@ FS_HOST_DEVICE double min_p_of_row(SamplerParams const& p, int64_t row) { return
 
 // Whether stage 2 selects a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] in shared memory
 // (truncate_candidates.cu: select_large_top_k_kernel), deciding every row: its repairs read the
-// stored logits (row_logits), and no row is left to the logits sampler.
+// stored logits (row_logits) or the runs' keys (large_top_k_run_keys), and no row is left to the
+// logits sampler.
 inline bool fused_truncation_selects_large_top_k(SamplerParams const& p) {
   return p.top_ks == nullptr && p.top_k > kMaxFusedTopK && p.top_k <= kMaxFusedLargeTopK;
 }
