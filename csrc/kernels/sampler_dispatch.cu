@@ -262,9 +262,9 @@ ConfigEntry select_config(SamplerParams const& p, int device_arch) {
 // Whether a call's GEMM stores each 16-token run's four largest keys in place of x
 // (SamplerParams::large_top_k_run_keys): a host top_k in (kMaxFusedTopK, kMaxFusedLargeTopK] on
 // the epilogue-warpgroup top-k scan. Its selection reads x only in the tiles it repairs (about 1%
-// of a flat row's at k = 1000), and from a run's keys it gets all of them but where the run may
-// hide more of the top k (4 of them in 16 tokens), whose other 12 x it recomputes: half the bytes x costs
-// the GEMM's write-back while the weight streams in (a [B, V] fp32 array).
+// of a flat row's at k = 1000); a run's keys give it those x, but for a run that may hide more of
+// the top k (four of them in 16 tokens), whose other 12 it recomputes. The keys are half the
+// bytes of x, whose write-back (a [B, V] fp32 array) the GEMM pays while the weight streams in.
 bool stores_run_keys(SamplerParams const& p, ConfigEntry const& entry) {
   return entry.stores_run_keys && p.fused_truncation && fused_truncation_selects_large_top_k(p) &&
          p.top_logprobs.top_n < 0;

@@ -1194,7 +1194,8 @@ truncate_candidates_kernel(SamplerParams const p, PackedCandidate const* __restr
 }
 
 // A run's four keys (top_scan_key of x, 0 where the run has fewer tokens): two 16-byte loads.
-__device__ __forceinline__ void load_run_keys(PackedCandidate const* row_keys, int64_t run, PackedCandidate (&x_key)[C]) {
+__device__ __forceinline__ void load_run_keys(PackedCandidate const* row_keys, int64_t run,
+                                              PackedCandidate (&x_key)[C]) {
   static_assert(C == 4, "a run's keys: two 16-byte loads");
   ulonglong2 const* const list = reinterpret_cast<ulonglong2 const*>(row_keys + run * C);
   ulonglong2 const first = list[0], second = list[1];

@@ -345,7 +345,8 @@ SampleResult sample_cuda_impl(const at::Tensor& gemm_rows, const at::Tensor& wei
                                   kMaxFusedTopK, "] and top_p / min_p without top_k need sm_90 on the fused path (this "
                                   "GPU is sm_", arch, "); flashsampling_cuda.sample takes the logits path there");
       const int64_t stride = (vocab + 127) / 128 * 128;
-      // A large host top_k on the epilogue-warpgroup scan stores its runs' keys in the workspace instead.
+      // A large host top_k on the epilogue-warpgroup scan stores its runs' keys in the workspace instead
+      // (top_n is asked here: p.top_logprobs is filled in below, and a top-N call returns these logits).
       const at::Tensor row_logits =
           top_n < 0 && sampler_stores_run_keys(p, arch) ? at::Tensor() : at::empty({batch, stride}, float_options);
       if (row_logits.defined()) {
