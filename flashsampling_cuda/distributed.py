@@ -16,14 +16,15 @@ so the tokens equal ``torch.ops.flashsampling.sample`` on the whole weight for t
 ``(seed, offset)`` bit for bit (up to the fp32 accumulation order of the logits, as
 between any two implementations), whatever the number and sizes of the shards.
 
-With a host ``top_k`` (and optionally ``top_p``/``min_p`` on top of it) the truncation is
-global and exact: each rank materialises its shard's logits, its first ``k`` tokens in the
-truncation order go to every rank (one more all-gather of ``B * k`` int64: (order rank,
-global id) keys), the global first ``k`` are the first ``k`` of their union, ``top_p``
-and ``min_p`` act on those, and each rank samples its share of the survivors as its mask.
-Every other form (per-row ``top_k`` tensors, ``top_p`` or ``min_p`` alone) needs the whole
-order: every rank gathers every shard's transformed logits and finds the survivors of the
-whole rows (``B * V`` fp32 over the group), exact, with its share again as its mask.
+Truncation (``top_k`` / ``top_p`` / ``min_p``, host scalars or ``[B]`` tensors, any order) is
+global and exact, with one read of each shard's weight and no host read of a device value: each
+rank computes its shard's logits once (one matmul), finds its share of the survivors of the whole
+rows and samples them from those logits (``torch.ops.flashsampling.sample_from_logits``, the
+noise of the fused op) as its mask. The survivors come from a radix search of each row's cut over
+the global truncation order (flashsampling_cuda/shard_truncation.py: per round one kernel and one
+all-reduce of ``B * 512`` int64; eight rounds for top_k, eight for top_p, one all-reduce for the
+first token), or off CUDA, for a host ``top_k`` up to 1024, from each shard's first ``k`` tokens
+in one all-gather of ``B * k`` int64.
 
 :func:`speculative_sample` verifies draft tokens across the shards (the single-process
 :func:`flashsampling_cuda.speculative_sample`'s output on every rank) with one all-gather of
@@ -43,13 +44,15 @@ from .logprobs import (LogprobsOutput, logprob_outputs, logprob_values, normalis
 from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 from .noise import draw_seed as _draw_seed
 from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
-from .sampling import (LogitTransforms, SampleOutput, _allowed_mask_arg, _float32, _model_transform_args,
-                       _scored_sample, _sparse_bias_args, _temperature_args, _truncation_order)
+from .sampling import (LogitTransforms, SampleOutput, ScoredSample, _allowed_mask_arg, _call_op, _float32,
+                       _model_transform_args, _op_kwargs, _scored_sample, _sparse_bias_args, _temperature_args,
+                       _truncation_order)
 from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, check_draft_values,
                           draft_columns, empty_output, masked_target, one_hot_output, parse_step, position_samples,
                           step_output, target, values_at)
+from .shard_truncation import MAX_SHARDED_VOCAB, Reduce, sharded_survivors, survivor_bitmask
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
-                         parse_truncation, scaled_logits, survivor_mask, truncation_rank)
+                         parse_truncation, scaled_logits, truncation_rank)
 
 __all__ = ["sample", "speculative_sample", "shard_allowed_mask", "vocab_shards"]
 
@@ -162,33 +165,49 @@ def _gather(summary: Tensor, world: int, group) -> Tensor:
 
 
 _INT64_MAX = 2**63 - 1  # pads a shard's candidate list shorter than k; sorts after every key
+# Off CUDA, host top_k up to this take the first-k all-gather (one collective of B * k int64 a
+# rank); larger ones, per-row tensors and top_p / min_p alone the radix search (shard_truncation.py).
+_GATHERED_TOP_K_MAX = 1024
 
 
-def _gathered_survivors(y: Tensor, allowed: Tensor | None, vocab_start: int, world: int, group, backend,
-                        truncation: Truncation, order: str) -> Tensor:
-    """This shard's survivors (bool ``[B, V_r]``) of a truncation that needs every shard's
-    whole order (a per-row ``top_k`` tensor, ``top_p`` / ``min_p`` without a host ``top_k``):
-    every rank gathers every shard's ``y`` and allowed tokens, lays them out in global-id order
-    and runs :func:`survivor_mask` on the whole rows, so the ranks agree exactly. One all-gather
-    of the shards' extents (read on the host: a sync), then of ``B * max V_r`` fp32 and bytes."""
-    batch, shard_vocab = y.shape
-    device = y.device
+def _all_reduce(device: torch.device, group, backend) -> Reduce:
+    """The ``reduce`` of :func:`~flashsampling_cuda.shard_truncation.sharded_survivors` in this
+    group: an all-reduce (sum or min) of a ``[1, ...]`` int64 tensor, on the collectives' device
+    (in a group of one rank too: the tests capture its collectives in a CUDA graph there)."""
     comm = _comm_device(device, backend)
-    extent = torch.tensor([vocab_start, shard_vocab], dtype=torch.int64, device=comm)
-    extents = _gather(extent, world, group).tolist()
-    starts, sizes = [e[0] for e in extents], [e[1] for e in extents]
-    width = max(sizes)
-    if allowed is None:
-        allowed = torch.ones_like(y, dtype=torch.bool)
-    pad = (0, width - shard_vocab)
-    ys = _gather(torch.nn.functional.pad(y, pad, value=float("nan")).to(comm), world, group).to(device)
-    kept = _gather(torch.nn.functional.pad(allowed.to(torch.uint8), pad).to(comm), world, group).to(device).bool()
-    by_start = sorted(range(world), key=lambda r: starts[r])
-    y_full = torch.cat([ys[r, :, : sizes[r]] for r in by_start], dim=1)
-    allowed_full = torch.cat([kept[r, :, : sizes[r]] for r in by_start], dim=1)
-    survivors = survivor_mask(y_full, allowed_full, truncation, order)
-    begin = sum(sizes[r] for r in by_start if starts[r] < vocab_start)
-    return survivors[:, begin : begin + shard_vocab]
+    ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN}
+
+    def reduce(t: Tensor, how: str) -> Tensor:
+        buffer = t.to(comm).contiguous()  # a fresh tensor per collective or t's own storage, not reused after
+        dist.all_reduce(buffer, op=ops[how], group=group)
+        return buffer.to(device)
+
+    return reduce
+
+
+def _searches(truncation: Truncation, order: str, y: Tensor) -> bool:
+    """Whether the survivors come from the radix search (shard_truncation.py) rather than the
+    all-gather of each shard's first ``k``: on CUDA every form (its kernels read ``y`` once a round,
+    where the first ``k`` cost a top-k selection over int64 order keys), elsewhere every form but a
+    host top_k up to _GATHERED_TOP_K_MAX (the joint order normalises top_p over every allowed
+    token: the search has that mass)."""
+    if _kernel_search(y):
+        return True
+    k = truncation.top_k
+    return not isinstance(k, int) or k > _GATHERED_TOP_K_MAX or order == "joint"
+
+
+def _kernel_search(y: Tensor) -> bool:
+    """Whether the radix search runs as CUDA kernels (shard_truncation.survivor_bitmask)."""
+    return y.is_cuda and y.shape[1] <= MAX_SHARDED_VOCAB
+
+
+def _searched_survivor_mask(y: Tensor, mask: Tensor | None, truncation: Truncation, *, vocab_start: int, order: str,
+                            group, backend) -> Tensor:
+    """The int32 bitmask of this shard's survivors by the CUDA kernels of the radix search (``y``
+    float32 ``[B, V_r]`` on CUDA, ``mask`` the shard's allowed bitmask or None)."""
+    return survivor_bitmask(y.contiguous(), mask, vocab_start, truncation, order,
+                            _all_reduce(y.device, group, backend))
 
 
 def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, *, vocab_start: int, order: str,
@@ -198,10 +217,15 @@ def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, 
     k = truncation.top_k
     batch, shard_vocab = y.shape
     device = y.device
-    # "joint" normalises top_p over every allowed token: only the whole rows have that mass.
-    if not isinstance(k, int) or order == "joint":
-        survivors = _gathered_survivors(y, allowed, vocab_start, world, group, backend, truncation, order)
-        return survivors if allowed is None else survivors & allowed
+    if _searches(truncation, order, y):
+        if _kernel_search(y):
+            mask = None if allowed is None else pack_allowed_mask(allowed)
+            return unpack_allowed_mask(_searched_survivor_mask(y, mask, truncation, vocab_start=vocab_start,
+                                                               order=order, group=group, backend=backend),
+                                       shard_vocab)
+        ids = torch.arange(vocab_start, vocab_start + shard_vocab, device=device)
+        return sharded_survivors(y[None], None if allowed is None else allowed[None], ids, truncation, order,
+                                 _all_reduce(device, group, backend))[0]
     rank = truncation_rank(y, allowed)
     width = min(k, shard_vocab)
     first_local = (_first_in_order(rank, width) if width < shard_vocab
@@ -221,21 +245,39 @@ def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, 
     return survivors if allowed is None else survivors & allowed
 
 
-def _truncated_shard_mask(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation, order: str,
-                          temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
-                          softcap: float | None, penalties: Penalties | None, world: int, group, backend) -> Tensor:
-    """The int32 ``[B, ceil(V_r / 32)]`` bitmask of this shard's survivors of the global
-    truncation (module docstring), within the shard's ``allowed_mask``; ``y`` follows the rule
-    of flashsampling_cuda/penalties.py (model-side transforms, biases, penalties, temperature)."""
+def _truncated_shard_logits(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation,
+                            order: str, temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
+                            softcap: float | None, penalties: Penalties | None, world: int, group,
+                            backend) -> tuple[Tensor, Tensor, Tensor]:
+    """``(x, raw, mask)``: this shard's fp32 logits (one matmul: the one read of the shard's
+    weight), ``x`` the rule of flashsampling_cuda/penalties.py on them (model-side transforms,
+    biases, penalties), and the int32 ``[B, ceil(V_r / 32)]`` bitmask of the shard's survivors of
+    the global truncation of ``y = x / T`` (module docstring), within the shard's ``allowed_mask``."""
     scalar_temperature, temperatures = _temperature_args(temperature, hidden)
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
-    x = rule_logits(materialized_logits(hidden, weight_shard), _float32("logit_bias", logit_bias), sparse_ids,
-                    sparse_values, vocab_start, scale, softcap, penalties)
+    raw = materialized_logits(hidden, weight_shard)
+    x = rule_logits(raw, _float32("logit_bias", logit_bias), sparse_ids, sparse_values, vocab_start, scale, softcap,
+                    penalties)
     y = scaled_logits(x, scalar_temperature, temperatures)
     mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
+    if _kernel_search(y):  # the kernels write the bitmask
+        return x, raw, _searched_survivor_mask(y, mask, truncation, vocab_start=vocab_start, order=order, group=group,
+                                               backend=backend)
     allowed = None if mask is None else unpack_allowed_mask(mask, weight_shard.shape[0])
-    return pack_allowed_mask(_shard_survivors(y, allowed, truncation, vocab_start=vocab_start, order=order,
-                                              world=world, group=group, backend=backend))
+    return x, raw, pack_allowed_mask(_shard_survivors(y, allowed, truncation, vocab_start=vocab_start, order=order,
+                                                      world=world, group=group, backend=backend))
+
+
+def _sampled_from_logits(hidden: Tensor, weight_shard: Tensor, x: Tensor, raw: Tensor, args: dict,
+                         return_logprobs: bool, context: dict) -> tuple[ScoredSample, dict]:
+    """:func:`_scored_sample` of a truncated call from the shard's logits ``x`` (biases and
+    penalties applied) and ``raw`` (the matmul's) instead of another pass over the weight: the
+    survivors are ``args["allowed_mask"]``, ``torch.ops.flashsampling.sample_from_logits`` samples
+    them with the noise of the fused op, and ``context`` and the route are those of the logits
+    route (flashsampling_cuda/logprobs.py reads the outputs' values from them)."""
+    kwargs = _op_kwargs(hidden, weight_shard, **args, context=context)
+    route = dict(op="sample_from_logits", logits=x, logit_bias=None, raw_logits=raw)
+    return ScoredSample(*_call_op(hidden, weight_shard, kwargs, route, return_logprobs)), route
 
 
 def sample(
@@ -324,13 +366,10 @@ def sample(
             the whole allowed vocabulary and the per-row logsumexp (see
             :func:`flashsampling_cuda.sample`); under truncation, over the survivors.
         top_k, top_p, min_p: global truncation as in :func:`flashsampling_cuda.sample`,
-            the same on every rank. With a host int ``top_k`` (``top_p``/``min_p`` then act on
-            the global top-k) it costs each rank one fp32 logits matmul of its shard and one
-            more all-gather of ``B * top_k`` int64; every other form (a per-row ``top_k``
-            tensor, ``top_p`` or ``min_p`` without ``top_k``) gathers every shard's
-            transformed logits, ``B * max V_r`` fp32 and bytes, after a small all-gather of
-            the shards' extents read on the host (a sync). ``truncation_order`` as for
-            :func:`flashsampling_cuda.sample` (``"joint"`` always gathers the whole rows).
+            the same on every rank: one fp32 logits matmul of each rank's shard (the only read of
+            its weight), the survivors' radix search (module docstring: 17 small all-reduces at
+            most, none read on the host), and the sample from those logits. ``truncation_order``
+            as for :func:`flashsampling_cuda.sample`.
         logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
             penalty_state, prompt_token_ids, output_token_ids: as for
             :func:`flashsampling_cuda.sample`, the same on every rank (the history holds global
@@ -370,21 +409,25 @@ def sample(
     user_mask = allowed_mask
     truncation = parse_truncation(top_k, top_p, min_p, hidden, "flashsampling.distributed.sample")
     order = _truncation_order(truncation_order, truncation)
-    if truncation is not None:  # the survivors become this shard's mask
+    context: dict = {}
+    args = dict(temperature=temperature, generator=None, seed=seed, offset=offset, num_samples=num_samples,
+                logit_bias=logit_bias, sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
+                empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY, vocab_start=vocab_start)
+    if truncation is not None:  # the survivors become this shard's mask; the sample reads its logits
         # Dicts become the (ids, values) pair once (a host-to-device copy), for both uses.
         sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
         sparse_logit_bias = None if sparse_ids is None else (sparse_ids, sparse_values)
-        allowed_mask = _truncated_shard_mask(hidden, weight_shard, vocab_start, truncation, order, temperature,
-                                             logit_bias, sparse_logit_bias, allowed_mask, scale, softcap, penalties,
-                                             world, group, backend)
-    context: dict = {}
-    (tokens, scores, token_logprobs, logsumexp), route = _scored_sample(
-        hidden, weight_shard,
-        dict(temperature=temperature, generator=None, seed=seed, offset=offset, num_samples=num_samples,
-             logit_bias=logit_bias, sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
-             empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY, vocab_start=vocab_start,
-             top_k=None, top_p=None, min_p=None, truncation_path="auto", truncation_order="top_k_first"),
-        transforms, return_logprobs, False, context, logits_wanted=serving_logprobs)
+        x, raw, survivors = _truncated_shard_logits(hidden, weight_shard, vocab_start, truncation, order, temperature,
+                                                    logit_bias, sparse_logit_bias, allowed_mask, scale, softcap,
+                                                    penalties, world, group, backend)
+        args.update(logit_bias=None, sparse_logit_bias=None, allowed_mask=survivors, empty_mask_token=_SHARD_EMPTY)
+        (tokens, scores, token_logprobs, logsumexp), route = _sampled_from_logits(
+            hidden, weight_shard, x, raw, args, return_logprobs, context)
+    else:
+        (tokens, scores, token_logprobs, logsumexp), route = _scored_sample(
+            hidden, weight_shard,
+            dict(args, top_k=None, top_p=None, min_p=None, truncation_path="auto", truncation_order="top_k_first"),
+            transforms, return_logprobs, False, context, logits_wanted=serving_logprobs)
     batch, samples = tokens.shape
     if batch == 0:  # the same on every rank: nothing to exchange
         if serving_logprobs:
@@ -571,8 +614,8 @@ def speculative_sample(
       ``return_logprobs``).
 
     The sampled drafts' acceptance uniforms depend only on ``(seed, offset, stream, j)``, so
-    every rank draws them itself. A truncation adds :func:`sample`'s exchange over the ``B (n + 1)`` rows (a host
-    ``top_k``: ``B (n + 1) k`` int64; other forms gather the whole rows). Without ``seed``, rank 0
+    every rank draws them itself. A truncation adds :func:`sample`'s survivor search over the ``B (n + 1)``
+    rows (its all-reduces of ``B (n + 1) 512`` int64). Without ``seed``, rank 0
     draws it and broadcasts it (one more collective).
 
     Args:

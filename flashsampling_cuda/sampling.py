@@ -11,16 +11,18 @@ from typing import NamedTuple, Union
 import torch
 from torch import Tensor
 
-from .masks import pack_allowed_mask, unpack_allowed_mask
+from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs,
                        parse_logprob_args, ranked_tokens, raw_logsumexp, raw_token_logprobs, top_logprobs_cpu)
 from .noise import as_int64_tensor, draw_seed
+from .shard_truncation import MAX_SHARDED_VOCAB, survivor_bitmask
 from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, ROW_PROBABILITY_DTYPES, ROW_TOP_K_DTYPES, TRUNCATION_ORDERS,
                          TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
-                         temperature_scales, transformed_logits, truncated_allowed_mask)
+                         scaled_logits, survivor_mask, temperature_scales, transformed_logits,
+                         truncated_allowed_mask)
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "sample_from_logits", "pack_allowed_mask",
            "SampleOutput", "ScoredSample"]
@@ -727,6 +729,17 @@ def sample_from_logits(
     return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
+def _without_tokens(mask: Tensor, local: Tensor, vocab: int) -> Tensor:
+    """The int32 bitmask ``mask [B, ceil(V / 32)]`` with the bit of each row's token ``local [B, 1]``
+    (a local id; others, such as a filler token, leave the row as it is) cleared."""
+    chosen = (local >= 0) & (local < vocab)
+    index = local.clamp(0, vocab - 1)
+    word = index >> 5
+    bits = mask.gather(1, word).to(torch.int64) & 0xFFFFFFFF
+    cleared = torch.where(chosen, bits & ~(1 << (index & 31)), bits)
+    return mask.scatter(1, word, int32_words(cleared))
+
+
 def sample_without_replacement(
     hidden: Tensor,
     weight: Tensor,
@@ -756,10 +769,16 @@ def sample_without_replacement(
     Token 0 is the token :func:`sample` returns for the same arguments; greedy rows
     (``T = 0``) return their ``k`` largest ``x`` in order.
 
-    It calls the fused op ``k`` times with the same noise and logits, call ``j`` excluding
-    the ``j`` tokens already chosen through ``allowed_mask``, so its winner is the
-    ``(j+1)``-th best score: ``k`` GEMM passes (plus the logits matmul of truncation), meant
-    for small ``k``.
+    The weight is read once: one matmul gives the fp32 logits (:func:`materialized_logits`),
+    the truncation's survivors come from them (on CUDA the logits sampler's rule, its fixed-point
+    masses: :func:`~flashsampling_cuda.shard_truncation.sharded_survivors` on the whole rows; on
+    the CPU the float64 :func:`~flashsampling_cuda.truncation.survivor_mask`), and ``k`` calls of
+    ``torch.ops.flashsampling.sample_from_logits`` with the same noise draw the tokens, call
+    ``j`` excluding the ``j`` tokens already chosen through its mask, so its winner is the
+    ``(j+1)``-th best score. On CUDA the logits are cuBLAS's, so token 0 can differ from
+    :func:`sample`'s (the fused GEMM's logits) only at a near tie within fp32 rounding; fp32
+    inputs on CUDA (whose matmul may run in TF32) and vocabularies above the logits sampler's
+    take ``k`` passes of the fused op instead.
 
     Args:
         hidden, weight, temperature, logit_bias, sparse_logit_bias, allowed_mask,
@@ -785,34 +804,46 @@ def sample_without_replacement(
             raise ValueError("flashsampling.sample: offset was given without seed; with no seed the offset comes "
                              "from the generator")
         seed, generator = draw_seed(generator, hidden.device), None
-    kwargs = _op_kwargs(
-        hidden, weight, temperature, generator, seed, offset, 1, logit_bias, sparse_logit_bias, allowed_mask,
-        empty_mask_token, vocab_start, top_k, top_p, min_p,
-    )
+    kwargs = _op_kwargs(hidden, weight, temperature, generator, seed, offset, 1, logit_bias, sparse_logit_bias,
+                        allowed_mask, empty_mask_token, vocab_start)
+    truncation = parse_truncation(top_k, top_p, min_p, hidden, "flashsampling.sample_without_replacement")
+    _check_op_args_eagerly(hidden, weight, kwargs)
+    on_cpu = hidden.device.type == "cpu"
+    from_logits = on_cpu or (hidden.dtype in (torch.bfloat16, torch.float16) and vocab <= LOGITS_PATH_MAX_VOCAB)
+    x = None
+    if from_logits or truncation is not None:  # every bias in x: the same fp32 adds as the op's
+        x = transformed_logits(materialized_logits(hidden, weight), kwargs["logit_bias"], kwargs["sparse_bias_ids"],
+                               kwargs["sparse_bias_values"], vocab_start)
     batch = hidden.shape[0]
     mask = kwargs["allowed_mask"]
-    if mask is None:
-        allowed = torch.ones((batch, vocab), dtype=torch.bool, device=hidden.device)
-    else:
-        allowed = unpack_allowed_mask(mask, vocab)
-        if empty_mask_token is None and batch > 0:
-            fewest = int(allowed.sum(dim=1).min())
-            if fewest < k:
-                raise ValueError(
-                    f"flashsampling.sample_without_replacement: k = {k} exceeds the {fewest} allowed tokens "
-                    "(after top_k/top_p/min_p) of some row; pass empty_mask_token to fill such rows")
+    if truncation is not None:
+        y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
+        if on_cpu or vocab > MAX_SHARDED_VOCAB:
+            allowed = None if mask is None else unpack_allowed_mask(mask, vocab)
+            mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
+        else:  # the logits sampler's survivors (its fixed-point top_p masses): sample()'s on CUDA
+            mask = survivor_bitmask(y, mask, vocab_start, truncation, "top_k_first", lambda t, how: t)
+    if mask is not None and empty_mask_token is None and batch > 0:
+        fewest = int(unpack_allowed_mask(mask, vocab).sum(dim=1).min())
+        if fewest < k:
+            raise ValueError(
+                f"flashsampling.sample_without_replacement: k = {k} exceeds the {fewest} allowed tokens "
+                "(after top_k/top_p/min_p) of some row; pass empty_mask_token to fill such rows")
     # No row can run out unless filled (counted above; k <= V): the op need not read the masks.
-    kwargs["empty_mask_token"] = -1 if empty_mask_token is None else empty_mask_token
+    fill = -1 if empty_mask_token is None else empty_mask_token
     tokens = []
     for j in range(k):
-        if j > 0:
-            kwargs["allowed_mask"] = pack_allowed_mask(allowed)
-        token = torch.ops.flashsampling.sample(hidden, weight, **kwargs)
+        if from_logits:
+            token = torch.ops.flashsampling.sample_from_logits(
+                x, temperature=kwargs["temperature"], temperatures=kwargs["temperatures"], seed=kwargs["seed"],
+                offset=kwargs["offset"], allowed_mask=mask, empty_mask_token=fill, vocab_start=vocab_start)[0]
+        else:
+            token = torch.ops.flashsampling.sample(hidden, weight, **dict(kwargs, allowed_mask=mask,
+                                                                          empty_mask_token=fill))
         tokens.append(token)
-        local = token - vocab_start  # [B, 1]; a filler token is outside [0, V) or in an empty row
-        chosen = (local >= 0) & (local < vocab)
-        index = local.clamp(0, vocab - 1)
-        allowed = allowed.scatter(1, index, allowed.gather(1, index) & ~chosen)
+        if j + 1 < k:
+            mask = _without_tokens(pack_allowed_mask(torch.ones((batch, vocab), dtype=torch.bool, device=token.device))
+                                   if mask is None else mask, token - vocab_start, vocab)
     return torch.cat(tokens, dim=1)
 
 

@@ -11,8 +11,9 @@ CI box, so one is shared) and saves what each rank returned; the tests then comp
   error), logit biases, and log-probabilities against the single-process op;
 * chi-square of the merged tokens against softmax; back-to-back calls; the no-seed path
   (rank 0 draws and broadcasts);
-* global truncation: a host top_k (with top_p / min_p) and the forms that gather every
-  shard's logits (top_p or min_p alone, per-row top_k tensors) == the single-process op;
+* global truncation, every form (host and per-row top_k / top_p / min_p, masks, the three
+  orders) == the single-process op; on one GPU, a one-rank NCCL group: no host sync, and CUDA
+  graph replays equal to the single-process op;
 * speculative verification (distributed.speculative_sample) == the single-process
   speculative_sample: one-hot and sampled drafts, greedy rows, truncation with a mask.
 
@@ -341,3 +342,57 @@ def test_without_process_group_is_the_single_process_op():
     torch.testing.assert_close(got.logprobs, expected.logprobs, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="offset was given without seed"):
         tp.sample(hidden, weight, vocab_start=0, offset=1)
+
+
+@pytest.mark.requires_cuda
+def test_truncation_reads_nothing_on_the_host_and_replays_in_a_cuda_graph():
+    """A one-rank NCCL group on one GPU (its all-reduces run as in a larger group): every
+    truncation form of the tensor-parallel sample runs with torch's sync debug mode at "error" (no
+    host read of a device value), returns the single-process op's tokens, and a CUDA graph of it
+    replays with the single-process op's fresh tokens as its offset advances."""
+    device = torch.device("cuda")
+    hidden, weight = integer_problem(batch=6, vocab=5003, dim=64, seed=21)
+    h, w = hidden.bfloat16().to(device), weight.bfloat16().to(device)
+    rows = lambda *v: torch.tensor(v, device=device)  # noqa: E731
+    forms = {
+        "top_k_per_row": dict(top_k=rows(1, 20, 0, 4000, 5003, 64)),
+        "top_p_per_row": dict(top_p=rows(0.9, 0.5, 1.0, 0.99, 0.0, 0.3)),
+        "min_p_alone": dict(min_p=0.1),
+        "all_per_row": dict(top_k=rows(50, 0, 7, 3000, 2, 1), top_p=rows(0.95, 0.8, 1.0, 0.5, 0.9, 0.9),
+                            min_p=rows(0.0, 0.05, 0.3, 0.0, 0.1, 0.0)),
+        "host_top_k_gathered": dict(top_k=20, top_p=0.9),
+        "host_top_k_searched": dict(top_k=2000, top_p=0.9),
+        "joint": dict(top_k=20, top_p=0.9, truncation_order="joint"),
+    }
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", torch.cuda.current_device()))
+    try:
+        seed, offset = torch.tensor(5, device=device), torch.tensor(0, device=device)
+        for name, form in forms.items():
+            common = dict(temperature=0.8, seed=seed, offset=offset, num_samples=2, **form)
+            expected = fs.sample(h, w, **common)
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = tp.sample(h, w, vocab_start=0, **common)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            assert torch.equal(got, expected), name
+        form = forms["all_per_row"]
+        step = torch.zeros((), dtype=torch.int64, device=device)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the capture
+            tp.sample(h, w, vocab_start=0, temperature=0.8, seed=seed, offset=step, **form)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = tp.sample(h, w, vocab_start=0, temperature=0.8, seed=seed, offset=step, **form)
+        seen = set()
+        for value in range(4):
+            step.fill_(value)
+            graph.replay()
+            expected = fs.sample(h, w, temperature=0.8, seed=seed, offset=step, **form)
+            assert torch.equal(captured, expected), value
+            seen.add(tuple(captured.flatten().tolist()))
+        assert len(seen) > 1
+    finally:
+        dist.destroy_process_group()

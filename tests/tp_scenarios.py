@@ -255,11 +255,20 @@ def scenario_truncation(ctx: Ctx):
         "top_k_min_p_per_row": dict(top_k=12, min_p=torch.tensor([0.0, 0.1, 0.3, 0.5, 0.9, 1.0]),
                                     allowed_mask=mask),
         "logprobs": dict(top_k=9, top_p=0.9, return_logprobs=True),
-        # The forms that need the whole order: every shard's logits gathered.
+        # The forms the radix search takes (off CUDA; on CUDA every form): top_p / min_p alone, per row.
         "top_p_alone": dict(top_p=0.5, logit_bias=bias),
         "min_p_alone_per_row": dict(min_p=torch.tensor([0.0, 0.1, 0.3, 0.5, 0.9, 1.0]), allowed_mask=mask),
         "top_k_per_row_top_p": dict(top_k=torch.tensor([1, 0, 5, 60, -1, 3]), top_p=torch.tensor(
             [0.9, 0.5, 1.0, 0.7, 0.95, 0.2]), return_logprobs=True),
+        # Every form through the radix search: per-row top_k alone (k up to V and above), all three
+        # per row with a mask, and the orders with a host top_k.
+        "top_k_per_row_alone": dict(top_k=torch.tensor([1, 2, 203, 150, 0, 500]), allowed_mask=mask),
+        "all_per_row_mask": dict(top_k=torch.tensor([3, 0, 40, 200, 7, 1]), top_p=torch.tensor(
+            [0.6, 0.99, 0.3, 1.0, 0.05, 0.8]), min_p=torch.tensor([0.05, 0.0, 0.2, 0.01, 0.5, 0.0]), allowed_mask=mask,
+            logit_bias=bias, return_logprobs=True),
+        "joint_top_k_top_p": dict(top_k=15, top_p=0.7, truncation_order="joint"),
+        "min_p_first_per_row": dict(top_k=torch.tensor([30, 5, 0, 60, 2, 100]), top_p=0.8, min_p=0.1,
+                                    truncation_order="min_p_first"),
     }
     out = {}
     for name, cfg in configs.items():

@@ -17,7 +17,8 @@ top_p alone: the tile winners; at a host temperature, plain sampling's pass stor
 to 32 rows on CUTLASS's narrow plain tile), on flat and peaked rows, and min_p alone's up to 128
 rows); and top-N logprobs with ranks (the
 top-N kernel's split passes and workspace; where the fused pass suits the shape, its route too); the soft-cap, scale and penalties alone and with
-per-row temperatures. Arguments: the batch sizes of the shapes to run (default: all).
+per-row temperatures; the truncation cut's key search (shard_truncation.py's kernels) in every order,
+and sample_without_replacement on it. Arguments: the batch sizes of the shapes to run (default: all).
 """
 
 import sys
@@ -25,6 +26,9 @@ import sys
 import torch
 
 import flashsampling_cuda
+from flashsampling_cuda.masks import pack_allowed_mask
+from flashsampling_cuda.shard_truncation import survivor_bitmask
+from flashsampling_cuda.truncation import Truncation
 
 SHAPES = [  # (B, V, D, dtype)
     (1, 1000, 64, torch.bfloat16),
@@ -106,6 +110,16 @@ for batch, vocab, dim, dtype in SHAPES:
         torch.cuda.synchronize()
         assert bool(allowed.gather(1, out.view(batch, -1)).all())
     print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation, logits path, winner first)")
+    # The truncation cut's radix search (key_search.cu: first keys, top_k's and top_p's rounds with
+    # the min_p filter and the universe limit, the cut mask), then sample_without_replacement on it.
+    y = torch.randn(batch, vocab, device="cuda")
+    for order in ("top_k_first", "min_p_first", "joint"):
+        survivor_bitmask(y, pack_allowed_mask(allowed), 5, Truncation(top_k, top_p, min_p), order, lambda t, how: t)
+    out = flashsampling_cuda.sample_without_replacement(hidden, weight, 2, temperature=temperatures, seed=7,
+                                                        top_k=top_k, top_p=top_p, min_p=min_p, allowed_mask=allowed,
+                                                        empty_mask_token=-1)
+    torch.cuda.synchronize()
+    print(f"ok B={batch} V={vocab} D={dim} {dtype} (truncation's key search, without replacement)")
     # Top-N logprobs with the sampled tokens' ranks: the top-N kernel's split passes, workspace and finish.
     out = flashsampling_cuda.sample(hidden, weight, temperature=temperatures, seed=7, num_samples=2,
                                     allowed_mask=allowed, return_logprobs=True, top_logprobs=min(20, vocab))

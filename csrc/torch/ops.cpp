@@ -251,6 +251,15 @@ TORCH_LIBRARY(flashsampling, m) {
   // int64 keys of a shard's (tokens, scores), and the merge of every rank's keys
   // gathered [world, B, C] (keys in the first num_samples of C) -> (best key, its first rank,
   // token) [B, num_samples], mask_empty_token for rows no shard's mask allows anything in.
+  // The truncation cut's radix search over order keys (flashsampling/key_search.h;
+  // flashsampling_cuda/shard_truncation.py runs its rounds, across tensor-parallel shards by
+  // all-reduces of the histograms). CUDA only: the CPU runs the same search in torch ops.
+  m.def("_first_order_keys(Tensor y, Tensor? allowed_mask, int vocab_start) -> Tensor");
+  m.def("_order_key_round(Tensor y, Tensor? allowed_mask, int vocab_start, int shift, Tensor target, Tensor? state, "
+        "Tensor? hist, Tensor? limit=None, Tensor? y0=None, Tensor? min_ps=None, Tensor? first=None) -> "
+        "(Tensor state, Tensor hist)");
+  m.def("_order_key_cut_mask(Tensor y, Tensor? allowed_mask, int vocab_start, Tensor cut, Tensor first, Tensor y0, "
+        "Tensor? min_ps=None) -> Tensor");
   m.def("_shard_keys(Tensor tokens, Tensor scores) -> Tensor");
   m.def("_merge_shard_keys(Tensor gathered, int num_samples, int mask_empty_token) -> (Tensor, Tensor, Tensor)");
   // Test hooks into philox_gumbel.h (tests/test_noise.py).
