@@ -25,6 +25,7 @@ import torch.distributed as dist
 import flashsampling_cuda as fs
 from flashsampling_cuda import distributed as tp
 from flashsampling_cuda.masks import pack_allowed_mask
+from flashsampling_cuda.shard_truncation import survivor_bitmask
 from flashsampling_cuda.problems import hidden_states, lm_head_weight
 from flashsampling_cuda.truncation import materialized_logits, parse_truncation, scaled_logits, survivor_mask
 
@@ -85,7 +86,7 @@ def main() -> None:
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", torch.cuda.current_device()))
     records = []
     print(f"{'D':>5} {'V':>7} {'regime':>6} {'B':>4} {'form':>14} {'tp us':>8} {'before us':>9} {'single us':>9} "
-          f"{'plain us':>8} {'tp/single':>9}")
+          f"{'plain us':>8} {'tp/single':>9} {'search us':>9}")
     for shape in args.shapes.split(","):
         dim, vocab = (int(v) for v in shape.split("x"))
         weight = lm_head_weight(vocab, dim, device=device)
@@ -102,13 +103,17 @@ def main() -> None:
                                            args.replays)
                     before = graph_time_us(lambda: before_this_change(hidden, weight, common, form), args.runs,
                                            args.replays)
+                    y = scaled_logits(materialized_logits(hidden, weight), common["temperature"], None)
+                    truncation = parse_truncation(form.get("top_k"), form.get("top_p"), form.get("min_p"), hidden)
+                    search = graph_time_us(lambda: survivor_bitmask(y, None, 0, truncation, "top_k_first",
+                                                                    lambda t, how: t), args.runs, args.replays)
                     same = torch.equal(tp.sample(hidden, weight, vocab_start=0, **common, **form),
                                        fs.sample(hidden, weight, **common, **form))
                     record = dict(D=dim, V=vocab, regime=regime, B=batch, form=name, tp_us=ours, before_us=before,
-                                  single_us=single, plain_us=plain, same_tokens=same)
+                                  single_us=single, plain_us=plain, search_us=search, same_tokens=same)
                     records.append(record)
                     print(f"{dim:>5} {vocab:>7} {regime:>6} {batch:>4} {name:>14} {ours:8.1f} {before:9.1f} "
-                          f"{single:9.1f} {plain:8.1f} {ours / single:9.2f}"
+                          f"{single:9.1f} {plain:8.1f} {ours / single:9.2f} {search:9.1f}"
                           f"{'' if same else '  (tokens differ: near ties?)'}")
                 for k in (4,):
                     without = graph_time_us(lambda: fs.sample_without_replacement(
