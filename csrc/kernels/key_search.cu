@@ -20,20 +20,16 @@ constexpr int64_t kChunk = int64_t{kThreads} * kTokensPerThread;
 constexpr unsigned long long kNoKey = 0x7FFFFFFFFFFFFFFFull;
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
 
-// The token's order key, or false where the row excludes it (truncation.py: truncation_rank).
-__device__ __forceinline__ bool order_key(KeySearchRows const& r, const float* y_row, const uint32_t* mask_row,
-                                          int64_t v, float& y, unsigned long long& key) {
-  if (mask_row != nullptr && !((__ldg(mask_row + (v >> 5)) >> (v & 31)) & 1u)) return false;
-  y = __ldg(y_row + v);
+// A token's order key from its y and local index (truncation.py: truncation_rank).
+__device__ __forceinline__ unsigned long long order_key(KeySearchRows const& r, float y, int64_t v) {
   int64_t rank = 0x7F800001;  // an allowed NaN: after -inf
   if (y == y) {
     int32_t bits = __float_as_int(-y);
     if (bits == INT32_MIN) bits = 0;  // -0 as +0
     rank = bits >= 0 ? int64_t{bits} : -int64_t{bits & 0x7FFFFFFF};
   }
-  key = (static_cast<unsigned long long>(rank + (int64_t{1} << 31)) << 31) |
-        static_cast<unsigned long long>(r.vocab_start + v);
-  return true;
+  return (static_cast<unsigned long long>(rank + (int64_t{1} << 31)) << 31) |
+         static_cast<unsigned long long>(r.vocab_start + v);
 }
 
 // min_p's test of a token (truncation.py: keep_prefix): exp(y - y0) >= min_p in float64, a NaN y
@@ -58,16 +54,39 @@ __device__ __forceinline__ RowPointers row_pointers(KeySearchRows const& r, int6
   return {r.y + row * r.row_stride, r.allowed_mask ? r.allowed_mask + row * r.mask_words : nullptr};
 }
 
+// A thread's tokens of its CTA's chunk, token i at `first + i * stride`: every load issued before
+// any is used (a pass over the rows is bound by the loads in flight), and bit i of `allowed` set
+// where token i lies in the row and is allowed.
+struct Tile {
+  float y[kTokensPerThread];
+  unsigned allowed;
+};
+
+__device__ __forceinline__ Tile load_tile(KeySearchRows const& r, RowPointers const& p, int64_t first,
+                                          int64_t stride) {
+  Tile t;
+  t.allowed = 0;
+#pragma unroll
+  for (int i = 0; i < kTokensPerThread; ++i) {
+    int64_t const v = first + i * stride;
+    bool const inside = v < r.vocab_size;
+    t.y[i] = inside ? __ldg(p.y + v) : 0.0f;
+    bool const allowed = inside && (p.mask == nullptr || ((__ldg(p.mask + (v >> 5)) >> (v & 31)) & 1u));
+    t.allowed |= static_cast<unsigned>(allowed) << i;
+  }
+  return t;
+}
+
 __global__ void __launch_bounds__(kThreads) first_keys_kernel(KeySearchRows const r, int64_t* first) {
   int64_t const row = blockIdx.y;
   RowPointers const p = row_pointers(r, row);
-  int64_t const begin = int64_t{blockIdx.x} * kChunk;
-  int64_t const end = begin + kChunk < r.vocab_size ? begin + kChunk : r.vocab_size;
+  int64_t const begin = int64_t{blockIdx.x} * kChunk + threadIdx.x;
+  Tile const t = load_tile(r, p, begin, kThreads);
   unsigned long long best = kNoKey;
-  for (int64_t v = begin + threadIdx.x; v < end; v += kThreads) {
-    float y;
-    unsigned long long key;
-    if (order_key(r, p.y, p.mask, v, y, key) && key < best) best = key;
+#pragma unroll
+  for (int i = 0; i < kTokensPerThread; ++i) {
+    unsigned long long const key = order_key(r, t.y[i], begin + i * kThreads);
+    if (((t.allowed >> i) & 1u) && key < best) best = key;
   }
   using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
@@ -159,16 +178,16 @@ __global__ void __launch_bounds__(kThreads) search_round_kernel(KeySearchRound c
   double const min_p = q.min_ps ? q.min_ps[row] : 0.0;
   long long const first = q.min_ps ? q.first[row] : 0;
   int const above = q.shift + kKeySearchDigitBits;
-  int64_t const begin = int64_t{blockIdx.x} * kChunk;
-  int64_t const end = begin + kChunk < r.vocab_size ? begin + kChunk : r.vocab_size;
+  int64_t const begin = int64_t{blockIdx.x} * kChunk + threadIdx.x;
   int const lane = threadIdx.x & 31;
+  Tile const t = load_tile(r, p, begin, kThreads);
   // A warp's keys of one digit add up in the warp first (flat rows put most keys of the first
   // rounds in a few bins), then one lane adds them to the CTA's histogram.
-  for (int64_t base = begin; base < end; base += kThreads) {
-    int64_t const v = base + threadIdx.x;
-    float y = 0.0f;
-    unsigned long long key = 0;
-    bool const in_range = v < end && order_key(r, p.y, p.mask, v, y, key) && key <= limit &&
+#pragma unroll
+  for (int i = 0; i < kTokensPerThread; ++i) {
+    float const y = t.y[i];
+    unsigned long long const key = order_key(r, y, begin + i * kThreads);
+    bool const in_range = ((t.allowed >> i) & 1u) && key <= limit &&
                           (above >= 63 || static_cast<long long>(key >> above) == s.prefix);
     unsigned const active = __ballot_sync(kFullMask, in_range);
     if (!in_range) continue;
@@ -203,19 +222,20 @@ __global__ void __launch_bounds__(kThreads) cut_mask_kernel(KeyCutMask const c) 
   double const y0 = static_cast<double>(c.y0[row]);
   double const min_p = c.min_ps ? c.min_ps[row] : 0.0;
   int const lane = threadIdx.x & 31;
+  // Warp w of the CTA takes words word_begin + w + 8 i: its lanes' tokens, all loaded first.
   int64_t const words_per_cta = kChunk / 32;
-  int64_t const word_begin = int64_t{blockIdx.x} * words_per_cta;
-  for (int64_t w = word_begin + threadIdx.x / 32; w < word_begin + words_per_cta && w < r.mask_words;
-       w += kThreads / 32) {
+  int64_t const word_first = int64_t{blockIdx.x} * words_per_cta + threadIdx.x / 32;
+  constexpr int64_t kWordStride = kThreads / 32;
+  Tile const t = load_tile(r, p, word_first * 32 + lane, kWordStride * 32);
+#pragma unroll
+  for (int i = 0; i < kTokensPerThread; ++i) {
+    int64_t const w = word_first + i * kWordStride;
     int64_t const v = w * 32 + lane;
-    bool keep = false;
-    float y;
-    unsigned long long key;
-    if (v < r.vocab_size && order_key(r, p.y, p.mask, v, y, key) && key <= cut) {
-      keep = c.min_ps == nullptr || passes_min_p(y, key, y0, min_p, first);
-    }
+    unsigned long long const key = order_key(r, t.y[i], v);
+    bool keep = ((t.allowed >> i) & 1u) && key <= cut;
+    if (keep && c.min_ps != nullptr) keep = passes_min_p(t.y[i], key, y0, min_p, first);
     unsigned const word = __ballot_sync(kFullMask, keep);
-    if (lane == 0) c.mask[row * r.mask_words + w] = word;
+    if (lane == 0 && w < r.mask_words) c.mask[row * r.mask_words + w] = word;
   }
 }
 
