@@ -185,21 +185,20 @@ def _all_reduce(device: torch.device, group, backend) -> Reduce:
     return reduce
 
 
-def _searches(truncation: Truncation, order: str, y: Tensor) -> bool:
-    """Whether the survivors come from the radix search (shard_truncation.py) rather than the
-    all-gather of each shard's first ``k``: on CUDA every form (its kernels read ``y`` once a round,
-    where the first ``k`` cost a top-k selection over int64 order keys), elsewhere every form but a
-    host top_k up to _GATHERED_TOP_K_MAX (the joint order normalises top_p over every allowed
-    token: the search has that mass)."""
-    if _kernel_search(y):
-        return True
+def _kernel_search(y: Tensor) -> bool:
+    """Whether the radix search runs as CUDA kernels (shard_truncation.survivor_bitmask): every form
+    on CUDA (its kernels read ``y`` once a round, where the first ``k`` cost a top-k selection over
+    int64 order keys)."""
+    return y.is_cuda and y.shape[1] <= MAX_SHARDED_VOCAB
+
+
+def _searches_in_torch(truncation: Truncation, order: str) -> bool:
+    """Off the kernels, whether the survivors come from the radix search in torch ops rather than
+    the all-gather of each shard's first ``k``: every form but a host top_k up to
+    _GATHERED_TOP_K_MAX (the joint order normalises top_p over every allowed token: the search has
+    that mass)."""
     k = truncation.top_k
     return not isinstance(k, int) or k > _GATHERED_TOP_K_MAX or order == "joint"
-
-
-def _kernel_search(y: Tensor) -> bool:
-    """Whether the radix search runs as CUDA kernels (shard_truncation.survivor_bitmask)."""
-    return y.is_cuda and y.shape[1] <= MAX_SHARDED_VOCAB
 
 
 def _searched_survivor_mask(y: Tensor, mask: Tensor | None, truncation: Truncation, *, vocab_start: int, order: str,
@@ -217,12 +216,11 @@ def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, 
     k = truncation.top_k
     batch, shard_vocab = y.shape
     device = y.device
-    if _searches(truncation, order, y):
-        if _kernel_search(y):
-            mask = None if allowed is None else pack_allowed_mask(allowed)
-            return unpack_allowed_mask(_searched_survivor_mask(y, mask, truncation, vocab_start=vocab_start,
-                                                               order=order, group=group, backend=backend),
-                                       shard_vocab)
+    if _kernel_search(y):
+        mask = None if allowed is None else pack_allowed_mask(allowed)
+        return unpack_allowed_mask(_searched_survivor_mask(y, mask, truncation, vocab_start=vocab_start, order=order,
+                                                           group=group, backend=backend), shard_vocab)
+    if _searches_in_torch(truncation, order):
         ids = torch.arange(vocab_start, vocab_start + shard_vocab, device=device)
         return sharded_survivors(y[None], None if allowed is None else allowed[None], ids, truncation, order,
                                  _all_reduce(device, group, backend))[0]

@@ -771,7 +771,7 @@ def sample_without_replacement(
 
     The weight is read once: one matmul gives the fp32 logits (:func:`materialized_logits`),
     the truncation's survivors come from them (on CUDA the logits sampler's rule, its fixed-point
-    masses: :func:`~flashsampling_cuda.shard_truncation.sharded_survivors` on the whole rows; on
+    masses: :func:`~flashsampling_cuda.shard_truncation.survivor_bitmask` on the whole rows; on
     the CPU the float64 :func:`~flashsampling_cuda.truncation.survivor_mask`), and ``k`` calls of
     ``torch.ops.flashsampling.sample_from_logits`` with the same noise draw the tokens, call
     ``j`` excluding the ``j`` tokens already chosen through its mask, so its winner is the
@@ -842,8 +842,9 @@ def sample_without_replacement(
                                                                           empty_mask_token=fill))
         tokens.append(token)
         if j + 1 < k:
-            mask = _without_tokens(pack_allowed_mask(torch.ones((batch, vocab), dtype=torch.bool, device=token.device))
-                                   if mask is None else mask, token - vocab_start, vocab)
+            if mask is None:  # every token allowed so far
+                mask = pack_allowed_mask(torch.ones((batch, vocab), dtype=torch.bool, device=token.device))
+            mask = _without_tokens(mask, token - vocab_start, vocab)
     return torch.cat(tokens, dim=1)
 
 

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from .truncation import _NAN_RANK, Truncation, key_of_rank, truncation_rank
+from .truncation import _per_row as per_row_parameter  # [B, 1]
 
 __all__ = ["MAX_SHARDED_VOCAB", "Reduce", "order_keys", "sharded_survivors", "survivor_bitmask"]
 
@@ -142,10 +143,9 @@ def _top_p_key(keys: Tensor, inside: Tensor, masses: Tensor, top_p: Tensor, redu
 
 
 def _per_row(value, rows: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A truncation parameter (host scalar, 0-d or ``[B]`` tensor) as ``rows``-shaped ``dtype``."""
-    if not isinstance(value, Tensor):
-        return torch.full(rows, value, dtype=dtype, device=device)
-    return value.to(device=device, dtype=dtype).expand(rows)
+    """A truncation parameter (host scalar, 0-d or ``[B]`` tensor) as ``rows``-shaped ``dtype``
+    (``rows`` ends with ``B``)."""
+    return per_row_parameter(value, rows[-1], dtype, device)[:, 0].expand(rows)
 
 
 def sharded_survivors(y: Tensor, allowed: Tensor | None, ids: Tensor, truncation: Truncation, order: str,
@@ -190,7 +190,7 @@ def sharded_survivors(y: Tensor, allowed: Tensor | None, ids: Tensor, truncation
     return keep
 
 
-def _kernel_search(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, target: Tensor, reduce: Reduce,
+def _search_rounds(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, target: Tensor, reduce: Reduce,
                    **extra) -> tuple[Tensor, Tensor]:
     """``([B] key, found)`` of one search (:func:`_kth_key` for an int64 ``target``,
     :func:`_top_p_key` for a float64 one) by ``torch.ops.flashsampling._order_key_round``: a kernel
@@ -224,7 +224,7 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
     cut = torch.full(rows, _KEY_NONE, dtype=torch.int64, device=device)
     if truncation.top_k is not None:
         k = _per_row(truncation.top_k, rows, torch.int64, device)
-        key, found = _kernel_search(y, allowed_mask, vocab_start, k.clamp(min=1).contiguous(), reduce)
+        key, found = _search_rounds(y, allowed_mask, vocab_start, k.clamp(min=1).contiguous(), reduce)
         cut = torch.where((k > 0) & found, key, _KEY_NONE)
     min_ps = None
     if truncation.min_p is not None:
@@ -232,7 +232,7 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
     if truncation.top_p is not None:
         top_p = _per_row(truncation.top_p, rows, torch.float64, device).contiguous()
         filtered = order == "min_p_first" and min_ps is not None
-        key, found = _kernel_search(y, allowed_mask, vocab_start, top_p, reduce,
+        key, found = _search_rounds(y, allowed_mask, vocab_start, top_p, reduce,
                                     limit=None if order == "joint" else cut, y0=y0,
                                     min_ps=min_ps if filtered else None, first=first if filtered else None)
         cut = torch.minimum(cut, torch.where(top_p >= 1, _KEY_NONE, torch.where(found, key, first)))

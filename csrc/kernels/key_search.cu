@@ -33,7 +33,8 @@ __device__ __forceinline__ unsigned long long order_key(KeySearchRows const& r, 
 }
 
 // min_p's test of a token (truncation.py: keep_prefix): exp(y - y0) >= min_p in float64, a NaN y
-// as -inf, or the row's first key.
+// as -inf, or the row's first key. logits_rows.cuh's MinP gives the same answers with float
+// shortcuts, but in the round kernel it cost 26 more registers.
 __device__ __forceinline__ bool passes_min_p(float y, unsigned long long key, double y0, double min_p,
                                              long long first) {
   double const ys = y != y ? -INFINITY : static_cast<double>(y);
@@ -55,8 +56,8 @@ __device__ __forceinline__ RowPointers row_pointers(KeySearchRows const& r, int6
 }
 
 // A thread's tokens of its CTA's chunk, token i at `first + i * stride`: every load issued before
-// any is used (a pass over the rows is bound by the loads in flight), and bit i of `allowed` set
-// where token i lies in the row and is allowed.
+// any is used (the thread's loads in flight together), and bit i of `allowed` set where token i
+// lies in the row and is allowed.
 struct Tile {
   float y[kTokensPerThread];
   unsigned allowed;
@@ -141,7 +142,8 @@ __device__ SearchState choose_bin(KeySearchRound const& q, int64_t row) {
   __syncthreads();
   long long const total = shared.total;
   long long const before = s.need_or_ahead + (upto_mass - mass);  // the mass ahead of the bin's first key
-  // top_p_reached's test (logits_rows.cuh) on the same integers
+  // the negation of top_p_reached's test (logits_rows.cuh) on the same integers, false for a NaN
+  // top_p and a total of 0 (a row whose first y is not finite: its first token alone survives)
   bool const survives = count > 0 && static_cast<double>(before) / static_cast<double>(total) < q.top_ps[row];
   if (survives) atomicMax(&last_bin, d + 1);
   __syncthreads();
