@@ -22,8 +22,8 @@ rank computes its shard's logits once (one matmul), finds its share of the survi
 rows and samples them from those logits (``torch.ops.flashsampling.sample_from_logits``, the
 noise of the fused op) as its mask. The survivors come from a radix search of each row's cut over
 the global truncation order (flashsampling_cuda/shard_truncation.py: per round one kernel and one
-all-reduce of ``B * 512`` int64; eight rounds for top_k, eight for top_p, one all-reduce for the
-first token), or off CUDA, for a host ``top_k`` up to 1024, from each shard's first ``k`` tokens
+all-reduce of ``B * 768`` int64; eight rounds for top_k, eight for top_p, one all-reduce for the
+first token; a row's kernels stop reading once its cut is known), or off CUDA, for a host ``top_k`` up to 1024, from each shard's first ``k`` tokens
 in one all-gather of ``B * k`` int64.
 
 :func:`speculative_sample` verifies draft tokens across the shards (the single-process

@@ -18,8 +18,9 @@ A row's survivors are then the tokens whose key is at most its cuts:
 and the first token always survives. A cut key is found 8 bits a round from the top: every
 shard histograms its keys within the range found so far (counts; for top_p also masses), one
 all-reduce sums the histograms, and every shard picks the same bin. Eight rounds fix a key:
-``top_k`` costs eight all-reduces of ``B * 256`` int64, ``top_p`` eight of ``B * 512``, and the
-first token one all-reduce (min) of ``B`` int64.
+in torch ops ``top_k`` costs eight all-reduces of ``B * 256`` int64, ``top_p`` eight of
+``B * 512``, the CUDA kernels eight of ``B * 768`` (below), and the first token one all-reduce
+(min) of ``B`` int64.
 
 Masses are the logits sampler's fixed point (csrc/kernels/logits_rows.cuh: fixed_mass,
 top_p_reached): ``round(exp(fl32(y - y0)) * 2^41)`` as int64, whose sums are exact in any order,
@@ -30,7 +31,11 @@ tokens a row (the sums stay below ``2^63``).
 
 Two implementations of one search: :func:`survivor_bitmask` on CUDA runs each round as one kernel
 (csrc/kernels/key_search.cu: a CTA reads its chunk of a row's ``y`` once, the next round's kernel
-picks the bin from the summed histogram) and writes the survivors' bitmask; :func:`sharded_survivors`
+picks the bin from the summed histogram) and writes the survivors' bitmask. Its histograms carry
+a third plane, the sum of each bin's keys, which is the key itself where the bin holds one: a row
+whose chosen bin holds a single key has its cut, and its later rounds read nothing (a flat row's
+top_k or top_p cut after three rounds, a peaked row's often sooner; the launches and all-reduces
+stay, so the number of collectives does not depend on the data). :func:`sharded_survivors`
 runs it in torch ops (the CPU, and the reference the tests hold the kernels to). Both take a
 ``reduce(t, how)`` that returns the reduction (``"sum"`` or ``"min"``) of ``t [S, ...]`` over every
 shard of the group with the shape kept: in a process group ``S = 1`` and ``reduce`` is an
@@ -194,7 +199,9 @@ def _search_rounds(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, tar
                    **extra) -> tuple[Tensor, Tensor]:
     """``([B] key, found)`` of one search (:func:`_kth_key` for an int64 ``target``,
     :func:`_top_p_key` for a float64 one) by ``torch.ops.flashsampling._order_key_round``: a kernel
-    and an all-reduce of ``[B, 2, 256]`` int64 a round, then the choice from the last histogram."""
+    and an all-reduce of ``[B, 3, 256]`` int64 a round (counts, masses, sums of keys), then the
+    choice from the last histogram; ``state [B, 5]``: the key (bits so far), need or mass ahead,
+    total, found, complete (key_search.h)."""
     state = hist = None
     for shift in _ROUND_SHIFTS + (-_DIGIT_BITS,):
         state, local = torch.ops.flashsampling._order_key_round(y, allowed_mask, vocab_start, shift, target, state,
@@ -247,8 +254,8 @@ def _first_order_keys_fake(y, allowed_mask, vocab_start):
 @torch.library.register_fake("flashsampling::_order_key_round")
 def _order_key_round_fake(y, allowed_mask, vocab_start, shift, target, state, hist, limit=None, y0=None,
                           min_ps=None, first=None):
-    histogram = (y.shape[0], 2, _BINS) if shift >= 0 else (0,)
-    return y.new_empty((y.shape[0], 4), dtype=torch.int64), y.new_empty(histogram, dtype=torch.int64)
+    histogram = (y.shape[0], 3, _BINS) if shift >= 0 else (0,)
+    return y.new_empty((y.shape[0], 5), dtype=torch.int64), y.new_empty(histogram, dtype=torch.int64)
 
 
 @torch.library.register_fake("flashsampling::_order_key_cut_mask")

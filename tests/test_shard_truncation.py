@@ -154,6 +154,32 @@ def test_kernels_keep_the_survivors_of_the_torch_search(vocab, kind, order):
 
 
 @pytest.mark.requires_cuda
+@pytest.mark.parametrize("vocab", [60000, 60001])
+def test_kernels_on_many_rows_keep_the_survivors_of_the_torch_search(vocab):
+    """Enough rows that a CTA takes several steps of the row (key_search.cu: pass_launch), with
+    16-byte loads (V % 4 == 0) and without; flat and peaked rows side by side, so that some rows'
+    cuts are complete after a few rounds and others (ties) need every round."""
+    from flashsampling_cuda.masks import unpack_allowed_mask
+    from flashsampling_cuda.shard_truncation import survivor_bitmask
+
+    device = torch.device("cuda")
+    batch = 600
+    g = torch.Generator(device=device).manual_seed(vocab)
+    y = torch.randn(batch, vocab, generator=g, device=device)
+    y[1::3] = y[1::3].round()  # ties
+    y[2::3, :16] += 14.0 - 1.5 * torch.arange(16.0, device=device)  # peaked
+    rows = lambda values: torch.tensor(values, device=device).repeat(batch // len(values))  # noqa: E731
+    identity = lambda t, how: t  # noqa: E731
+    ids = torch.arange(3, 3 + vocab, device=device)
+    for truncation in (Truncation(rows([20, 1, 700, 0]), None, None), Truncation(None, rows([0.9, 0.5, 0.99]), None),
+                       Truncation(rows([50, 2000]), rows([0.95, 0.8]), 0.01)):
+        got = unpack_allowed_mask(survivor_bitmask(y, None, 3, truncation, "top_k_first", identity), vocab)
+        expected = sharded_survivors(y[None], None, ids, truncation, "top_k_first", identity)[0]
+        bad = (got != expected).any(dim=1).nonzero().flatten().tolist()
+        assert not bad, f"rows {bad[:8]} differ ({got[bad[:8]].sum(1).tolist()} vs {expected[bad[:8]].sum(1).tolist()})"
+
+
+@pytest.mark.requires_cuda
 def test_opcheck_key_search_ops():
     """The three internal ops' schemas, fake kernels and dispatch (torch.compile traces them)."""
     device = torch.device("cuda")

@@ -1,7 +1,12 @@
 // The truncation cut's radix search over order keys (flashsampling/key_search.h): the rows' first
 // keys, one round (the choice from the previous round's summed histogram, then this round's
 // histogram) and the survivors' bitmask. A grid of (chunks of the vocabulary, rows); a CTA reads
-// its chunk of one row's y once, computing each token's key from y, its allowed bit and its id.
+// its chunk of one row's y once, 16-byte loads where the rows allow them, and works on a token's
+// key as two 32-bit words (the rank of its y and its id): most rounds test only the rank. A
+// round's histogram is a CTA's 32-bit shared-memory sums, one atomic a key and sum (after the
+// first round few keys are in range, and warp reductions over groups of lanes with different
+// digits run one group at a time: they made a top_p round with thousands of keys in range 3x
+// slower), but in the first round, where every key is in range and most lie in a few bins.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -15,35 +20,52 @@ namespace flashsampling {
 namespace {
 
 constexpr int kThreads = kKeySearchBins;  // a thread a bin in the choice
-constexpr int kTokensPerThread = 16;      // a CTA's chunk: 4096 tokens
-constexpr int64_t kChunk = int64_t{kThreads} * kTokensPerThread;
+constexpr int kVector = 4;                // a thread's consecutive tokens in one load
+constexpr int kLoads = 4;                 // a thread's loads of a step
+constexpr int kTokensPerThread = kVector * kLoads;
+constexpr int64_t kStepTokens = int64_t{kThreads} * kTokensPerThread;  // a CTA's step: 4096 tokens
+constexpr int kMaxStepsPerCta = 4;
+constexpr int kIdBits = 31;           // an order key: rank << 31 | id
+constexpr int kWarpSumMinGroup = 4;  // the first round's lanes of one digit that add up in the warp
 constexpr unsigned long long kNoKey = 0x7FFFFFFFFFFFFFFFull;
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
 
-// A token's order key from its y and local index (truncation.py: truncation_rank).
-__device__ __forceinline__ unsigned long long order_key(KeySearchRows const& r, float y, int64_t v) {
-  int64_t rank = 0x7F800001;  // an allowed NaN: after -inf
-  if (y == y) {
-    int32_t bits = __float_as_int(-y);
-    if (bits == INT32_MIN) bits = 0;  // -0 as +0
-    rank = bits >= 0 ? int64_t{bits} : -int64_t{bits & 0x7FFFFFFF};
-  }
-  return (static_cast<unsigned long long>(rank + (int64_t{1} << 31)) << 31) |
-         static_cast<unsigned long long>(r.vocab_start + v);
+// The rank of y in the truncation order as the key's upper 32 bits (truncation.py:
+// truncation_rank + 2^31): y descending, -0 as +0, an allowed NaN after -inf.
+__device__ __forceinline__ uint32_t rank_bits(float y) {
+  if (y != y) return 0xFF800001u;
+  uint32_t const bits = __float_as_uint(-y);
+  return (bits & 0x80000000u) ? 0x80000000u - (bits & 0x7FFFFFFFu) : (bits | 0x80000000u);
 }
 
-// min_p's test of a token (truncation.py: keep_prefix): exp(y - y0) >= min_p in float64, a NaN y
-// as -inf, or the row's first key. logits_rows.cuh's MinP gives the same answers with float
-// shortcuts, but in the round kernel it cost 26 more registers.
-__device__ __forceinline__ bool passes_min_p(float y, unsigned long long key, double y0, double min_p,
-                                             long long first) {
-  double const ys = y != y ? -INFINITY : static_cast<double>(y);
-  return exp(ys - y0) >= min_p || key == static_cast<unsigned long long>(first);
+__device__ __forceinline__ unsigned long long key_of(uint32_t rank, uint32_t id) {
+  return (static_cast<unsigned long long>(rank) << kIdBits) | id;
 }
 
 // The top_p mass of a token whose row's first y is y0 (0 where y0 is not finite).
 __device__ __forceinline__ unsigned long long key_mass(float y, float y0) {
   return isfinite(y0) ? fixed_mass(y, static_cast<double>(y0)) : 0ull;
+}
+
+// min_p's test of a token (truncation.py: keep_prefix): logits_rows.cuh's MinP, or the row's
+// first key.
+struct MinPKeys {
+  MinP test;
+  uint32_t first_rank, first_id;
+
+  __device__ __forceinline__ bool keeps(float y, uint32_t rank, uint32_t id) const {
+    return test.keeps(y) || (rank == first_rank && id == first_id);
+  }
+};
+
+__device__ __forceinline__ MinPKeys min_p_keys(const double* min_ps, const int64_t* first, float y0, int64_t row) {
+  MinPKeys m;
+  m.test = min_p_test(min_ps != nullptr, min_ps ? min_ps[row] : 0.0);
+  m.test.set_first(static_cast<double>(y0), isfinite(y0));
+  unsigned long long const f = first ? static_cast<unsigned long long>(first[row]) : kNoKey;
+  m.first_rank = static_cast<uint32_t>(f >> kIdBits);
+  m.first_id = static_cast<uint32_t>(f & ((1u << kIdBits) - 1));
+  return m;
 }
 
 struct RowPointers {
@@ -55,39 +77,74 @@ __device__ __forceinline__ RowPointers row_pointers(KeySearchRows const& r, int6
   return {r.y + row * r.row_stride, r.allowed_mask ? r.allowed_mask + row * r.mask_words : nullptr};
 }
 
-// A thread's tokens of its CTA's chunk, token i at `first + i * stride`: every load issued before
-// any is used (the thread's loads in flight together), and bit i of `allowed` set where token i
-// lies in the row and is allowed.
+// A thread's tokens of one step: load l covers tokens first + l * kThreads * kVector +
+// threadIdx.x * kVector + j, j < kVector (a warp's load: 128 consecutive tokens), every load
+// issued before any is used; bit l * kVector + j of `allowed` is set where that token lies in the
+// row and is allowed.
 struct Tile {
   float y[kTokensPerThread];
   unsigned allowed;
+
+  __device__ __forceinline__ static int64_t token(int64_t first, int i) {
+    return first + (i / kVector) * (kThreads * kVector) + threadIdx.x * kVector + i % kVector;
+  }
 };
 
-__device__ __forceinline__ Tile load_tile(KeySearchRows const& r, RowPointers const& p, int64_t first,
-                                          int64_t stride) {
+__device__ __forceinline__ Tile load_tile(KeySearchRows const& r, RowPointers const& p, int64_t first, bool vector) {
   Tile t;
   t.allowed = 0;
 #pragma unroll
-  for (int i = 0; i < kTokensPerThread; ++i) {
-    int64_t const v = first + i * stride;
-    bool const inside = v < r.vocab_size;
-    t.y[i] = inside ? __ldg(p.y + v) : 0.0f;
-    bool const allowed = inside && (p.mask == nullptr || ((__ldg(p.mask + (v >> 5)) >> (v & 31)) & 1u));
-    t.allowed |= static_cast<unsigned>(allowed) << i;
+  for (int l = 0; l < kLoads; ++l) {
+    int64_t const v = Tile::token(first, l * kVector);
+    unsigned inside;
+    if (vector && v + kVector <= r.vocab_size) {
+      float4 const q = __ldg(reinterpret_cast<const float4*>(p.y + v));
+      t.y[l * kVector + 0] = q.x;
+      t.y[l * kVector + 1] = q.y;
+      t.y[l * kVector + 2] = q.z;
+      t.y[l * kVector + 3] = q.w;
+      inside = 0xFu;
+    } else {
+      inside = 0;
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) {
+        bool const in = v + j < r.vocab_size;
+        t.y[l * kVector + j] = in ? __ldg(p.y + v + j) : 0.0f;
+        inside |= static_cast<unsigned>(in) << j;
+      }
+    }
+    // v is a multiple of 4: its 4 tokens share a mask word
+    if (p.mask != nullptr && inside != 0) inside &= __ldg(p.mask + (v >> 5)) >> (v & 31);
+    t.allowed |= (inside & 0xFu) << (l * kVector);
   }
   return t;
 }
 
-__global__ void __launch_bounds__(kThreads) first_keys_kernel(KeySearchRows const r, int64_t* first) {
+// A CTA's tokens: `steps` steps of kStepTokens from its chunk's first.
+struct Chunk {
+  int64_t first;
+  int steps;
+};
+
+__device__ __forceinline__ Chunk cta_chunk(int steps) {
+  return {int64_t{blockIdx.x} * steps * kStepTokens, steps};
+}
+
+__global__ void __launch_bounds__(kThreads) first_keys_kernel(KeySearchRows const r, int64_t* first, bool vector,
+                                                              int steps) {
   int64_t const row = blockIdx.y;
   RowPointers const p = row_pointers(r, row);
-  int64_t const begin = int64_t{blockIdx.x} * kChunk + threadIdx.x;
-  Tile const t = load_tile(r, p, begin, kThreads);
+  Chunk const c = cta_chunk(steps);
+  uint32_t const id0 = static_cast<uint32_t>(r.vocab_start);
   unsigned long long best = kNoKey;
+  for (int s = 0; s < c.steps; ++s) {
+    int64_t const step_first = c.first + s * kStepTokens;
+    Tile const t = load_tile(r, p, step_first, vector);
 #pragma unroll
-  for (int i = 0; i < kTokensPerThread; ++i) {
-    unsigned long long const key = order_key(r, t.y[i], begin + i * kThreads);
-    if (((t.allowed >> i) & 1u) && key < best) best = key;
+    for (int i = 0; i < kTokensPerThread; ++i) {
+      unsigned long long const key = key_of(rank_bits(t.y[i]), id0 + static_cast<uint32_t>(Tile::token(step_first, i)));
+      if (((t.allowed >> i) & 1u) && key < best) best = key;
+    }
   }
   using Reduce = cub::BlockReduce<unsigned long long, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
@@ -100,7 +157,7 @@ __global__ void __launch_bounds__(kThreads) first_keys_kernel(KeySearchRows cons
 // The round's state of a row from the previous one and its summed histogram (every CTA of the row
 // computes the same). Thread d holds bin d.
 struct SearchState {
-  long long prefix, need_or_ahead, total, found;
+  long long prefix, need_or_ahead, total, found, complete;
 };
 
 __device__ SearchState choose_bin(KeySearchRound const& q, int64_t row) {
@@ -111,51 +168,105 @@ __device__ SearchState choose_bin(KeySearchRound const& q, int64_t row) {
   bool const by_mass = q.top_ps != nullptr;
   SearchState s;
   if (q.state_in == nullptr) {
-    s = {0, by_mass ? 0 : static_cast<long long>(q.top_ks[row]), 0, kKeySearchUnknown};
+    s = {0, by_mass ? 0 : static_cast<long long>(q.top_ks[row]), 0, kKeySearchUnknown, 0};
   } else {
     int64_t const* in = q.state_in + row * kKeySearchStateWords;
-    s = {in[kStatePrefix], in[kStateNeedOrAhead], in[kStateTotal], in[kStateFound]};
+    s = {in[kStatePrefix], in[kStateNeedOrAhead], in[kStateTotal], in[kStateFound], in[kStateComplete]};
   }
-  if (q.hist_in == nullptr) return s;
+  if (q.hist_in == nullptr || s.complete) return s;
   int const d = threadIdx.x;
-  int64_t const* hist = q.hist_in + row * 2 * kKeySearchBins;
+  int64_t const* hist = q.hist_in + row * kKeySearchPlanes * kKeySearchBins;
   long long const count = hist[d];
   long long upto_count;
   Scan(scan_temp).InclusiveSum(count, upto_count);
   __syncthreads();
+  int bin;
+  long long found, total = 0;
   if (!by_mass) {
     // the first bin whose keys up to it reach `need`; what lies in earlier bins is ahead
     int const below = __syncthreads_count(upto_count < s.need_or_ahead);
-    int const bin = below < kKeySearchBins ? below : kKeySearchBins - 1;
+    bin = below < kKeySearchBins ? below : kKeySearchBins - 1;
     if (d == kKeySearchBins - 1) {
       shared.found = s.found == kKeySearchUnknown ? (upto_count >= s.need_or_ahead ? 1 : 0) : s.found;
     }
     if (d == bin) shared.need_or_ahead = s.need_or_ahead - (upto_count - count);
+  } else {
+    long long const mass = hist[kKeySearchBins + d];
+    long long upto_mass;
+    Scan(scan_temp).InclusiveSum(mass, upto_mass);
+    if (d == 0) last_bin = 0;
+    if (d == kKeySearchBins - 1) shared.total = s.found == kKeySearchUnknown ? upto_mass : s.total;
     __syncthreads();
-    return {(s.prefix << kKeySearchDigitBits) | bin, shared.need_or_ahead, 0, shared.found};
+    total = shared.total;
+    long long const before = s.need_or_ahead + (upto_mass - mass);  // the mass ahead of the bin's first key
+    // the negation of top_p_reached's test (logits_rows.cuh) on the same integers, false for a NaN
+    // top_p and a total of 0 (a row whose first y is not finite: its first token alone survives)
+    bool const survives = count > 0 && static_cast<double>(before) / static_cast<double>(total) < q.top_ps[row];
+    if (survives) atomicMax(&last_bin, d + 1);
+    __syncthreads();
+    int const last = last_bin;
+    bin = last > 0 ? last - 1 : 0;
+    if (d == bin) shared.need_or_ahead = before;
+    if (d == 0) shared.found = s.found == kKeySearchUnknown ? (last > 0 ? 1 : 0) : s.found;
   }
-  long long const mass = hist[kKeySearchBins + d];
-  long long upto_mass;
-  Scan(scan_temp).InclusiveSum(mass, upto_mass);
-  if (d == 0) last_bin = 0;
-  if (d == kKeySearchBins - 1) shared.total = s.found == kKeySearchUnknown ? upto_mass : s.total;
+  if (d == bin) {
+    shared.complete = count == 1;
+    shared.prefix = count == 1 ? hist[2 * kKeySearchBins + d] : (s.prefix << kKeySearchDigitBits) | bin;
+  }
   __syncthreads();
-  long long const total = shared.total;
-  long long const before = s.need_or_ahead + (upto_mass - mass);  // the mass ahead of the bin's first key
-  // the negation of top_p_reached's test (logits_rows.cuh) on the same integers, false for a NaN
-  // top_p and a total of 0 (a row whose first y is not finite: its first token alone survives)
-  bool const survives = count > 0 && static_cast<double>(before) / static_cast<double>(total) < q.top_ps[row];
-  if (survives) atomicMax(&last_bin, d + 1);
-  __syncthreads();
-  int const last = last_bin;
-  int const bin = last > 0 ? last - 1 : 0;
-  if (d == bin) shared.need_or_ahead = before;
-  __syncthreads();
-  long long const found = s.found == kKeySearchUnknown ? (last > 0 ? 1 : 0) : s.found;
-  return {(s.prefix << kKeySearchDigitBits) | bin, shared.need_or_ahead, total, found};
+  found = shared.found;
+  return {shared.prefix, shared.need_or_ahead, total, found, shared.complete};
 }
 
-__global__ void __launch_bounds__(kThreads) search_round_kernel(KeySearchRound const q) {
+// The keys of a round's range (the bits above the digit equal the prefix) that are at most the
+// limit, tested on (rank, id): above the id's bits the prefix is a prefix of the rank alone.
+struct KeyRange {
+  bool all;  // the first round: no prefix yet
+  int rank_shift, id_shift;
+  uint32_t rank_prefix, id_prefix;
+  uint32_t limit_rank, limit_id;
+
+  __device__ __forceinline__ bool contains(uint32_t rank, uint32_t id) const {
+    bool const below_limit = rank < limit_rank || (rank == limit_rank && id <= limit_id);
+    return below_limit && (all || ((rank >> rank_shift) == rank_prefix && (id >> id_shift) == id_prefix));
+  }
+};
+
+__device__ __forceinline__ KeyRange key_range(int shift, long long prefix, unsigned long long limit) {
+  int const above = shift + kKeySearchDigitBits;
+  KeyRange k;
+  k.all = above >= 63;
+  if (above >= kIdBits) {
+    k.rank_shift = above - kIdBits;
+    k.rank_prefix = static_cast<uint32_t>(prefix);
+    k.id_shift = kIdBits;  // ids lie below 2^31
+    k.id_prefix = 0;
+  } else {
+    k.rank_shift = 0;
+    k.rank_prefix = static_cast<uint32_t>(prefix >> (kIdBits - above));
+    k.id_shift = above;
+    k.id_prefix = static_cast<uint32_t>(prefix & ((1ll << (kIdBits - above)) - 1));
+  }
+  k.limit_rank = static_cast<uint32_t>(limit >> kIdBits);
+  k.limit_id = static_cast<uint32_t>(limit & ((1u << kIdBits) - 1));
+  return k;
+}
+
+// The key's 8 bits at `shift`.
+__device__ __forceinline__ int key_digit(uint32_t rank, uint32_t id, int shift) {
+  uint32_t const bits = shift >= kIdBits ? rank >> (shift - kIdBits) : (rank << (kIdBits - shift)) | (id >> shift);
+  return static_cast<int>(bits & (kKeySearchBins - 1));
+}
+
+// A CTA's sums of masses (each below 2^42, at most 2^14 tokens), three 14-bit parts a bin.
+__device__ __forceinline__ void add_mass(uint32_t (&parts)[3][kKeySearchBins], int digit, unsigned long long mass) {
+  if (mass == 0) return;
+  atomicAdd(&parts[0][digit], static_cast<uint32_t>(mass & 0x3FFFu));
+  atomicAdd(&parts[1][digit], static_cast<uint32_t>((mass >> 14) & 0x3FFFu));
+  atomicAdd(&parts[2][digit], static_cast<uint32_t>(mass >> 28));
+}
+
+__global__ void __launch_bounds__(kThreads) search_round_kernel(KeySearchRound const q, bool vector, int steps) {
   int64_t const row = blockIdx.y;
   SearchState const s = choose_bin(q, row);
   if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -164,106 +275,155 @@ __global__ void __launch_bounds__(kThreads) search_round_kernel(KeySearchRound c
     out[kStateNeedOrAhead] = s.need_or_ahead;
     out[kStateTotal] = s.total;
     out[kStateFound] = s.found;
+    out[kStateComplete] = s.complete;
   }
-  if (q.shift < 0) return;
+  if (q.shift < 0 || s.complete) return;
 
-  __shared__ unsigned int counts[kKeySearchBins];
-  __shared__ unsigned long long masses[kKeySearchBins];
-  counts[threadIdx.x] = 0;
-  masses[threadIdx.x] = 0;
+  // 32-bit sums a bin (a CTA's at most 2^14 tokens): counts; masses (below 2^42) in three 14-bit
+  // parts; and the ranks and ids, whose sums are a key where the bin holds one.
+  __shared__ uint32_t counts[kKeySearchBins], rank_sums[kKeySearchBins], id_sums[kKeySearchBins];
+  __shared__ uint32_t mass_parts[3][kKeySearchBins];
+  int const d = threadIdx.x;
+  counts[d] = rank_sums[d] = id_sums[d] = 0;
+  mass_parts[0][d] = mass_parts[1][d] = mass_parts[2][d] = 0;
   __syncthreads();
   KeySearchRows const& r = q.rows;
   RowPointers const p = row_pointers(r, row);
   bool const by_mass = q.top_ps != nullptr;
-  unsigned long long const limit = q.limit ? static_cast<unsigned long long>(q.limit[row]) : kNoKey;
+  KeyRange const range = key_range(q.shift, s.prefix, q.limit ? static_cast<unsigned long long>(q.limit[row]) : kNoKey);
   float const y0 = by_mass ? q.y0[row] : 0.0f;
-  double const min_p = q.min_ps ? q.min_ps[row] : 0.0;
-  long long const first = q.min_ps ? q.first[row] : 0;
-  int const above = q.shift + kKeySearchDigitBits;
-  int64_t const begin = int64_t{blockIdx.x} * kChunk + threadIdx.x;
+  MinPKeys const min_p = min_p_keys(q.min_ps, q.first, y0, row);
+  uint32_t const id0 = static_cast<uint32_t>(r.vocab_start);
   int const lane = threadIdx.x & 31;
-  Tile const t = load_tile(r, p, begin, kThreads);
-  // A warp's keys of one digit add up in the warp first (flat rows put most keys of the first
-  // rounds in a few bins), then one lane adds them to the CTA's histogram.
+  Chunk const c = cta_chunk(steps);
+  for (int step = 0; step < c.steps; ++step) {
+    int64_t const step_first = c.first + step * kStepTokens;
+    Tile const t = load_tile(r, p, step_first, vector);
 #pragma unroll
-  for (int i = 0; i < kTokensPerThread; ++i) {
-    float const y = t.y[i];
-    unsigned long long const key = order_key(r, y, begin + i * kThreads);
-    bool const in_range = ((t.allowed >> i) & 1u) && key <= limit &&
-                          (above >= 63 || static_cast<long long>(key >> above) == s.prefix);
-    unsigned const active = __ballot_sync(kFullMask, in_range);
-    if (!in_range) continue;
-    int const digit = static_cast<int>((key >> q.shift) & (kKeySearchBins - 1));
-    unsigned const group = __match_any_sync(active, digit);
-    bool const leader = lane == __ffs(group) - 1;
-    if (leader) atomicAdd(counts + digit, static_cast<unsigned>(__popc(group)));
-    if (by_mass) {
-      unsigned long long mass = 0;
-      if (q.min_ps == nullptr || passes_min_p(y, key, static_cast<double>(y0), min_p, first)) mass = key_mass(y, y0);
-      // A mass is below 2^42: its low 21 and high 21 bits each sum over 32 lanes within 32 bits.
-      unsigned const low = __reduce_add_sync(group, static_cast<unsigned>(mass & 0x1FFFFFu));
-      unsigned const high = __reduce_add_sync(group, static_cast<unsigned>(mass >> 21));
-      unsigned long long const sum = (static_cast<unsigned long long>(high) << 21) + low;
-      if (leader && sum != 0) atomicAdd(masses + digit, sum);
+    for (int i = 0; i < kTokensPerThread; ++i) {
+      float const y = t.y[i];
+      uint32_t const rank = rank_bits(y);
+      uint32_t const id = id0 + static_cast<uint32_t>(Tile::token(step_first, i));
+      bool const in_range = ((t.allowed >> i) & 1u) && range.contains(rank, id);
+      unsigned const active = range.all ? __ballot_sync(kFullMask, in_range) : 0u;
+      if (!in_range) continue;
+      int const digit = key_digit(rank, id, q.shift);
+      bool const keeps_mass = by_mass && (q.min_ps == nullptr || min_p.keeps(y, rank, id));
+      unsigned long long const mass = keeps_mass ? key_mass(y, y0) : 0ull;
+      if (range.all) {
+        // The first round: every key is in range, most of a flat row's in a few bins. The lanes of
+        // a large group of one digit add up in the warp (one reduction a group: few groups), the
+        // others add their own.
+        unsigned const group = __match_any_sync(active, digit);
+        if (__popc(group) >= kWarpSumMinGroup) {
+          if (lane == __ffs(group) - 1) atomicAdd(counts + digit, static_cast<uint32_t>(__popc(group)));
+          if (by_mass) {
+            // masses below 2^42: 21-bit halves sum over 32 lanes within 32 bits
+            unsigned const low = __reduce_add_sync(group, static_cast<unsigned>(mass & 0x1FFFFFu));
+            unsigned const high = __reduce_add_sync(group, static_cast<unsigned>(mass >> 21));
+            if (lane == __ffs(group) - 1) add_mass(mass_parts, digit, (static_cast<unsigned long long>(high) << 21) + low);
+          }
+          continue;
+        }
+      }
+      atomicAdd(counts + digit, 1u);
+      atomicAdd(rank_sums + digit, rank);
+      atomicAdd(id_sums + digit, id);
+      add_mass(mass_parts, digit, mass);
     }
   }
   __syncthreads();
-  unsigned long long* hist = q.hist_out + row * 2 * kKeySearchBins;
-  int const d = threadIdx.x;
-  if (counts[d] != 0) atomicAdd(hist + d, static_cast<unsigned long long>(counts[d]));
-  if (masses[d] != 0) atomicAdd(hist + kKeySearchBins + d, masses[d]);
+  if (counts[d] == 0) return;
+  unsigned long long* hist = q.hist_out + row * kKeySearchPlanes * kKeySearchBins;
+  atomicAdd(hist + d, static_cast<unsigned long long>(counts[d]));
+  unsigned long long const mass = mass_parts[0][d] + (static_cast<unsigned long long>(mass_parts[1][d]) << 14) +
+                                  (static_cast<unsigned long long>(mass_parts[2][d]) << 28);
+  if (mass != 0) atomicAdd(hist + kKeySearchBins + d, mass);
+  atomicAdd(hist + 2 * kKeySearchBins + d, key_of(rank_sums[d], id_sums[d]));
 }
 
-// A warp a word of 32 tokens at a time: each lane tests its token, the ballot is the word.
-__global__ void __launch_bounds__(kThreads) cut_mask_kernel(KeyCutMask const c) {
+// A warp's load covers 128 consecutive tokens: four mask words, each the nibbles of 8 lanes.
+__global__ void __launch_bounds__(kThreads) cut_mask_kernel(KeyCutMask const c, bool vector, int steps) {
   int64_t const row = blockIdx.y;
   KeySearchRows const& r = c.rows;
   RowPointers const p = row_pointers(r, row);
   unsigned long long const cut = static_cast<unsigned long long>(c.cut[row]);
-  long long const first = c.first[row];
-  double const y0 = static_cast<double>(c.y0[row]);
-  double const min_p = c.min_ps ? c.min_ps[row] : 0.0;
+  uint32_t const cut_rank = static_cast<uint32_t>(cut >> kIdBits);
+  uint32_t const cut_id = static_cast<uint32_t>(cut & ((1u << kIdBits) - 1));
+  MinPKeys const min_p = min_p_keys(c.min_ps, c.first, c.y0[row], row);
+  uint32_t const id0 = static_cast<uint32_t>(r.vocab_start);
   int const lane = threadIdx.x & 31;
-  // Warp w of the CTA takes words word_begin + w + 8 i: its lanes' tokens, all loaded first.
-  int64_t const words_per_cta = kChunk / 32;
-  int64_t const word_first = int64_t{blockIdx.x} * words_per_cta + threadIdx.x / 32;
-  constexpr int64_t kWordStride = kThreads / 32;
-  Tile const t = load_tile(r, p, word_first * 32 + lane, kWordStride * 32);
+  Chunk const ch = cta_chunk(steps);
+  for (int step = 0; step < ch.steps; ++step) {
+    int64_t const step_first = ch.first + step * kStepTokens;
+    Tile const t = load_tile(r, p, step_first, vector);
 #pragma unroll
-  for (int i = 0; i < kTokensPerThread; ++i) {
-    int64_t const w = word_first + i * kWordStride;
-    int64_t const v = w * 32 + lane;
-    unsigned long long const key = order_key(r, t.y[i], v);
-    bool keep = ((t.allowed >> i) & 1u) && key <= cut;
-    if (keep && c.min_ps != nullptr) keep = passes_min_p(t.y[i], key, y0, min_p, first);
-    unsigned const word = __ballot_sync(kFullMask, keep);
-    if (lane == 0 && w < r.mask_words) c.mask[row * r.mask_words + w] = word;
+    for (int l = 0; l < kLoads; ++l) {
+      unsigned nibble = 0;
+#pragma unroll
+      for (int j = 0; j < kVector; ++j) {
+        int const i = l * kVector + j;
+        float const y = t.y[i];
+        uint32_t const rank = rank_bits(y);
+        uint32_t const id = id0 + static_cast<uint32_t>(Tile::token(step_first, i));
+        bool keep = ((t.allowed >> i) & 1u) && (rank < cut_rank || (rank == cut_rank && id <= cut_id));
+        if (keep && c.min_ps != nullptr) keep = min_p.keeps(y, rank, id);
+        nibble |= static_cast<unsigned>(keep) << j;
+      }
+      unsigned word = nibble << ((lane & 7) * kVector);
+      word |= __shfl_xor_sync(kFullMask, word, 1);
+      word |= __shfl_xor_sync(kFullMask, word, 2);
+      word |= __shfl_xor_sync(kFullMask, word, 4);
+      int64_t const w = Tile::token(step_first, l * kVector) / 32;  // this lane's word
+      if ((lane & 7) == 0 && w < r.mask_words) c.mask[row * r.mask_words + w] = word;
+    }
   }
 }
 
-dim3 grid_of(KeySearchRows const& r) {
-  return dim3(static_cast<unsigned>((r.vocab_size + kChunk - 1) / kChunk), static_cast<unsigned>(r.batch_size));
+// The launch of a pass over every row: 16-byte loads where every row starts 16-byte aligned; a CTA
+// takes up to 4 steps of 4096 tokens while the grid still fills two waves (fewer CTAs, each
+// paying its choice and histogram once for more tokens; waves counted at 8 CTAs an SM).
+struct PassLaunch {
+  dim3 grid;
+  bool vector;
+  int steps;
+};
+
+PassLaunch pass_launch(KeySearchRows const& r) {
+  int device = 0, sms = 1;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  int64_t const steps_per_row = (r.vocab_size + kStepTokens - 1) / kStepTokens;
+  int64_t const two_waves = int64_t{2} * sms * (2048 / kThreads);
+  int64_t const steps = steps_per_row * r.batch_size / (two_waves > 0 ? two_waves : 1);
+  PassLaunch l;
+  l.steps = static_cast<int>(steps < 1 ? 1 : steps > kMaxStepsPerCta ? kMaxStepsPerCta : steps);
+  l.grid = dim3(static_cast<unsigned>((steps_per_row + l.steps - 1) / l.steps), static_cast<unsigned>(r.batch_size));
+  l.vector = reinterpret_cast<uintptr_t>(r.y) % 16 == 0 && r.row_stride % kVector == 0;
+  return l;
 }
 
 }  // namespace
 
 cudaError_t launch_first_order_keys(KeySearchRows const& rows, int64_t* first, cudaStream_t stream) {
   if (rows.batch_size == 0 || rows.vocab_size == 0) return cudaSuccess;
-  first_keys_kernel<<<grid_of(rows), kThreads, 0, stream>>>(rows, first);
+  PassLaunch const l = pass_launch(rows);
+  first_keys_kernel<<<l.grid, kThreads, 0, stream>>>(rows, first, l.vector, l.steps);
   return cudaGetLastError();
 }
 
 cudaError_t launch_key_search_round(KeySearchRound const& round, cudaStream_t stream) {
   if (round.rows.batch_size == 0) return cudaSuccess;
-  dim3 grid = grid_of(round.rows);
-  if (round.shift < 0 || grid.x == 0) grid.x = 1;  // the choice alone: a CTA a row
-  search_round_kernel<<<grid, kThreads, 0, stream>>>(round);
+  PassLaunch l = pass_launch(round.rows);
+  if (round.shift < 0 || l.grid.x == 0) l.grid.x = 1;  // the choice alone: a CTA a row
+  search_round_kernel<<<l.grid, kThreads, 0, stream>>>(round, l.vector, l.steps);
   return cudaGetLastError();
 }
 
 cudaError_t launch_key_cut_mask(KeyCutMask const& cut, cudaStream_t stream) {
   if (cut.rows.batch_size == 0 || cut.rows.mask_words == 0) return cudaSuccess;
-  cut_mask_kernel<<<grid_of(cut.rows), kThreads, 0, stream>>>(cut);
+  PassLaunch const l = pass_launch(cut.rows);
+  cut_mask_kernel<<<l.grid, kThreads, 0, stream>>>(cut, l.vector, l.steps);
   return cudaGetLastError();
 }
 

@@ -97,17 +97,18 @@ std::tuple<at::Tensor, at::Tensor> order_key_round_cuda(
   if (state.has_value()) {
     TORCH_CHECK(state->scalar_type() == at::kLong && state->device() == y.device() && state->is_contiguous() &&
                     state->sizes() == at::IntArrayRef({batch, kKeySearchStateWords}),
-                kOp, ": state must be the previous round's int64 [B, 4], got ", state->sizes());
+                kOp, ": state must be the previous round's int64 [B, ", kKeySearchStateWords, "], got ", state->sizes());
     TORCH_CHECK(hist->scalar_type() == at::kLong && hist->device() == y.device() && hist->is_contiguous() &&
-                    hist->sizes() == at::IntArrayRef({batch, 2, kKeySearchBins}),
-                kOp, ": hist must be the previous round's int64 [B, 2, 256], got ", hist->sizes());
+                    hist->sizes() == at::IntArrayRef({batch, kKeySearchPlanes, kKeySearchBins}),
+                kOp, ": hist must be the previous round's int64 [B, ", kKeySearchPlanes, ", ", kKeySearchBins, "], got ",
+                hist->sizes());
     round.state_in = state->const_data_ptr<int64_t>();
     round.hist_in = hist->const_data_ptr<int64_t>();
   }
   round.shift = static_cast<int>(shift);
   at::Tensor state_out = at::empty({batch, kKeySearchStateWords}, y.options().dtype(at::kLong));
   round.state_out = state_out.mutable_data_ptr<int64_t>();
-  at::Tensor hist_out = shift >= 0 ? at::zeros({batch, 2, kKeySearchBins}, y.options().dtype(at::kLong))
+  at::Tensor hist_out = shift >= 0 ? at::zeros({batch, kKeySearchPlanes, kKeySearchBins}, y.options().dtype(at::kLong))
                                    : at::empty({0}, y.options().dtype(at::kLong));
   if (shift >= 0) round.hist_out = reinterpret_cast<unsigned long long*>(hist_out.mutable_data_ptr<int64_t>());
   check_cuda_launch(launch_key_search_round(round, c10::cuda::getCurrentCUDAStream()), kOp);
