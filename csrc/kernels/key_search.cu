@@ -3,10 +3,11 @@
 // histogram) and the survivors' bitmask. A grid of (chunks of the vocabulary, rows); a CTA reads
 // its chunk of one row's y once, 16-byte loads where the rows allow them, and works on a token's
 // key as two 32-bit words (the rank of its y and its id): most rounds test only the rank. A
-// round's histogram is a CTA's 32-bit shared-memory sums, one atomic a key and sum (after the
-// first round few keys are in range, and warp reductions over groups of lanes with different
-// digits run one group at a time: they made a top_p round with thousands of keys in range 3x
-// slower), but in the first round, where every key is in range and most lie in a few bins.
+// round's histogram is a CTA's 32-bit shared-memory sums; a thread first adds up its keys of up
+// to two digits in registers (a flat row's first round puts most of a thread's 16 keys in a few
+// bins, where one atomic a key contends), the others one atomic each. Warp reductions over the
+// lanes of one digit were slower: groups of lanes with different digits reduce one at a time
+// (benchmarks/probes/results/ab_key_search_kernels_*).
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -26,7 +27,7 @@ constexpr int kTokensPerThread = kVector * kLoads;
 constexpr int64_t kStepTokens = int64_t{kThreads} * kTokensPerThread;  // a CTA's step: 4096 tokens
 constexpr int kMaxStepsPerCta = 4;
 constexpr int kIdBits = 31;           // an order key: rank << 31 | id
-constexpr int kWarpSumMinGroup = 4;  // the first round's lanes of one digit that add up in the warp
+constexpr int kSlots = 2;  // the digits a thread sums in registers over a step
 constexpr unsigned long long kNoKey = 0x7FFFFFFFFFFFFFFFull;
 constexpr uint32_t kFullMask = 0xFFFFFFFFu;
 
@@ -266,6 +267,17 @@ __device__ __forceinline__ void add_mass(uint32_t (&parts)[3][kKeySearchBins], i
   atomicAdd(&parts[2][digit], static_cast<uint32_t>(mass >> 28));
 }
 
+// A CTA's sums of `count` keys of one digit (rank and id: one key's, a sum only where the bin
+// ends up holding one key).
+__device__ __forceinline__ void add_key(uint32_t* counts, uint32_t* rank_sums, uint32_t* id_sums,
+                                        uint32_t (&mass_parts)[3][kKeySearchBins], int digit, uint32_t count,
+                                        uint32_t rank, uint32_t id, unsigned long long mass) {
+  atomicAdd(counts + digit, count);
+  atomicAdd(rank_sums + digit, rank);
+  atomicAdd(id_sums + digit, id);
+  add_mass(mass_parts, digit, mass);
+}
+
 __global__ void __launch_bounds__(kThreads) search_round_kernel(KeySearchRound const q, bool vector, int steps) {
   int64_t const row = blockIdx.y;
   SearchState const s = choose_bin(q, row);
@@ -294,42 +306,49 @@ __global__ void __launch_bounds__(kThreads) search_round_kernel(KeySearchRound c
   float const y0 = by_mass ? q.y0[row] : 0.0f;
   MinPKeys const min_p = min_p_keys(q.min_ps, q.first, y0, row);
   uint32_t const id0 = static_cast<uint32_t>(r.vocab_start);
-  int const lane = threadIdx.x & 31;
+  // A thread's keys of one digit add up in registers (kSlots digits a step), the others one
+  // atomic each.
   Chunk const c = cta_chunk(steps);
   for (int step = 0; step < c.steps; ++step) {
     int64_t const step_first = c.first + step * kStepTokens;
     Tile const t = load_tile(r, p, step_first, vector);
+    int slot_digit[kSlots];
+    uint32_t slot_count[kSlots], slot_rank[kSlots], slot_id[kSlots];
+    unsigned long long slot_mass[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      slot_digit[j] = -1;
+      slot_count[j] = slot_rank[j] = slot_id[j] = 0;
+      slot_mass[j] = 0;
+    }
 #pragma unroll
     for (int i = 0; i < kTokensPerThread; ++i) {
       float const y = t.y[i];
       uint32_t const rank = rank_bits(y);
       uint32_t const id = id0 + static_cast<uint32_t>(Tile::token(step_first, i));
-      bool const in_range = ((t.allowed >> i) & 1u) && range.contains(rank, id);
-      unsigned const active = range.all ? __ballot_sync(kFullMask, in_range) : 0u;
-      if (!in_range) continue;
+      if (!((t.allowed >> i) & 1u) || !range.contains(rank, id)) continue;
       int const digit = key_digit(rank, id, q.shift);
       bool const keeps_mass = by_mass && (q.min_ps == nullptr || min_p.keeps(y, rank, id));
       unsigned long long const mass = keeps_mass ? key_mass(y, y0) : 0ull;
-      if (range.all) {
-        // The first round: every key is in range, most of a flat row's in a few bins. The lanes of
-        // a large group of one digit add up in the warp (one reduction a group: few groups), the
-        // others add their own.
-        unsigned const group = __match_any_sync(active, digit);
-        if (__popc(group) >= kWarpSumMinGroup) {
-          if (lane == __ffs(group) - 1) atomicAdd(counts + digit, static_cast<uint32_t>(__popc(group)));
-          if (by_mass) {
-            // masses below 2^42: 21-bit halves sum over 32 lanes within 32 bits
-            unsigned const low = __reduce_add_sync(group, static_cast<unsigned>(mass & 0x1FFFFFu));
-            unsigned const high = __reduce_add_sync(group, static_cast<unsigned>(mass >> 21));
-            if (lane == __ffs(group) - 1) add_mass(mass_parts, digit, (static_cast<unsigned long long>(high) << 21) + low);
-          }
-          continue;
+      bool placed = false;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        if (!placed && (slot_digit[j] == digit || slot_digit[j] < 0)) {
+          slot_digit[j] = digit;
+          ++slot_count[j];
+          slot_mass[j] += mass;
+          slot_rank[j] = rank;  // the key where the slot holds one
+          slot_id[j] = id;
+          placed = true;
         }
       }
-      atomicAdd(counts + digit, 1u);
-      atomicAdd(rank_sums + digit, rank);
-      atomicAdd(id_sums + digit, id);
-      add_mass(mass_parts, digit, mass);
+      if (!placed) add_key(counts, rank_sums, id_sums, mass_parts, digit, 1, rank, id, mass);
+    }
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (slot_digit[j] >= 0) {
+        add_key(counts, rank_sums, id_sums, mass_parts, slot_digit[j], slot_count[j], slot_rank[j], slot_id[j], slot_mass[j]);
+      }
     }
   }
   __syncthreads();
