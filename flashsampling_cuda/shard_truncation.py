@@ -20,7 +20,7 @@ shard histograms its keys within the range found so far (counts; for top_p also 
 all-reduce sums the histograms, and every shard picks the same bin. Eight rounds fix a key:
 in torch ops ``top_k`` costs eight all-reduces of ``B * 256`` int64, ``top_p`` eight of
 ``B * 512``, the CUDA kernels eight of ``B * 768`` (below), and the first token one all-reduce
-(min) of ``B`` int64.
+(min) of ``B`` int64 (on CUDA not for top_k alone, whose cut keeps the first token by itself).
 
 Masses are the logits sampler's fixed point (csrc/kernels/logits_rows.cuh: fixed_mass,
 top_p_reached): ``round(exp(fl32(y - y0)) * 2^41)`` as int64, whose sums are exact in any order,
@@ -226,13 +226,18 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
     batch = y.shape[0]
     device = y.device
     rows = (batch,)
-    first = reduce(ops._first_order_keys(y, allowed_mask, vocab_start)[None], "min")[0]
-    y0 = _first_y(first)
     cut = torch.full(rows, _KEY_NONE, dtype=torch.int64, device=device)
     if truncation.top_k is not None:
         k = _per_row(truncation.top_k, rows, torch.int64, device)
         key, found = _search_rounds(y, allowed_mask, vocab_start, k.clamp(min=1).contiguous(), reduce)
         cut = torch.where((k > 0) & found, key, _KEY_NONE)
+    if truncation.top_p is None and truncation.min_p is None:
+        # top_k alone keeps its first key by itself, and the mask reads first and y0 only for
+        # min_p: no pass and no all-reduce for them
+        return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, cut,
+                                       torch.zeros(rows, dtype=torch.float32, device=device), None)
+    first = reduce(ops._first_order_keys(y, allowed_mask, vocab_start)[None], "min")[0]
+    y0 = _first_y(first)
     min_ps = None
     if truncation.min_p is not None:
         min_ps = _per_row(truncation.min_p, rows, torch.float64, device).contiguous()
