@@ -23,8 +23,8 @@ rows and samples them from those logits (``torch.ops.flashsampling.sample_from_l
 noise of the fused op) as its mask. The survivors come from a radix search of each row's cut over
 the global truncation order (flashsampling_cuda/shard_truncation.py: per round one kernel and one
 all-reduce of ``B * 768`` int64; eight rounds for top_k, eight for top_p, one all-reduce for the
-first token; a row's kernels stop reading once its cut is known), or off CUDA, for a host ``top_k`` up to 1024, from each shard's first ``k`` tokens
-in one all-gather of ``B * k`` int64.
+first token; a row's kernels stop reading once its cut is known), or off CUDA, for a host
+``top_k`` up to 1024, from each shard's first ``k`` tokens in one all-gather of ``B * k`` int64.
 
 :func:`speculative_sample` verifies draft tokens across the shards (the single-process
 :func:`flashsampling_cuda.speculative_sample`'s output on every rank) with one all-gather of
@@ -613,7 +613,7 @@ def speculative_sample(
 
     The sampled drafts' acceptance uniforms depend only on ``(seed, offset, stream, j)``, so
     every rank draws them itself. A truncation adds :func:`sample`'s survivor search over the ``B (n + 1)``
-    rows (its all-reduces of ``B (n + 1) 512`` int64). Without ``seed``, rank 0
+    rows (its all-reduces of ``B (n + 1) 768`` int64). Without ``seed``, rank 0
     draws it and broadcasts it (one more collective).
 
     Args:
