@@ -17,9 +17,11 @@ CI box, so one is shared) and saves what each rank returned; the tests then comp
 * speculative verification (distributed.speculative_sample) == the single-process
   speculative_sample: one-hot and sampled drafts, greedy rows, truncation with a mask.
 
-gloo on the CPU with 2, 4 and 8 processes everywhere; NCCL with the same test functions
-where at least `world_size` GPUs are (`pytest tests/test_distributed.py -m requires_cuda`
-on the 2-, 4- or 8-GPU machine).
+gloo on the CPU with 2, 4 and 8 processes everywhere; on a machine with a GPU the same
+processes with their tensors on it and gloo's collectives (`gloo-one-gpu`: the CUDA kernels of
+every rank, the collectives staged through the host); NCCL with the same test functions where at
+least `world_size` GPUs are (`pytest tests/test_distributed.py -m requires_cuda` on the 2-, 4- or
+8-GPU machine).
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ import torch.distributed as dist
 import flashsampling_cuda as fs
 from flashsampling_cuda import distributed as tp
 from sampling_stats import chi_square_pvalue
-from tp_scenarios import SPEC_DRAFTS, VOCAB, chi_problem, integer_problem, random_mask, run_job, unequal_shards
+from tp_scenarios import (GLOO_ON_ONE_GPU, SPEC_DRAFTS, VOCAB, chi_problem, integer_problem, random_mask, run_job,
+                          unequal_shards)
 
 WORLD_SIZES = [2, 4, 8]
 
 
 def _params():
     out = [pytest.param("gloo", w, id=f"gloo-{w}") for w in WORLD_SIZES]
+    for w in WORLD_SIZES:
+        out.append(pytest.param(GLOO_ON_ONE_GPU, w, id=f"{GLOO_ON_ONE_GPU}-{w}", marks=pytest.mark.requires_cuda))
     for w in WORLD_SIZES:
         marks = [
             pytest.mark.requires_cuda,

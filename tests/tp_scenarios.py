@@ -2,7 +2,7 @@
 
 Kept apart from the test module (no pytest, no scipy) so that each spawned process only
 imports torch and flashsampling_cuda: with 8 processes on a 2-core box every import counts.
-`run_job(backend, world)` spawns the group once and returns what every rank returned.
+`run_job(group_kind, world)` spawns the group once and returns what every rank returned.
 """
 
 from __future__ import annotations
@@ -387,13 +387,17 @@ SCENARIOS = [scenario_tokens, scenario_masks, scenario_logprobs, scenario_chi_sq
              scenario_no_seed, scenario_truncation, scenario_serving, scenario_speculative]
 
 
-def _worker(rank, world, backend, store, out_dir):
+def _worker(rank, world, group_kind, store, out_dir):
     torch.set_num_threads(1)
-    if backend == "nccl":
+    if group_kind == "nccl":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
+    elif group_kind == GLOO_ON_ONE_GPU:
+        torch.cuda.set_device(0)
+        device = torch.device("cuda", 0)
     else:
         device = torch.device("cpu")
+    backend = "nccl" if group_kind == "nccl" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
     results = {}
@@ -412,12 +416,18 @@ def _worker(rank, world, backend, store, out_dir):
         dist.destroy_process_group()
 
 
+# Every rank's CUDA kernels on one GPU, the collectives through gloo on the host: the CUDA path
+# across 2-8 ranks (shards, merges, the survivor search's all-reduces) where fewer GPUs than ranks are.
+GLOO_ON_ONE_GPU = "gloo-one-gpu"
+
+
 @functools.lru_cache(maxsize=None)
-def run_job(backend, world):
-    """Every rank's results of every scenario: {scenario: [rank 0 dict, rank 1 dict, ...]}."""
+def run_job(group_kind, world):
+    """Every rank's results of every scenario: {scenario: [rank 0 dict, rank 1 dict, ...]}.
+    `group_kind`: "gloo" (CPU tensors), "nccl" (rank r on GPU r) or GLOO_ON_ONE_GPU."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(world, backend, os.path.join(tmp, "store"), tmp), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, group_kind, os.path.join(tmp, "store"), tmp), nprocs=world, join=True)
         per_rank = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world)]
     return {name: [ranks[name] for ranks in per_rank] for name in per_rank[0]}
