@@ -204,6 +204,40 @@ def test_streaming_rows_equal_cpu_op(kind, form, batch, vocab, keys, logprobs):
         assert torch.equal(invalid[0][rest], gpu[0][rest]) and torch.equal(invalid[1][rest], gpu[1][rest])
 
 
+@requires_cuda
+@pytest.mark.parametrize("kind", ["flat", "peaked"])
+@pytest.mark.parametrize("vocab", [20011, 32771])
+@pytest.mark.parametrize("keys", ["batch", "rows"])
+def test_streaming_rows_with_sparse_masks_equal_cpu_op(kind, vocab, keys):
+    """Sparse masks (a few allowed tokens a row, as the tensor-parallel survivors or a grammar's):
+    the streaming kernels skip a warp's step whose mask words allow nothing in its quad and load
+    only the allowed logits; tokens and scores bit for bit the CPU op's, with rows of every
+    density side by side in a quad, a row that allows nothing, greedy rows and logprobs."""
+    batch = 37
+    logits = row_logits(kind, batch, vocab, seed=vocab + 1)
+    g = torch.Generator().manual_seed(vocab)
+    density = torch.tensor([(0.0005, 0.002, 0.05, 1.0)[b % 4] for b in range(batch)])[:, None]
+    allowed = torch.rand(batch, vocab, generator=g) < density
+    allowed[5, 1000:1040] = True  # one run of allowed words
+    allowed[6] = False
+    allowed[7, -3:] = True  # the last, partial word
+    temperatures = torch.rand(batch, generator=g) + 0.4
+    temperatures[2::9] = 0.0
+    kwargs = dict(num_samples=2, temperatures=temperatures, return_logprobs=True,
+                  allowed_mask=fs.pack_allowed_mask(allowed), empty_mask_token=-7)
+    if keys == "batch":
+        kwargs.update(seed=torch.tensor(11), offset=torch.tensor(3))
+    else:
+        kwargs.update(seed=torch.arange(batch) * 5 + 1, offset=torch.arange(batch) % 2)
+    cpu = op_outputs(logits, "cpu", **kwargs)
+    gpu = op_outputs(logits, "cuda", **kwargs)
+    assert torch.equal(gpu[0], cpu[0]), (gpu[0] != cpu[0]).nonzero()[:8]
+    assert torch.equal(gpu[1], cpu[1])
+    assert (gpu[0][6] == -7).all()
+    torch.testing.assert_close(gpu[2], cpu[2], rtol=1e-4, atol=1e-4, equal_nan=True)
+    torch.testing.assert_close(gpu[3], cpu[3], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
 def sample_paths(hidden, weight, path_a, path_b, **kwargs):
     a = fs.sample_with_scores(hidden, weight, truncation_path=path_a, **kwargs)
     b = fs.sample_with_scores(hidden, weight, truncation_path=path_b, **kwargs)

@@ -120,6 +120,8 @@ struct alignas(16) QueuedDraw {  // one 16-byte store
   int row;  // of the quad
 };
 // 32 drawn at a time: up to 31 left plus 4 x 32 added; a power of two, so that the ring's index is a mask
+// The general loop reads one mask word a warp and step (sample_quad_chunk): chunks start on whole steps.
+static_assert(kStreamingChunkQuantum % kThreads == 0, "a streaming chunk starts on a whole step");
 constexpr int kQueue = 256;
 static_assert((kQueue & (kQueue - 1)) == 0 && kQueue >= 31 + 4 * 32, "kQueue: a power of two that holds a step");
 // The min_p rows' pass (sparse quads): float4 loads a thread has in flight.
@@ -748,41 +750,103 @@ __device__ __forceinline__ void sample_quad_chunk(LogitsSamplerParams const& p, 
         }
       }
     } else {
-      for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
-        bool const in_range = v < end;
-        float raw[kQuad];
-        advance(raw);
-        uint32_t const index = vocab_start + static_cast<uint32_t>(v);
-        float const b = bias != nullptr && in_range ? __ldg(bias + v) : 0.0f;
-        float x[kQuad];
-        bool wants_noise[kQuad];
-        bool any_noise = false;
+      // A warp's 32 tokens of a step are one word of each row's mask (chunks start on whole
+      // steps). The warp reads the words of 32 steps at a time, a block, one a lane (lane j: the
+      // step j steps after the block's first), the next block's while this one runs, and takes a
+      // step's from them by shuffles, two steps ahead: a lane loads a row's logit only where the
+      // row allows its token, and a step whose words allow nothing in the quad costs a few
+      // instructions (a sparse mask: the tensor-parallel survivors, a grammar's). A row that does
+      // not stream here has words of 0, a row without a mask words of all ones. The min_p
+      // instance (the fused truncation's rows, whose calls rarely have a mask) reads a token's
+      // bit as it goes: the words' registers made it spill.
+      constexpr int kBlockSteps = 32;
+      auto block_words = [&](int64_t block_token, uint32_t(&words)[kQuad]) {  // this lane's token
+        int64_t const token = block_token - lane + int64_t{lane} * kThreads;  // the warp's, lane steps on
 #pragma unroll
         for (int r = 0; r < kQuad; ++r) {
-          x[r] = bias != nullptr ? fs_add(raw[r], b) : raw[r];  // RowInput::key's arithmetic
-          float const y = noisy[r] ? fs_mul(x[r], inv_t[r]) : x[r];
-          bool const is_allowed = counted[r] && in_range &&
-                                  (mask[r] == nullptr || ((__ldg(mask[r] + (v >> 5)) >> (v & 31)) & 1u));
-          PackedCandidate const key = is_allowed ? pack_top_candidate(y, index) : PackedCandidate{0};
-          if (stats) {
-            first[r] = key > first[r] ? key : first[r];
-            allowed[r] += is_allowed;
-          }
-          bool const survivor = is_allowed && sampled[r] && survives_min_p(r, y);
-          if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
-          if (survivor && !noisy[r] &&  // greedy: the score is x
-              fs_candidate_better(x[r], static_cast<int32_t>(index), best_score[r], best_index[r])) {
-            best_score[r] = x[r];
-            best_index[r] = static_cast<int32_t>(index);
-          }
-          // Not below the floor with the largest noise: the token needs its bits.
-          wants_noise[r] = survivor && noisy[r] && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
-          any_noise |= wants_noise[r];
+          words[r] = !counted[r] || token >= end ? 0u : mask[r] == nullptr ? kFullMask : __ldg(mask[r] + (token >> 5));
         }
-        if (__any_sync(kFullMask, any_noise)) draw_bits(index, x, wants_noise, any_noise);
-        bool const last = v - threadIdx.x + kThreads >= end;
-        draw_queued(last);
-        if ((step & 7) == 0 || last) refresh_floors();
+      };
+      // Bit r: row r streams here and allows this lane's token in step j of the block.
+      auto lane_bits = [&](uint32_t const(&words)[kQuad], int j) {
+        uint32_t bits = 0;
+#pragma unroll
+        for (int r = 0; r < kQuad; ++r) bits |= ((__shfl_sync(kFullMask, words[r], j) >> lane) & 1u) << r;
+        return bits;
+      };
+      auto general_steps = [&](auto by_mask_words) {
+        constexpr bool kByMaskWords = decltype(by_mask_words)::value;
+        uint32_t bits = 0, next_bits = 0;  // this step's and the next one's
+        uint32_t block[kQuad], next_block[kQuad];
+        if constexpr (kByMaskWords) {
+          block_words(v, block);
+          block_words(v + kBlockSteps * kThreads, next_block);
+          bits = lane_bits(block, 0);
+          next_bits = lane_bits(block, 1);
+        }
+        for (int step = 0; v - threadIdx.x < end; ++step, v += kThreads) {
+          bool const in_range = v < end;
+          float raw[kQuad];
+          if constexpr (kByMaskWords) {
+#pragma unroll
+            for (int r = 0; r < kQuad; ++r) {
+              raw[r] = next[r];
+              next[r] = ((next_bits >> r) & 1u) && v + kThreads < end ? __ldg(logits[r] + v + kThreads) : 0.0f;
+            }
+          } else {
+            advance(raw);
+          }
+          if (!kByMaskWords || __any_sync(kFullMask, bits != 0)) {
+            uint32_t const index = vocab_start + static_cast<uint32_t>(v);
+            float const b = bias != nullptr && in_range ? __ldg(bias + v) : 0.0f;
+            float x[kQuad];
+            bool wants_noise[kQuad];
+            bool any_noise = false;
+#pragma unroll
+            for (int r = 0; r < kQuad; ++r) {
+              x[r] = bias != nullptr ? fs_add(raw[r], b) : raw[r];  // RowInput::key's arithmetic
+              float const y = noisy[r] ? fs_mul(x[r], inv_t[r]) : x[r];
+              bool const is_allowed =
+                  kByMaskWords ? in_range && ((bits >> r) & 1u)
+                               : counted[r] && in_range &&
+                                     (mask[r] == nullptr || ((__ldg(mask[r] + (v >> 5)) >> (v & 31)) & 1u));
+              PackedCandidate const key = is_allowed ? pack_top_candidate(y, index) : PackedCandidate{0};
+              if (stats) {
+                first[r] = key > first[r] ? key : first[r];
+                allowed[r] += is_allowed;
+              }
+              bool const survivor = is_allowed && sampled[r] && survives_min_p(r, y);
+              if (stats && with_mass && survivor) add_mass(mass_max[r], mass_sum[r], has_nan[r], y);
+              if (survivor && !noisy[r] &&  // greedy: the score is x
+                  fs_candidate_better(x[r], static_cast<int32_t>(index), best_score[r], best_index[r])) {
+                best_score[r] = x[r];
+                best_index[r] = static_cast<int32_t>(index);
+              }
+              // Not below the floor with the largest noise: the token needs its bits.
+              wants_noise[r] = survivor && noisy[r] && !(fs_perturbed_score(x[r], inv_t[r], max_noise) < floor[r]);
+              any_noise |= wants_noise[r];
+            }
+            if (__any_sync(kFullMask, any_noise)) draw_bits(index, x, wants_noise, any_noise);
+          }
+          bool const last = v - threadIdx.x + kThreads >= end;
+          draw_queued(last);
+          if ((step & 7) == 0 || last) refresh_floors();
+          if constexpr (kByMaskWords) {
+            int const ahead = (step + 2) % kBlockSteps;  // step + 2 within its block
+            if (ahead == 0) {  // step + 2 begins the next block
+#pragma unroll
+              for (int r = 0; r < kQuad; ++r) block[r] = next_block[r];
+              block_words(v + (2 + kBlockSteps) * kThreads, next_block);
+            }
+            bits = next_bits;
+            next_bits = lane_bits(block, ahead);
+          }
+        }
+      };
+      if constexpr (kMinPRows) {
+        general_steps(std::false_type{});
+      } else {
+        general_steps(std::true_type{});
       }
     }
     // The warps' results per row (the sparse pass published its own), then the CTA's.
