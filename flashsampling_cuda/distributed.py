@@ -52,7 +52,7 @@ from .speculative import (SpeculativeOutput, acceptance_probability, accepted_co
                           step_output, target, values_at)
 from .shard_truncation import MAX_SHARDED_VOCAB, Reduce, sharded_survivors, survivor_bitmask
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
-                         parse_truncation, scaled_logits, truncation_rank)
+                         parse_truncation, scaled_logits, temperature_scales, truncation_rank)
 
 __all__ = ["sample", "speculative_sample", "shard_allowed_mask", "vocab_shards"]
 
@@ -202,11 +202,12 @@ def _searches_in_torch(truncation: Truncation, order: str) -> bool:
 
 
 def _searched_survivor_mask(y: Tensor, mask: Tensor | None, truncation: Truncation, *, vocab_start: int, order: str,
-                            group, backend) -> Tensor:
+                            group, backend, row_scales: Tensor | None = None) -> Tensor:
     """The int32 bitmask of this shard's survivors by the CUDA kernels of the radix search (``y``
-    float32 ``[B, V_r]`` on CUDA, ``mask`` the shard's allowed bitmask or None)."""
+    float32 ``[B, V_r]`` on CUDA, or its ``x`` with ``row_scales``: survivor_bitmask; ``mask`` the
+    shard's allowed bitmask or None)."""
     return survivor_bitmask(y.contiguous(), mask, vocab_start, truncation, order,
-                            _all_reduce(y.device, group, backend))
+                            _all_reduce(y.device, group, backend), row_scales)
 
 
 def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, *, vocab_start: int, order: str,
@@ -256,11 +257,12 @@ def _truncated_shard_logits(hidden: Tensor, weight_shard: Tensor, vocab_start: i
     raw = materialized_logits(hidden, weight_shard)
     x = rule_logits(raw, _float32("logit_bias", logit_bias), sparse_ids, sparse_values, vocab_start, scale, softcap,
                     penalties)
-    y = scaled_logits(x, scalar_temperature, temperatures)
     mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
-    if _kernel_search(y):  # the kernels write the bitmask
-        return x, raw, _searched_survivor_mask(y, mask, truncation, vocab_start=vocab_start, order=order, group=group,
-                                               backend=backend)
+    if _kernel_search(x):  # the kernels write the bitmask, taking y = x / T as they read x
+        scales = temperature_scales(x.shape[0], scalar_temperature, temperatures, x.device).float().contiguous()
+        return x, raw, _searched_survivor_mask(x, mask, truncation, vocab_start=vocab_start, order=order, group=group,
+                                               backend=backend, row_scales=scales)
+    y = scaled_logits(x, scalar_temperature, temperatures)
     allowed = None if mask is None else unpack_allowed_mask(mask, weight_shard.shape[0])
     return x, raw, pack_allowed_mask(_shard_survivors(y, allowed, truncation, vocab_start=vocab_start, order=order,
                                                       world=world, group=group, backend=backend))

@@ -817,12 +817,14 @@ def sample_without_replacement(
     batch = hidden.shape[0]
     mask = kwargs["allowed_mask"]
     if truncation is not None:
-        y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
         if on_cpu or vocab > MAX_SHARDED_VOCAB:
+            y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
             allowed = None if mask is None else unpack_allowed_mask(mask, vocab)
             mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
         else:  # the logits sampler's survivors (its fixed-point top_p masses): sample()'s on CUDA
-            mask = survivor_bitmask(y, mask, vocab_start, truncation, "top_k_first", lambda t, how: t)
+            scales = temperature_scales(batch, kwargs["temperature"], kwargs["temperatures"], x.device)
+            mask = survivor_bitmask(x, mask, vocab_start, truncation, "top_k_first", lambda t, how: t,
+                                    scales.float().contiguous())
     if mask is not None and empty_mask_token is None and batch > 0:
         fewest = int(unpack_allowed_mask(mask, vocab).sum(dim=1).min())
         if fewest < k:

@@ -212,31 +212,35 @@ def _search_rounds(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, tar
 
 
 def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, truncation: Truncation, order: str,
-                     reduce: Reduce) -> Tensor:
+                     reduce: Reduce, row_scales: Tensor | None = None) -> Tensor:
     """int32 ``[B, ceil(V / 32)]`` bitmask of this shard's survivors of the global truncation, the
     survivors of :func:`sharded_survivors` by the CUDA kernels (``S = 1``).
 
     Args:
-        y: float32 ``[B, V]`` CUDA tensor, unit stride along ``V``: this shard's transformed logits.
+        y: float32 ``[B, V]`` CUDA tensor, unit stride along ``V``: this shard's transformed logits,
+            or with ``row_scales`` its logits ``x`` before the temperature.
         allowed_mask: int32 ``[B, ceil(V / 32)]`` bitmask of the allowed tokens, or None (all).
         vocab_start: global id of column 0.
         truncation, order, reduce: as for :func:`sharded_survivors`.
+        row_scales: float32 ``[B]`` on ``y``'s device, or None: the kernels then take the
+            transformed logits as ``fl32(y * row_scales[b])`` (``truncation.temperature_scales``),
+            so that the caller need not write them.
     """
     ops = torch.ops.flashsampling
+    scaled = dict(row_scales=row_scales) if row_scales is not None else {}
     batch = y.shape[0]
     device = y.device
     rows = (batch,)
     cut = torch.full(rows, _KEY_NONE, dtype=torch.int64, device=device)
     if truncation.top_k is not None:
         k = _per_row(truncation.top_k, rows, torch.int64, device)
-        key, found = _search_rounds(y, allowed_mask, vocab_start, k.clamp(min=1).contiguous(), reduce)
+        key, found = _search_rounds(y, allowed_mask, vocab_start, k.clamp(min=1).contiguous(), reduce, **scaled)
         cut = torch.where((k > 0) & found, key, _KEY_NONE)
     if truncation.top_p is None and truncation.min_p is None:
         # top_k alone keeps its first key by itself, and the mask reads first and y0 only for
         # min_p: no pass and no all-reduce for them
-        return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, cut,
-                                       torch.zeros(rows, dtype=torch.float32, device=device), None)
-    first = reduce(ops._first_order_keys(y, allowed_mask, vocab_start)[None], "min")[0]
+        return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, **scaled)
+    first = reduce(ops._first_order_keys(y, allowed_mask, vocab_start, **scaled)[None], "min")[0]
     y0 = _first_y(first)
     min_ps = None
     if truncation.min_p is not None:
@@ -246,23 +250,23 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
         filtered = order == "min_p_first" and min_ps is not None
         key, found = _search_rounds(y, allowed_mask, vocab_start, top_p, reduce,
                                     limit=None if order == "joint" else cut, y0=y0,
-                                    min_ps=min_ps if filtered else None, first=first if filtered else None)
+                                    min_ps=min_ps if filtered else None, first=first if filtered else None, **scaled)
         cut = torch.minimum(cut, torch.where(top_p >= 1, _KEY_NONE, torch.where(found, key, first)))
-    return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, first, y0, min_ps)
+    return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, first, y0, min_ps, **scaled)
 
 
 @torch.library.register_fake("flashsampling::_first_order_keys")
-def _first_order_keys_fake(y, allowed_mask, vocab_start):
+def _first_order_keys_fake(y, allowed_mask, vocab_start, row_scales=None):
     return y.new_empty((y.shape[0],), dtype=torch.int64)
 
 
 @torch.library.register_fake("flashsampling::_order_key_round")
 def _order_key_round_fake(y, allowed_mask, vocab_start, shift, target, state, hist, limit=None, y0=None,
-                          min_ps=None, first=None):
+                          min_ps=None, first=None, row_scales=None):
     histogram = (y.shape[0], 3, _BINS) if shift >= 0 else (0,)
     return y.new_empty((y.shape[0], 5), dtype=torch.int64), y.new_empty(histogram, dtype=torch.int64)
 
 
 @torch.library.register_fake("flashsampling::_order_key_cut_mask")
-def _order_key_cut_mask_fake(y, allowed_mask, vocab_start, cut, first, y0, min_ps=None):
+def _order_key_cut_mask_fake(y, allowed_mask, vocab_start, cut, first=None, y0=None, min_ps=None, row_scales=None):
     return y.new_empty((y.shape[0], (y.shape[1] + 31) // 32), dtype=torch.int32)

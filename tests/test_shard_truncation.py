@@ -180,6 +180,37 @@ def test_kernels_on_many_rows_keep_the_survivors_of_the_torch_search(vocab):
 
 
 @pytest.mark.requires_cuda
+@pytest.mark.parametrize("order", ["top_k_first", "min_p_first", "joint"])
+def test_kernels_scaling_x_as_they_read_equal_the_search_over_y(order):
+    """With row_scales the kernels read x and take y = fl32(x * row_scales[b]) (the tensor-parallel
+    sample and sample_without_replacement no longer write y): the same bitmask as the search over
+    scaled_logits' y, per-row temperatures with a greedy row (scale 1) and a masked row."""
+    from flashsampling_cuda.masks import pack_allowed_mask
+    from flashsampling_cuda.shard_truncation import survivor_bitmask
+    from flashsampling_cuda.truncation import scaled_logits, temperature_scales
+
+    device = torch.device("cuda")
+    batch, vocab = 12, 5003
+    g = torch.Generator(device=device).manual_seed(7)
+    x = 3.0 * torch.randn(batch, vocab, generator=g, device=device)
+    x[1::4, :8] += 20.0  # peaked
+    x[2::4] = x[2::4].round()  # ties
+    temperatures = torch.tensor([0.7, 1.3, 0.0, 0.55, 1.0, 0.9, 2.0, 0.3, 0.61, 1.7, 0.8, 1.1], device=device)
+    mask = pack_allowed_mask(torch.rand(batch, vocab, generator=g, device=device) < 0.7)
+    rows = lambda values: torch.tensor(values, device=device).repeat(batch // len(values))  # noqa: E731
+    identity = lambda t, how: t  # noqa: E731
+    for scalar, temps in ((0.8, None), (1.0, temperatures)):
+        y = scaled_logits(x, scalar, temps)
+        scales = temperature_scales(batch, scalar, temps, device).float().contiguous()
+        for truncation in (Truncation(rows([20, 0, 700]), None, None), Truncation(None, rows([0.9, 0.5, 0.99]), None),
+                           Truncation(rows([50, 2000]), rows([0.95, 0.8]), 0.01), Truncation(None, None, 0.05)):
+            for allowed in (None, mask):
+                expected = survivor_bitmask(y, allowed, 3, truncation, order, identity)
+                got = survivor_bitmask(x, allowed, 3, truncation, order, identity, scales)
+                assert torch.equal(got, expected), (scalar, truncation, allowed is None)
+
+
+@pytest.mark.requires_cuda
 def test_opcheck_key_search_ops():
     """The three internal ops' schemas, fake kernels and dispatch (torch.compile traces them)."""
     device = torch.device("cuda")
@@ -198,7 +229,16 @@ def test_opcheck_key_search_ops():
                           dict(y0=y0, min_ps=top_p / 10, first=first))
     torch.library.opcheck(ops._order_key_round.default, (y, None, 7, -8, k, state, hist))
     torch.library.opcheck(ops._order_key_cut_mask.default, (y, mask, 7, first + 2**40, first, y0, None))
+    torch.library.opcheck(ops._order_key_cut_mask.default, (y, mask, 7, first + 2**40))
+    scales = torch.full((5,), 1.25, device=device)
+    torch.library.opcheck(ops._first_order_keys.default, (y, mask, 7), dict(row_scales=scales))
+    torch.library.opcheck(ops._order_key_round.default, (y, mask, 7, 56, k, None, None), dict(row_scales=scales))
+    torch.library.opcheck(ops._order_key_cut_mask.default, (y, mask, 7, first + 2**40), dict(row_scales=scales))
+    with pytest.raises(RuntimeError, match=r"_first_order_keys: row_scales must be a contiguous float32 \[B\]"):
+        ops._first_order_keys(y, mask, 7, row_scales=scales.double())
     with pytest.raises(RuntimeError, match=r"_order_key_round: shift must be one of 56, 48"):
         ops._order_key_round(y, mask, 7, 50, k, None, None)
     with pytest.raises(RuntimeError, match=r"_first_order_keys: allowed_mask must be a contiguous int32"):
         ops._first_order_keys(y, mask[:, :10], 7)
+    with pytest.raises(RuntimeError, match=r"_order_key_cut_mask: min_ps needs first and y0"):
+        ops._order_key_cut_mask(y, mask, 7, first, min_ps=top_p / 10)

@@ -17,6 +17,7 @@
 #include <cmath>
 using namespace flashsampling;
 constexpr int kPlanes = kKeySearchPlanes;
+static int g_sms = 1;  // the device's SM count, read once in main
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
 
 __device__ uint32_t hash32(uint32_t x) { x ^= x >> 16; x *= 0x7feb352d; x ^= x >> 15; x *= 0x846ca68b; x ^= x >> 16; return x; }
@@ -49,7 +50,7 @@ static int search(KeySearchRows const& rows, Bufs& b, bool by_mass, const int64_
     q.hist_in = first_round ? nullptr : b.hist[cur];
     q.state_out = b.state[out];
     if (shift >= 0) { CK(cudaMemsetAsync(b.hist[out], 0, sizeof(int64_t) * B * kPlanes * 256, st)); q.hist_out = (unsigned long long*)b.hist[out]; }
-    CK(launch_key_search_round(q, st));
+    CK(launch_key_search_round(q, g_sms, st));
     cur = out; first_round = false;
   }
   return cur;
@@ -69,7 +70,7 @@ static void detail(KeySearchRows const& rows, Bufs& b, bool by_mass, cudaStream_
       q.state_out = b.state[out];
       if (shift >= 0) { CK(cudaMemsetAsync(b.hist[out], 0, sizeof(int64_t) * B * kPlanes * 256, st)); q.hist_out = (unsigned long long*)b.hist[out]; }
       CK(cudaEventRecord(ev[n], st));
-      CK(launch_key_search_round(q, st));
+      CK(launch_key_search_round(q, g_sms, st));
       cur = out; first_round = false;
     }
     CK(cudaEventRecord(ev[n], st)); CK(cudaEventSynchronize(ev[n]));
@@ -82,6 +83,7 @@ static void detail(KeySearchRows const& rows, Bufs& b, bool by_mass, cudaStream_
 int main(int argc, char** argv) {
   int64_t V = 151936; std::vector<int> batches = {1, 16, 64, 256};
   int reps = 20;
+  CK(cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t st; CK(cudaStreamCreate(&st));
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   for (int llm = 0; llm < 2; ++llm) for (int B : batches) {
@@ -94,7 +96,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < B; ++i) { hk[i] = 20 + (i % 3) * 15; hp[i] = 0.9 - 0.05 * (i % 3); hm[i] = 0.05; }
     CK(cudaMemcpy(b.k, hk.data(), 8 * B, cudaMemcpyHostToDevice)); CK(cudaMemcpy(b.p, hp.data(), 8 * B, cudaMemcpyHostToDevice)); CK(cudaMemcpy(b.minp, hm.data(), 8 * B, cudaMemcpyHostToDevice));
     KeySearchRows rows; rows.y = y; rows.row_stride = V; rows.batch_size = B; rows.vocab_size = V; rows.vocab_start = 0; rows.mask_words = words;
-    auto first_keys = [&] { std::vector<int64_t> f(B, INT64_MAX); CK(cudaMemcpyAsync(b.first, f.data(), 8 * B, cudaMemcpyHostToDevice, st)); CK(launch_first_order_keys(rows, b.first, st)); };
+    auto first_keys = [&] { std::vector<int64_t> f(B, INT64_MAX); CK(cudaMemcpyAsync(b.first, f.data(), 8 * B, cudaMemcpyHostToDevice, st)); CK(launch_first_order_keys(rows, b.first, g_sms, st)); };
     first_keys(); CK(cudaStreamSynchronize(st));
     std::vector<int64_t> hf(B); CK(cudaMemcpy(hf.data(), b.first, 8 * B, cudaMemcpyDeviceToHost));
     std::vector<float> hy0(B); for (int i = 0; i < B; ++i) CK(cudaMemcpy(&hy0[i], y + i * V + (hf[i] & 0x7FFFFFFF), 4, cudaMemcpyDeviceToHost));
@@ -119,7 +121,7 @@ int main(int argc, char** argv) {
             KeyCutMask c; c.rows = rows; c.cut = b.cut_k; c.first = b.first; c.y0 = b.y0; c.min_ps = f == 4 ? b.minp : nullptr; c.mask = b.mask;
             static int64_t* none = nullptr; if (!none) { CK(cudaMalloc(&none, 8 * 256)); std::vector<int64_t> n(256, INT64_MAX); CK(cudaMemcpy(none, n.data(), 8 * 256, cudaMemcpyHostToDevice)); }
             if (f == 4) c.cut = none; else { /* cut = k [B] search's key from form 1's state copy: recompute */ }
-            CK(launch_key_cut_mask(c, st)); break; }
+            CK(launch_key_cut_mask(c, g_sms, st)); break; }
         }
       };
       if (f == 5) { int s = search(rows, b, false, nullptr, nullptr, st); CK(cudaMemcpy2DAsync(b.cut_k, 8, b.state[s], 8 * kKeySearchStateWords, 8, B, cudaMemcpyDeviceToDevice, st)); }

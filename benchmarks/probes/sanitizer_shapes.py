@@ -18,7 +18,8 @@ to 32 rows on CUTLASS's narrow plain tile), on flat and peaked rows, and min_p a
 rows); and top-N logprobs with ranks (the
 top-N kernel's split passes and workspace; where the fused pass suits the shape, its route too); the soft-cap, scale and penalties alone and with
 per-row temperatures; the truncation cut's key search (shard_truncation.py's kernels) in every order,
-and sample_without_replacement on it. Arguments: the batch sizes of the shapes to run (default: all).
+the logits sampler's streaming kernels over a sparse mask, and sample_without_replacement on the
+search (its kernels scaling x as they read it). Arguments: the batch sizes of the shapes to run (default: all).
 """
 
 import sys
@@ -115,6 +116,14 @@ for batch, vocab, dim, dtype in SHAPES:
     y = torch.randn(batch, vocab, device="cuda")
     for order in ("top_k_first", "min_p_first", "joint"):
         survivor_bitmask(y, pack_allowed_mask(allowed), 5, Truncation(top_k, top_p, min_p), order, lambda t, how: t)
+    # The logits sampler's streaming kernels over a sparse mask (the tensor-parallel survivors'
+    # shape): a warp's step whose mask words allow nothing in its quad is skipped.
+    sparse = torch.rand(batch, vocab, device="cuda") < 0.003
+    sparse[:, -1] = True
+    tokens = flashsampling_cuda.sample_from_logits(y, temperature=temperatures, seed=7, allowed_mask=sparse,
+                                                   num_samples=2)
+    torch.cuda.synchronize()
+    assert bool(sparse.gather(1, tokens).all())
     out = flashsampling_cuda.sample_without_replacement(hidden, weight, 2, temperature=temperatures, seed=7,
                                                         top_k=top_k, top_p=top_p, min_p=min_p, allowed_mask=allowed,
                                                         empty_mask_token=-1)

@@ -72,10 +72,12 @@ __device__ __forceinline__ MinPKeys min_p_keys(const double* min_ps, const int64
 struct RowPointers {
   const float* y;
   const uint32_t* mask;
+  float scale;  // y = fl32(stored * scale): 1 where the stored values are y
 };
 
 __device__ __forceinline__ RowPointers row_pointers(KeySearchRows const& r, int64_t row) {
-  return {r.y + row * r.row_stride, r.allowed_mask ? r.allowed_mask + row * r.mask_words : nullptr};
+  return {r.y + row * r.row_stride, r.allowed_mask ? r.allowed_mask + row * r.mask_words : nullptr,
+          r.row_scales ? r.row_scales[row] : 1.0f};
 }
 
 // A thread's tokens of one step: load l covers tokens first + l * kThreads * kVector +
@@ -100,17 +102,17 @@ __device__ __forceinline__ Tile load_tile(KeySearchRows const& r, RowPointers co
     unsigned inside;
     if (vector && v + kVector <= r.vocab_size) {
       float4 const q = __ldg(reinterpret_cast<const float4*>(p.y + v));
-      t.y[l * kVector + 0] = q.x;
-      t.y[l * kVector + 1] = q.y;
-      t.y[l * kVector + 2] = q.z;
-      t.y[l * kVector + 3] = q.w;
+      t.y[l * kVector + 0] = fs_mul(q.x, p.scale);
+      t.y[l * kVector + 1] = fs_mul(q.y, p.scale);
+      t.y[l * kVector + 2] = fs_mul(q.z, p.scale);
+      t.y[l * kVector + 3] = fs_mul(q.w, p.scale);
       inside = 0xFu;
     } else {
       inside = 0;
 #pragma unroll
       for (int j = 0; j < kVector; ++j) {
         bool const in = v + j < r.vocab_size;
-        t.y[l * kVector + j] = in ? __ldg(p.y + v + j) : 0.0f;
+        t.y[l * kVector + j] = in ? fs_mul(__ldg(p.y + v + j), p.scale) : 0.0f;
         inside |= static_cast<unsigned>(in) << j;
       }
     }
@@ -369,7 +371,7 @@ __global__ void __launch_bounds__(kThreads) cut_mask_kernel(KeyCutMask const c, 
   unsigned long long const cut = static_cast<unsigned long long>(c.cut[row]);
   uint32_t const cut_rank = static_cast<uint32_t>(cut >> kIdBits);
   uint32_t const cut_id = static_cast<uint32_t>(cut & ((1u << kIdBits) - 1));
-  MinPKeys const min_p = min_p_keys(c.min_ps, c.first, c.y0[row], row);
+  MinPKeys const min_p = min_p_keys(c.min_ps, c.first, c.y0 != nullptr ? c.y0[row] : 0.0f, row);
   uint32_t const id0 = static_cast<uint32_t>(r.vocab_start);
   int const lane = threadIdx.x & 31;
   Chunk const ch = cta_chunk(steps);
@@ -408,12 +410,9 @@ struct PassLaunch {
   int steps;
 };
 
-PassLaunch pass_launch(KeySearchRows const& r) {
-  int device = 0, sms = 1;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+PassLaunch pass_launch(KeySearchRows const& r, int sm_count) {
   int64_t const steps_per_row = (r.vocab_size + kStepTokens - 1) / kStepTokens;
-  int64_t const two_waves = int64_t{2} * sms * (2048 / kThreads);
+  int64_t const two_waves = int64_t{2} * (sm_count > 0 ? sm_count : 1) * (2048 / kThreads);
   int64_t const steps = steps_per_row * r.batch_size / (two_waves > 0 ? two_waves : 1);
   PassLaunch l;
   l.steps = static_cast<int>(steps < 1 ? 1 : steps > kMaxStepsPerCta ? kMaxStepsPerCta : steps);
@@ -424,24 +423,24 @@ PassLaunch pass_launch(KeySearchRows const& r) {
 
 }  // namespace
 
-cudaError_t launch_first_order_keys(KeySearchRows const& rows, int64_t* first, cudaStream_t stream) {
+cudaError_t launch_first_order_keys(KeySearchRows const& rows, int64_t* first, int sm_count, cudaStream_t stream) {
   if (rows.batch_size == 0 || rows.vocab_size == 0) return cudaSuccess;
-  PassLaunch const l = pass_launch(rows);
+  PassLaunch const l = pass_launch(rows, sm_count);
   first_keys_kernel<<<l.grid, kThreads, 0, stream>>>(rows, first, l.vector, l.steps);
   return cudaGetLastError();
 }
 
-cudaError_t launch_key_search_round(KeySearchRound const& round, cudaStream_t stream) {
+cudaError_t launch_key_search_round(KeySearchRound const& round, int sm_count, cudaStream_t stream) {
   if (round.rows.batch_size == 0) return cudaSuccess;
-  PassLaunch l = pass_launch(round.rows);
+  PassLaunch l = pass_launch(round.rows, sm_count);
   if (round.shift < 0 || l.grid.x == 0) l.grid.x = 1;  // the choice alone: a CTA a row
   search_round_kernel<<<l.grid, kThreads, 0, stream>>>(round, l.vector, l.steps);
   return cudaGetLastError();
 }
 
-cudaError_t launch_key_cut_mask(KeyCutMask const& cut, cudaStream_t stream) {
+cudaError_t launch_key_cut_mask(KeyCutMask const& cut, int sm_count, cudaStream_t stream) {
   if (cut.rows.batch_size == 0 || cut.rows.mask_words == 0) return cudaSuccess;
-  PassLaunch const l = pass_launch(cut.rows);
+  PassLaunch const l = pass_launch(cut.rows, sm_count);
   cut_mask_kernel<<<l.grid, kThreads, 0, stream>>>(cut, l.vector, l.steps);
   return cudaGetLastError();
 }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <tuple>
 
+#include "cuda_device_info.h"
 #include "cuda_launch_check.h"
 #include "flashsampling/key_search.h"
 
@@ -17,9 +18,10 @@ namespace flashsampling {
 namespace {
 
 // y float32 [B, V] on CUDA with unit stride along V; allowed_mask int32 [B, ceil(V / 32)] on its
-// device (or absent): the rows every op reads.
+// device (or absent); row_scales float32 [B] on its device (or absent: y holds the transformed
+// logits; present: it holds x, and the kernels take fl32(x * row_scales[b])): the rows every op reads.
 KeySearchRows key_search_rows(const char* op, const at::Tensor& y, const std::optional<at::Tensor>& allowed_mask,
-                              int64_t vocab_start) {
+                              int64_t vocab_start, const std::optional<at::Tensor>& row_scales) {
   TORCH_CHECK(y.is_cuda() && y.scalar_type() == at::kFloat && y.dim() == 2 && y.stride(1) == 1, op,
               ": y must be a float32 [B, V] CUDA tensor with unit stride along V, got ", y.scalar_type(), " ",
               y.sizes(), " on ", y.device());
@@ -41,6 +43,14 @@ KeySearchRows key_search_rows(const char* op, const at::Tensor& y, const std::op
                 "] tensor on y's device, got ", m.scalar_type(), " ", m.sizes(), " on ", m.device());
     rows.allowed_mask = reinterpret_cast<const uint32_t*>(m.const_data_ptr<int32_t>());
   }
+  if (row_scales.has_value()) {
+    const at::Tensor& s = *row_scales;
+    TORCH_CHECK(s.scalar_type() == at::kFloat && s.device() == y.device() && s.dim() == 1 && s.size(0) == y.size(0) &&
+                    s.is_contiguous(),
+                op, ": row_scales must be a contiguous float32 [B] = [", y.size(0), "] tensor on y's device, got ",
+                s.scalar_type(), " ", s.sizes(), " on ", s.device());
+    rows.row_scales = s.const_data_ptr<float>();
+  }
   return rows;
 }
 
@@ -57,12 +67,12 @@ const T* row_array(const char* op, const char* name, const std::optional<at::Ten
 }
 
 at::Tensor first_order_keys_cuda(const at::Tensor& y, const std::optional<at::Tensor>& allowed_mask,
-                                 int64_t vocab_start) {
+                                 int64_t vocab_start, const std::optional<at::Tensor>& row_scales) {
   constexpr const char* kOp = "flashsampling._first_order_keys";
   const c10::cuda::CUDAGuard guard(y.device());
-  KeySearchRows const rows = key_search_rows(kOp, y, allowed_mask, vocab_start);
+  KeySearchRows const rows = key_search_rows(kOp, y, allowed_mask, vocab_start, row_scales);
   at::Tensor first = at::full({y.size(0)}, INT64_MAX, y.options().dtype(at::kLong));
-  check_cuda_launch(launch_first_order_keys(rows, first.mutable_data_ptr<int64_t>(),
+  check_cuda_launch(launch_first_order_keys(rows, first.mutable_data_ptr<int64_t>(), device_info(y.get_device()).sm_count,
                                             c10::cuda::getCurrentCUDAStream()),
                     kOp);
   return first;
@@ -72,11 +82,12 @@ std::tuple<at::Tensor, at::Tensor> order_key_round_cuda(
     const at::Tensor& y, const std::optional<at::Tensor>& allowed_mask, int64_t vocab_start, int64_t shift,
     const at::Tensor& target, const std::optional<at::Tensor>& state, const std::optional<at::Tensor>& hist,
     const std::optional<at::Tensor>& limit, const std::optional<at::Tensor>& y0,
-    const std::optional<at::Tensor>& min_ps, const std::optional<at::Tensor>& first) {
+    const std::optional<at::Tensor>& min_ps, const std::optional<at::Tensor>& first,
+    const std::optional<at::Tensor>& row_scales) {
   constexpr const char* kOp = "flashsampling._order_key_round";
   const c10::cuda::CUDAGuard guard(y.device());
   KeySearchRound round;
-  round.rows = key_search_rows(kOp, y, allowed_mask, vocab_start);
+  round.rows = key_search_rows(kOp, y, allowed_mask, vocab_start, row_scales);
   const int64_t batch = y.size(0);
   TORCH_CHECK(shift == -kKeySearchDigitBits || (shift >= 0 && shift <= 56 && shift % kKeySearchDigitBits == 0), kOp,
               ": shift must be one of 56, 48, ..., 0 or -8 (the choice alone), got ", shift);
@@ -111,24 +122,28 @@ std::tuple<at::Tensor, at::Tensor> order_key_round_cuda(
   at::Tensor hist_out = shift >= 0 ? at::zeros({batch, kKeySearchPlanes, kKeySearchBins}, y.options().dtype(at::kLong))
                                    : at::empty({0}, y.options().dtype(at::kLong));
   if (shift >= 0) round.hist_out = reinterpret_cast<unsigned long long*>(hist_out.mutable_data_ptr<int64_t>());
-  check_cuda_launch(launch_key_search_round(round, c10::cuda::getCurrentCUDAStream()), kOp);
+  check_cuda_launch(
+      launch_key_search_round(round, device_info(y.get_device()).sm_count, c10::cuda::getCurrentCUDAStream()), kOp);
   return {state_out, hist_out};
 }
 
 at::Tensor order_key_cut_mask_cuda(const at::Tensor& y, const std::optional<at::Tensor>& allowed_mask,
-                                   int64_t vocab_start, const at::Tensor& cut, const at::Tensor& first,
-                                   const at::Tensor& y0, const std::optional<at::Tensor>& min_ps) {
+                                   int64_t vocab_start, const at::Tensor& cut, const std::optional<at::Tensor>& first,
+                                   const std::optional<at::Tensor>& y0, const std::optional<at::Tensor>& min_ps,
+                                   const std::optional<at::Tensor>& row_scales) {
   constexpr const char* kOp = "flashsampling._order_key_cut_mask";
   const c10::cuda::CUDAGuard guard(y.device());
   KeyCutMask c;
-  c.rows = key_search_rows(kOp, y, allowed_mask, vocab_start);
+  c.rows = key_search_rows(kOp, y, allowed_mask, vocab_start, row_scales);
   c.cut = row_array<int64_t>(kOp, "cut", cut, y, at::kLong);
+  TORCH_CHECK(!min_ps.has_value() || (first.has_value() && y0.has_value()), kOp, ": min_ps needs first and y0");
   c.first = row_array<int64_t>(kOp, "first", first, y, at::kLong);
   c.y0 = row_array<float>(kOp, "y0", y0, y, at::kFloat);
   c.min_ps = row_array<double>(kOp, "min_ps", min_ps, y, at::kDouble);
   at::Tensor mask = at::empty({y.size(0), c.rows.mask_words}, y.options().dtype(at::kInt));
   c.mask = reinterpret_cast<uint32_t*>(mask.mutable_data_ptr<int32_t>());
-  check_cuda_launch(launch_key_cut_mask(c, c10::cuda::getCurrentCUDAStream()), kOp);
+  check_cuda_launch(launch_key_cut_mask(c, device_info(y.get_device()).sm_count, c10::cuda::getCurrentCUDAStream()),
+                    kOp);
   return mask;
 }
 

@@ -254,12 +254,13 @@ TORCH_LIBRARY(flashsampling, m) {
   // The truncation cut's radix search over order keys (flashsampling/key_search.h;
   // flashsampling_cuda/shard_truncation.py runs its rounds, across tensor-parallel shards by
   // all-reduces of the histograms). CUDA only: the CPU runs the same search in torch ops.
-  m.def("_first_order_keys(Tensor y, Tensor? allowed_mask, int vocab_start) -> Tensor");
+  // row_scales: y holds x, and the kernels take fl32(x * row_scales[b]) (no y written).
+  m.def("_first_order_keys(Tensor y, Tensor? allowed_mask, int vocab_start, Tensor? row_scales=None) -> Tensor");
   m.def("_order_key_round(Tensor y, Tensor? allowed_mask, int vocab_start, int shift, Tensor target, Tensor? state, "
-        "Tensor? hist, Tensor? limit=None, Tensor? y0=None, Tensor? min_ps=None, Tensor? first=None) -> "
-        "(Tensor state, Tensor hist)");
-  m.def("_order_key_cut_mask(Tensor y, Tensor? allowed_mask, int vocab_start, Tensor cut, Tensor first, Tensor y0, "
-        "Tensor? min_ps=None) -> Tensor");
+        "Tensor? hist, Tensor? limit=None, Tensor? y0=None, Tensor? min_ps=None, Tensor? first=None, "
+        "Tensor? row_scales=None) -> (Tensor state, Tensor hist)");
+  m.def("_order_key_cut_mask(Tensor y, Tensor? allowed_mask, int vocab_start, Tensor cut, Tensor? first=None, "
+        "Tensor? y0=None, Tensor? min_ps=None, Tensor? row_scales=None) -> Tensor");
   m.def("_shard_keys(Tensor tokens, Tensor scores) -> Tensor");
   m.def("_merge_shard_keys(Tensor gathered, int num_samples, int mask_empty_token) -> (Tensor, Tensor, Tensor)");
   // Test hooks into philox_gumbel.h (tests/test_noise.py).

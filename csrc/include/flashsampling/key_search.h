@@ -35,9 +35,12 @@ constexpr int64_t kKeySearchUnknown = 2;
 constexpr int64_t kKeySearchMaxVocab = int64_t{1} << 21;
 
 // The rows every kernel reads: y [B, V] fp32 (the transformed logits, unit stride along V),
-// the allowed tokens (bit v & 31 of word v >> 5; null: all) and the global id of column 0.
+// the allowed tokens (bit v & 31 of word v >> 5; null: all) and the global id of column 0. With
+// row_scales the stored values are x and y = fl32(x * row_scales[b]) (fl32(1 / T_b), 1 on a
+// greedy row): the caller need not write y.
 struct KeySearchRows {
   const float* y = nullptr;
+  const float* row_scales = nullptr;  // [B] or null
   int64_t row_stride = 0;
   int64_t batch_size = 0;
   int64_t vocab_size = 0;
@@ -76,16 +79,16 @@ struct KeySearchRound {
 struct KeyCutMask {
   KeySearchRows rows;
   const int64_t* cut = nullptr;     // [B]
-  const int64_t* first = nullptr;   // [B]
-  const float* y0 = nullptr;        // [B]
+  const int64_t* first = nullptr;   // [B], read only with min_ps
+  const float* y0 = nullptr;        // [B], read only with min_ps
   const double* min_ps = nullptr;   // [B] or null
   uint32_t* mask = nullptr;         // [B, mask_words]
 };
 
 // first[b] = the row's smallest key (every entry must hold INT64_MAX on entry: the value of a row
 // with no allowed token).
-cudaError_t launch_first_order_keys(KeySearchRows const& rows, int64_t* first, cudaStream_t stream);
-cudaError_t launch_key_search_round(KeySearchRound const& round, cudaStream_t stream);
-cudaError_t launch_key_cut_mask(KeyCutMask const& cut, cudaStream_t stream);
+cudaError_t launch_first_order_keys(KeySearchRows const& rows, int64_t* first, int sm_count, cudaStream_t stream);
+cudaError_t launch_key_search_round(KeySearchRound const& round, int sm_count, cudaStream_t stream);
+cudaError_t launch_key_cut_mask(KeyCutMask const& cut, int sm_count, cudaStream_t stream);
 
 }  // namespace flashsampling
