@@ -187,8 +187,8 @@ def _all_reduce(device: torch.device, group, backend) -> Reduce:
 
 def _kernel_search(y: Tensor) -> bool:
     """Whether the radix search runs as CUDA kernels (shard_truncation.survivor_bitmask): every form
-    on CUDA (its kernels read ``y`` once a round, where the first ``k`` cost a top-k selection over
-    int64 order keys)."""
+    on CUDA (its kernels read the shard's logits once a round, where the first ``k`` cost a top-k
+    selection over int64 order keys)."""
     return y.is_cuda and y.shape[1] <= MAX_SHARDED_VOCAB
 
 

@@ -30,7 +30,8 @@ can differ only where a top_p boundary lies within rounding of ``top_p``). At mo
 tokens a row (the sums stay below ``2^63``).
 
 Two implementations of one search: :func:`survivor_bitmask` on CUDA runs each round as one kernel
-(csrc/kernels/key_search.cu: a CTA reads its chunk of a row's ``y`` once, the next round's kernel
+(csrc/kernels/key_search.cu: a CTA reads its chunk of a row's ``y`` once, or of ``x`` scaled by the
+row's ``fl32(1 / T)`` as it loads, so that ``y`` need not be written; the next round's kernel
 picks the bin from the summed histogram) and writes the survivors' bitmask. Its histograms carry
 a third plane, the sum of each bin's keys, which is the key itself where the bin holds one: a row
 whose chosen bin holds a single key has its cut, and its later rounds read nothing (a flat row's
@@ -222,9 +223,9 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
         allowed_mask: int32 ``[B, ceil(V / 32)]`` bitmask of the allowed tokens, or None (all).
         vocab_start: global id of column 0.
         truncation, order, reduce: as for :func:`sharded_survivors`.
-        row_scales: float32 ``[B]`` on ``y``'s device, or None: the kernels then take the
-            transformed logits as ``fl32(y * row_scales[b])`` (``truncation.temperature_scales``),
-            so that the caller need not write them.
+        row_scales: float32 ``[B]`` on ``y``'s device (``truncation.temperature_scales``): the
+            kernels take the transformed logits as ``fl32(y * row_scales[b])``, so that the
+            caller need not write them; None: ``y`` holds the transformed logits.
     """
     ops = torch.ops.flashsampling
     scaled = dict(row_scales=row_scales) if row_scales is not None else {}

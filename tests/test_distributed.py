@@ -1,6 +1,6 @@
 """Tensor-parallel sampling (flashsampling_cuda.distributed) in real process groups.
 
-For each (backend, world size) one torch.multiprocessing job runs every scenario of
+For each (group kind, world size) one torch.multiprocessing job runs every scenario of
 tests/tp_scenarios.py on every rank (a process group costs seconds to start on a 2-core
 CI box, so one is shared) and saves what each rank returned; the tests then compare:
 
@@ -57,8 +57,8 @@ def _params():
 PARAMS = _params()
 
 
-def results(backend, world, scenario):
-    ranks = run_job(backend, world)[scenario]
+def results(group_kind, world, scenario):
+    ranks = run_job(group_kind, world)[scenario]
     for r, res in enumerate(ranks):
         assert "exception" not in res, f"rank {r} raised in {scenario}:\n{res['exception']}"
     return ranks
@@ -73,9 +73,9 @@ def assert_same_on_every_rank(ranks, key):
 # ---------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_tokens_equal_single_process_op(backend, world):
-    ranks = results(backend, world, "scenario_tokens")
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_tokens_equal_single_process_op(group_kind, world):
+    ranks = results(group_kind, world, "scenario_tokens")
     checked = 0
     for name, entry in ranks[0].items():
         if "unsupported" in entry:
@@ -86,28 +86,28 @@ def test_tokens_equal_single_process_op(backend, world):
             assert torch.equal(t, entry["expected"]), f"{name}: rank {r} {t.tolist()} != {entry['expected'].tolist()}"
         checked += 1
     # The CPU op takes every configuration; a GPU may decline CPU-only ones (reported).
-    assert checked == len(ranks[0]) if backend == "gloo" else checked >= 1, f"configurations that ran: {ranks[0]}"
+    assert checked == len(ranks[0]) if group_kind == "gloo" else checked >= 1, f"configurations that ran: {ranks[0]}"
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_unequal_shards_all_win_sometimes(backend, world):
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_unequal_shards_all_win_sometimes(group_kind, world):
     """The shards are unequal (one of size 1) and winners come from several shards, so
     the merge really chose between ranks."""
     shards = unequal_shards(VOCAB, world)
     sizes = [n for _, n in shards]
     assert len(set(sizes)) > 1 and min(sizes) == 1 and sum(sizes) == VOCAB
-    tokens = results(backend, world, "scenario_chi_square")[0]["tokens"]
+    tokens = results(group_kind, world, "scenario_chi_square")[0]["tokens"]
     starts = torch.tensor([s for s, _ in shards])
     shard_of_token = torch.bucketize(tokens.flatten(), starts, right=True) - 1
     assert shard_of_token.unique().numel() >= min(world, 2)
-    logprob_ranks = results(backend, world, "scenario_logprobs")
+    logprob_ranks = results(group_kind, world, "scenario_logprobs")
     first_shard_wins = (logprob_ranks[0]["got"]["tokens"] == shards[0][0]).sum()
     assert first_shard_wins > 0, "the size-1 shard (boosted by a sparse bias) never won"
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_shard_whose_mask_allows_nothing(backend, world):
-    ranks = results(backend, world, "scenario_masks")
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_shard_whose_mask_allows_nothing(group_kind, world):
+    ranks = results(group_kind, world, "scenario_masks")
     zero = ranks[0]
     # the rank holding the first (size-1) shard allows nothing in row 1
     assert any(r["shard_row_empty"] for r in ranks)
@@ -123,18 +123,18 @@ def test_shard_whose_mask_allows_nothing(backend, world):
     assert torch.isnan(got["logprobs"][2]).all() and got["logsumexp"][2] == -math.inf
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_row_no_shard_allows_raises_on_every_rank(backend, world):
-    ranks = results(backend, world, "scenario_masks")
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_row_no_shard_allows_raises_on_every_rank(group_kind, world):
+    ranks = results(group_kind, world, "scenario_masks")
     assert ranks[0]["expected_error"] is not None and "allows no token" in ranks[0]["expected_error"]
     for r, res in enumerate(ranks):
         assert res["error"] is not None, f"rank {r} did not raise"
         assert "allowed_mask allows no token in 1 row(s) (first: 2)" in res["error"], res["error"]
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_logprobs_match_single_process_op(backend, world):
-    ranks = results(backend, world, "scenario_logprobs")
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_logprobs_match_single_process_op(group_kind, world):
+    ranks = results(group_kind, world, "scenario_logprobs")
     expected = ranks[0]["expected"]
     for r, res in enumerate(ranks):
         got = res["got"]
@@ -144,9 +144,9 @@ def test_logprobs_match_single_process_op(backend, world):
     assert_same_on_every_rank([r["got"] for r in ranks], "logprobs")
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_chi_square_against_softmax(backend, world):
-    ranks = results(backend, world, "scenario_chi_square")
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_chi_square_against_softmax(group_kind, world):
+    ranks = results(group_kind, world, "scenario_chi_square")
     assert_same_on_every_rank(ranks, "tokens")
     hidden, weight = chi_problem()
     probs = torch.softmax(hidden.double() @ weight.double().T, dim=1)
@@ -154,18 +154,18 @@ def test_chi_square_against_softmax(backend, world):
     assert p > 1e-3, f"chi-square p = {p:.2e}"
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_back_to_back_calls(backend, world):
-    ranks = results(backend, world, "scenario_back_to_back")
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_back_to_back_calls(group_kind, world):
+    ranks = results(group_kind, world, "scenario_back_to_back")
     expected = ranks[0]["expected"]
     for r, res in enumerate(ranks):
         for i, (got, exp) in enumerate(zip(res["got"], expected)):
             assert torch.equal(got, exp), f"rank {r}, call {i}"
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_no_seed_rank0_draws_and_broadcasts(backend, world):
-    ranks = results(backend, world, "scenario_no_seed")
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_no_seed_rank0_draws_and_broadcasts(group_kind, world):
+    ranks = results(group_kind, world, "scenario_no_seed")
     for r, res in enumerate(ranks):
         for i, (got, exp) in enumerate(zip(res["got"], ranks[0]["expected"])):
             assert torch.equal(got, exp), f"rank {r}, call {i}"
@@ -193,24 +193,24 @@ def assert_configs_equal_single_process(ranks):
                                            msg=f"{name}.{key}")
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_truncation_equals_single_process_op(backend, world):
-    assert_configs_equal_single_process(results(backend, world, "scenario_truncation"))
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_truncation_equals_single_process_op(group_kind, world):
+    assert_configs_equal_single_process(results(group_kind, world, "scenario_truncation"))
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_serving_controls_equal_single_process_op(backend, world):
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_serving_controls_equal_single_process_op(group_kind, world):
     """Penalties, model-side transforms, truncation orders and the logprob outputs: tokens, top-N
     ids and ranks exact, log-probabilities to fp32 rounding, the same on every rank."""
-    assert_configs_equal_single_process(results(backend, world, "scenario_serving"))
+    assert_configs_equal_single_process(results(group_kind, world, "scenario_serving"))
 
 
-@pytest.mark.parametrize("backend,world", PARAMS)
-def test_speculative_equals_single_process_op(backend, world):
+@pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_speculative_equals_single_process_op(group_kind, world):
     """distributed.speculative_sample: tokens and num_accepted exact, log-probabilities to fp32
     rounding, the same on every rank; drafts are accepted and rejected, and the size-1 shard's
     token is accepted as a draft."""
-    ranks = results(backend, world, "scenario_speculative")
+    ranks = results(group_kind, world, "scenario_speculative")
     accepted = []
     for name, entry in ranks[0].items():
         got, expected = entry["got"], entry["expected"]

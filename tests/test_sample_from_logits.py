@@ -238,6 +238,43 @@ def test_streaming_rows_with_sparse_masks_equal_cpu_op(kind, vocab, keys):
     torch.testing.assert_close(gpu[3], cpu[3], rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
+@requires_cuda
+def test_streaming_rows_with_sparse_masks_over_long_chunks_equal_cpu_op():
+    """Chunks of more than 64 steps (B = 400 at V = 151930), so that a warp takes mask words from
+    its first block, from the block read at the start and from one read as it goes (32 steps a
+    block): allowed tokens around the blocks' edges (steps 30-34, 62-66 and the chunk's last
+    ones), in the row's last, partial word, and bits past V set in it (ignored); tokens and
+    scores bit for bit the CPU op's."""
+    batch, vocab = 400, 151930
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    quads = batch // 4
+    chunks, tokens, _ = torch.ops.flashsampling._streaming_chunks(quads, quads, vocab, sms, False)
+    assert tokens // 256 > 64, f"{tokens} tokens a chunk on {sms} SMs: the test needs more than 64 steps"
+    logits = row_logits("flat", batch, vocab, seed=17)
+    g = torch.Generator().manual_seed(29)
+    allowed = torch.rand(batch, vocab, generator=g) < 0.0002
+    steps = torch.tensor([30, 31, 32, 33, 34, 62, 63, 64, 65, 66, tokens // 256 - 1])
+    for c in range(chunks):
+        token = c * tokens + steps * 256 + (torch.arange(len(steps)) * 37) % 256
+        token = token[token < vocab]
+        rows = (torch.arange(batch) % 3 == c % 3).nonzero().flatten()
+        allowed[rows[:, None], token[None, :]] = True
+    allowed[1::7, -5:] = True  # the last, partial word
+    allowed[5] = False
+    mask = fs.pack_allowed_mask(allowed)
+    mask[2::5, -1] |= ~((1 << (vocab % 32)) - 1)  # bits past V: not tokens
+    temperatures = torch.rand(batch, generator=g) + 0.4
+    temperatures[3::11] = 0.0
+    kwargs = dict(temperatures=temperatures, allowed_mask=mask, empty_mask_token=-7,
+                  seed=torch.arange(batch) * 3 + 1, offset=torch.arange(batch) % 4)
+    cpu = op_outputs(logits, "cpu", **kwargs)
+    gpu = op_outputs(logits, "cuda", **kwargs)
+    assert torch.equal(gpu[0], cpu[0]), (gpu[0] != cpu[0]).nonzero()[:8]
+    assert torch.equal(gpu[1], cpu[1])
+    sampled = torch.arange(batch) != 5
+    assert bool(allowed[sampled].gather(1, gpu[0][sampled]).all()) and (gpu[0][5] == -7).all()
+
+
 def sample_paths(hidden, weight, path_a, path_b, **kwargs):
     a = fs.sample_with_scores(hidden, weight, truncation_path=path_a, **kwargs)
     b = fs.sample_with_scores(hidden, weight, truncation_path=path_b, **kwargs)

@@ -184,7 +184,8 @@ def test_kernels_on_many_rows_keep_the_survivors_of_the_torch_search(vocab):
 def test_kernels_scaling_x_as_they_read_equal_the_search_over_y(order):
     """With row_scales the kernels read x and take y = fl32(x * row_scales[b]) (the tensor-parallel
     sample and sample_without_replacement no longer write y): the same bitmask as the search over
-    scaled_logits' y, per-row temperatures with a greedy row (scale 1) and a masked row."""
+    scaled_logits' y, per-row temperatures with a greedy row (scale 1), NaN and infinite logits,
+    products that overflow, and a mask."""
     from flashsampling_cuda.masks import pack_allowed_mask
     from flashsampling_cuda.shard_truncation import survivor_bitmask
     from flashsampling_cuda.truncation import scaled_logits, temperature_scales
@@ -195,7 +196,9 @@ def test_kernels_scaling_x_as_they_read_equal_the_search_over_y(order):
     x = 3.0 * torch.randn(batch, vocab, generator=g, device=device)
     x[1::4, :8] += 20.0  # peaked
     x[2::4] = x[2::4].round()  # ties
-    temperatures = torch.tensor([0.7, 1.3, 0.0, 0.55, 1.0, 0.9, 2.0, 0.3, 0.61, 1.7, 0.8, 1.1], device=device)
+    x[0, 5], x[3, 7], x[4, 9] = float("nan"), float("inf"), -float("inf")
+    # row 7: fl32(1 / T) = 1e38, so most of its x * scale overflow to +-inf in both
+    temperatures = torch.tensor([0.7, 1.3, 0.0, 0.55, 1.0, 0.9, 2.0, 1e-38, 0.61, 1.7, 0.8, 1.1], device=device)
     mask = pack_allowed_mask(torch.rand(batch, vocab, generator=g, device=device) < 0.7)
     rows = lambda values: torch.tensor(values, device=device).repeat(batch // len(values))  # noqa: E731
     identity = lambda t, how: t  # noqa: E731

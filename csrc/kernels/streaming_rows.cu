@@ -49,6 +49,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+// sample_quad_chunk's general loop takes a warp's 32 tokens of a step as one word of a row's mask:
+// a chunk starts on a whole step, so every warp's first token is a multiple of 32.
+static_assert(kStreamingChunkQuantum % kThreads == 0 && kThreads % 32 == 0, "a streaming chunk starts on a whole step");
 constexpr int kQuad = 4;    // rows a CTA
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
@@ -120,8 +123,6 @@ struct alignas(16) QueuedDraw {  // one 16-byte store
   int row;  // of the quad
 };
 // 32 drawn at a time: up to 31 left plus 4 x 32 added; a power of two, so that the ring's index is a mask
-// The general loop reads one mask word a warp and step (sample_quad_chunk): chunks start on whole steps.
-static_assert(kStreamingChunkQuantum % kThreads == 0, "a streaming chunk starts on a whole step");
 constexpr int kQueue = 256;
 static_assert((kQueue & (kQueue - 1)) == 0 && kQueue >= 31 + 4 * 32, "kQueue: a power of two that holds a step");
 // The min_p rows' pass (sparse quads): float4 loads a thread has in flight.
@@ -760,6 +761,7 @@ __device__ __forceinline__ void sample_quad_chunk(LogitsSamplerParams const& p, 
       // instance (the fused truncation's rows, whose calls rarely have a mask) reads a token's
       // bit as it goes: the words' registers made it spill.
       constexpr int kBlockSteps = 32;
+      static_assert(kBlockSteps == 32, "lane j of a warp holds the words of the block's step j");
       auto block_words = [&](int64_t block_token, uint32_t(&words)[kQuad]) {  // this lane's token
         int64_t const token = block_token - lane + int64_t{lane} * kThreads;  // the warp's, lane steps on
 #pragma unroll

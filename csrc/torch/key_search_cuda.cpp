@@ -72,8 +72,8 @@ at::Tensor first_order_keys_cuda(const at::Tensor& y, const std::optional<at::Te
   const c10::cuda::CUDAGuard guard(y.device());
   KeySearchRows const rows = key_search_rows(kOp, y, allowed_mask, vocab_start, row_scales);
   at::Tensor first = at::full({y.size(0)}, INT64_MAX, y.options().dtype(at::kLong));
-  check_cuda_launch(launch_first_order_keys(rows, first.mutable_data_ptr<int64_t>(), device_info(y.get_device()).sm_count,
-                                            c10::cuda::getCurrentCUDAStream()),
+  check_cuda_launch(launch_first_order_keys(rows, first.mutable_data_ptr<int64_t>(),
+                                            device_info(y.get_device()).sm_count, c10::cuda::getCurrentCUDAStream()),
                     kOp);
   return first;
 }

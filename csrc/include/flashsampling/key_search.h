@@ -79,8 +79,8 @@ struct KeySearchRound {
 struct KeyCutMask {
   KeySearchRows rows;
   const int64_t* cut = nullptr;     // [B]
-  const int64_t* first = nullptr;   // [B], read only with min_ps
-  const float* y0 = nullptr;        // [B], read only with min_ps
+  const int64_t* first = nullptr;   // [B] or null: used only with min_ps
+  const float* y0 = nullptr;        // [B] or null: used only with min_ps
   const double* min_ps = nullptr;   // [B] or null
   uint32_t* mask = nullptr;         // [B, mask_words]
 };
