@@ -259,7 +259,7 @@ def _truncated_shard_logits(hidden: Tensor, weight_shard: Tensor, vocab_start: i
                     penalties)
     mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
     if _kernel_search(x):  # the kernels write the bitmask, taking y = x / T as they read x
-        scales = temperature_scales(x.shape[0], scalar_temperature, temperatures, x.device).float().contiguous()
+        scales = temperature_scales(x.shape[0], scalar_temperature, temperatures, x.device)
         return x, raw, _searched_survivor_mask(x, mask, truncation, vocab_start=vocab_start, order=order, group=group,
                                                backend=backend, row_scales=scales)
     y = scaled_logits(x, scalar_temperature, temperatures)

@@ -823,8 +823,7 @@ def sample_without_replacement(
             mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
         else:  # the logits sampler's survivors (its fixed-point top_p masses): sample()'s on CUDA
             scales = temperature_scales(batch, kwargs["temperature"], kwargs["temperatures"], x.device)
-            mask = survivor_bitmask(x, mask, vocab_start, truncation, "top_k_first", lambda t, how: t,
-                                    scales.float().contiguous())
+            mask = survivor_bitmask(x, mask, vocab_start, truncation, "top_k_first", lambda t, how: t, scales)
     if mask is not None and empty_mask_token is None and batch > 0:
         fewest = int(unpack_allowed_mask(mask, vocab).sum(dim=1).min())
         if fewest < k:

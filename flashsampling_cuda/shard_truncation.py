@@ -228,20 +228,20 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
             caller need not write them; None: ``y`` holds the transformed logits.
     """
     ops = torch.ops.flashsampling
-    scaled = dict(row_scales=row_scales) if row_scales is not None else {}
     batch = y.shape[0]
     device = y.device
     rows = (batch,)
     cut = torch.full(rows, _KEY_NONE, dtype=torch.int64, device=device)
     if truncation.top_k is not None:
         k = _per_row(truncation.top_k, rows, torch.int64, device)
-        key, found = _search_rounds(y, allowed_mask, vocab_start, k.clamp(min=1).contiguous(), reduce, **scaled)
+        key, found = _search_rounds(y, allowed_mask, vocab_start, k.clamp(min=1).contiguous(), reduce,
+                                    row_scales=row_scales)
         cut = torch.where((k > 0) & found, key, _KEY_NONE)
     if truncation.top_p is None and truncation.min_p is None:
         # top_k alone keeps its first key by itself, and the mask reads first and y0 only for
         # min_p: no pass and no all-reduce for them
-        return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, **scaled)
-    first = reduce(ops._first_order_keys(y, allowed_mask, vocab_start, **scaled)[None], "min")[0]
+        return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, row_scales=row_scales)
+    first = reduce(ops._first_order_keys(y, allowed_mask, vocab_start, row_scales=row_scales)[None], "min")[0]
     y0 = _first_y(first)
     min_ps = None
     if truncation.min_p is not None:
@@ -251,9 +251,10 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
         filtered = order == "min_p_first" and min_ps is not None
         key, found = _search_rounds(y, allowed_mask, vocab_start, top_p, reduce,
                                     limit=None if order == "joint" else cut, y0=y0,
-                                    min_ps=min_ps if filtered else None, first=first if filtered else None, **scaled)
+                                    min_ps=min_ps if filtered else None, first=first if filtered else None,
+                                    row_scales=row_scales)
         cut = torch.minimum(cut, torch.where(top_p >= 1, _KEY_NONE, torch.where(found, key, first)))
-    return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, first, y0, min_ps, **scaled)
+    return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, first, y0, min_ps, row_scales=row_scales)
 
 
 @torch.library.register_fake("flashsampling::_first_order_keys")

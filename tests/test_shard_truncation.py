@@ -204,7 +204,7 @@ def test_kernels_scaling_x_as_they_read_equal_the_search_over_y(order):
     identity = lambda t, how: t  # noqa: E731
     for scalar, temps in ((0.8, None), (1.0, temperatures)):
         y = scaled_logits(x, scalar, temps)
-        scales = temperature_scales(batch, scalar, temps, device).float().contiguous()
+        scales = temperature_scales(batch, scalar, temps, device)
         for truncation in (Truncation(rows([20, 0, 700]), None, None), Truncation(None, rows([0.9, 0.5, 0.99]), None),
                            Truncation(rows([50, 2000]), rows([0.95, 0.8]), 0.01), Truncation(None, None, 0.05)):
             for allowed in (None, mask):

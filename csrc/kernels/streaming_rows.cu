@@ -760,8 +760,7 @@ __device__ __forceinline__ void sample_quad_chunk(LogitsSamplerParams const& p, 
       // not stream here has words of 0, a row without a mask words of all ones. The min_p
       // instance (the fused truncation's rows, whose calls rarely have a mask) reads a token's
       // bit as it goes: the words' registers made it spill.
-      constexpr int kBlockSteps = 32;
-      static_assert(kBlockSteps == 32, "lane j of a warp holds the words of the block's step j");
+      constexpr int kBlockSteps = 32;  // a warp's lanes: lane j holds the words of the block's step j
       auto block_words = [&](int64_t block_token, uint32_t(&words)[kQuad]) {  // this lane's token
         int64_t const token = block_token - lane + int64_t{lane} * kThreads;  // the warp's, lane steps on
 #pragma unroll
