@@ -173,7 +173,10 @@ _GATHERED_TOP_K_MAX = 1024
 def _all_reduce(device: torch.device, group, backend) -> Reduce:
     """The ``reduce`` of :func:`~flashsampling_cuda.shard_truncation.sharded_survivors` in this
     group: an all-reduce (sum or min) of a ``[1, ...]`` int64 tensor, on the collectives' device
-    (in a group of one rank too: the tests capture its collectives in a CUDA graph there)."""
+    (in a group of one rank too: the tests capture its collectives in a CUDA graph there); without
+    a process group (``backend`` None: the single-process sample) the tensor itself."""
+    if backend is None:
+        return lambda t, how: t
     comm = _comm_device(device, backend)
     ops = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN}
 
@@ -413,7 +416,7 @@ def sample(
     args = dict(temperature=temperature, generator=None, seed=seed, offset=offset, num_samples=num_samples,
                 logit_bias=logit_bias, sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
                 empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY, vocab_start=vocab_start)
-    if truncation is not None:  # the survivors become this shard's mask; the sample reads its logits
+    if truncation is not None and backend is not None:  # the survivors become this shard's mask; the sample reads its logits
         # Dicts become the (ids, values) pair once (a host-to-device copy), for both uses.
         sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
         sparse_logit_bias = None if sparse_ids is None else (sparse_ids, sparse_values)
@@ -423,10 +426,10 @@ def sample(
         args.update(logit_bias=None, sparse_logit_bias=None, allowed_mask=survivors, empty_mask_token=_SHARD_EMPTY)
         (tokens, scores, token_logprobs, logsumexp), route = _sampled_from_logits(
             hidden, weight_shard, x, raw, args, return_logprobs, context)
-    else:
+    else:  # plain sampling, or without a process group the single-process op's truncation routes
         (tokens, scores, token_logprobs, logsumexp), route = _scored_sample(
             hidden, weight_shard,
-            dict(args, top_k=None, top_p=None, min_p=None, truncation_path="auto", truncation_order="top_k_first"),
+            dict(args, top_k=top_k, top_p=top_p, min_p=min_p, truncation_path="auto", truncation_order=truncation_order),
             transforms, return_logprobs, False, context, logits_wanted=serving_logprobs)
     batch, samples = tokens.shape
     if batch == 0:  # the same on every rank: nothing to exchange

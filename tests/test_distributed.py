@@ -349,6 +349,27 @@ def test_without_process_group_is_the_single_process_op():
         tp.sample(hidden, weight, vocab_start=0, offset=1)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.requires_cuda)])
+def test_truncation_without_process_group_is_the_single_process_op(device):
+    """Without a process group the tensor-parallel sample is the single-process op, truncation
+    included (its routes, not the shards' search): every form returns the op's tokens, and its
+    log-probabilities and top log-probabilities."""
+    assert not dist.is_initialized()
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16  # the CUDA op's dtypes; the values are exact in both
+    hidden, weight = (t.to(device, dtype) for t in integer_problem(batch=4, vocab=3001, dim=32, seed=8))
+    rows = lambda *v: torch.tensor(v, device=device)  # noqa: E731
+    forms = [dict(top_p=0.9), dict(min_p=rows(0.1, 0.0, 0.3, 0.05)), dict(top_k=rows(5, 0, 3001, 40)),
+             dict(top_k=2000, top_p=rows(0.9, 1.0, 0.5, 0.99)), dict(top_k=20, top_p=0.9, truncation_order="joint")]
+    for form in forms:
+        common = dict(temperature=0.7, seed=11, num_samples=3, **form)
+        assert torch.equal(tp.sample(hidden, weight, vocab_start=0, **common), fs.sample(hidden, weight, **common)), form
+    common = dict(temperature=0.7, seed=12, top_p=rows(0.9, 0.5, 1.0, 0.8), return_logprobs=True, top_logprobs=3)
+    got, expected = tp.sample(hidden, weight, vocab_start=0, **common), fs.sample(hidden, weight, **common)
+    for name in ("tokens", "logprobs", "logsumexp", "top_ids", "top_logprobs", "ranks"):
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=0, atol=0, equal_nan=True,
+                                   msg=name)
+
+
 @pytest.mark.requires_cuda
 def test_truncation_reads_nothing_on_the_host_and_replays_in_a_cuda_graph():
     """A one-rank NCCL group on one GPU (its all-reduces run as in a larger group): every
