@@ -13,6 +13,15 @@ NCCL on TP GPUs, or gloo on the CPU) and batch B, every rank holds a vocabulary 
                         all-gather as a functional collective (in-graph)
   compiled gumbel       the same for the Gumbel-argmax baseline
 
+With --forms, also the truncation forms of bench_truncation.py (each with its temperature and
+[B] tensors where the form has them), on --regimes' logits (flashsampling_cuda/problems.py:
+flat, or llm-like, the hidden states built from the whole LM head on every rank):
+
+  ours                  flashsampling_cuda.distributed.sample with the form's truncation
+  ours plain            the same call without truncation (the plain sampling it is held to)
+  mm+AG+FlashInfer      hidden @ W_r.T on each shard -> all_gather logits -> FlashInfer's
+                        equivalent call (vLLM's pattern: gathered logits, then its sampler)
+
 Time per call: CUDA events (GPU) or perf_counter (CPU) around `--iters` back-to-back
 calls after a barrier, the maximum over ranks, the minimum over `--runs` runs (as the
 paper's Table 6). TP=1 runs on one device without collectives. Writes
@@ -24,6 +33,7 @@ Usage:
   python benchmarks/bench_tp.py                              # TP 1,2,4; D=8192, V=128256; B 16,64,256
   python benchmarks/bench_tp.py --world-sizes 1,2,4,8        # on an 8-GPU machine
   python benchmarks/bench_tp.py --tiny --out /tmp/tp         # CPU/gloo smoke test in seconds
+  python benchmarks/bench_tp.py --world-sizes 1,2 --forms "plain,k20 [B],p0.9 [B]" --regimes flat,llm
 """
 
 from __future__ import annotations
@@ -48,11 +58,14 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import flashsampling_cuda  # noqa: E402, F401  (registers the op)
 from flashsampling_cuda import distributed as tp  # noqa: E402
+from flashsampling_cuda.problems import REGIMES, hidden_states, lm_head_weight, row_statistics  # noqa: E402
+from bench_truncation import FORMS, flashinfer_sampler, form_arguments  # noqa: E402
 from report import pyplot_or_none, run_header, write_results, written_files  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 CONTENDERS = ["ours", "mm+AG+multinomial", "mm+AG+gumbel", "compiled multinomial", "compiled gumbel"]
 BASELINES = CONTENDERS[1:]
+TRUNCATED_CONTENDERS = ["ours", "ours plain", "mm+AG+FlashInfer"]
 
 
 # ---------------------------------------------------------------- contenders (per rank)
@@ -121,6 +134,37 @@ def make_contenders(world, group, start, shard_width, vocab, temperature, compil
         contenders["compiled multinomial"] = torch.compile(c_multinomial, fullgraph=True, dynamic=False)
         contenders["compiled gumbel"] = torch.compile(c_gumbel, fullgraph=True, dynamic=False)
     return contenders
+
+
+def make_truncated_contenders(world, group, start, shard_width, vocab, form, batch, device, fi):
+    """{name: fn(hidden, shard) -> tokens} for one truncation form (FORMS[form]) on this rank."""
+    temperature, spec = FORMS[form]
+    kwargs = form_arguments(spec, batch, device=device)
+    calls = {"n": 0}
+
+    def sampled(h, w, **truncation):
+        calls["n"] += 1
+        return tp.sample(h, w, vocab_start=start, group=group if world > 1 else None, temperature=temperature,
+                         seed=1234, offset=calls["n"], **truncation)
+
+    contenders = {"ours": lambda h, w: sampled(h, w, **kwargs), "ours plain": sampled}
+    sampler = flashinfer_sampler(fi, spec, batch, temperature, {}) if fi is not None else None
+    if sampler is not None:
+        contenders["mm+AG+FlashInfer"] = lambda h, w: sampler(
+            _gather_logits(_pad_to((h @ w.T).float(), shard_width), world, group, shard_width, vocab))
+    return contenders
+
+
+def _flashinfer_or_none(device, rank):
+    if device.type != "cuda":
+        return None
+    try:
+        import flashinfer.sampling as fi
+        return fi
+    except Exception as exc:  # noqa: BLE001 - FlashInfer is optional
+        if rank == 0:
+            print(f"[bench_tp] FlashInfer not importable, no FlashInfer column: {exc}", file=sys.stderr)
+        return None
 
 
 # ---------------------------------------------------------------- timing
@@ -202,20 +246,33 @@ def _worker(rank, world, cfg, store, out_path):
     shards = tp.vocab_shards(vocab, world)
     start, size = shards[rank]
     shard_width = max(n for _, n in shards)
-    g = torch.Generator(device=device).manual_seed(1000 + start)
-    weight = (torch.randn(size, dim, generator=g, device=device) * (3.0 / dim**0.5)).to(dtype)
+    # Every rank builds the whole LM head from one seed and keeps its shard: the llm regime's
+    # hidden states are sums of the head's rows, the same on every rank.
+    full_weight = lm_head_weight(vocab, dim, dtype=dtype, device=device)
+    weight = full_weight[start:start + size].clone()
+    truncated = [f for f in cfg["forms"] if f != "plain"]
+    problems = {}  # (regime, B) -> (hidden, row statistics per temperature)
+    for regime in cfg["regimes"] if truncated else ["flat"]:
+        for batch in cfg["batches"]:
+            hidden = hidden_states(full_weight, batch, regime, seed=batch)
+            stats = {}
+            if truncated and rank == 0:
+                logits = (hidden @ full_weight.T).float()
+                stats = {t: row_statistics(logits, t) for t in sorted({FORMS[f][0] for f in truncated})}
+                del logits
+            problems[regime, batch] = hidden, stats
+    del full_weight
     rows = []
-    compile_ok = cfg["compile"]
-    contenders = make_contenders(world, group, start, shard_width, vocab, cfg["temperature"], compile_ok)
-    for batch in cfg["batches"]:
-        gh = torch.Generator(device=device).manual_seed(batch)
-        hidden = torch.randn(batch, dim, generator=gh, device=device).to(dtype)
-        row = {"TP": world, "B": batch}
+    fi = _flashinfer_or_none(device, rank) if truncated else None
+    contenders = make_contenders(world, group, start, shard_width, vocab, cfg["temperature"], cfg["compile"]) \
+        if "plain" in cfg["forms"] else {}
+
+    def timed_row(row, contenders, hidden):
         for name, fn in contenders.items():
             try:
                 row[name] = time_per_call_us(fn, (hidden, weight), device, world, group, cfg["runs"], cfg["iters"],
                                              cfg["warmup"], graph=cfg["timing"] == "graph")
-            except Exception as exc:  # noqa: BLE001 - a failing baseline is reported, not fatal
+            except Exception as exc:  # noqa: BLE001 - a failing contender is reported, not fatal
                 row[name] = None
                 row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                 if rank == 0:
@@ -223,9 +280,23 @@ def _worker(rank, world, cfg, store, out_path):
                 if world > 1:
                     dist.barrier(group=group)  # every rank ran the same calls: realign
         if rank == 0:
-            shown = ", ".join(f"{k} {v:.0f}" for k, v in row.items() if k in CONTENDERS and v is not None)
-            print(f"[bench_tp] TP={world} B={batch}: {shown} µs", flush=True)
+            shown = ", ".join(f"{k} {v:.0f}" for k, v in row.items()
+                              if k in CONTENDERS + TRUNCATED_CONTENDERS and v is not None)
+            label = f" {row['regime']} {row['form']}" if "form" in row else ""
+            print(f"[bench_tp] TP={world} B={row['B']}{label}: {shown} µs", flush=True)
         rows.append(row)
+
+    for batch in cfg["batches"]:
+        if contenders:
+            timed_row({"TP": world, "B": batch}, contenders, problems["flat", batch][0])
+        for regime in cfg["regimes"] if truncated else []:
+            hidden, stats = problems[regime, batch]
+            for form in truncated:
+                temperature = FORMS[form][0]
+                row = {"TP": world, "B": batch, "regime": regime, "form": form, "temperature": temperature,
+                       **stats.get(temperature, {})}
+                timed_row(row, make_truncated_contenders(world, group, start, shard_width, vocab, form, batch,
+                                                         device, fi), hidden)
     if rank == 0:
         Path(out_path).write_text(json.dumps(rows))
     if world > 1:
@@ -243,9 +314,47 @@ def run_world(world, cfg):
 # ---------------------------------------------------------------- report
 
 
+def plain_rows(results: dict) -> list[dict]:
+    """The rows of the plain contenders (those without a truncation form)."""
+    return [r for r in results["rows"] if "form" not in r]
+
+
 def markdown_table(results: dict) -> str:
-    names = [n for n in CONTENDERS if any(r.get(n) is not None for r in results["rows"])]
-    base = {r["B"]: r["ours"] for r in results["rows"] if r["TP"] == 1 and r.get("ours")}
+    tables = []
+    if plain_rows(results):
+        tables.append(plain_table(results))
+    if len(plain_rows(results)) < len(results["rows"]):
+        tables.append(truncated_table(results))
+    return "\n".join(tables)
+
+
+def truncated_table(results: dict) -> str:
+    rows = [r for r in results["rows"] if "form" in r]
+    lines = [f"\n**Truncation, D={results['D']}, V={results['V']}** ({results['dtype']}, {results['device']}, "
+             f"{results['date']}, {results['backend']}), µs per call (min of {results['runs']} runs of "
+             f"{results['iters']} calls, max over ranks"
+             f"{', CUDA-graph replays' if results.get('timing') == 'graph' else ''}); entropy (nats) and "
+             "top_p=0.9 survivors: median over the rows at the form's temperature\n"]
+    head = ["B", "TP", "regime", "form", "entropy", "survivors", "ours", "ours plain", "mm+AG+FlashInfer",
+            "ours / plain", "FlashInfer / ours"]
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "---|" * len(head))
+    for r in sorted(rows, key=lambda r: (r["regime"], r["B"], r["form"], r["TP"])):
+        def cell(value, spec=".0f", suffix=""):
+            return "—" if value is None else f"{value:{spec}}{suffix}"
+        ours, plain, fi = r.get("ours"), r.get("ours plain"), r.get("mm+AG+FlashInfer")
+        cells = [str(r["B"]), str(r["TP"]), r["regime"], r["form"], cell(r.get("entropy_median"), ".2f"),
+                 cell(r.get("top_p_survivors_median")), cell(ours), cell(plain), cell(fi),
+                 cell(ours / plain if ours and plain else None, ".2f", "×"),
+                 cell(fi / ours if ours and fi else None, ".2f", "×")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plain_table(results: dict) -> str:
+    rows = plain_rows(results)
+    names = [n for n in CONTENDERS if any(r.get(n) is not None for r in rows)]
+    base = {r["B"]: r["ours"] for r in rows if r["TP"] == 1 and r.get("ours")}
     lines = [f"\n**D={results['D']}, V={results['V']}** ({results['dtype']}, {results['device']}, "
              f"{results['date']}, {results['backend']}), µs per call (min of {results['runs']} runs of "
              f"{results['iters']} calls, max over ranks"
@@ -253,7 +362,7 @@ def markdown_table(results: dict) -> str:
     head = ["B", "TP"] + names + ["best baseline / ours", "ours: TP=1 / (TP · TP=k)"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
-    for r in sorted(results["rows"], key=lambda r: (r["B"], r["TP"])):
+    for r in sorted(rows, key=lambda r: (r["B"], r["TP"])):
         cells = [str(r["B"]), str(r["TP"])]
         cells += [f"{r[n]:.0f}" if r.get(n) is not None else "—" for n in names]
         baselines = [r[n] for n in BASELINES if r.get(n) is not None]
@@ -266,13 +375,18 @@ def markdown_table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
+    """The plain contenders' times against TP, or where the run has no plain rows, the
+    truncation forms' FlashInfer / ours ratios."""
     plt = pyplot_or_none("bench_tp")
     if plt is None:
         return
-    batches = sorted({r["B"] for r in results["rows"]})
+    batches = sorted({r["B"] for r in plain_rows(results)})
+    if not batches:
+        plot_truncation(plt, results, path)
+        return
     fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4.2), squeeze=False)
     for ax, batch in zip(axes[0], batches):
-        rows = sorted((r for r in results["rows"] if r["B"] == batch), key=lambda r: r["TP"])
+        rows = sorted((r for r in plain_rows(results) if r["B"] == batch), key=lambda r: r["TP"])
         tps = [r["TP"] for r in rows]
         for name in CONTENDERS:
             pts = [(r["TP"], r[name]) for r in rows if r.get(name) is not None]
@@ -295,6 +409,44 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def plot_truncation(plt, results: dict, path: Path) -> None:
+    rows = [r for r in results["rows"] if r.get("ours") and r.get("mm+AG+FlashInfer")]
+    regimes = sorted({r["regime"] for r in rows})
+    if not regimes:
+        return
+    fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 4.5), squeeze=False)
+    styles = {1: "-", 2: "--", 4: ":", 8: "-."}
+    for ax, regime in zip(axes[0], regimes):
+        for form in results.get("forms", {}):
+            for world in sorted({r["TP"] for r in rows}):
+                pts = sorted((r["B"], r["mm+AG+FlashInfer"] / r["ours"]) for r in rows
+                             if r["regime"] == regime and r["form"] == form and r["TP"] == world)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", linestyle=styles.get(world, "-"), label=f"{form}, TP={world}")
+        ax.axhline(1.0, color="gray", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch")
+        ax.set_ylabel("mm+AG+FlashInfer / ours (> 1: ours faster)")
+        ax.set_title(f"{regime} logits")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.suptitle(f"TP truncation, D={results['D']}, V={results['V']} — {results['device']} — {results['date']}"
+                 f"{' (CUDA-graph replays)' if results.get('timing') == 'graph' else ' (eager)'}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def results_name(results: dict, tiny: bool) -> str:
+    """tp[_tiny][_truncation][_eager]_<device>_<date>: a run with truncation forms and an eager one
+    sit beside the CUDA-graph run of the plain contenders."""
+    tag = "tp_tiny" if tiny else "tp"
+    if any("form" in r for r in results["rows"]):
+        tag += "_truncation"
+    if results.get("timing") == "eager" and not tiny:
+        tag += "_eager"
+    return f"{tag}_{results['device'].split(' (')[0].replace(' ', '_')}_{results['date']}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-sizes", default="1,2,4", help="comma list of TP sizes")
@@ -312,11 +464,31 @@ def main() -> None:
                         help="torch.compile baselines (auto: on for NCCL, off for gloo/CPU)")
     parser.add_argument("--timing", default="eager", choices=["eager", "graph"],
                         help="graph: time CUDA-graph replays of each contender (NCCL only; not yet run on GPUs)")
+    parser.add_argument("--forms", default="plain",
+                        help="comma list: plain (the plain contenders) and bench_truncation.py's forms: "
+                             + ", ".join(FORMS))
+    parser.add_argument("--regimes", default="flat", help=f"logits of the truncation forms: {', '.join(REGIMES)}")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: D=256, V=4099, B 4,16")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--from-json", default=None, metavar="FILE",
+                        help="rewrite the .md and .png of an earlier run's results (no GPU needed)")
     args = parser.parse_args()
+    if args.from_json:
+        results = json.loads(Path(args.from_json).read_text())
+        table = markdown_table(results)
+        path = write_results(Path(args.from_json).parent, Path(args.from_json).stem, results, table, plot)
+        print(f"[bench_tp] wrote {written_files(path)}")
+        print(table)
+        return
 
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    forms = args.forms.split(",")
+    unknown = [f for f in forms if f != "plain" and f not in FORMS]
+    if unknown:
+        sys.exit(f"--forms: unknown {unknown}; known: plain, {', '.join(FORMS)}")
+    regimes = args.regimes.split(",")
+    if any(r not in REGIMES for r in regimes):
+        sys.exit(f"--regimes must be from {REGIMES}, got {args.regimes!r}")
     if args.tiny:
         args.dim, args.vocab, args.batches = 256, 4099, "4,16" if args.batches == "16,64,256" else args.batches
     backend = args.backend
@@ -337,6 +509,8 @@ def main() -> None:
         "compile": args.compile == "on" or (args.compile == "auto" and backend == "nccl"),
         "cpu_threads": 1 if args.tiny else (os.cpu_count() or 1),
         "timing": args.timing,
+        "forms": forms,
+        "regimes": regimes,
     }
     device = torch.cuda.get_device_name(0) if backend == "nccl" else f"CPU ({platform.machine()}, gloo)"
     results = {
@@ -350,15 +524,16 @@ def main() -> None:
         "iters": cfg["iters"],
         "compiled_baselines": cfg["compile"],
         "timing": cfg["timing"],
+        "forms": {f: {"temperature": FORMS[f][0], "truncation": {k: list(v) if isinstance(v, tuple) else v
+                                                                  for k, v in FORMS[f][1].items()}}
+                  for f in forms if f != "plain"},
         "env": {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
         "rows": [],
     }
     for world in world_sizes:
         results["rows"] += run_world(world, cfg)
-    tag = "tp_tiny" if args.tiny else "tp"
     table = markdown_table(results)
-    path = write_results(args.out, f"{tag}_{device.split(' (')[0].replace(' ', '_')}_{results['date']}", results,
-                         table, plot)
+    path = write_results(args.out, results_name(results, args.tiny), results, table, plot)
     print(f"[bench_tp] wrote {written_files(path)}")
     print(table)
 

@@ -67,35 +67,43 @@ FORMS = {
 }
 
 
-def form_arguments(spec: dict, batch: int, *, int_dtype=torch.int64, float_dtype=torch.float32) -> dict:
+def form_arguments(spec: dict, batch: int, *, int_dtype=torch.int64, float_dtype=torch.float32,
+                   device="cuda") -> dict:
     args = {}
     for name, value in spec.items():
         if isinstance(value, tuple):
             dtype = int_dtype if name == "top_k" else float_dtype
-            args[name] = torch.full((batch,), value[1], dtype=dtype, device="cuda")
+            args[name] = torch.full((batch,), value[1], dtype=dtype, device=device)
         else:
             args[name] = value
     return args
 
 
-def flashinfer_call(fi, spec: dict, batch: int, temperature: float, noise: dict):
-    """FlashInfer's equivalent of a form on cuBLAS logits (drawing from `noise`, its seed and
-    offset tensors), or None."""
+def flashinfer_sampler(fi, spec: dict, batch: int, temperature: float, noise: dict):
+    """FlashInfer's equivalent of a form as a function of the [B, V] logits (drawing from
+    `noise`, its seed and offset tensors, or from torch's generator where `noise` is empty), or
+    None."""
     args = form_arguments(spec, batch, int_dtype=torch.int32)
 
     def probs(logits):
         return torch.softmax(logits.float() / temperature, dim=-1)
 
     if "top_k" in args and "top_p" in args:
-        return lambda h, w: fi.top_k_top_p_sampling_from_logits(
-            (h @ w.T).float() / temperature, args["top_k"], args["top_p"], deterministic=True, **noise)
+        return lambda logits: fi.top_k_top_p_sampling_from_logits(
+            logits.float() / temperature, args["top_k"], args["top_p"], deterministic=True, **noise)
     if "top_k" in args:
-        return lambda h, w: fi.top_k_sampling_from_probs(probs(h @ w.T), args["top_k"], deterministic=True, **noise)
+        return lambda logits: fi.top_k_sampling_from_probs(probs(logits), args["top_k"], deterministic=True, **noise)
     if "top_p" in args:
-        return lambda h, w: fi.top_p_sampling_from_probs(probs(h @ w.T), args["top_p"], deterministic=True, **noise)
+        return lambda logits: fi.top_p_sampling_from_probs(probs(logits), args["top_p"], deterministic=True, **noise)
     if "min_p" in args:
-        return lambda h, w: fi.min_p_sampling_from_probs(probs(h @ w.T), args["min_p"], deterministic=True, **noise)
+        return lambda logits: fi.min_p_sampling_from_probs(probs(logits), args["min_p"], deterministic=True, **noise)
     return None
+
+
+def flashinfer_call(fi, spec: dict, batch: int, temperature: float, noise: dict):
+    """flashinfer_sampler on cuBLAS logits: a function of (hidden, weight), or None."""
+    sampler = flashinfer_sampler(fi, spec, batch, temperature, noise)
+    return None if sampler is None else (lambda h, w: sampler(h @ w.T))
 
 
 # The op's arguments of these calls that "auto"'s rule reads besides the truncation (the
