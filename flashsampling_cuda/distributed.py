@@ -44,15 +44,16 @@ from .logprobs import (LogprobsOutput, logprob_outputs, logprob_values, normalis
 from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 from .noise import draw_seed as _draw_seed
 from .penalties import Penalties, PenaltyState, parse_penalties, rule_logits
-from .sampling import (LogitTransforms, SampleOutput, ScoredSample, _allowed_mask_arg, _call_op, _float32,
+from .sampling import (LogitTransforms, SampleOutput, ScoredSample, _allowed_mask_arg, _call_op, _float32, _seed_arg,
                        _model_transform_args, _op_kwargs, _scored_sample, _sparse_bias_args, _temperature_args,
                        _truncation_order)
 from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, check_draft_values,
                           draft_columns, empty_output, masked_target, one_hot_output, parse_step, position_samples,
                           step_output, target, values_at)
 from .shard_truncation import MAX_SHARDED_VOCAB, Reduce, sharded_survivors, survivor_bitmask
-from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix, materialized_logits,
-                         parse_truncation, scaled_logits, temperature_scales, truncation_rank)
+from .truncation import (LOGITS_PATH_MAX_VOCAB, Truncation, _first_in_order, key_of_rank, keep_prefix,
+                         logits_truncation_args, materialized_logits, parse_truncation, scaled_logits, survivor_mask,
+                         temperature_scales, truncation_rank)
 
 __all__ = ["sample", "speculative_sample", "shard_allowed_mask", "vocab_shards"]
 
@@ -247,20 +248,29 @@ def _shard_survivors(y: Tensor, allowed: Tensor | None, truncation: Truncation, 
     return survivors if allowed is None else survivors & allowed
 
 
-def _truncated_shard_logits(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation,
-                            order: str, temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
-                            softcap: float | None, penalties: Penalties | None, world: int, group,
-                            backend) -> tuple[Tensor, Tensor, Tensor]:
-    """``(x, raw, mask)``: this shard's fp32 logits (one matmul: the one read of the shard's
-    weight), ``x`` the rule of flashsampling_cuda/penalties.py on them (model-side transforms,
-    biases, penalties), and the int32 ``[B, ceil(V_r / 32)]`` bitmask of the shard's survivors of
-    the global truncation of ``y = x / T`` (module docstring), within the shard's ``allowed_mask``."""
-    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
+def _shard_logits(hidden: Tensor, weight_shard: Tensor, vocab_start: int, logit_bias, sparse_logit_bias,
+                  allowed_mask, scale: float, softcap: float | None,
+                  penalties: Penalties | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(x, raw, mask)``: this shard's fp32 logits ``raw`` (one matmul: the one read of the
+    shard's weight), ``x`` the rule of flashsampling_cuda/penalties.py on them (model-side
+    transforms, biases, penalties) and the shard's int32 ``allowed_mask`` bitmask (or None)."""
     sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)
     raw = materialized_logits(hidden, weight_shard)
     x = rule_logits(raw, _float32("logit_bias", logit_bias), sparse_ids, sparse_values, vocab_start, scale, softcap,
                     penalties)
-    mask = _allowed_mask_arg(allowed_mask, hidden, weight_shard)
+    return x, raw, _allowed_mask_arg(allowed_mask, hidden, weight_shard)
+
+
+def _truncated_shard_logits(hidden: Tensor, weight_shard: Tensor, vocab_start: int, truncation: Truncation,
+                            order: str, temperature, logit_bias, sparse_logit_bias, allowed_mask, scale: float,
+                            softcap: float | None, penalties: Penalties | None, world: int, group,
+                            backend) -> tuple[Tensor, Tensor, Tensor]:
+    """``(x, raw, mask)``: :func:`_shard_logits`' ``x`` and ``raw``, and the int32
+    ``[B, ceil(V_r / 32)]`` bitmask of the shard's survivors of the global truncation of
+    ``y = x / T`` (module docstring), within the shard's ``allowed_mask``."""
+    scalar_temperature, temperatures = _temperature_args(temperature, hidden)
+    x, raw, mask = _shard_logits(hidden, weight_shard, vocab_start, logit_bias, sparse_logit_bias, allowed_mask, scale,
+                                 softcap, penalties)
     if _kernel_search(x):  # the kernels write the bitmask, taking y = x / T as they read x
         scales = temperature_scales(x.shape[0], scalar_temperature, temperatures, x.device)
         return x, raw, _searched_survivor_mask(x, mask, truncation, vocab_start=vocab_start, order=order, group=group,
@@ -269,6 +279,79 @@ def _truncated_shard_logits(hidden: Tensor, weight_shard: Tensor, vocab_start: i
     allowed = None if mask is None else unpack_allowed_mask(mask, weight_shard.shape[0])
     return x, raw, pack_allowed_mask(_shard_survivors(y, allowed, truncation, vocab_start=vocab_start, order=order,
                                                       world=world, group=group, backend=backend))
+
+
+def _gathers_whole_rows(vocab_size: int | None, serving_logprobs: bool) -> bool:
+    """Whether a truncated call takes the whole-rows route (:func:`_sampled_whole_rows`): where the
+    caller gave ``vocab_size`` and the logits sampler takes rows of that size, for the outputs of
+    ``sample_from_logits`` (tokens, their log-probabilities and logsumexp; top log-probabilities,
+    token ids' and raw ones take the search). Every input here is the same on every rank, so
+    every rank takes the same route."""
+    return vocab_size is not None and vocab_size <= LOGITS_PATH_MAX_VOCAB and not serving_logprobs
+
+
+def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: int,
+                reduce: Reduce) -> tuple[Tensor, Tensor | None]:
+    """``(x, mask)`` of the whole rows on every rank, from each rank's columns, in one all-reduce
+    (sum) of int32 words: the ``[B, V]`` bits of ``x`` (this rank's columns at their global place,
+    zero elsewhere), a ``[V]`` count of the ranks that hold each column, and with ``mask`` the
+    ``[B, ceil(V / 32)]`` words of the whole rows' bitmask (a rank's bits at its columns: the
+    ranks' bits never share a place, so their sum is their union). Exact whatever the shards'
+    sizes and order: a column has one summand that is not zero. A column that no rank or more
+    than one holds (``vocab_size`` or shards that do not tile ``[0, V)``) becomes ``-inf``, a token
+    of probability zero, rather than garbage."""
+    batch, shard_vocab = x.shape
+    words = (batch + 1) * vocab_size + (0 if mask is None else batch * ((vocab_size + 31) // 32))
+    buffer = x.new_zeros((words,), dtype=torch.int32)
+    rows = buffer[: (batch + 1) * vocab_size].view(batch + 1, vocab_size)
+    rows[:batch, vocab_start : vocab_start + shard_vocab] = x.view(torch.int32)
+    rows[batch, vocab_start : vocab_start + shard_vocab] = 1
+    if mask is not None:
+        allowed = torch.zeros((batch, vocab_size), dtype=torch.bool, device=x.device)
+        allowed[:, vocab_start : vocab_start + shard_vocab] = unpack_allowed_mask(mask, shard_vocab)
+        buffer[(batch + 1) * vocab_size :].view(batch, -1).copy_(pack_allowed_mask(allowed))
+    buffer = reduce(buffer[None], "sum")[0]
+    rows = buffer[: (batch + 1) * vocab_size].view(batch + 1, vocab_size)
+    whole_x = torch.where(rows[batch] == 1, rows[:batch].view(torch.float32), -float("inf"))
+    whole_mask = None if mask is None else buffer[(batch + 1) * vocab_size :].view(batch, -1)
+    return whole_x, whole_mask
+
+
+def _sampled_whole_rows(hidden: Tensor, weight_shard: Tensor, vocab_start: int, vocab_size: int,
+                        truncation: Truncation, order: str, args: dict, transform_args: tuple,
+                        return_logprobs: bool, group, backend):
+    """The sample of a truncated call from the whole rows' logits on every rank: each rank's
+    :func:`_shard_logits` (its one read of the weight), :func:`_whole_rows` (one all-reduce), then
+    ``torch.ops.flashsampling.sample_from_logits`` over ``[B, V]`` (its kernel truncates the
+    rows in the order ``"top_k_first"``; other orders hand it the survivors of the whole rows as
+    its mask: :func:`survivor_bitmask` on CUDA, ``survivor_mask`` off it). Every rank computes the same
+    outputs; the tokens are those of the search across ranks (the same survivors of the same
+    logits, the same noise keyed by global id)."""
+    if vocab_start + weight_shard.shape[0] > vocab_size:
+        raise ValueError(f"flashsampling.distributed.sample: vocab_size must cover this rank's shard, rows "
+                         f"[{vocab_start}, {vocab_start + weight_shard.shape[0]}), got {vocab_size}")
+    x, _, mask = _shard_logits(hidden, weight_shard, vocab_start, args["logit_bias"], args["sparse_logit_bias"],
+                               args["allowed_mask"], *transform_args)
+    x, mask = _whole_rows(x, mask, vocab_start, vocab_size, _all_reduce(x.device, group, backend))
+    scalar_temperature, temperatures = _temperature_args(args["temperature"], hidden)
+    empty_mask_token = args["user_empty_mask_token"]
+    truncation_args = logits_truncation_args(truncation, hidden.shape[0], hidden.device)
+    if order != "top_k_first":  # the kernel truncates top_k first: hand it the survivors as its mask
+        if mask is None and empty_mask_token is None:
+            empty_mask_token = -1  # truncation keeps each row's top token: no row is empty, nothing to check
+        if _kernel_search(x):
+            scales = temperature_scales(x.shape[0], scalar_temperature, temperatures, x.device)
+            mask = survivor_bitmask(x, mask, 0, truncation, order, lambda t, how: t, scales)
+        else:
+            allowed = None if mask is None else unpack_allowed_mask(mask, vocab_size)
+            mask = pack_allowed_mask(survivor_mask(scaled_logits(x, scalar_temperature, temperatures), allowed,
+                                                   truncation, order))
+        truncation_args = {}
+    tokens, _, logprobs, logsumexp = torch.ops.flashsampling.sample_from_logits(
+        x, temperature=scalar_temperature, temperatures=temperatures, num_samples=args["num_samples"],
+        seed=_seed_arg("seed", args["seed"]), offset=_seed_arg("offset", args["offset"]), allowed_mask=mask,
+        empty_mask_token=empty_mask_token, return_logprobs=return_logprobs, **truncation_args)
+    return SampleOutput(tokens, logprobs, logsumexp) if return_logprobs else tokens
 
 
 def _sampled_from_logits(hidden: Tensor, weight_shard: Tensor, x: Tensor, raw: Tensor, args: dict,
@@ -303,6 +386,7 @@ def sample(
     top_p: float | Tensor | None = None,
     min_p: float | Tensor | None = None,
     truncation_order: str = "top_k_first",
+    vocab_size: int | None = None,
     logit_scale: float = 1.0,
     logit_softcap: float | None = None,
     repetition_penalty: float | Tensor | None = None,
@@ -373,6 +457,15 @@ def sample(
             its weight), the survivors' radix search (module docstring: 17 small all-reduces at
             most, none read on the host), and the sample from those logits. ``truncation_order``
             as for :func:`flashsampling_cuda.sample`.
+        vocab_size: the whole vocabulary's size ``V`` (the end of the tiling of ``[0, V)``), the
+            same on every rank, or None. Given, a truncated call with ``V`` up to 2^22 and
+            without top / token-id / raw log-probabilities assembles the whole rows' fp32
+            logits on every rank instead of searching the cut across them: one all-reduce of
+            ``B · V + V`` int32 words (``+ B · ceil(V / 32)`` with ``allowed_mask``), then the
+            single-process logits sampler over ``[B, V]`` on every rank. The same tokens as the
+            search; far fewer collectives and launches (the search's host time dominates eager
+            calls), for more bytes exchanged and each rank truncating whole rows. A token that no
+            rank (or more than one) holds gets probability zero.
         logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
             penalty_state, prompt_token_ids, output_token_ids: as for
             :func:`flashsampling_cuda.sample`, the same on every rank (the history holds global
@@ -394,6 +487,9 @@ def sample(
     """
     rank, world, backend = _group_info(group)
     device = hidden.device
+    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
+        raise ValueError(f"flashsampling.distributed.sample: vocab_size must be a positive int or None, got "
+                         f"{vocab_size!r}")
     top_n, wanted_ids, mode = parse_logprob_args(return_logprobs, top_logprobs, token_ids, logprobs_mode,
                                                  hidden.shape[0], device)
     serving_logprobs = top_n > 0 or wanted_ids is not None or mode != "processed"
@@ -416,6 +512,10 @@ def sample(
     args = dict(temperature=temperature, generator=None, seed=seed, offset=offset, num_samples=num_samples,
                 logit_bias=logit_bias, sparse_logit_bias=sparse_logit_bias, allowed_mask=allowed_mask,
                 empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY, vocab_start=vocab_start)
+    if truncation is not None and backend is not None and _gathers_whole_rows(vocab_size, serving_logprobs):
+        return _sampled_whole_rows(hidden, weight_shard, vocab_start, vocab_size, truncation, order,
+                                   dict(args, user_empty_mask_token=empty_mask_token),
+                                   (scale, softcap, penalties), return_logprobs, group, backend)
     if truncation is not None and backend is not None:  # the survivors become this shard's mask; the sample reads its logits
         # Dicts become the (ids, values) pair once (a host-to-device copy), for both uses.
         sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)

@@ -26,6 +26,7 @@ least `world_size` GPUs are (`pytest tests/test_distributed.py -m requires_cuda`
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -177,20 +178,24 @@ def assert_configs_equal_single_process(ranks):
     op on rank 0: integer outputs (tokens, top-N ids, ranks) exactly, log-probabilities to fp32
     rounding."""
     for name, entry in ranks[0].items():
-        got, expected = entry["got"], entry["expected"]
-        for r, res in enumerate(ranks[1:], start=1):
-            torch.testing.assert_close(res[name]["got"], got, rtol=0, atol=0, equal_nan=True,
-                                       msg=f"{name}: rank {r} differs")
-        if not isinstance(got, dict):
-            assert torch.equal(got, expected), f"{name}: {got.tolist()} != {expected.tolist()}"
-            continue
-        assert got.keys() == expected.keys(), name
-        for key in got:
-            if got[key].dtype == torch.int64:
-                assert torch.equal(got[key], expected[key]), f"{name}.{key}: {got[key]} != {expected[key]}"
-            else:
-                torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-5, equal_nan=True,
-                                           msg=f"{name}.{key}")
+        expected = entry["expected"]
+        for route in ("got", "whole_rows"):  # "whole_rows": the route of vocab_size, where a scenario runs it
+            if route not in entry:
+                continue
+            got, label = entry[route], f"{name} ({route})"
+            for r, res in enumerate(ranks[1:], start=1):
+                torch.testing.assert_close(res[name][route], got, rtol=0, atol=0, equal_nan=True,
+                                           msg=f"{label}: rank {r} differs")
+            if not isinstance(got, dict):
+                assert torch.equal(got, expected), f"{label}: {got.tolist()} != {expected.tolist()}"
+                continue
+            assert got.keys() == expected.keys(), label
+            for key in got:
+                if got[key].dtype == torch.int64:
+                    assert torch.equal(got[key], expected[key]), f"{label}.{key}: {got[key]} != {expected[key]}"
+                else:
+                    torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-5, equal_nan=True,
+                                               msg=f"{label}.{key}")
 
 
 @pytest.mark.parametrize("group_kind,world", PARAMS)
@@ -375,9 +380,11 @@ def test_truncation_reads_nothing_on_the_host_and_replays_in_a_cuda_graph():
     """A one-rank NCCL group on one GPU (its all-reduces run as in a larger group): every
     truncation form of the tensor-parallel sample runs with torch's sync debug mode at "error" (no
     host read of a device value), returns the single-process op's tokens, and a CUDA graph of it
-    replays with the single-process op's fresh tokens as its offset advances."""
+    replays with the single-process op's fresh tokens as its offset advances; both routes, the
+    search across ranks and (with vocab_size) the whole rows."""
     device = torch.device("cuda")
     hidden, weight = integer_problem(batch=6, vocab=5003, dim=64, seed=21)
+    routes = {"search": {}, "whole_rows": dict(vocab_size=5003)}
     h, w = hidden.bfloat16().to(device), weight.bfloat16().to(device)
     rows = lambda *v: torch.tensor(v, device=device)  # noqa: E731
     forms = {
@@ -393,32 +400,34 @@ def test_truncation_reads_nothing_on_the_host_and_replays_in_a_cuda_graph():
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", torch.cuda.current_device()))
     try:
         seed, offset = torch.tensor(5, device=device), torch.tensor(0, device=device)
-        for name, form in forms.items():
+        for (name, form), (route, route_args) in itertools.product(forms.items(), routes.items()):
             common = dict(temperature=0.8, seed=seed, offset=offset, num_samples=2, **form)
             expected = fs.sample(h, w, **common)
             torch.cuda.set_sync_debug_mode("error")
             try:
-                got = tp.sample(h, w, vocab_start=0, **common)
+                got = tp.sample(h, w, vocab_start=0, **common, **route_args)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-            assert torch.equal(got, expected), name
+            assert torch.equal(got, expected), (name, route)
         form = forms["all_per_row"]
-        step = torch.zeros((), dtype=torch.int64, device=device)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside the capture
-            tp.sample(h, w, vocab_start=0, temperature=0.8, seed=seed, offset=step, **form)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = tp.sample(h, w, vocab_start=0, temperature=0.8, seed=seed, offset=step, **form)
-        seen = set()
-        for value in range(4):
-            step.fill_(value)
-            graph.replay()
-            expected = fs.sample(h, w, temperature=0.8, seed=seed, offset=step, **form)
-            assert torch.equal(captured, expected), value
-            seen.add(tuple(captured.flatten().tolist()))
-        assert len(seen) > 1
+        for route, route_args in routes.items():
+            step = torch.zeros((), dtype=torch.int64, device=device)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):  # warm-up outside the capture
+                tp.sample(h, w, vocab_start=0, temperature=0.8, seed=seed, offset=step, **form, **route_args)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = tp.sample(h, w, vocab_start=0, temperature=0.8, seed=seed, offset=step, **form,
+                                     **route_args)
+            seen = set()
+            for value in range(4):
+                step.fill_(value)
+                graph.replay()
+                expected = fs.sample(h, w, temperature=0.8, seed=seed, offset=step, **form)
+                assert torch.equal(captured, expected), (route, value)
+                seen.add(tuple(captured.flatten().tolist()))
+            assert len(seen) > 1, route
     finally:
         dist.destroy_process_group()

@@ -278,7 +278,9 @@ def scenario_truncation(ctx: Ctx):
             if arg in shard_kwargs:
                 shard_kwargs[arg] = ctx.shard(shard_kwargs[arg], dim=shard_dim)
         shard_kwargs = {k: ctx.to(v) for k, v in shard_kwargs.items()}
-        entry = {"got": tp.sample(h, ctx.shard(w), vocab_start=ctx.start, **shard_kwargs)}
+        entry = {"got": tp.sample(h, ctx.shard(w), vocab_start=ctx.start, **shard_kwargs),
+                 # the whole rows on every rank (one all-reduce) instead of the search across them
+                 "whole_rows": tp.sample(h, ctx.shard(w), vocab_start=ctx.start, vocab_size=VOCAB, **shard_kwargs)}
         if ctx.rank == 0:
             entry["expected"] = fs.sample(h, w.to(ctx.device), **{k: ctx.to(v) for k, v in common.items()})
         out[name] = entry
