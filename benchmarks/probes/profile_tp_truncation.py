@@ -6,9 +6,11 @@ synchronisation), the host's time to issue them (no synchronisation), the torch 
 kernels (mean µs a call, largest first), the single-process op's eager and issuing times on
 the whole head for comparison, with --host the host operations that took most of the issuing time
 and the calls that wait for the device (cudaStreamSynchronize, cudaMemcpy), and with --cprofile
-the Python functions that did (cProfile, by own time).
+the Python functions that did (cProfile, by own time); --whole-rows adds each form with
+``vocab_size`` (the whole rows on every rank instead of the search across ranks).
 
     python benchmarks/probes/profile_tp_truncation.py [--world 2] [--batches 64,256] [--host] [--cprofile]
+        [--whole-rows]
 """
 
 from __future__ import annotations
@@ -33,10 +35,15 @@ VOCAB, DIM = 151936, 4096
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cudaEventSynchronize")
 
 
-def forms(batch: int, device) -> dict:
+def forms(batch: int, device, whole_rows: bool) -> dict:
+    """The forms, each also with vocab_size (the whole rows' route) where ``whole_rows``."""
     rows = lambda value: torch.full((batch,), value, device=device)  # noqa: E731
-    return {"plain": {}, "min_p0.05": dict(min_p=0.05), "p0.9 [B]": dict(top_p=rows(0.9)),
-            "k20 [B]": dict(top_k=rows(20)), "k20 p0.95 [B]": dict(top_k=rows(20), top_p=rows(0.95))}
+    truncated = {"min_p0.05": dict(min_p=0.05), "p0.9 [B]": dict(top_p=rows(0.9)), "k20 [B]": dict(top_k=rows(20)),
+                 "k20 p0.95 [B]": dict(top_k=rows(20), top_p=rows(0.95))}
+    out = {"plain": {}, **truncated}
+    if whole_rows:
+        out.update({f"{name} whole rows": dict(form, vocab_size=VOCAB) for name, form in truncated.items()})
+    return out
 
 
 def issue_times_us(call, device, calls: int) -> tuple[float, float]:
@@ -82,7 +89,7 @@ def run_rank(rank: int, world: int, args, store: str) -> None:
     weight = full[start:start + size].clone()
     for batch in (int(b) for b in args.batches.split(",")):
         hidden = hidden_states(full, batch, "flat")
-        for name, form in forms(batch, device).items():
+        for name, form in forms(batch, device, args.whole_rows).items():
             common = dict(temperature=0.8, seed=torch.tensor(1, device=device), offset=torch.tensor(0, device=device))
 
             def call():
@@ -100,8 +107,9 @@ def run_rank(rank: int, world: int, args, store: str) -> None:
                     call()
                 torch.cuda.synchronize(device)
             if rank == 0:
+                op_form = {k: v for k, v in form.items() if k != "vocab_size"}
                 op_eager_us, op_issue_us = issue_times_us(
-                    lambda: flashsampling_cuda.sample(hidden, full, **common, **form), device, args.calls)
+                    lambda: flashsampling_cuda.sample(hidden, full, **common, **op_form), device, args.calls)
                 print(f"[TP={world} flat B={batch} {name}] eager {eager_us:.0f} us a call, issued in "
                       f"{issue_us:.0f} us; the single-process op: eager {op_eager_us:.0f}, issued in "
                       f"{op_issue_us:.0f}", flush=True)
@@ -127,6 +135,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--host", action="store_true", help="also profile the host's operations")
     parser.add_argument("--cprofile", action="store_true", help="also profile the Python functions (cProfile)")
+    parser.add_argument("--whole-rows", action="store_true",
+                        help="also each form with vocab_size (the whole rows on every rank)")
     args = parser.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     with tempfile.TemporaryDirectory() as tmp:
