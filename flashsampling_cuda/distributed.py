@@ -25,6 +25,9 @@ the global truncation order (flashsampling_cuda/shard_truncation.py: per round o
 all-reduce of ``B * 768`` int64; eight rounds for top_k, eight for top_p, one all-reduce for the
 first token; a row's kernels stop reading once its cut is known), or off CUDA, for a host
 ``top_k`` up to 1024, from each shard's first ``k`` tokens in one all-gather of ``B * k`` int64.
+With ``vocab_size`` the ranks instead assemble the whole rows' logits on every rank (one all-reduce
+of ``B * V`` int32 words) and each samples them with the single-process logits sampler: the same
+tokens, one collective instead of up to seventeen (whose rounds make eager calls host-bound).
 
 :func:`speculative_sample` verifies draft tokens across the shards (the single-process
 :func:`flashsampling_cuda.speculative_sample`'s output on every rank) with one all-gather of
@@ -34,6 +37,7 @@ first token; a row's kernels stop reading once its cut is known), or off CUDA, f
 from __future__ import annotations
 
 import functools
+import operator
 
 import torch
 import torch.distributed as dist
@@ -51,7 +55,7 @@ from .speculative import (SpeculativeOutput, acceptance_probability, accepted_co
                           draft_columns, empty_output, masked_target, one_hot_output, parse_step, position_samples,
                           step_output, target, values_at)
 from .shard_truncation import MAX_SHARDED_VOCAB, Reduce, sharded_survivors, survivor_bitmask
-from .truncation import (LOGITS_PATH_MAX_VOCAB, Truncation, _first_in_order, key_of_rank, keep_prefix,
+from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix,
                          logits_truncation_args, materialized_logits, parse_truncation, scaled_logits, survivor_mask,
                          temperature_scales, truncation_rank)
 
@@ -173,7 +177,7 @@ _GATHERED_TOP_K_MAX = 1024
 
 def _all_reduce(device: torch.device, group, backend) -> Reduce:
     """The ``reduce`` of :func:`~flashsampling_cuda.shard_truncation.sharded_survivors` in this
-    group: an all-reduce (sum or min) of a ``[1, ...]`` int64 tensor, on the collectives' device
+    group: an all-reduce (sum or min) of a ``[1, ...]`` integer tensor, on the collectives' device
     (in a group of one rank too: the tests capture its collectives in a CUDA graph there); without
     a process group (``backend`` None: the single-process sample) the tensor itself."""
     if backend is None:
@@ -285,35 +289,43 @@ def _gathers_whole_rows(vocab_size: int | None, serving_logprobs: bool) -> bool:
     """Whether a truncated call takes the whole-rows route (:func:`_sampled_whole_rows`): where the
     caller gave ``vocab_size`` and the logits sampler takes rows of that size, for the outputs of
     ``sample_from_logits`` (tokens, their log-probabilities and logsumexp; top log-probabilities,
-    token ids' and raw ones take the search). Every input here is the same on every rank, so
+    token ids' and raw ones take the search), up to the search kernels' vocabulary (whose cut the
+    other orders take over the whole rows). Every input here is the same on every rank, so
     every rank takes the same route."""
-    return vocab_size is not None and vocab_size <= LOGITS_PATH_MAX_VOCAB and not serving_logprobs
+    return vocab_size is not None and vocab_size <= MAX_SHARDED_VOCAB and not serving_logprobs
 
 
-def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: int,
+def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: int, fits: bool,
                 reduce: Reduce) -> tuple[Tensor, Tensor | None]:
     """``(x, mask)`` of the whole rows on every rank, from each rank's columns, in one all-reduce
     (sum) of int32 words: the ``[B, V]`` bits of ``x`` (this rank's columns at their global place,
-    zero elsewhere), a ``[V]`` count of the ranks that hold each column, and with ``mask`` the
-    ``[B, ceil(V / 32)]`` words of the whole rows' bitmask (a rank's bits at its columns: the
-    ranks' bits never share a place, so their sum is their union). Exact whatever the shards'
-    sizes and order: a column has one summand that is not zero. A column that no rank or more
-    than one holds (``vocab_size`` or shards that do not tile ``[0, V)``) becomes ``-inf``, a token
-    of probability zero, rather than garbage."""
+    zero elsewhere), a ``[V]`` count of the ranks that hold each column, with ``mask`` the
+    ``[B, ceil(V / 32)]`` words of the whole rows' bitmask (a rank's bits at its columns: where the
+    shards tile ``[0, V)`` no two ranks' bits share a place, so the sum is their union), and a count
+    of the ranks whose shard does not fit in ``[0, V)`` (``fits`` False: such a rank writes no column
+    and raises after the all-reduce, so its peers do not wait for it). Exact where the shards tile
+    ``[0, V)``, whatever their sizes and order: a column has one summand that is not zero. Where they
+    do not (a column that no rank or two hold, a shard out of range: a wrong ``vocab_size`` or
+    layout) every logit is NaN, so that every rank returns token -1 rather than garbage."""
     batch, shard_vocab = x.shape
-    words = (batch + 1) * vocab_size + (0 if mask is None else batch * ((vocab_size + 31) // 32))
-    buffer = x.new_zeros((words,), dtype=torch.int32)
-    rows = buffer[: (batch + 1) * vocab_size].view(batch + 1, vocab_size)
-    rows[:batch, vocab_start : vocab_start + shard_vocab] = x.view(torch.int32)
-    rows[batch, vocab_start : vocab_start + shard_vocab] = 1
-    if mask is not None:
-        allowed = torch.zeros((batch, vocab_size), dtype=torch.bool, device=x.device)
-        allowed[:, vocab_start : vocab_start + shard_vocab] = unpack_allowed_mask(mask, shard_vocab)
-        buffer[(batch + 1) * vocab_size :].view(batch, -1).copy_(pack_allowed_mask(allowed))
+    mask_words = (vocab_size + 31) // 32
+    logit_words = (batch + 1) * vocab_size
+    buffer = x.new_zeros((logit_words + (0 if mask is None else batch * mask_words) + 1,), dtype=torch.int32)
+    rows = buffer[:logit_words].view(batch + 1, vocab_size)
+    if fits:
+        rows[:batch, vocab_start : vocab_start + shard_vocab] = x.view(torch.int32)
+        rows[batch, vocab_start : vocab_start + shard_vocab] = 1
+        if mask is not None:
+            allowed = torch.zeros((batch, vocab_size), dtype=torch.bool, device=x.device)
+            allowed[:, vocab_start : vocab_start + shard_vocab] = unpack_allowed_mask(mask, shard_vocab)
+            buffer[logit_words:-1].view(batch, mask_words).copy_(pack_allowed_mask(allowed))
+    else:
+        buffer[-1] = 1
     buffer = reduce(buffer[None], "sum")[0]
-    rows = buffer[: (batch + 1) * vocab_size].view(batch + 1, vocab_size)
-    whole_x = torch.where(rows[batch] == 1, rows[:batch].view(torch.float32), -float("inf"))
-    whole_mask = None if mask is None else buffer[(batch + 1) * vocab_size :].view(batch, -1)
+    rows = buffer[:logit_words].view(batch + 1, vocab_size)
+    tiled = (rows[batch] == 1).all() & (buffer[-1] == 0)
+    whole_x = torch.where(tiled, rows[:batch].view(torch.float32), float("nan"))
+    whole_mask = None if mask is None else buffer[logit_words:-1].view(batch, mask_words)
     return whole_x, whole_mask
 
 
@@ -327,12 +339,19 @@ def _sampled_whole_rows(hidden: Tensor, weight_shard: Tensor, vocab_start: int, 
     its mask: :func:`survivor_bitmask` on CUDA, ``survivor_mask`` off it). Every rank computes the same
     outputs; the tokens are those of the search across ranks (the same survivors of the same
     logits, the same noise keyed by global id)."""
-    if vocab_start + weight_shard.shape[0] > vocab_size:
-        raise ValueError(f"flashsampling.distributed.sample: vocab_size must cover this rank's shard, rows "
-                         f"[{vocab_start}, {vocab_start + weight_shard.shape[0]}), got {vocab_size}")
+    shard_vocab = weight_shard.shape[0]
+    fits = 0 <= vocab_start and vocab_start + shard_vocab <= vocab_size
     x, _, mask = _shard_logits(hidden, weight_shard, vocab_start, args["logit_bias"], args["sparse_logit_bias"],
                                args["allowed_mask"], *transform_args)
-    x, mask = _whole_rows(x, mask, vocab_start, vocab_size, _all_reduce(x.device, group, backend))
+    if mask is not None and (mask.dtype != torch.int32 or tuple(mask.shape) != (x.shape[0], (shard_vocab + 31) // 32)):
+        raise ValueError(f"flashsampling.distributed.sample: allowed_mask must be an int32 [B, ceil(V_r / 32)] = "
+                         f"[{x.shape[0]}, {(shard_vocab + 31) // 32}] bitmask or a bool [B, V_r] tensor, got "
+                         f"{mask.dtype} {list(mask.shape)}")
+    x, mask = _whole_rows(x, mask, vocab_start, vocab_size, fits, _all_reduce(x.device, group, backend))
+    if not fits:  # after the all-reduce: the peers return token -1 instead of waiting for this rank
+        raise ValueError(f"flashsampling.distributed.sample: vocab_size must cover this rank's shard, rows "
+                         f"[{vocab_start}, {vocab_start + shard_vocab}) of [0, vocab_size), got vocab_size = "
+                         f"{vocab_size}")
     scalar_temperature, temperatures = _temperature_args(args["temperature"], hidden)
     empty_mask_token = args["user_empty_mask_token"]
     truncation_args = logits_truncation_args(truncation, hidden.shape[0], hidden.device)
@@ -458,14 +477,16 @@ def sample(
             most, none read on the host), and the sample from those logits. ``truncation_order``
             as for :func:`flashsampling_cuda.sample`.
         vocab_size: the whole vocabulary's size ``V`` (the end of the tiling of ``[0, V)``), the
-            same on every rank, or None. Given, a truncated call with ``V`` up to 2^22 and
+            same on every rank, or None. Given, a truncated call with ``V`` up to 2^21 and
             without top / token-id / raw log-probabilities assembles the whole rows' fp32
             logits on every rank instead of searching the cut across them: one all-reduce of
             ``B · V + V`` int32 words (``+ B · ceil(V / 32)`` with ``allowed_mask``), then the
             single-process logits sampler over ``[B, V]`` on every rank. The same tokens as the
             search; far fewer collectives and launches (the search's host time dominates eager
-            calls), for more bytes exchanged and each rank truncating whole rows. A token that no
-            rank (or more than one) holds gets probability zero.
+            calls), for more bytes exchanged and each rank truncating whole rows. Where the
+            shards do not tile ``[0, vocab_size)`` every rank returns token -1 (NaN
+            log-probabilities), and a rank whose shard lies outside raises a ``ValueError``
+            (after the all-reduce, so that its peers do not wait).
         logit_scale, logit_softcap, repetition_penalty, frequency_penalty, presence_penalty,
             penalty_state, prompt_token_ids, output_token_ids: as for
             :func:`flashsampling_cuda.sample`, the same on every rank (the history holds global
@@ -487,9 +508,15 @@ def sample(
     """
     rank, world, backend = _group_info(group)
     device = hidden.device
-    if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1):
-        raise ValueError(f"flashsampling.distributed.sample: vocab_size must be a positive int or None, got "
-                         f"{vocab_size!r}")
+    if vocab_size is not None:
+        given = vocab_size
+        try:
+            vocab_size = 0 if isinstance(given, bool) else operator.index(given)
+        except TypeError:
+            vocab_size = 0
+        if vocab_size < 1:
+            raise ValueError(f"flashsampling.distributed.sample: vocab_size must be a positive int or None, got "
+                             f"{given!r}")
     top_n, wanted_ids, mode = parse_logprob_args(return_logprobs, top_logprobs, token_ids, logprobs_mode,
                                                  hidden.shape[0], device)
     serving_logprobs = top_n > 0 or wanted_ids is not None or mode != "processed"

@@ -204,6 +204,22 @@ def test_truncation_equals_single_process_op(group_kind, world):
 
 
 @pytest.mark.parametrize("group_kind,world", PARAMS)
+def test_whole_rows_where_shards_do_not_tile_return_minus_one(group_kind, world):
+    """vocab_size beyond the shards: token -1 on every rank; below the last shard's end: that rank
+    raises (after the all-reduce), the others return -1 instead of waiting; an empty batch with a
+    mask; without a seed the same tokens as the search route."""
+    ranks = results(group_kind, world, "scenario_whole_rows_layouts")
+    for r, res in enumerate(ranks):
+        assert (res["gap"] == -1).all(), (r, res["gap"])
+        assert res["empty_batch"].shape == (0, 1)
+        assert torch.equal(res["no_seed"], res["no_seed_search"]), r
+        assert torch.equal(res["no_seed"], ranks[0]["no_seed"]), r
+    raised = [r for r, res in enumerate(ranks) if "short_error" in res]
+    assert len(raised) == 1 and "vocab_size must cover this rank's shard" in ranks[raised[0]]["short_error"]
+    assert all((res["short"] == -1).all() for r, res in enumerate(ranks) if r not in raised)
+
+
+@pytest.mark.parametrize("group_kind,world", PARAMS)
 def test_serving_controls_equal_single_process_op(group_kind, world):
     """Penalties, model-side transforms, truncation orders and the logprob outputs: tokens, top-N
     ids and ranks exact, log-probabilities to fp32 rounding, the same on every rank."""

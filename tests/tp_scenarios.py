@@ -269,10 +269,18 @@ def scenario_truncation(ctx: Ctx):
         "joint_top_k_top_p": dict(top_k=15, top_p=0.7, truncation_order="joint"),
         "min_p_first_per_row": dict(top_k=torch.tensor([30, 5, 0, 60, 2, 100]), top_p=0.8, min_p=0.1,
                                     truncation_order="min_p_first"),
+        # greedy rows and per-row temperatures; model-side transforms; a row the mask empties
+        "greedy_and_row_temperatures": dict(top_p=torch.tensor([0.9, 0.5, 1.0, 0.7, 0.95, 0.2]),
+                                            temperature=torch.tensor([0.0, 0.5, 1.3, 0.0, 2.0, 0.9]),
+                                            return_logprobs=True),
+        "transforms_and_sparse_bias": dict(top_k=25, min_p=0.05, logit_scale=0.5, logit_softcap=3.0,
+                                           sparse_logit_bias=[{3: 1.5, 150: -2.0}, {}, {7: 4.0}, {}, {}, {202: 1.0}]),
+        "empty_row_token": dict(top_p=0.8, allowed_mask=mask & (torch.arange(BATCH) != 2)[:, None],
+                                empty_mask_token=-5, return_logprobs=True),
     }
     out = {}
     for name, cfg in configs.items():
-        common = dict(temperature=0.9, seed=31, offset=2, num_samples=3, **cfg)
+        common = {**dict(temperature=0.9, seed=31, offset=2, num_samples=3), **cfg}
         shard_kwargs = dict(common)
         for arg, shard_dim in (("logit_bias", 0), ("allowed_mask", 1)):
             if arg in shard_kwargs:
@@ -385,8 +393,30 @@ def scenario_speculative(ctx: Ctx):
     return out
 
 
+def scenario_whole_rows_layouts(ctx: Ctx):
+    """The whole rows' route where the shards do not tile [0, vocab_size): every rank returns
+    token -1 without waiting on a peer, the rank whose shard lies outside raising; an empty batch
+    with a mask; no seed (rank 0 draws and broadcasts it)."""
+    hidden, weight = integer_problem(seed=12)
+    h, w = hidden.bfloat16().to(ctx.device), ctx.shard(weight.bfloat16())
+    common = dict(temperature=0.9, seed=3, top_p=0.8, vocab_start=ctx.start)
+    out = {"gap": tp.sample(h, w, vocab_size=VOCAB + 5, **common)}
+    try:
+        out["short"] = tp.sample(h, w, vocab_size=VOCAB - 1, **common)
+    except ValueError as exc:
+        out["short_error"] = str(exc)
+    mask = ctx.shard(random_mask(BATCH, VOCAB, 0.5, seed=13), dim=1)
+    out["empty_batch"] = tp.sample(h[:0], w, vocab_size=VOCAB, allowed_mask=mask[:0], **common)
+    torch.manual_seed(77)  # rank 0's generator draws the seed; the others' are not read
+    no_seed = {k: v for k, v in common.items() if k != "seed"}
+    out["no_seed"] = tp.sample(h, w, vocab_size=VOCAB, num_samples=4, **no_seed)
+    torch.manual_seed(77)
+    out["no_seed_search"] = tp.sample(h, w, num_samples=4, **no_seed)
+    return out
+
+
 SCENARIOS = [scenario_tokens, scenario_masks, scenario_logprobs, scenario_chi_square, scenario_back_to_back,
-             scenario_no_seed, scenario_truncation, scenario_serving, scenario_speculative]
+             scenario_no_seed, scenario_truncation, scenario_whole_rows_layouts, scenario_serving, scenario_speculative]
 
 
 def _worker(rank, world, group_kind, store, out_dir):
