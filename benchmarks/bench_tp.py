@@ -401,16 +401,24 @@ def plot(results: dict, path: Path) -> None:
         ours1 = next((r["ours"] for r in rows if r["TP"] == 1 and r.get("ours")), None)
         if ours1:
             ax.plot(tps, [ours1 / t for t in tps], linestyle="--", color="gray", label="ours TP=1 / TP")
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(tps, [str(t) for t in tps])
-        ax.set_xlabel("tensor-parallel size")
-        ax.set_ylabel("µs per call")
-        ax.set_title(f"B={batch}")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"TP sampling, D={results['D']}, V={results['V']}, {results['dtype']} — {results['device']} — "
-                 f"{results['date']}")
+        _label_axes(ax, "tensor-parallel size", "µs per call", f"B={batch}", legend_size=7)
+    _save(fig, path, f"TP sampling, D={results['D']}, V={results['V']}, {results['dtype']} — {results['device']} — "
+                     f"{results['date']}")
+
+
+def _label_axes(ax, xlabel: str, ylabel: str, title: str, legend_size: int) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(fig, path: Path, title: str) -> None:
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -433,16 +441,10 @@ def plot_truncation(plt, results: dict, path: Path) -> None:
                 if pts:
                     ax.plot(*zip(*pts), marker="o", linestyle=styles.get(world, "-"), label=f"{form}, TP={world}")
         ax.axhline(1.0, color="gray", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch")
-        ax.set_ylabel("mm+AG+FlashInfer / best of ours (> 1: ours faster)")
-        ax.set_title(f"{regime} logits")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.suptitle(f"TP truncation, D={results['D']}, V={results['V']} — {results['device']} — {results['date']}"
-                 f"{' (CUDA-graph replays)' if results.get('timing') == 'graph' else ' (eager)'}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+        _label_axes(ax, "batch", "mm+AG+FlashInfer / best of ours (> 1: ours faster)", f"{regime} logits",
+                    legend_size=6)
+    _save(fig, path, f"TP truncation, D={results['D']}, V={results['V']} — {results['device']} — {results['date']}"
+                     f"{' (CUDA-graph replays)' if results.get('timing') == 'graph' else ' (eager)'}")
 
 
 def results_name(results: dict, tiny: bool) -> str:

@@ -412,6 +412,8 @@ def test_truncation_reads_nothing_on_the_host_and_replays_in_a_cuda_graph():
         "host_top_k_gathered": dict(top_k=20, top_p=0.9),
         "host_top_k_searched": dict(top_k=2000, top_p=0.9),
         "joint": dict(top_k=20, top_p=0.9, truncation_order="joint"),
+        "masked_top_p_per_row": dict(top_p=rows(0.9, 0.5, 1.0, 0.99, 0.0, 0.3), empty_mask_token=-3,
+                                     allowed_mask=random_mask(6, 5003, 0.5, seed=22).to(device)),
     }
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1, device_id=torch.device("cuda", torch.cuda.current_device()))
     try:
