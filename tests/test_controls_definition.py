@@ -12,7 +12,7 @@ from flashsampling_cuda.controls import DEFAULT_EXCEPTIONS, ENTRY_POINTS, SAMPLI
 
 DEFAULTS = {c.name: c.default for c in SAMPLING_CONTROLS}
 # Keywords of an entry point that are not sampling controls (its own knobs), skipped in the order.
-OWN_KEYWORDS = {"rtol", "max_chunk_elements", "logit_transform", "group", "draft_probs"}
+OWN_KEYWORDS = {"rtol", "max_chunk_elements", "logit_transform", "group", "draft_probs", "vocab_size"}
 
 
 def resolve(path: str):
