@@ -299,18 +299,18 @@ def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: in
                 reduce: Reduce) -> tuple[Tensor, Tensor | None]:
     """``(x, mask)`` of the whole rows on every rank, from each rank's columns, in one all-reduce
     (sum) of int32 words: the ``[B, V]`` bits of ``x`` (this rank's columns at their global place,
-    zero elsewhere), a ``[V]`` count of the ranks that hold each column, with ``mask`` the
+    zero elsewhere), a ``[V]`` count of the ranks that hold each column, and with ``mask`` the
     ``[B, ceil(V / 32)]`` words of the whole rows' bitmask (a rank's bits at its columns: where the
-    shards tile ``[0, V)`` no two ranks' bits share a place, so the sum is their union), and a count
-    of the ranks whose shard does not fit in ``[0, V)`` (``fits`` False: such a rank writes no column
-    and raises after the all-reduce, so its peers do not wait for it). Exact where the shards tile
+    shards tile ``[0, V)`` no two ranks' bits share a place, so the sum is their union). A rank whose
+    shard does not fit in ``[0, V)`` (``fits`` False) writes no column but a count of 2 for column 0,
+    and raises after the all-reduce, so that its peers do not wait for it. Exact where the shards tile
     ``[0, V)``, whatever their sizes and order: a column has one summand that is not zero. Where they
     do not (a column that no rank or two hold, a shard out of range: a wrong ``vocab_size`` or
     layout) every logit is NaN, so that every rank returns token -1 rather than garbage."""
     batch, shard_vocab = x.shape
     mask_words = (vocab_size + 31) // 32
     logit_words = (batch + 1) * vocab_size
-    buffer = x.new_zeros((logit_words + (0 if mask is None else batch * mask_words) + 1,), dtype=torch.int32)
+    buffer = x.new_zeros((logit_words + (0 if mask is None else batch * mask_words),), dtype=torch.int32)
     rows = buffer[:logit_words].view(batch + 1, vocab_size)
     if fits:
         rows[:batch, vocab_start : vocab_start + shard_vocab] = x.view(torch.int32)
@@ -318,14 +318,13 @@ def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: in
         if mask is not None:
             allowed = torch.zeros((batch, vocab_size), dtype=torch.bool, device=x.device)
             allowed[:, vocab_start : vocab_start + shard_vocab] = unpack_allowed_mask(mask, shard_vocab)
-            buffer[logit_words:-1].view(batch, mask_words).copy_(pack_allowed_mask(allowed))
+            buffer[logit_words:].view(batch, mask_words).copy_(pack_allowed_mask(allowed))
     else:
-        buffer[-1] = 1
+        rows[batch, 0] = 2
     buffer = reduce(buffer[None], "sum")[0]
     rows = buffer[:logit_words].view(batch + 1, vocab_size)
-    tiled = (rows[batch] == 1).all() & (buffer[-1] == 0)
-    whole_x = torch.where(tiled, rows[:batch].view(torch.float32), float("nan"))
-    whole_mask = None if mask is None else buffer[logit_words:-1].view(batch, mask_words)
+    whole_x = torch.where((rows[batch] == 1).all(), rows[:batch].view(torch.float32), float("nan"))
+    whole_mask = None if mask is None else buffer[logit_words:].view(batch, mask_words)
     return whole_x, whole_mask
 
 
