@@ -302,8 +302,8 @@ def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: in
     zero elsewhere), a ``[V]`` count of the ranks that hold each column, and with ``mask`` the
     ``[B, ceil(V / 32)]`` words of the whole rows' bitmask (a rank's bits at its columns: where the
     shards tile ``[0, V)`` no two ranks' bits share a place, so the sum is their union). A rank whose
-    shard does not fit in ``[0, V)`` (``fits`` False) writes no column but a count of 2 for column 0,
-    and raises after the all-reduce, so that its peers do not wait for it. Exact where the shards tile
+    shard does not fit in ``[0, V)`` or whose mask is malformed (``fits`` False) writes no column but
+    a count of 2 for column 0, and raises after the all-reduce, so that its peers do not wait for it. Exact where the shards tile
     ``[0, V)``, whatever their sizes and order: a column has one summand that is not zero. Where they
     do not (a column that no rank or two hold, a shard out of range: a wrong ``vocab_size`` or
     layout) every logit is NaN, so that every rank returns token -1 rather than garbage."""
@@ -311,6 +311,7 @@ def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: in
     mask_words = (vocab_size + 31) // 32
     logit_words = (batch + 1) * vocab_size
     buffer = x.new_zeros((logit_words + (0 if mask is None else batch * mask_words),), dtype=torch.int32)
+    # (a rank that does not fit may hold a malformed mask: its words stay zero)
     rows = buffer[:logit_words].view(batch + 1, vocab_size)
     if fits:
         rows[:batch, vocab_start : vocab_start + shard_vocab] = x.view(torch.int32)
@@ -338,19 +339,20 @@ def _sampled_whole_rows(hidden: Tensor, weight_shard: Tensor, vocab_start: int, 
     its mask: :func:`survivor_bitmask` on CUDA, ``survivor_mask`` off it). Every rank computes the same
     outputs; the tokens are those of the search across ranks (the same survivors of the same
     logits, the same noise keyed by global id)."""
-    shard_vocab = weight_shard.shape[0]
-    fits = 0 <= vocab_start and vocab_start + shard_vocab <= vocab_size
+    shard_vocab, words = weight_shard.shape[0], (weight_shard.shape[0] + 31) // 32
     x, _, mask = _shard_logits(hidden, weight_shard, vocab_start, args["logit_bias"], args["sparse_logit_bias"],
                                args["allowed_mask"], *transform_args)
-    if mask is not None and (mask.dtype != torch.int32 or tuple(mask.shape) != (x.shape[0], (shard_vocab + 31) // 32)):
-        raise ValueError(f"flashsampling.distributed.sample: allowed_mask must be an int32 [B, ceil(V_r / 32)] = "
-                         f"[{x.shape[0]}, {(shard_vocab + 31) // 32}] bitmask or a bool [B, V_r] tensor, got "
-                         f"{mask.dtype} {list(mask.shape)}")
-    x, mask = _whole_rows(x, mask, vocab_start, vocab_size, fits, _all_reduce(x.device, group, backend))
-    if not fits:  # after the all-reduce: the peers return token -1 instead of waiting for this rank
-        raise ValueError(f"flashsampling.distributed.sample: vocab_size must cover this rank's shard, rows "
-                         f"[{vocab_start}, {vocab_start + shard_vocab}) of [0, vocab_size), got vocab_size = "
-                         f"{vocab_size}")
+    # A rank's own mistake is raised after the all-reduce, so that its peers return -1 instead of waiting.
+    problem = None
+    if not 0 <= vocab_start <= vocab_size - shard_vocab:
+        problem = (f"vocab_size must cover this rank's shard, rows [{vocab_start}, {vocab_start + shard_vocab}) of "
+                   f"[0, vocab_size), got vocab_size = {vocab_size}")
+    elif mask is not None and (mask.dtype != torch.int32 or tuple(mask.shape) != (x.shape[0], words)):
+        problem = (f"allowed_mask must be an int32 [B, ceil(V_r / 32)] = [{x.shape[0]}, {words}] bitmask or a bool "
+                   f"[B, V_r] tensor, got {mask.dtype} {list(mask.shape)}")
+    x, mask = _whole_rows(x, mask, vocab_start, vocab_size, problem is None, _all_reduce(x.device, group, backend))
+    if problem is not None:
+        raise ValueError(f"flashsampling.distributed.sample: {problem}")
     scalar_temperature, temperatures = _temperature_args(args["temperature"], hidden)
     empty_mask_token = args["user_empty_mask_token"]
     truncation_args = logits_truncation_args(truncation, hidden.shape[0], hidden.device)
@@ -476,7 +478,7 @@ def sample(
             most, none read on the host), and the sample from those logits. ``truncation_order``
             as for :func:`flashsampling_cuda.sample`.
         vocab_size: the whole vocabulary's size ``V`` (the end of the tiling of ``[0, V)``), the
-            same on every rank, or None. Given, a truncated call with ``V`` up to 2^21 and
+            same on every rank (as is whether ``allowed_mask`` is given), or None. Given, a truncated call with ``V`` up to 2^21 and
             without top / token-id / raw log-probabilities assembles the whole rows' fp32
             logits on every rank instead of searching the cut across them: one all-reduce of
             ``B · V + V`` int32 words (``+ B · ceil(V / 32)`` with ``allowed_mask``), then the
