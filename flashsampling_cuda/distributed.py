@@ -26,7 +26,7 @@ all-reduce of ``B * 768`` int64; eight rounds for top_k, eight for top_p, one al
 first token; a row's kernels stop reading once its cut is known), or off CUDA, for a host
 ``top_k`` up to 1024, from each shard's first ``k`` tokens in one all-gather of ``B * k`` int64.
 With ``vocab_size`` the ranks instead assemble the whole rows' logits on every rank (one all-reduce
-of ``B * V`` int32 words) and each samples them with the single-process logits sampler: the same
+of ``(B + 1) * V`` int32 words) and each samples them with the single-process logits sampler: the same
 tokens, one collective instead of up to seventeen (whose rounds make eager calls host-bound).
 
 :func:`speculative_sample` verifies draft tokens across the shards (the single-process
