@@ -332,6 +332,11 @@ def markdown_table(results: dict) -> str:
     return "\n".join(tables)
 
 
+def best_ours(row: dict) -> float | None:
+    """The faster of our two routes in a truncation row (the search, the whole rows), or None."""
+    return min((row[n] for n in ("ours", "ours whole rows") if row.get(n)), default=None)
+
+
 def truncated_table(results: dict) -> str:
     rows = [r for r in results["rows"] if "form" in r]
     lines = [f"\n**Truncation, D={results['D']}, V={results['V']}** ({results['dtype']}, {results['device']}, "
@@ -346,8 +351,7 @@ def truncated_table(results: dict) -> str:
     for r in sorted(rows, key=lambda r: (r["regime"], r["B"], r["form"], r["TP"])):
         def cell(value, spec=".0f", suffix=""):
             return "—" if value is None else f"{value:{spec}}{suffix}"
-        plain, fi = r.get("ours plain"), r.get("mm+AG+FlashInfer")
-        ours = min((r[n] for n in ("ours", "ours whole rows") if r.get(n)), default=None)
+        plain, fi, ours = r.get("ours plain"), r.get("mm+AG+FlashInfer"), best_ours(r)
         cells = [str(r["B"]), str(r["TP"]), r["regime"], r["form"], cell(r.get("entropy_median"), ".2f"),
                  cell(r.get("top_p_survivors_median")), cell(r.get("ours")), cell(r.get("ours whole rows")),
                  cell(plain), cell(fi),
@@ -424,9 +428,6 @@ def _save(fig, path: Path, title: str) -> None:
 
 
 def plot_truncation(plt, results: dict, path: Path) -> None:
-    def best_ours(r):
-        return min((r[n] for n in ("ours", "ours whole rows") if r.get(n)), default=None)
-
     rows = [r for r in results["rows"] if best_ours(r) and r.get("mm+AG+FlashInfer")]
     regimes = sorted({r["regime"] for r in rows})
     if not regimes:
