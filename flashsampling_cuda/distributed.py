@@ -54,9 +54,9 @@ from .sampling import (LogitTransforms, SampleOutput, ScoredSample, _allowed_mas
 from .speculative import (SpeculativeOutput, acceptance_probability, accepted_count, check_draft_values,
                           draft_columns, empty_output, masked_target, one_hot_output, parse_step, position_samples,
                           step_output, target, values_at)
-from .shard_truncation import MAX_SHARDED_VOCAB, Reduce, sharded_survivors, survivor_bitmask
+from .shard_truncation import MAX_SHARDED_VOCAB, Reduce, sharded_survivors, survivor_bitmask, whole_row_survivors
 from .truncation import (Truncation, _first_in_order, key_of_rank, keep_prefix,
-                         logits_truncation_args, materialized_logits, parse_truncation, scaled_logits, survivor_mask,
+                         logits_truncation_args, materialized_logits, parse_truncation, scaled_logits,
                          temperature_scales, truncation_rank)
 
 __all__ = ["sample", "speculative_sample", "shard_allowed_mask", "vocab_shards"]
@@ -330,15 +330,14 @@ def _whole_rows(x: Tensor, mask: Tensor | None, vocab_start: int, vocab_size: in
 
 
 def _sampled_whole_rows(hidden: Tensor, weight_shard: Tensor, vocab_start: int, vocab_size: int,
-                        truncation: Truncation, order: str, args: dict, transform_args: tuple,
-                        return_logprobs: bool, group, backend):
+                        truncation: Truncation, order: str, args: dict, empty_mask_token: int | None,
+                        transform_args: tuple, return_logprobs: bool, group, backend):
     """The sample of a truncated call from the whole rows' logits on every rank: each rank's
     :func:`_shard_logits` (its one read of the weight), :func:`_whole_rows` (one all-reduce), then
     ``torch.ops.flashsampling.sample_from_logits`` over ``[B, V]`` (its kernel truncates the
-    rows in the order ``"top_k_first"``; other orders hand it the survivors of the whole rows as
-    its mask: :func:`survivor_bitmask` on CUDA, ``survivor_mask`` off it). Every rank computes the same
-    outputs; the tokens are those of the search across ranks (the same survivors of the same
-    logits, the same noise keyed by global id)."""
+    rows in the order ``"top_k_first"``; other orders hand it ``whole_row_survivors`` as its mask).
+    Every rank computes the same outputs; the tokens are those of the search across ranks (the same
+    survivors of the same logits, the same noise keyed by global id)."""
     shard_vocab, words = weight_shard.shape[0], (weight_shard.shape[0] + 31) // 32
     x, _, mask = _shard_logits(hidden, weight_shard, vocab_start, args["logit_bias"], args["sparse_logit_bias"],
                                args["allowed_mask"], *transform_args)
@@ -354,18 +353,11 @@ def _sampled_whole_rows(hidden: Tensor, weight_shard: Tensor, vocab_start: int, 
     if problem is not None:
         raise ValueError(f"flashsampling.distributed.sample: {problem}")
     scalar_temperature, temperatures = _temperature_args(args["temperature"], hidden)
-    empty_mask_token = args["user_empty_mask_token"]
     truncation_args = logits_truncation_args(truncation, hidden.shape[0], hidden.device)
     if order != "top_k_first":  # the kernel truncates top_k first: hand it the survivors as its mask
         if mask is None and empty_mask_token is None:
             empty_mask_token = -1  # truncation keeps each row's top token: no row is empty, nothing to check
-        if _kernel_search(x):
-            scales = temperature_scales(x.shape[0], scalar_temperature, temperatures, x.device)
-            mask = survivor_bitmask(x, mask, 0, truncation, order, lambda t, how: t, scales)
-        else:
-            allowed = None if mask is None else unpack_allowed_mask(mask, vocab_size)
-            mask = pack_allowed_mask(survivor_mask(scaled_logits(x, scalar_temperature, temperatures), allowed,
-                                                   truncation, order))
+        mask = whole_row_survivors(x, mask, 0, truncation, order, scalar_temperature, temperatures)
         truncation_args = {}
     tokens, _, logprobs, logsumexp = torch.ops.flashsampling.sample_from_logits(
         x, temperature=scalar_temperature, temperatures=temperatures, num_samples=args["num_samples"],
@@ -542,8 +534,8 @@ def sample(
                 empty_mask_token=None if allowed_mask is None else _SHARD_EMPTY, vocab_start=vocab_start)
     if truncation is not None and backend is not None and _gathers_whole_rows(vocab_size, serving_logprobs):
         return _sampled_whole_rows(hidden, weight_shard, vocab_start, vocab_size, truncation, order,
-                                   dict(args, user_empty_mask_token=empty_mask_token),
-                                   (scale, softcap, penalties), return_logprobs, group, backend)
+                                   args, empty_mask_token, (scale, softcap, penalties), return_logprobs, group,
+                                   backend)
     if truncation is not None and backend is not None:  # the survivors become this shard's mask; the sample reads its logits
         # Dicts become the (ids, values) pair once (a host-to-device copy), for both uses.
         sparse_ids, sparse_values = _sparse_bias_args(sparse_logit_bias, hidden)

@@ -15,13 +15,13 @@ from .masks import int32_words, pack_allowed_mask, unpack_allowed_mask
 from .logprobs import (MAX_TOP_LOGPROBS, LogprobsOutput, fused_top_logprobs_takes, logprob_outputs,
                        parse_logprob_args, ranked_tokens, raw_logsumexp, raw_token_logprobs, top_logprobs_cpu)
 from .noise import as_int64_tensor, draw_seed
-from .shard_truncation import MAX_SHARDED_VOCAB, survivor_bitmask
+from .shard_truncation import whole_row_survivors
 from .penalties import PenaltyState, check_fused_penalty_vocab, fused_penalty_args, parse_penalties, rule_logits
 from .truncation import (LOGITS_PATH_MAX_VOCAB, ROW_PROBABILITY_DTYPES, ROW_TOP_K_DTYPES, TRUNCATION_ORDERS,
                          TRUNCATION_PATHS, Truncation,
                          choose_truncation_path, fused_top_k_args, logits_path_args, logits_truncation_args,
                          logits_allowed_mask, materialized_logits, parse_truncation, sample_from_logits_cpu,
-                         scaled_logits, survivor_mask, temperature_scales, transformed_logits,
+                         temperature_scales, transformed_logits,
                          truncated_allowed_mask)
 
 __all__ = ["sample", "sample_with_scores", "sample_without_replacement", "sample_from_logits", "pack_allowed_mask",
@@ -771,8 +771,8 @@ def sample_without_replacement(
 
     The weight is read once: one matmul gives the fp32 logits (:func:`materialized_logits`),
     the truncation's survivors come from them (on CUDA the logits sampler's rule, its fixed-point
-    masses: :func:`~flashsampling_cuda.shard_truncation.survivor_bitmask` on the whole rows; on
-    the CPU the float64 :func:`~flashsampling_cuda.truncation.survivor_mask`), and ``k`` calls of
+    masses: :func:`~flashsampling_cuda.shard_truncation.whole_row_survivors`; on the CPU the
+    float64 :func:`~flashsampling_cuda.truncation.survivor_mask`), and ``k`` calls of
     ``torch.ops.flashsampling.sample_from_logits`` with the same noise draw the tokens, call
     ``j`` excluding the ``j`` tokens already chosen through its mask, so its winner is the
     ``(j+1)``-th best score. On CUDA the logits are cuBLAS's, so token 0 can differ from
@@ -816,14 +816,9 @@ def sample_without_replacement(
                                kwargs["sparse_bias_values"], vocab_start)
     batch = hidden.shape[0]
     mask = kwargs["allowed_mask"]
-    if truncation is not None:
-        if on_cpu or vocab > MAX_SHARDED_VOCAB:
-            y = scaled_logits(x, kwargs["temperature"], kwargs["temperatures"])
-            allowed = None if mask is None else unpack_allowed_mask(mask, vocab)
-            mask = pack_allowed_mask(survivor_mask(y, allowed, truncation))
-        else:  # the logits sampler's survivors (its fixed-point top_p masses): sample()'s on CUDA
-            scales = temperature_scales(batch, kwargs["temperature"], kwargs["temperatures"], x.device)
-            mask = survivor_bitmask(x, mask, vocab_start, truncation, "top_k_first", lambda t, how: t, scales)
+    if truncation is not None:  # on CUDA the logits sampler's survivors (its fixed-point masses): sample()'s
+        mask = whole_row_survivors(x, mask, vocab_start, truncation, "top_k_first", kwargs["temperature"],
+                                   kwargs["temperatures"])
     if mask is not None and empty_mask_token is None and batch > 0:
         fewest = int(unpack_allowed_mask(mask, vocab).sum(dim=1).min())
         if fewest < k:

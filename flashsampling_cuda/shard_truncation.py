@@ -52,10 +52,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from .truncation import _NAN_RANK, Truncation, key_of_rank, truncation_rank
+from .masks import pack_allowed_mask, unpack_allowed_mask
+from .truncation import (_NAN_RANK, Truncation, key_of_rank, scaled_logits, survivor_mask, temperature_scales,
+                         truncation_rank)
 from .truncation import _per_row as per_row_parameter  # [B, 1]
 
-__all__ = ["MAX_SHARDED_VOCAB", "Reduce", "order_keys", "sharded_survivors", "survivor_bitmask"]
+__all__ = ["MAX_SHARDED_VOCAB", "Reduce", "order_keys", "sharded_survivors", "survivor_bitmask",
+           "whole_row_survivors"]
 
 Reduce = Callable[[Tensor, str], Tensor]
 
@@ -255,6 +258,21 @@ def survivor_bitmask(y: Tensor, allowed_mask: Tensor | None, vocab_start: int, t
                                     row_scales=row_scales)
         cut = torch.minimum(cut, torch.where(top_p >= 1, _KEY_NONE, torch.where(found, key, first)))
     return ops._order_key_cut_mask(y, allowed_mask, vocab_start, cut, first, y0, min_ps, row_scales=row_scales)
+
+
+def whole_row_survivors(x: Tensor, allowed_mask: Tensor | None, vocab_start: int, truncation: Truncation, order: str,
+                        temperature: float, temperatures: Tensor | None) -> Tensor:
+    """int32 ``[B, ceil(V / 32)]`` bitmask of the survivors of whole rows (no shards, nothing to
+    reduce) of fp32 logits ``x`` before the temperature (``temperature`` / ``temperatures`` as the
+    op takes them), within ``allowed_mask``: on CUDA :func:`survivor_bitmask`'s kernels (the logits
+    sampler's fixed-point masses), elsewhere and beyond ``MAX_SHARDED_VOCAB`` the float64
+    ``survivor_mask`` of ``y = x / T``."""
+    batch, vocab = x.shape
+    if x.is_cuda and vocab <= MAX_SHARDED_VOCAB:
+        scales = temperature_scales(batch, temperature, temperatures, x.device)
+        return survivor_bitmask(x, allowed_mask, vocab_start, truncation, order, lambda t, how: t, scales)
+    allowed = None if allowed_mask is None else unpack_allowed_mask(allowed_mask, vocab)
+    return pack_allowed_mask(survivor_mask(scaled_logits(x, temperature, temperatures), allowed, truncation, order))
 
 
 @torch.library.register_fake("flashsampling::_first_order_keys")
