@@ -9,24 +9,11 @@ of it, 200 back-to-back calls each. Where a call is host-bound, what each round 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.distributed as dist
 
-
-def per_call_us(fn, calls: int = 200) -> tuple[float, float]:
-    """(µs a call to issue, µs a call until the device is done) over ``calls`` calls."""
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    issued = time.perf_counter()
-    torch.cuda.synchronize()
-    done = time.perf_counter()
-    return (issued - t0) * 1e6 / calls, (done - t0) * 1e6 / calls
+from profile_tp_truncation import issue_times_us
 
 
 def main() -> None:
@@ -50,7 +37,9 @@ def main() -> None:
 
         for label, fn in (("dist.all_reduce", c10d), ("functional all_reduce_ + wait_tensor", functional),
                           ("torch.zeros", zeros)):
-            issue_us, eager_us = per_call_us(fn)
+            for _ in range(20):
+                fn()
+            eager_us, issue_us = issue_times_us(fn, device, 200)
             print(f"B={batch} {label}: issued in {issue_us:.1f} us, eager {eager_us:.1f} us", flush=True)
     dist.destroy_process_group()
 
